@@ -1,0 +1,150 @@
+"""One aten call: convert inputs, find the device, route, wrap, record.
+
+Shared by ``MetaTensor.__torch_dispatch__`` (no mode: nothing is recorded)
+and ``MetaMode.__torch_dispatch__`` (recorded into the mode's trace).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
+from .router import route
+from .schema import facts
+from .source import user_frame
+from .tensor import META, Converter, MetaTensor, normalize_device, wrap
+
+__all__ = ["dispatch"]
+
+# Ops whose tensor arguments may legitimately sit on different devices.
+_CROSS_DEVICE = {
+    "aten.copy_.default", "aten._to_copy.default", "aten.copy.default",
+    "aten._copy_from.default", "aten._copy_from_and_resize.default",
+    "aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default",
+    "aten._index_put_impl_.default", "aten.lift_fresh.default",
+    "aten.lift_fresh_copy.default",
+}
+
+
+def dispatch(func, args, kwargs, mode):
+    f = facts(func)
+    convert = mode.from_tensor if mode is not None else Converter()
+    args, kwargs, tensors = _convert(args, kwargs, convert)
+    device, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
+    recording = mode is not None and mode._depth == 0 and mode.record
+    if recording:
+        pending = mode._recorder.encode_inputs(args, kwargs)
+    try:
+        try:
+            out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+        except (DataDependentError, UnsupportedOpError) as e:
+            # Under md.check a top-level call no stage can answer is run for
+            # real instead; nested calls let the outer call fall back whole.
+            if mode is None or mode.fallback is None or mode._depth:
+                raise
+            out, stage = mode.fallback(func, args, kwargs, device, e), "real"
+    except (MetaDispatchError, RuntimeError, NotImplementedError) as e:
+        where = user_frame()
+        if where and not getattr(e, "_md_noted", False):
+            e.add_note(f"metadispatch: while running {f.name} at {where}")
+            e._md_noted = True
+        raise
+    result = _wrap_outputs(f, out, args, kwargs, device)
+    if recording:
+        mode._recorder.record(func, f, pending, result, stage)
+    return result
+
+
+def _convert(args, kwargs, convert):
+    """Replace real tensors by MetaTensors; collect the tensor arguments."""
+    tensors = []
+    changed = False
+    new_args = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if type(a) is not MetaTensor and not isinstance(a, MetaTensor):
+                a = new_args[i] = convert(a)
+                changed = True
+            tensors.append(a)
+        elif type(a) in (list, tuple) and a and any(isinstance(x, torch.Tensor) for x in a):
+            items = [convert(x) if isinstance(x, torch.Tensor) and not isinstance(x, MetaTensor) else x
+                     for x in a]
+            tensors.extend(x for x in items if isinstance(x, torch.Tensor))
+            new_args[i] = type(a)(items)
+            changed = True
+    if changed:
+        args = tuple(new_args)
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                if not isinstance(v, MetaTensor):
+                    kwargs = dict(kwargs)
+                    v = kwargs[k] = convert(v)
+                tensors.append(v)
+    return args, kwargs, tensors
+
+
+def _device(f, args, kwargs, tensors, mode):
+    """The logical device of the outputs, and kernel args with device on meta."""
+    kargs, kkwargs = args, kwargs
+    device = None
+    if f.device_arg is not None:
+        pos, name = f.device_arg
+        asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
+        if asked is not None:
+            device = normalize_device(asked)
+            if name in kwargs:
+                kkwargs = dict(kwargs)
+                kkwargs[name] = META
+            else:
+                kargs = args[:pos] + (META,) + args[pos + 1:]
+        if f.is_factory and mode is not None and mode.device is not None:
+            device = mode.device
+    if device is None:
+        device = _common_device(f, tensors)
+    if device is None:
+        device = (mode.device if mode is not None and mode.device is not None
+                  else torch.device("cpu"))
+    return device, kargs, kkwargs
+
+
+def _common_device(f, tensors):
+    device = scalar = None
+    for t in tensors:
+        d = t._md_device
+        if t.dim() == 0 and d.type == "cpu":
+            scalar = scalar or d
+        elif device is None:
+            device = d
+        elif d != device and f.name not in _CROSS_DEVICE:
+            raise RuntimeError(
+                f"{f.name}: expected all tensors to be on the same device, but found at "
+                f"least two devices, {device} and {d}!")
+    if f.name in _CROSS_DEVICE and tensors:
+        return tensors[0]._md_device
+    return device if device is not None else scalar
+
+
+def _wrap_outputs(f, out, args, kwargs, device):
+    rw = f.returns_write
+    if len(rw) == 1:
+        return _wrap_one(out, rw[0], args, kwargs, device)
+    if not rw:
+        return out
+    return tuple(_wrap_one(o, w, args, kwargs, device) for o, w in zip(out, rw))
+
+
+def _wrap_one(o, write, args, kwargs, device):
+    if write is not None:
+        # In-place and out= ops return the very argument they mutated.
+        return args[write] if isinstance(write, int) else kwargs[write]
+    if isinstance(o, MetaTensor):
+        return o
+    if isinstance(o, torch.Tensor):
+        if o.device.type != "meta":
+            raise TypeError(f"a meta rule returned a real tensor on {o.device}; "
+                            "return MetaTensors or meta tensors")
+        return wrap(o, device)
+    if type(o) in (list, tuple):
+        return type(o)(_wrap_one(x, None, args, kwargs, device) for x in o)
+    return o

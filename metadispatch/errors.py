@@ -1,0 +1,45 @@
+"""The exceptions metadispatch raises.
+
+One base class, :class:`MetaDispatchError`, so callers can catch everything we
+raise in one clause; each subclass also derives from the builtin exception a
+user of plain torch would expect (``NotImplementedError`` for a missing
+kernel, ``RuntimeError`` for reading data, ``ValueError`` for a bad file).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MetaDispatchError",
+    "UnsupportedOpError",
+    "DataDependentError",
+    "TraceFormatError",
+]
+
+
+class MetaDispatchError(Exception):
+    """Base class of every error metadispatch raises on purpose."""
+
+
+class UnsupportedOpError(MetaDispatchError, NotImplementedError):
+    """No stage of the router could produce output metadata for an op.
+
+    ``op`` is the overload's name, ``inputs`` a short description of the
+    tensor arguments; the message says how to register a rule.
+    """
+
+    def __init__(self, message: str, *, op: str = "", inputs: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+        self.inputs = inputs
+
+
+class DataDependentError(MetaDispatchError, RuntimeError):
+    """An op needs the values of a tensor, which a MetaTensor does not hold."""
+
+    def __init__(self, message: str, *, op: str = "") -> None:
+        super().__init__(message)
+        self.op = op
+
+
+class TraceFormatError(MetaDispatchError, ValueError):
+    """A saved trace is unreadable, from an unknown version, or inconsistent."""

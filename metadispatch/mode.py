@@ -1,0 +1,111 @@
+"""MetaMode: a dispatch mode under which every tensor op is traced on meta.
+
+FakeTensor-style: factory functions return MetaTensors, real tensors reaching
+an op are converted (memoised, never written), and every call is recorded in
+``mode.trace``.  Entering installs torch's module-tracking hooks for module
+attribution; leaving removes them and restores what entering changed, also
+when an exception escapes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from . import _compat
+from .dispatch import dispatch
+from .modules import ModuleStack
+from .record import Recorder
+from .tensor import Converter, MetaTensor, normalize_device
+from .trace import Trace
+
+__all__ = ["MetaMode", "scratch_mode"]
+
+
+class MetaMode(_compat.TorchDispatchMode):
+    """Trace every aten call on MetaTensors; see the module docstring.
+
+    >>> import torch, metadispatch as md
+    >>> with md.MetaMode(device="cuda") as mode:
+    ...     w = torch.empty(4, 3)
+    ...     y = torch.nn.functional.relu(w @ w.T)
+    >>> y
+    MetaTensor(f32[4, 4], device='cuda:0')
+    >>> print(mode.trace)
+    $0: f32[4, 3]@cuda:0 = aten.empty.memory_format([4, 3], device='cpu', pin_memory=False)
+    $1: f32[3, 4]{1, 3}@cuda:0 = aten.t.default($0)
+    $2: f32[4, 4]@cuda:0 = aten.mm.default($0, $1)
+    $3: f32[4, 4]@cuda:0 = aten.relu.default($2)
+    """
+
+    def __init__(self, device=None, *, stack: bool = False, record: bool = True,
+                 const_limit: int = 4096) -> None:
+        super().__init__()
+        self.device = normalize_device(device) if device is not None else None
+        self.stack = stack
+        self.record = record
+        self.trace = Trace()
+        self._recorder = Recorder(self.trace, stack=stack, const_limit=const_limit)
+        self._converter = Converter(self.device)
+        self._depth = 0  # > 0 while a rule or decomposition runs nested
+        self._saved: list = []  # per __enter__, what __exit__ restores
+        self.fallback = None  # set by md.check: answers ops no stage can
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return dispatch(func, args, kwargs or {}, self)
+
+    def from_tensor(self, t: torch.Tensor) -> MetaTensor:
+        """The MetaTensor standing in for real tensor ``t`` (always the same one)."""
+        meta = self._converter(t)
+        if meta is not t:
+            self._recorder.real_of[id(meta)] = t
+        return meta
+
+    def __enter__(self):
+        tracker = ModuleStack() if self.record else None
+        cuda = _compat.allow_logical_cuda().__enter__()
+        lift = _compat.only_lift_cpu_tensors()
+        # torch.tensor(..., device="cuda") builds on CPU first and then moves,
+        # so that no CUDA is needed; FakeTensorMode does the same.
+        _compat.set_only_lift_cpu_tensors(True)
+        try:
+            if tracker is not None:
+                tracker.__enter__()
+            result = super().__enter__()
+        except BaseException:
+            _compat.set_only_lift_cpu_tensors(lift)
+            cuda.__exit__(None, None, None)
+            if tracker is not None:
+                tracker.__exit__(None, None, None)
+            raise
+        self._saved.append((tracker, self._recorder.modules, lift, cuda))
+        if tracker is not None:
+            self._recorder.modules = tracker
+        return result
+
+    def __exit__(self, exc_type, exc, tb):
+        tracker, modules, lift, cuda = self._saved.pop()
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            _compat.set_only_lift_cpu_tensors(lift)
+            cuda.__exit__(None, None, None)
+            self._recorder.modules = modules
+            if tracker is not None:
+                tracker.__exit__(None, None, None)
+                self.trace.modules.update(tracker.classes)
+
+
+class _Scratch(threading.local):
+    mode = None
+
+
+_SCRATCH = _Scratch()
+
+
+def scratch_mode() -> MetaMode:
+    """A non-recording mode for running rules on MetaTensors outside any mode."""
+    if _SCRATCH.mode is None:
+        _SCRATCH.mode = MetaMode(record=False)
+    return _SCRATCH.mode

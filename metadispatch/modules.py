@@ -1,0 +1,72 @@
+"""Which module is running: torch's ModuleTracker, narrowed to the innermost.
+
+``torch.utils.module_tracker.ModuleTracker`` follows the module hierarchy in
+forward and, through multi-grad hooks, in backward; it exposes the set of
+running modules, named ``Root.child.grandchild``.  We need the innermost one
+for every aten call, relative to the root (``child.grandchild``, ``""`` at top
+level), so we cache it between hook events.
+
+Its hooks are process-global; calls from other threads are ignored so that
+two threads can trace independently.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from torch.utils.module_tracker import ModuleTracker
+
+__all__ = ["ModuleStack"]
+
+
+class ModuleStack(ModuleTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+        self._for = None  # the parents set the cache was computed from
+        self._current = ""
+        self.classes: dict = {}  # qualified name -> class name
+
+    def _mine(self) -> bool:
+        return threading.get_ident() == self._thread
+
+    def _get_append_fn(self, name, is_bw):
+        inner = super()._get_append_fn(name, is_bw)
+
+        def fn(*args):
+            inner(*args)
+            self._for = None
+
+        return fn
+
+    def _get_pop_fn(self, name, is_bw):
+        inner = super()._get_pop_fn(name, is_bw)
+
+        def fn(*args):
+            inner(*args)
+            self._for = None
+
+        return fn
+
+    def _fw_pre_hook(self, mod, input):
+        if self._mine():
+            super()._fw_pre_hook(mod, input)
+            self.classes.setdefault(_strip(self._known_modules[mod]), type(mod).__name__)
+
+    def _fw_post_hook(self, mod, input, output):
+        if self._mine():
+            super()._fw_post_hook(mod, input, output)
+
+    def current(self) -> str:
+        parents = self.parents
+        if self._for is not parents:
+            # Names grow by ".child" at each level, so the longest is innermost.
+            self._current = _strip(max(parents, key=len))
+            self._for = parents
+        return self._current
+
+
+def _strip(name: str) -> str:
+    if name == "Global":
+        return ""
+    return name.partition(".")[2]

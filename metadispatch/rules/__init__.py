@@ -1,0 +1,8 @@
+"""Built-in rules, one module per op family.
+
+Importing this package registers them.  Each rule is a plain function
+registered with ``@builtin_rule``; each has a differential test against the
+real CPU kernel in ``tests/test_rules.py``.
+"""
+
+from . import data_dependent  # noqa: F401

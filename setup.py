@@ -1,0 +1,26 @@
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "metadispatch" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="metadispatch",
+    version=VERSION,
+    description="Trace every op, shape, stride and device of a PyTorch model without running it; replay the trace for real.",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["metadispatch", "metadispatch.*"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.5"],
+    extras_require={
+        "hf": ["transformers>=4.45"],
+        "plot": ["matplotlib"],
+        "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45"],
+    },
+    entry_points={
+        "console_scripts": ["metadispatch = metadispatch.__main__:main"],
+    },
+)
