@@ -1,6 +1,6 @@
 """The recorder: turns dispatched calls into :class:`~metadispatch.trace.OpCall`.
 
-Each MetaTensor that takes part in a trace carries ``_md = (token, meta)``:
+Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta)``:
 the recorder that numbered it and its current :class:`TensorMeta`.  An input
 without this recorder's token came from outside and becomes a named leaf.
 Outputs get fresh ids; in-place outputs keep the id of the tensor they
@@ -27,7 +27,10 @@ class Recorder:
         self.trace = trace
         self.stack = stack
         self.const_limit = const_limit
-        self.token = object()
+        # Tensors carry ``_md = (recorder, meta)``: the recorder (and through
+        # it the trace) that numbered them, e.g. so md.materialize can find
+        # how a parameter was built.
+        self.token = self
         self.modules = None  # a ModuleStack while a mode is entered
         self._next_id = 0
         self._next_storage = 0
