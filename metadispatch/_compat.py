@@ -37,7 +37,7 @@ set_only_lift_cpu_tensors = torch._C._set_only_lift_cpu_tensors
 
 
 def pop_mode() -> object:
-    return torch._C._pop_torch_dispatch_stack(None)
+    return torch._C._pop_torch_dispatch_stack(torch._C._TorchDispatchModeKey.FAKE)
 
 
 def dispatch_mode_stack() -> list:
@@ -66,44 +66,20 @@ def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+
 # Note [Logical CUDA without CUDA]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# torch's Python bindings call ``torch.cuda._lazy_init()`` for any factory or
-# ``.to()`` that names a CUDA device, before dispatch reaches a mode; on a host
-# without usable CUDA that raises.  torch itself skips the call while a
-# FakeTensorMode is active (a check in C++ we cannot join without pretending
-# to be one).  So while a MetaMode is entered on such a host, ``_lazy_init``
-# is replaced by a no-op and restored on exit.  One trace remains: torch
-# caches "CUDA initialised" in C++, so on that host a later real CUDA call
-# fails with "PyTorch is not linked with support for cuda devices" instead of
-# "Torch not compiled with CUDA enabled".  Hosts with a GPU are untouched.
-_CUDA_USABLE: list = []
-
-
-def cuda_usable() -> bool:
-    if not _CUDA_USABLE:
-        _CUDA_USABLE.append(torch.cuda.is_available())
-    return _CUDA_USABLE[0]
-
-
-class allow_logical_cuda:
-    """Context manager: see Note [Logical CUDA without CUDA]."""
-
-    def __enter__(self):
-        self._saved = None
-        if not cuda_usable():
-            import torch.cuda
-
-            self._saved = torch.cuda._lazy_init
-            torch.cuda._lazy_init = _no_lazy_init
-        return self
-
-    def __exit__(self, *exc):
-        if self._saved is not None:
-            import torch.cuda
-
-            torch.cuda._lazy_init = self._saved
-
-
-def _no_lazy_init() -> None:
-    return None
+# torch's Python bindings initialise CUDA (``torch.cuda._lazy_init``) for any
+# factory, ``torch.tensor`` or ``.to()`` that names a CUDA device, before
+# dispatch reaches a mode; on a host without usable CUDA that raises.  torch
+# skips that step -- and nothing else -- while the FAKE dispatch-mode slot is
+# taken, which is where FakeTensorMode lives.  MetaMode takes the same slot
+# (``mode_key``), so "cuda" works on a CPU-only host and no global state is
+# patched.  The slot is also torch's infra-mode position: user modes entered
+# around a MetaMode (FlopCounterMode, logging modes) see every op first, as
+# they do with FakeTensorMode.  One consequence: MetaMode and FakeTensorMode
+# cannot be active at once.
+mode_key = torch._C._TorchDispatchModeKey.FAKE
+get_infra_mode = torch._C._get_dispatch_mode
+unset_infra_mode = torch._C._unset_dispatch_mode
+set_infra_mode = torch._C._set_dispatch_mode

@@ -12,7 +12,7 @@ from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
 from .router import route
 from .schema import facts
 from .source import user_frame
-from .tensor import META, Converter, MetaTensor, normalize_device, wrap
+from .tensor import META, STATE, Converter, MetaTensor, normalize_device, wrap
 
 __all__ = ["dispatch"]
 
@@ -30,7 +30,7 @@ def dispatch(func, args, kwargs, mode):
     f = facts(func)
     convert = mode.from_tensor if mode is not None else Converter()
     args, kwargs, tensors = _convert(args, kwargs, convert)
-    device, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
+    device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record
     if recording:
         pending = mode._recorder.encode_inputs(args, kwargs)
@@ -85,7 +85,8 @@ def _convert(args, kwargs, convert):
 
 
 def _device(f, args, kwargs, tensors, mode):
-    """The logical device of the outputs, and kernel args with device on meta."""
+    """The logical device of the outputs; the args as recorded (device made
+    explicit) and as the kernel gets them (device on meta)."""
     kargs, kkwargs = args, kwargs
     device = None
     if f.device_arg is not None:
@@ -93,19 +94,32 @@ def _device(f, args, kwargs, tensors, mode):
         asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if asked is not None:
             device = normalize_device(asked)
+            if device.type == "meta":
+                # Note [Factories asked for meta]: C++ composites build
+                # helpers with ``self.options()``, whose device is the C++ one,
+                # meta (Note [Logical device]).  The logical device they mean
+                # is that of the tensors in flight.
+                device = STATE.ambient
+            if f.is_factory and mode is not None and mode.device is not None:
+                device = mode.device
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META
+                kwargs = dict(kwargs)
+                kwargs[name] = device  # what the trace records
             else:
                 kargs = args[:pos] + (META,) + args[pos + 1:]
-        if f.is_factory and mode is not None and mode.device is not None:
+                args = args[:pos] + (device,) + args[pos + 1:]
+        elif f.is_factory and mode is not None and mode.device is not None:
             device = mode.device
     if device is None:
         device = _common_device(f, tensors)
+        if device is not None:
+            STATE.ambient = device
     if device is None:
         device = (mode.device if mode is not None and mode.device is not None
                   else torch.device("cpu"))
-    return device, kargs, kkwargs
+    return device, args, kwargs, kargs, kkwargs
 
 
 def _common_device(f, tensors):

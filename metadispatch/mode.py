@@ -15,6 +15,7 @@ import torch
 
 from . import _compat
 from .dispatch import dispatch
+from .errors import MetaDispatchError
 from .modules import ModuleStack
 from .record import Recorder
 from .tensor import Converter, MetaTensor, normalize_device
@@ -51,6 +52,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self._saved: list = []  # per __enter__, what __exit__ restores
         self.fallback = None  # set by md.check: answers ops no stage can
+        self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
@@ -63,8 +65,13 @@ class MetaMode(_compat.TorchDispatchMode):
         return meta
 
     def __enter__(self):
+        outer = _compat.unset_infra_mode(_compat.mode_key)
+        if outer is not None and not isinstance(outer, MetaMode):
+            _compat.set_infra_mode(outer)
+            raise MetaDispatchError(
+                f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
+                "FAKE dispatch-mode slot; leave that mode first")
         tracker = ModuleStack() if self.record else None
-        cuda = _compat.allow_logical_cuda().__enter__()
         lift = _compat.only_lift_cpu_tensors()
         # torch.tensor(..., device="cuda") builds on CPU first and then moves,
         # so that no CUDA is needed; FakeTensorMode does the same.
@@ -75,26 +82,29 @@ class MetaMode(_compat.TorchDispatchMode):
             result = super().__enter__()
         except BaseException:
             _compat.set_only_lift_cpu_tensors(lift)
-            cuda.__exit__(None, None, None)
             if tracker is not None:
                 tracker.__exit__(None, None, None)
+            if outer is not None:
+                _compat.set_infra_mode(outer)
             raise
-        self._saved.append((tracker, self._recorder.modules, lift, cuda))
+        self._saved.append((tracker, self._recorder.modules, lift, outer))
         if tracker is not None:
             self._recorder.modules = tracker
         return result
 
     def __exit__(self, exc_type, exc, tb):
-        tracker, modules, lift, cuda = self._saved.pop()
+        tracker, modules, lift, outer = self._saved.pop()
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
             _compat.set_only_lift_cpu_tensors(lift)
-            cuda.__exit__(None, None, None)
             self._recorder.modules = modules
             if tracker is not None:
                 tracker.__exit__(None, None, None)
                 self.trace.modules.update(tracker.classes)
+            if outer is not None:
+                # A nested MetaMode replaces the outer one while it is active.
+                _compat.set_infra_mode(outer)
 
 
 class _Scratch(threading.local):

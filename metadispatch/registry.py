@@ -40,6 +40,8 @@ def version() -> int:
 
 def resolve_ops(op) -> list:
     """OpOverload, OpOverloadPacket, or "ns::name[.overload]" -> overloads."""
+    if isinstance(op, (list, tuple)):
+        return [o for x in op for o in resolve_ops(x)]
     if isinstance(op, torch._ops.OpOverload):
         return [op]
     if isinstance(op, torch._ops.OpOverloadPacket):
@@ -60,8 +62,7 @@ def resolve_ops(op) -> list:
                     f"'ns::name' string, got {type(op).__name__}: {op!r}")
 
 
-def _register(table: dict, op, fn: Callable, override: bool) -> Callable:
-    ops = resolve_ops(op)
+def _register(table: dict, ops: list, fn: Callable, override: bool) -> Callable:
     if not override:
         taken = [op_name(o) for o in ops if o in table]
         if taken:
@@ -89,8 +90,10 @@ def register_meta(op, *, override: bool = False) -> Callable:
     $1: f32[3] = mdexample.scale.default($0, 2.0)  # [user]
     >>> md.unregister_meta("mdexample::scale")
     """
+    ops = resolve_ops(op)  # a bad target fails here, not at first use
+
     def decorator(fn: Callable) -> Callable:
-        return _register(_USER, op, fn, override)
+        return _register(_USER, ops, fn, override)
 
     return decorator
 
@@ -104,8 +107,10 @@ def unregister_meta(op) -> None:
 
 def builtin_rule(op, *, override: bool = False) -> Callable:
     """Register a built-in rule (used by ``metadispatch/rules``)."""
+    ops = resolve_ops(op)
+
     def decorator(fn: Callable) -> Callable:
-        return _register(_BUILTIN, op, fn, override)
+        return _register(_BUILTIN, ops, fn, override)
 
     return decorator
 

@@ -34,6 +34,7 @@ META = torch.device("meta")
 
 class _State(threading.local):
     in_kernel = False
+    ambient = torch.device("cpu")  # the device of the last op's tensors
 
 
 STATE = _State()

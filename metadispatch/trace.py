@@ -89,6 +89,13 @@ class Leaf(NamedTuple):
     name: str
     value: Any = None  # a small real tensor for constants, else None
 
+    def describe(self) -> str:
+        """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``."""
+        text = f"{self.kind} {self.name}".rstrip()
+        if self.value is not None and self.value.numel() <= 8:
+            text += f" {self.value.tolist()}"
+        return text
+
 
 _NO_KWARGS: dict = {}
 
@@ -212,7 +219,7 @@ class Trace:
                     shown.add(m.id)
                     leaf = self.leaves.get(m.id)
                     if leaf is not None:
-                        out.append(f"${m.id}: {m.type_str()} = {leaf.kind} {leaf.name}")
+                        out.append(f"${m.id}: {m.type_str()} = {leaf.describe()}")
             for m in call.output_metas:
                 shown.add(m.id)
             out.append(call.format())

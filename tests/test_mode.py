@@ -1,0 +1,152 @@
+"""MetaMode: factories, conversion of real tensors, cleanup on exit."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.modules.module as nn_module
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+import metadispatch as md
+
+
+def _rss() -> int:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _global_hook_counts():
+    return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
+            len(nn_module._global_backward_hooks), len(nn_module._global_backward_pre_hooks))
+
+
+@pytest.mark.parametrize("make,device", [
+    (lambda: torch.empty(3), "cpu"),
+    (lambda: torch.zeros(2, 3, device="cuda:1"), "cuda:1"),
+    (lambda: torch.arange(5, device="cuda"), "cuda:0"),
+    (lambda: torch.randn(2, 2, dtype=torch.float64), "cpu"),
+    (lambda: torch.tensor([1.0, 2.0], device="cuda"), "cuda:0"),
+    (lambda: torch.full((2,), 7, dtype=torch.int32), "cpu"),
+])
+def test_mode_factories_return_meta_tensors_where_asked(make, device):
+    with md.MetaMode():
+        t = make()
+    real = make() if "cuda" not in device else None
+    assert isinstance(t, md.MetaTensor)
+    assert t.device == torch.device(device)
+    if real is not None:
+        assert (t.shape, t.dtype, t.stride()) == (real.shape, real.dtype, real.stride())
+
+
+def test_mode_device_argument_overrides_factories():
+    with md.MetaMode(device="cuda:2") as mode:
+        t = torch.ones(2, device="cpu")
+        u = torch.empty(3)
+    assert t.device == u.device == torch.device("cuda:2")
+    assert "device='cuda:2'" in str(mode.trace)
+
+
+def test_mode_nested_torch_device_context():
+    with md.MetaMode():
+        with torch.device("cuda:1"):
+            a = torch.ones(2)
+            with torch.device("cpu"):
+                b = torch.ones(2)
+    assert a.device == torch.device("cuda:1") and b.device == torch.device("cpu")
+
+
+def test_mode_real_tensors_are_converted_once_and_never_modified():
+    real = torch.ones(3)
+    before = real.clone()
+    version = real._version
+    with md.MetaMode() as mode:
+        out = real.add_(1)  # torch hands back ``self`` for in-place ops
+        again = real * 2
+    assert out is real
+    assert torch.equal(real, before) and real._version == version
+    stand_in = mode.from_tensor(real)
+    assert isinstance(stand_in, md.MetaTensor)
+    assert [c.inputs[0].id for c in mode.trace] == [stand_in._md[1].id] * 2
+    leaves = list(mode.trace.leaves.values())
+    assert len(leaves) == 1 and leaves[0].kind == "const"
+    assert isinstance(again, md.MetaTensor) and again.shape == (3,)
+
+
+def test_mode_from_tensor_keeps_views_sharing_storage():
+    base = torch.zeros(4, 4)
+    mode = md.MetaMode()
+    a, b = mode.from_tensor(base[1]), mode.from_tensor(base[:, 2])
+    assert a.untyped_storage()._cdata == b.untyped_storage()._cdata
+    assert (b.storage_offset(), b.stride()) == (2, (4,))
+    assert mode.from_tensor(base[1]) is not a  # a different view object is its own tensor
+
+
+def test_mode_module_construction_allocates_nothing():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig()  # the defaults are LLaMA-7B sized: 6.7e9 parameters
+    before = _rss()
+    with md.MetaMode(device="cuda"):
+        model = LlamaForCausalLM(cfg)
+    grown = _rss() - before
+    n = sum(p.numel() for p in model.parameters())
+    assert n > 6e9
+    assert all(isinstance(p, md.MetaTensor) and p.is_cuda for p in model.parameters())
+    assert grown < 200 * 2**20, f"RSS grew by {grown / 2**20:.0f} MB"
+
+
+def test_mode_exception_leaves_no_mode_or_hooks_behind():
+    hooks = _global_hook_counts()
+    lazy_init = torch.cuda._lazy_init
+    lift = torch._C._only_lift_cpu_tensors()
+    with pytest.raises(ZeroDivisionError):
+        with md.MetaMode():
+            torch.nn.Linear(2, 2)(torch.ones(1, 2))
+            assert _global_hook_counts() != hooks  # module tracking is installed...
+            1 / 0
+    assert _get_current_dispatch_mode_stack() == []  # ...and removed again
+    assert _global_hook_counts() == hooks
+    assert torch.cuda._lazy_init is lazy_init
+    assert torch._C._only_lift_cpu_tensors() == lift
+
+
+def test_mode_trace_exception_restores_the_users_module():
+    model = torch.nn.Linear(3, 3)
+    params = dict(model.named_parameters())
+    hooks = _global_hook_counts()
+
+    def boom(x):
+        model(x)
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        md.trace(boom, torch.ones(1, 3))
+    assert dict(model.named_parameters()) == params
+    assert not any(isinstance(p, md.MetaTensor) for p in model.parameters())
+    assert _global_hook_counts() == hooks and _get_current_dispatch_mode_stack() == []
+
+
+def test_mode_stack_option_records_user_source_line():
+    with md.MetaMode(stack=True) as mode:
+        torch.ones(2).relu()  # the line recorded
+    sources = [c.source for c in mode.trace]
+    assert all(s.startswith("test_mode.py:") and s.endswith("in test_mode_stack_option_records_user_source_line")
+               for s in sources)
+    assert len(set(sources)) == 1
+
+
+def test_mode_importing_changes_nothing_global():
+    import subprocess
+    import sys
+
+    code = ("import torch, torch.nn.modules.module as m\n"
+            "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as s\n"
+            "before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
+            "import metadispatch\n"
+            "after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
+            "assert before == after and s() == [], (before, after)\n")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,0 +1,126 @@
+"""MetaTensor reports what a real tensor would, and refuses to read data."""
+
+import pytest
+import torch
+
+import metadispatch as md
+
+
+def _meta_and_real(fn, *shapes, device="cpu"):
+    real = [torch.randn(*s) for s in shapes]
+    meta = [md.to_meta(r, device=device) for r in real]
+    return fn(*meta), fn(*real)
+
+
+def _same_metadata(m, r):
+    assert isinstance(m, md.MetaTensor)
+    assert m.shape == r.shape
+    assert m.dtype == r.dtype
+    assert m.stride() == r.stride()
+    assert m.storage_offset() == r.storage_offset()
+    assert m.layout == r.layout
+    assert m.requires_grad == r.requires_grad
+
+
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda x: x.t(), [(3, 4)]),
+    (lambda x: x[1:, ::2], [(4, 6)]),
+    (lambda x, y: x @ y, [(3, 4), (4, 5)]),
+    (lambda x: x.permute(2, 0, 1).contiguous(), [(2, 3, 4)]),
+    (lambda x: x.expand(3, 4, 5), [(4, 1)]),
+    (lambda x: torch.nn.functional.softmax(x, -1), [(2, 7)]),
+    (lambda x: x.transpose(0, 1) + 1, [(3, 5)]),
+    (lambda x: x.to(torch.float16).sum(0), [(3, 5)]),
+])
+def test_tensor_metadata_matches_real_cpu(fn, shapes):
+    m, r = _meta_and_real(fn, *shapes)
+    _same_metadata(m, r)
+    assert m.device == torch.device("cpu")
+
+
+def test_tensor_logical_cuda_device_on_cpu_only_host():
+    x = md.to_meta(torch.ones(3, 4), device="cuda:1")
+    y = (x @ x.T).relu()
+    assert y.device == torch.device("cuda:1")
+    assert y.is_cuda and not y.is_cpu and not y.is_meta
+    assert y.get_device() == 1
+
+
+def test_tensor_autograd_produces_meta_grads_on_logical_cuda():
+    w = md.to_meta(torch.randn(4, 5, requires_grad=True), device="cuda")
+    x = md.to_meta(torch.randn(3, 4), device="cuda")
+    (x @ w).sum().backward()
+    assert isinstance(w.grad, md.MetaTensor)
+    assert w.grad.shape == (4, 5)
+    assert w.grad.device == torch.device("cuda:0")
+
+
+def test_tensor_inplace_returns_same_object():
+    x = md.to_meta(torch.ones(2, 3))
+    assert x.add_(1) is x
+    assert x.mul_(x) is x
+    x.unsqueeze_(0)  # metadata-changing in-place ops change the tensor itself
+    assert x.shape == (1, 2, 3)
+
+
+@pytest.mark.parametrize("view", [
+    lambda x: x.view(6), lambda x: x.t(), lambda x: x[0], lambda x: x.unsqueeze(0), lambda x: x.detach(),
+])
+def test_tensor_views_report_base_like_real(view):
+    real = torch.ones(2, 3)
+    x = md.to_meta(real)
+    v, rv = view(x), view(real)
+    assert v._is_view() == rv._is_view()
+    assert (v._base is x) == (rv._base is real)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: md.to_meta(torch.ones(2, 3)),
+    lambda: md.to_meta(torch.ones(())),
+    lambda: md.to_meta(torch.ones(2, 3, requires_grad=True)) * 2,
+    lambda: md.to_meta(torch.ones(4, 4)).t()[1:],
+    lambda: torch.nn.Parameter(md.to_meta(torch.ones(2), device="cuda:3")),
+])
+def test_tensor_repr_never_fails(make):
+    t = make()
+    text = repr(t)
+    assert text.startswith("MetaTensor(")
+    assert str(t) == text and f"{t}" == text
+
+
+@pytest.mark.parametrize("read,op", [
+    (lambda x: x.sum().item(), "_local_scalar_dense"),
+    (lambda x: bool(x.sum()), "_local_scalar_dense"),
+    (lambda x: float(x.sum()), "_local_scalar_dense"),
+    (lambda x: int(x.sum()), "_local_scalar_dense"),
+    (lambda x: x.tolist(), "tolist"),
+    (lambda x: x.numpy(), "numpy"),
+    (lambda x: x.nonzero(), "nonzero"),
+    (lambda x: x.masked_select(x > 0), "masked_select"),
+    (lambda x: torch.unique(x), "unique"),
+    (lambda x: x[x > 0], "index.Tensor"),
+])
+def test_tensor_reading_data_raises_data_dependent_error(read, op):
+    x = md.to_meta(torch.randn(3, 4))
+    with pytest.raises(md.DataDependentError, match=op):
+        read(x)
+
+
+def test_tensor_integer_indexing_is_not_data_dependent():
+    x = md.to_meta(torch.randn(5, 4))
+    idx = md.to_meta(torch.tensor([0, 3]))
+    assert x[idx].shape == (2, 4)
+
+
+def test_tensor_data_setter_keeps_logical_device():
+    p = torch.nn.Parameter(md.to_meta(torch.ones(2), device="cpu"))
+    p.data = md.to_meta(torch.ones(3), device="cuda:2")
+    assert p.device == torch.device("cuda:2") and p.shape == (3,)
+
+
+def test_tensor_to_same_device_returns_self_like_real():
+    x = md.to_meta(torch.ones(2), device="cuda:0")
+    assert x.to("cuda:0") is x
+    assert x.to(torch.float32) is x
+    y = x.to("cpu")
+    assert y is not x and y.device == torch.device("cpu")
