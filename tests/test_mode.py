@@ -61,12 +61,13 @@ def test_mode_nested_torch_device_context():
 def test_mode_real_tensors_are_converted_once_and_never_modified():
     real = torch.ones(3)
     before = real.clone()
-    version = real._version
     with md.MetaMode() as mode:
         out = real.add_(1)  # torch hands back ``self`` for in-place ops
         again = real * 2
     assert out is real
-    assert torch.equal(real, before) and real._version == version
+    # Data untouched.  (Autograd bumps ``_version`` of an in-place op's
+    # argument before dispatch reaches any mode; FakeTensorMode shares that.)
+    assert torch.equal(real, before)
     stand_in = mode.from_tensor(real)
     assert isinstance(stand_in, md.MetaTensor)
     assert [c.inputs[0].id for c in mode.trace] == [stand_in._md[1].id] * 2
