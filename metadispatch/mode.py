@@ -34,8 +34,8 @@ class MetaMode(_compat.TorchDispatchMode):
     >>> y
     MetaTensor(f32[4, 4], device='cuda:0')
     >>> print(mode.trace)
-    $0: f32[4, 3]@cuda:0 = aten.empty.memory_format([4, 3], device='cpu', pin_memory=False)
-    $1: f32[3, 4]{1, 3}@cuda:0 = aten.t.default($0)
+    $0: f32[4, 3]@cuda:0 = aten.empty.memory_format([4, 3], device='cuda:0', pin_memory=False)
+    $1: f32[3, 4]{1, 3}@cuda:0 = aten.permute.default($0, [1, 0])
     $2: f32[4, 4]@cuda:0 = aten.mm.default($0, $1)
     $3: f32[4, 4]@cuda:0 = aten.relu.default($2)
     """

@@ -81,7 +81,7 @@ def register_meta(op, *, override: bool = False) -> Callable:
 
     >>> import torch, metadispatch as md
     >>> lib = torch.library.Library("mdexample", "DEF")
-    >>> lib.define("scale(Tensor x, float s) -> Tensor")
+    >>> _ = lib.define("scale(Tensor x, float s) -> Tensor")
     >>> @md.register_meta("mdexample::scale")
     ... def scale_meta(x, s):
     ...     return torch.empty_like(x)

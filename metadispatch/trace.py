@@ -187,7 +187,7 @@ class Trace:
     >>> t = md.trace(lambda x: (x @ x.T).relu(), torch.ones(2, 3))
     >>> print(t)
     $0: f32[2, 3] = arg args[0]
-    $1: f32[3, 2]{1, 3} = aten.t.default($0)
+    $1: f32[3, 2]{1, 3} = aten.permute.default($0, [1, 0])
     $2: f32[2, 2] = aten.mm.default($0, $1)
     $3: f32[2, 2] = aten.relu.default($2)
     """

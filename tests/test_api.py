@@ -1,0 +1,43 @@
+"""md.to_meta on tensors, modules and pytrees."""
+
+import torch
+from torch import nn
+
+import metadispatch as md
+
+
+def test_api_to_meta_module_is_a_new_module_and_copies_no_data():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    ptrs = {n: t.data_ptr() for n, t in model.state_dict().items()}
+    meta = md.to_meta(model, device="cuda")
+    assert meta is not model
+    assert all(isinstance(t, md.MetaTensor) and t.is_cuda for t in meta.state_dict(keep_vars=True).values())
+    assert all(isinstance(p, nn.Parameter) for p in meta.parameters())
+    assert {n: t.data_ptr() for n, t in model.state_dict().items()} == ptrs
+    assert not any(isinstance(t, md.MetaTensor) for t in model.state_dict(keep_vars=True).values())
+    out = meta(md.to_meta(torch.ones(2, 3), device="cuda"))
+    assert out.shape == (2, 4) and out.device == torch.device("cuda:0")
+
+
+def test_api_to_meta_keeps_tied_weights_tied():
+    emb = nn.Embedding(10, 4)
+    head = nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "head": head})
+    meta = md.to_meta(model)
+    assert meta["emb"].weight is meta["head"].weight
+    assert len(list(meta.parameters())) == 1
+
+
+def test_api_to_meta_pytree_and_shared_storage():
+    base = torch.arange(12.0).view(3, 4)
+    out = md.to_meta({"a": base, "b": [base[1], 3]})
+    assert out["b"][1] == 3
+    assert out["a"].untyped_storage()._cdata == out["b"][0].untyped_storage()._cdata
+    assert out["b"][0].storage_offset() == 4
+
+
+def test_api_trace_of_meta_module_names_its_parameters():
+    meta = md.to_meta(nn.Linear(3, 2))
+    t = md.trace(meta, md.to_meta(torch.ones(1, 3)))
+    assert sorted(leaf.name for leaf in t.leaves.values() if leaf.kind == "param") == ["bias", "weight"]
