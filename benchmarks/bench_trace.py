@@ -1,0 +1,122 @@
+"""Tracing speed: md.trace against FakeTensorMode, the meta device and a passthrough mode.
+
+Every figure is a ratio measured side by side in one run.  Run:
+
+    python benchmarks/bench_trace.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import metadispatch as md  # noqa: E402
+from benchmarks.common import best_of, llama_config, machine, table  # noqa: E402
+
+
+class Passthrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _build(model_cls, cfg, ctx):
+    with ctx:
+        model = model_cls(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (1, 128))
+    return model, ids
+
+
+def _step(model, backward):
+    def run(ids):
+        out = model(input_ids=ids, labels=ids if backward else None)
+        if backward:
+            out.loss.backward()
+        return out.logits
+    return run
+
+
+def measure(model_cls, cfg, backward: bool, repeat: int = 5) -> dict:
+    times = {}
+    model, ids = _build(model_cls, cfg, torch.device("meta"))
+    step = _step(model, backward)
+    times["meta device"] = best_of(lambda: step(ids), repeat)
+
+    def passthrough():
+        with Passthrough():
+            step(ids)
+    times["passthrough mode"] = best_of(passthrough, repeat)
+
+    fake = FakeTensorMode()
+    fmodel, fids = _build(model_cls, cfg, fake)
+    fstep = _step(fmodel, backward)
+
+    def run_fake():
+        with fake:
+            fstep(fids)
+    times["FakeTensorMode"] = best_of(run_fake, repeat)
+
+    mmodel, mids = _build(model_cls, cfg, md.MetaMode())
+    mstep = _step(mmodel, backward)
+    calls = len(md.trace(mstep, mids))
+    times["md.trace"] = best_of(lambda: md.trace(mstep, mids), repeat)
+    return {"times": times, "calls": calls}
+
+
+def micro(repeat: int = 200) -> list[tuple]:
+    x = torch.randn(64, 64)
+    img = torch.randn(8, 16, 32, 32)
+    w = torch.randn(32, 16, 3, 3)
+    ops = {
+        "add": lambda a, b, c, d: a + b,
+        "mm": lambda a, b, c, d: a @ b,
+        "view": lambda a, b, c, d: a.view(-1),
+        "transpose": lambda a, b, c, d: a.transpose(0, 1),
+        "conv2d": lambda a, b, c, d: torch.nn.functional.conv2d(c, d),
+        "softmax": lambda a, b, c, d: torch.softmax(a, -1),
+    }
+    rows = []
+    fake = FakeTensorMode()
+    fa, fb, fc, fd = (fake.from_tensor(t) for t in (x, x, img, w))
+    mode = md.MetaMode()
+    ma, mb, mc, md_ = (mode.from_tensor(t) for t in (x, x, img, w))
+    for name, op in ops.items():
+        def run_fake():
+            with fake:
+                for _ in range(repeat):
+                    op(fa, fb, fc, fd)
+
+        def run_md():
+            with md.MetaMode():
+                for _ in range(repeat):
+                    op(ma, mb, mc, md_)
+        tf, tm = best_of(run_fake, 5) / repeat, best_of(run_md, 5) / repeat
+        rows.append((name, f"{tm * 1e6:.1f} us", f"{tf * 1e6:.1f} us", f"{tm / tf:.2f}x"))
+    return rows
+
+
+def main() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    print(machine())
+    print()
+    rows = []
+    cases = [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8), True),
+             ("LLaMA 8L/1024 fw", LlamaForCausalLM, llama_config(8), False),
+             ("GPT-2 (defaults) fw+bw", GPT2LMHeadModel, GPT2Config(), True)]
+    for label, cls, cfg, backward in cases:
+        r = measure(cls, cfg, backward)
+        t = r["times"]
+        rows.append((label, r["calls"], *(f"{t[k] * 1e3:.0f} ms" for k in t),
+                     f"{t['md.trace'] / t['FakeTensorMode']:.2f}x"))
+    print(table(rows, ("model", "calls", "meta", "passthrough", "FakeTensorMode", "md.trace", "md/Fake")))
+    print()
+    print(table(micro(), ("op", "MetaMode", "FakeTensorMode", "ratio")))
+
+
+if __name__ == "__main__":
+    main()

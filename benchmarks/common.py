@@ -1,0 +1,52 @@
+"""Shared helpers for the benchmarks: timing, models, the machine line."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), Python {platform.python_version()}")
+
+
+def best_of(fn, repeat: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in seconds after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def llama_config(layers: int = 8, hidden: int = 1024, heads: int = 16, vocab: int = 32000):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=hidden, intermediate_size=int(hidden * 2.6875) // 64 * 64,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                       vocab_size=vocab, max_position_embeddings=2048)
+
+
+def rss() -> int:
+    with open(f"/proc/{os.getpid()}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""A cache of output metadata, so repeated calls skip the meta kernel.
+
+Models repeat themselves: layer 7 runs the same ops on the same shapes as
+layer 0.  A meta kernel costs tens of microseconds of Python (most of torch's
+are Python references); rebuilding its outputs from remembered metadata costs
+a few.  The cache maps a *key* -- the op, every input's metadata, every
+non-tensor argument, the logical device of the outputs, the mode's device
+and the rule registry's version -- to a *recipe* for the outputs.
+
+Note [What the key must hold]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Everything that can change the answer: a user rule registered between two
+calls (registry version), the mode's device override, the logical device
+(a device-specific rule may answer differently), each tensor's shape,
+strides, storage offset, dtype, logical device and conj/neg bits, and the
+non-tensor arguments by value.  FakeTensorMode's cache is process-global
+and keyed without its mode's options; ours lives on each mode.
+
+Not cached at all: ops whose output depends on data (they raise, or are
+answered by a real kernel under ``md.check``), ops that change their
+argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
+views that change dtype, calls with a ``torch.Generator`` argument or any
+argument we cannot hash, and calls whose inputs carry known values.
+
+Note [Recipes]
+~~~~~~~~~~~~~~
+Per output: a fresh tensor (``empty_strided`` on meta), a view of input
+``i`` (``as_strided`` on that input's storage, so storage sharing and
+offsets are exact), the very input object ``i`` (in-place, ``out=``,
+``lift_fresh``), or a plain value (``_fused_sdp_choice`` returns an int).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _compat
+from .tensor import META, MetaTensor, in_kernel, wrap
+
+__all__ = ["MetaCache", "UNCACHABLE"]
+
+UNCACHABLE = object()
+_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+             torch.memory_format)
+
+
+class MetaCache:
+    def __init__(self) -> None:
+        self.entries: dict = {}
+        self.hits = 0
+        self.misses = 0
+        self.bypasses = 0
+
+    # -- keys
+    @staticmethod
+    def key(func, args, kwargs, device, extra):
+        parts = [func, device, extra]
+        for a in args:
+            k = _arg_key(a)
+            if k is UNCACHABLE:
+                return None
+            parts.append(k)
+        if kwargs:
+            for name, v in kwargs.items():
+                k = _arg_key(v)
+                if k is UNCACHABLE:
+                    return None
+                parts.append(name)
+                parts.append(k)
+        return tuple(parts)
+
+    # -- recipes
+    def remember(self, key, f, args, kwargs, result) -> None:
+        recipe = _recipe(f, args, kwargs, result)
+        self.entries[key] = recipe
+
+    def replay(self, recipe, args, kwargs, device):
+        if recipe is UNCACHABLE:
+            return None
+        self.hits += 1
+        if recipe[0] == "tuple":
+            return tuple(_build(r, args, kwargs, device) for r in recipe[1])
+        return _build(recipe, args, kwargs, device)
+
+
+def _arg_key(a):
+    if isinstance(a, MetaTensor):
+        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a._md_device,
+                a.is_conj(), a.is_neg())
+    if isinstance(a, _HASHABLE):
+        return (type(a), a)
+    if type(a) in (list, tuple):
+        parts = []
+        for x in a:
+            k = _arg_key(x)
+            if k is UNCACHABLE:
+                return UNCACHABLE
+            parts.append(k)
+        return (type(a), tuple(parts))
+    return UNCACHABLE
+
+
+def _tensor_args(args, kwargs) -> list:
+    found = []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif type(a) in (list, tuple):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+def _recipe(f, args, kwargs, result):
+    if len(f.returns_write) == 1:
+        return _recipe_one(result, f, args, kwargs)
+    if not f.returns_write:
+        return ("value", result)
+    parts = tuple(_recipe_one(r, f, args, kwargs) for r in result)
+    if any(p is UNCACHABLE for p in parts):
+        return UNCACHABLE
+    return ("tuple", parts)
+
+
+def _recipe_one(out, f, args, kwargs):
+    inputs = _tensor_args(args, kwargs)
+    if isinstance(out, torch.Tensor):
+        for i, t in enumerate(inputs):
+            if out is t:
+                return ("same", i)
+        meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype)
+        key = _compat.storage_key(out)
+        for i, t in enumerate(inputs):
+            if _compat.storage_key(t) == key:
+                if t.dtype != out.dtype:
+                    return UNCACHABLE
+                return ("view", i) + meta
+        return ("fresh",) + meta
+    if type(out) in (list, tuple):
+        parts = tuple(_recipe_one(o, f, args, kwargs) for o in out)
+        if any(p is UNCACHABLE for p in parts):
+            return UNCACHABLE
+        return ("list", type(out), parts)
+    if isinstance(out, _HASHABLE):
+        return ("value", out)
+    return UNCACHABLE
+
+
+def _build(recipe, args, kwargs, device):
+    kind = recipe[0]
+    if kind == "fresh":
+        _, shape, stride, offset, dtype = recipe
+        with in_kernel():
+            elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
+            if offset:
+                elem = elem.as_strided(shape, stride, offset)
+        return wrap(elem, device)
+    if kind == "view":
+        _, i, shape, stride, offset, dtype = recipe
+        base = _tensor_args(args, kwargs)[i]
+        with in_kernel():
+            elem = torch.as_strided(base, shape, stride, offset)
+        return wrap(elem, device)
+    if kind == "same":
+        return _tensor_args(args, kwargs)[recipe[1]]
+    if kind == "list":
+        return recipe[1](_build(r, args, kwargs, device) for r in recipe[2])
+    return recipe[1]
