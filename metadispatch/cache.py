@@ -70,17 +70,15 @@ class MetaCache:
         return tuple(parts)
 
     # -- recipes
-    def remember(self, key, f, args, kwargs, result) -> None:
-        recipe = _recipe(f, args, kwargs, result)
-        self.entries[key] = recipe
+    def remember(self, key, f, tensors, result, stage) -> None:
+        """``tensors``: the call's tensor arguments, in dispatch order."""
+        self.entries[key] = (_recipe(f, tensors, result), stage)
 
-    def replay(self, recipe, args, kwargs, device):
-        if recipe is UNCACHABLE:
-            return None
+    def replay(self, recipe, tensors, device):
         self.hits += 1
         if recipe[0] == "tuple":
-            return tuple(_build(r, args, kwargs, device) for r in recipe[1])
-        return _build(recipe, args, kwargs, device)
+            return tuple(_build(r, tensors, device) for r in recipe[1])
+        return _build(recipe, tensors, device)
 
 
 def _arg_key(a):
@@ -100,29 +98,18 @@ def _arg_key(a):
     return UNCACHABLE
 
 
-def _tensor_args(args, kwargs) -> list:
-    found = []
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif type(a) in (list, tuple):
-            found.extend(x for x in a if isinstance(x, torch.Tensor))
-    return found
-
-
-def _recipe(f, args, kwargs, result):
+def _recipe(f, inputs, result):
     if len(f.returns_write) == 1:
-        return _recipe_one(result, f, args, kwargs)
+        return _recipe_one(result, inputs)
     if not f.returns_write:
         return ("value", result)
-    parts = tuple(_recipe_one(r, f, args, kwargs) for r in result)
+    parts = tuple(_recipe_one(r, inputs) for r in result)
     if any(p is UNCACHABLE for p in parts):
         return UNCACHABLE
     return ("tuple", parts)
 
 
-def _recipe_one(out, f, args, kwargs):
-    inputs = _tensor_args(args, kwargs)
+def _recipe_one(out, inputs):
     if isinstance(out, torch.Tensor):
         for i, t in enumerate(inputs):
             if out is t:
@@ -136,7 +123,7 @@ def _recipe_one(out, f, args, kwargs):
                 return ("view", i) + meta
         return ("fresh",) + meta
     if type(out) in (list, tuple):
-        parts = tuple(_recipe_one(o, f, args, kwargs) for o in out)
+        parts = tuple(_recipe_one(o, inputs) for o in out)
         if any(p is UNCACHABLE for p in parts):
             return UNCACHABLE
         return ("list", type(out), parts)
@@ -145,7 +132,7 @@ def _recipe_one(out, f, args, kwargs):
     return UNCACHABLE
 
 
-def _build(recipe, args, kwargs, device):
+def _build(recipe, inputs, device):
     kind = recipe[0]
     if kind == "fresh":
         _, shape, stride, offset, dtype = recipe
@@ -156,12 +143,12 @@ def _build(recipe, args, kwargs, device):
         return wrap(elem, device)
     if kind == "view":
         _, i, shape, stride, offset, dtype = recipe
-        base = _tensor_args(args, kwargs)[i]
+        base = inputs[i]
         with in_kernel():
             elem = torch.as_strided(base, shape, stride, offset)
         return wrap(elem, device)
     if kind == "same":
-        return _tensor_args(args, kwargs)[recipe[1]]
+        return inputs[recipe[1]]
     if kind == "list":
-        return recipe[1](_build(r, args, kwargs, device) for r in recipe[2])
+        return recipe[1](_build(r, inputs, device) for r in recipe[2])
     return recipe[1]

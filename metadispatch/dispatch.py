@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 
 from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
+from . import registry
+from .cache import UNCACHABLE, MetaCache
 from .router import route
 from .schema import facts
 from .source import user_frame
@@ -36,7 +38,7 @@ def dispatch(func, args, kwargs, mode):
         pending = mode._recorder.encode_inputs(args, kwargs)
     try:
         try:
-            out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+            out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors)
         except (DataDependentError, UnsupportedOpError) as e:
             # Under md.check a top-level call no stage can answer is run for
             # real instead; nested calls let the outer call fall back whole.
@@ -53,6 +55,36 @@ def dispatch(func, args, kwargs, mode):
     if recording:
         mode._recorder.record(func, f, pending, result, stage)
     return result
+
+
+def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors):
+    """Route the call, or rebuild its outputs from the mode's metadata cache."""
+    cache = mode.cache if mode is not None else None
+    if cache is None or not f.cacheable:
+        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    key = cache.key(func, args, kwargs, device, (registry.version(), mode.device))
+    if key is None:
+        cache.bypasses += 1
+        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    hit = cache.entries.get(key)
+    if hit is not None:
+        if hit[0] is UNCACHABLE:
+            cache.bypasses += 1
+            return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+        return cache.replay(hit[0], tensors, device), hit[1]
+    before = _written_keys(f, args, kwargs) if f.mutates else None
+    out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    cache.misses += 1
+    if before is not None and before != _written_keys(f, args, kwargs):
+        cache.entries[key] = (UNCACHABLE, stage)  # it changed its argument's metadata
+    else:
+        cache.remember(key, f, tensors, out, stage)
+    return out, stage
+
+
+def _written_keys(f, args, kwargs):
+    return [MetaCache.key(None, (args[w] if isinstance(w, int) else kwargs[w],), None, None, None)
+            for w in f.returns_write if w is not None]
 
 
 def _convert(args, kwargs, convert):

@@ -16,6 +16,7 @@ import torch
 from . import _compat
 from .dispatch import dispatch
 from .errors import MetaDispatchError
+from .cache import MetaCache
 from .modules import ModuleStack
 from .record import Recorder
 from .tensor import Converter, MetaTensor, normalize_device
@@ -41,7 +42,7 @@ class MetaMode(_compat.TorchDispatchMode):
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096) -> None:
+                 const_limit: int = 4096, cache: bool = True) -> None:
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
         self.stack = stack
@@ -50,12 +51,20 @@ class MetaMode(_compat.TorchDispatchMode):
         self._recorder = Recorder(self.trace, stack=stack, const_limit=const_limit)
         self._converter = Converter(self.device)
         self._depth = 0  # > 0 while a rule or decomposition runs nested
+        self.cache = MetaCache() if cache else None
         self._saved: list = []  # per __enter__, what __exit__ restores
         self.fallback = None  # set by md.check: answers ops no stage can
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo,
+        # which costs more per call than our whole cache hit.  Nothing in a
+        # MetaMode is meant to be compiled.
+        return False
 
     def from_tensor(self, t: torch.Tensor) -> MetaTensor:
         """The MetaTensor standing in for real tensor ``t`` (always the same one)."""

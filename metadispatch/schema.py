@@ -33,6 +33,7 @@ class OpFacts:
     data_dependent: bool
     has_meta_kernel: bool
     mutates: bool
+    cacheable: bool  # see cache.py, Note [What the key must hold]
 
 
 _CACHE: dict = {}
@@ -94,6 +95,7 @@ def _compute(func) -> OpFacts:
         torch.Tag.dynamic_output_shape in tags and name not in _SHAPE_DEPENDS_ONLY_SOMETIMES
     )
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args)
+    cacheable = not data_dependent and torch.Tag.inplace_view not in tags
     return OpFacts(
         name=op_name(func),
         returns_write=tuple(returns_write),
@@ -105,4 +107,5 @@ def _compute(func) -> OpFacts:
         data_dependent=data_dependent,
         has_meta_kernel=_compat.has_meta_kernel(name),
         mutates=mutates,
+        cacheable=cacheable,
     )
