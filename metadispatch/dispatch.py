@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from . import _compat
 from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
 from .router import route
 from .schema import facts
 from .source import user_frame
-from .tensor import META, Converter, MetaTensor, normalize_device, wrap
+from .tensor import META, STATE, Converter, MetaTensor, normalize_device, wrap
 
 __all__ = ["dispatch"]
 
@@ -98,6 +99,8 @@ def _device(f, args, kwargs, tensors, mode):
                 kkwargs[name] = META
             else:
                 kargs = args[:pos] + (META,) + args[pos + 1:]
+            if device.type == "meta" and tensors and not STATE.explicit_meta:
+                device = None  # Note [Meta from options]: take the inputs' device
         if f.is_factory and mode is not None and mode.device is not None:
             device = mode.device
     if device is None:
@@ -108,11 +111,21 @@ def _device(f, args, kwargs, tensors, mode):
     return device, kargs, kkwargs
 
 
+# Note [Meta from options]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# C++ code that builds a tensor "like" another one -- AccumulateGrad cloning a
+# gradient, the autograd engine casting one, functorch materialising a zero
+# tensor -- takes the device from the C++ tensor's options, which is meta
+# (Note [Logical device]).  So an op with tensor inputs that is asked for
+# device meta gets its inputs' logical device instead; only ``x.to("meta")``
+# from Python (``STATE.explicit_meta``) really means meta.  Factories called
+# that way in backward have no input to ask, so there a logical-meta tensor
+# gives way to any other device, as a CPU scalar does.
 def _common_device(f, tensors):
     device = scalar = None
     for t in tensors:
         d = t._md_device
-        if t.dim() == 0 and d.type == "cpu":
+        if (t.dim() == 0 and d.type == "cpu") or (d.type == "meta" and _compat.in_backward()):
             scalar = scalar or d
         elif device is None:
             device = d

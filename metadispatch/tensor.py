@@ -34,6 +34,7 @@ META = torch.device("meta")
 
 class _State(threading.local):
     in_kernel = False
+    explicit_meta = False  # inside ``MetaTensor.to("meta")``; Note [Meta from options]
 
 
 STATE = _State()
@@ -152,7 +153,13 @@ class MetaTensor(torch.Tensor):
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
-        return super().to(*args, **kwargs)
+        if device is None or torch.device(device).type != "meta":
+            return super().to(*args, **kwargs)
+        prev, STATE.explicit_meta = STATE.explicit_meta, True
+        try:
+            return super().to(*args, **kwargs)
+        finally:
+            STATE.explicit_meta = prev
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),
