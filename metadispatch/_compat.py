@@ -6,6 +6,7 @@ A torch upgrade that renames one of these should need a change here only.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 import torch.utils.checkpoint
@@ -115,22 +116,40 @@ def cuda_usable() -> bool:
 
 
 class allow_logical_cuda:
-    """Context manager: see Note [Logical CUDA without CUDA]."""
+    """Context manager: see Note [Logical CUDA without CUDA].
+
+    The patch is process-wide while modes in other threads may still be
+    entered, so it is counted: the first entry installs it, the last exit
+    restores the original.
+    """
+
+    _lock = threading.Lock()
+    _users = 0
+    _saved = None
 
     def __enter__(self):
-        self._saved = None
-        if not cuda_usable():
+        self._held = not cuda_usable()
+        if self._held:
             import torch.cuda
 
-            self._saved = torch.cuda._lazy_init
-            torch.cuda._lazy_init = _no_lazy_init
+            cls = allow_logical_cuda
+            with cls._lock:
+                if cls._users == 0:
+                    cls._saved = torch.cuda._lazy_init
+                    torch.cuda._lazy_init = _no_lazy_init
+                cls._users += 1
         return self
 
     def __exit__(self, *exc):
-        if self._saved is not None:
+        if self._held:
             import torch.cuda
 
-            torch.cuda._lazy_init = self._saved
+            cls = allow_logical_cuda
+            with cls._lock:
+                cls._users -= 1
+                if cls._users == 0:
+                    torch.cuda._lazy_init = cls._saved
+            self._held = False
 
 
 def _no_lazy_init() -> None:
