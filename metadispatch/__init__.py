@@ -15,7 +15,8 @@ from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
 from .api import to_meta, trace, tracer
 from .diff import diff
-from .errors import DataDependentError, MetaDispatchError, TraceFormatError, UnsupportedOpError
+from .errors import (DataDependentError, MetaDispatchError, TraceFormatError,
+                     UnsupportedFeatureError, UnsupportedOpError)
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
 from .tensor import MetaTensor
@@ -27,4 +28,5 @@ __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
+    "UnsupportedFeatureError",
 ]

@@ -15,6 +15,7 @@ import torch
 
 from . import _compat
 from .dispatch import dispatch
+from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .record import Recorder
 from .tensor import Converter, MetaTensor, normalize_device
@@ -40,7 +41,8 @@ class MetaMode(_compat.TorchDispatchMode):
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096) -> None:
+                 const_limit: int = 4096, **fake_options) -> None:
+        check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
         self.stack = stack
@@ -55,8 +57,9 @@ class MetaMode(_compat.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
 
-    def from_tensor(self, t: torch.Tensor) -> MetaTensor:
+    def from_tensor(self, t: torch.Tensor, **fake_options) -> MetaTensor:
         """The MetaTensor standing in for real tensor ``t`` (always the same one)."""
+        check_from_tensor_options(fake_options)
         meta = self._converter(t)
         if meta is not t:
             self._recorder.real_of[id(meta)] = t

@@ -153,11 +153,14 @@ class MetaTensor(torch.Tensor):
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
-        if device is None or torch.device(device).type != "meta":
+        if device is None or device.type != "meta":
             return super().to(*args, **kwargs)
+        # To meta from another logical device: the C++ tensor is on meta
+        # already, so force the copy, and mark it as really meant
+        # (Note [Meta from options] in dispatch.py).
         prev, STATE.explicit_meta = STATE.explicit_meta, True
         try:
-            return super().to(*args, **kwargs)
+            return super().to(*args, **dict(kwargs, copy=True))
         finally:
             STATE.explicit_meta = prev
 
