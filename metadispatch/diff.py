@@ -80,7 +80,37 @@ def diff(a: Trace | str, b: Trace | str, *, modules: bool = False, names: bool =
     lb = canonical(b, modules=modules, names=names)
     if la == lb:
         return ""
+    lb = _align_ids(la, lb)
     return "\n".join(difflib.unified_diff(la, lb, "a", "b", n=context, lineterm=""))
+
+
+def _align_ids(la: list[str], lb: list[str]) -> list[str]:
+    """``lb`` with its ids renamed to those of the matching lines of ``la``.
+
+    Numbering by first appearance shifts every later id when one call is
+    inserted, which would make the whole rest of a diff differ.  So lines are
+    first matched with ids blanked out; the outputs of matched (or replaced)
+    lines take their counterpart's id, and ids ``b`` alone defines come after
+    ``a``'s.
+    """
+    blank = lambda lines: [_ID.sub("$", line) for line in lines]  # noqa: E731
+    ids: dict = {}
+    matcher = difflib.SequenceMatcher(None, blank(la), blank(lb), autojunk=False)
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag in ("equal", "replace"):  # a replaced line stands where its counterpart stood
+            for i, j in zip(range(a0, a1), range(b0, b1)):
+                defined_a = _ID.findall(la[i].split(" = ", 1)[0])
+                defined_b = _ID.findall(lb[j].split(" = ", 1)[0])
+                for ib, ia in zip(defined_b, defined_a):
+                    ids.setdefault(ib, ia)
+    fresh = iter(range(1 + max((int(i) for line in la for i in _ID.findall(line)), default=-1), 1 << 30))
+
+    def new_id(m: re.Match) -> str:
+        if m.group(1) not in ids:
+            ids[m.group(1)] = str(next(fresh))
+        return "$" + ids[m.group(1)]
+
+    return [_ID.sub(new_id, line) for line in lb]
 
 
 def _lines(trace: Trace, *, modules: bool, names: bool) -> list[str]:
