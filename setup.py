@@ -22,5 +22,6 @@ setup(
     },
     entry_points={
         "console_scripts": ["metadispatch = metadispatch.__main__:main"],
+        "pytest11": ["metadispatch = metadispatch.pytest_plugin"],
     },
 )

@@ -12,8 +12,11 @@ while a ``MetaMode`` is entered or ``md.trace`` runs.
 """
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
+from . import testing
 from .api import to_meta, trace, tracer
-from .errors import DataDependentError, MetaDispatchError, TraceFormatError, UnsupportedOpError
+from .diff import diff
+from .errors import (DataDependentError, MetaDispatchError, TraceFormatError,
+                     UnsupportedFeatureError, UnsupportedOpError)
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
 from .tensor import MetaTensor
@@ -23,6 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
-    "trace", "tracer", "to_meta", "register_meta", "unregister_meta",
+    "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
+    "UnsupportedFeatureError",
 ]

@@ -5,7 +5,10 @@ A torch upgrade that renames one of these should need a change here only.
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -20,6 +23,7 @@ __all__ = [
     "has_meta_kernel",
     "decomposition_table",
     "in_backward",
+    "in_checkpoint_recompute",
     "disabled_torch_function",
     "only_lift_cpu_tensors",
     "set_only_lift_cpu_tensors",
@@ -59,6 +63,30 @@ def decomposition_table() -> dict:
 def in_backward() -> bool:
     """True while the autograd engine is running a backward pass."""
     return torch._C._current_graph_task_id() != -1
+
+
+# Note [Checkpoint recompute]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch.utils.checkpoint re-runs the forward during backward, with grad mode
+# on (plain backward runs with it off unless ``create_graph``): reentrant
+# checkpoint from ``CheckpointFunction.backward``, non-reentrant from a
+# closure ``recompute_fn``.  Neither leaves a mark we could read cheaply, so
+# for backward calls under grad mode we look for those frames.
+_CHECKPOINT_FILE = torch.utils.checkpoint.__file__
+_RECOMPUTE_FRAMES = ("backward", "recompute_fn")
+
+
+def in_checkpoint_recompute() -> bool:
+    """True while torch.utils.checkpoint recomputes a forward in backward."""
+    if not torch.is_grad_enabled() or not in_backward():
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in _RECOMPUTE_FRAMES and code.co_filename == _CHECKPOINT_FILE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def storage_key(t: torch.Tensor) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _compat, registry
 from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
-from . import registry
 from .cache import UNCACHABLE, MetaCache
 from .router import route
 from .schema import facts
@@ -126,12 +126,9 @@ def _device(f, args, kwargs, tensors, mode):
         asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if asked is not None:
             device = normalize_device(asked)
-            if device.type == "meta":
-                # Note [Factories asked for meta]: C++ composites build
-                # helpers with ``self.options()``, whose device is the C++ one,
-                # meta (Note [Logical device]).  The logical device they mean
-                # is that of the tensors in flight.
-                device = STATE.ambient
+            if device.type == "meta" and not STATE.explicit_meta:
+                # Note [Meta from options]
+                device = (_common_device(f, tensors) if tensors else None) or STATE.ambient
             if f.is_factory and mode is not None and mode.device is not None:
                 device = mode.device
             if name in kwargs:
@@ -154,11 +151,23 @@ def _device(f, args, kwargs, tensors, mode):
     return device, args, kwargs, kargs, kkwargs
 
 
+# Note [Meta from options]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# C++ code that builds a tensor "like" another one -- AccumulateGrad cloning a
+# gradient, the autograd engine casting one, functorch materialising a zero
+# tensor -- takes the device from the C++ tensor's options, which is meta
+# (Note [Logical device]).  So an op with tensor inputs that is asked for
+# device meta gets its inputs' logical device instead; only ``x.to("meta")``
+# from Python (``STATE.explicit_meta``) really means meta.  A factory asked
+# that way (``at::scalar_tensor(v, self.options())`` in a C++ composite) has no
+# input to ask and gets the device of the tensors in flight (``STATE.ambient``);
+# should one still come out on meta in backward, a logical-meta tensor gives
+# way to any other device, as a CPU scalar does.
 def _common_device(f, tensors):
     device = scalar = None
     for t in tensors:
         d = t._md_device
-        if t.dim() == 0 and d.type == "cpu":
+        if (t.dim() == 0 and d.type == "cpu") or (d.type == "meta" and _compat.in_backward()):
             scalar = scalar or d
         elif device is None:
             device = d

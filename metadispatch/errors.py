@@ -13,6 +13,7 @@ __all__ = [
     "UnsupportedOpError",
     "DataDependentError",
     "TraceFormatError",
+    "UnsupportedFeatureError",
 ]
 
 
@@ -43,3 +44,11 @@ class DataDependentError(MetaDispatchError, RuntimeError):
 
 class TraceFormatError(MetaDispatchError, ValueError):
     """A saved trace is unreadable, from an unknown version, or inconsistent."""
+
+
+class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):
+    """A FakeTensorMode feature that MetaMode deliberately does not offer.
+
+    The message names the feature and what to use instead; the table of
+    differences is in docs/fake-tensor-differences.md.
+    """

@@ -15,8 +15,9 @@ import torch
 
 from . import _compat
 from .dispatch import dispatch
-from .errors import MetaDispatchError
 from .cache import MetaCache
+from .errors import MetaDispatchError
+from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .record import Recorder
 from .tensor import Converter, MetaTensor, normalize_device
@@ -42,7 +43,8 @@ class MetaMode(_compat.TorchDispatchMode):
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096, cache: bool = True) -> None:
+                 const_limit: int = 4096, cache: bool = True, **fake_options) -> None:
+        check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
         self.stack = stack
@@ -66,8 +68,9 @@ class MetaMode(_compat.TorchDispatchMode):
         # MetaMode is meant to be compiled.
         return False
 
-    def from_tensor(self, t: torch.Tensor) -> MetaTensor:
+    def from_tensor(self, t: torch.Tensor, **fake_options) -> MetaTensor:
         """The MetaTensor standing in for real tensor ``t`` (always the same one)."""
+        check_from_tensor_options(fake_options)
         meta = self._converter(t)
         if meta is not t:
             self._recorder.real_of[id(meta)] = t

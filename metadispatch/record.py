@@ -122,13 +122,15 @@ class Recorder:
             outputs = tuple(self._out(o, f, enc_args, base_storage) for o in result)
         else:
             outputs = ()
-        module, phase = ("", "forward")
+        module, phase, note = ("", "forward", None)
         if self.modules is not None:
             module = self.modules.current()
         if _compat.in_backward():
             phase = "backward"
+            if _compat.in_checkpoint_recompute():
+                note = "recompute"  # Note [Checkpoint recompute] in _compat
         source = user_frame() if self.stack else None
         call = OpCall(len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs,
-                      module, phase, stage, source)
+                      module, phase, stage, source, note)
         self.trace.calls.append(call)
         return call

@@ -34,6 +34,7 @@ META = torch.device("meta")
 class _State(threading.local):
     in_kernel = False
     ambient = torch.device("cpu")  # the device of the last op's tensors
+    explicit_meta = False  # inside ``MetaTensor.to("meta")``; Note [Meta from options]
 
 
 STATE = _State()
@@ -160,7 +161,16 @@ class MetaTensor(torch.Tensor):
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
-        return super().to(*args, **kwargs)
+        if device is None or device.type != "meta":
+            return super().to(*args, **kwargs)
+        # To meta from another logical device: the C++ tensor is on meta
+        # already, so force the copy, and mark it as really meant
+        # (Note [Meta from options] in dispatch.py).
+        prev, STATE.explicit_meta = STATE.explicit_meta, True
+        try:
+            return super().to(*args, **dict(kwargs, copy=True))
+        finally:
+            STATE.explicit_meta = prev
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),

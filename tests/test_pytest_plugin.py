@@ -1,0 +1,96 @@
+"""The pytest plugin, used the way a project would: a test file run by pytest.
+
+Each test writes a test file into a temporary folder and runs pytest on it
+in a subprocess.  The plugin is active through its entry point once
+metadispatch is installed; from a source checkout it is loaded with ``-p``.
+"""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+USES_FIXTURE_AND_MARKER = '''
+import pytest
+import torch
+
+import metadispatch as md
+
+
+@pytest.mark.metadispatch(device="cuda")
+def test_marker_sets_device(meta_mode):
+    y = torch.nn.Linear(4, 2)(torch.empty(3, 4))
+    assert isinstance(y, md.MetaTensor) and y.device == torch.device("cuda", 0)
+    assert [c.op for c in meta_mode.trace][-1] == "aten.addmm.default"
+
+
+@pytest.mark.parametrize("meta_mode", ["cpu", "cuda:1"], indirect=True)
+def test_indirect_parameter_sets_device(meta_mode):
+    assert torch.empty(2).device == meta_mode.device
+
+
+def test_mode_ends_with_the_test():
+    assert type(torch.empty(2)) is torch.Tensor
+'''
+
+GOLDEN = '''
+
+@pytest.mark.metadispatch(device="cuda")
+def test_golden(meta_mode, expect_trace):
+    torch.nn.functional.relu(torch.empty(3, 4) @ torch.empty(4, 2))
+    expect_trace(meta_mode, """""")
+'''
+
+
+def _plugin_args() -> list:
+    installed = any(ep.value == "metadispatch.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "metadispatch.pytest_plugin"]
+
+
+def _pytest(folder: Path, *, accept: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "EXPECTTEST_ACCEPT"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if accept:
+        env["EXPECTTEST_ACCEPT"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "--strict-markers", "-p", "no:cacheprovider",
+           *_plugin_args(), str(folder)]
+    return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _write(folder: Path, source: str) -> Path:
+    (folder / "pytest.ini").write_text("[pytest]\n")  # keep pytest from looking further up
+    path = folder / "test_user.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_pytest_plugin_fixture_marker_and_golden_trace(tmp_path):
+    # One file, three runs (each run imports torch, so they are few):
+    # the golden string starts empty and fails, EXPECTTEST_ACCEPT=1 fills
+    # it in, and then it passes as written.
+    path = _write(tmp_path, USES_FIXTURE_AND_MARKER + GOLDEN)
+
+    first = _pytest(tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "1 failed, 4 passed" in first.stdout and "EXPECTTEST_ACCEPT=1" in first.stdout
+
+    accepted = _pytest(tmp_path, accept=True)
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    source = path.read_text()
+    assert 'expect_trace(meta_mode, """\\\n' in source
+    assert "\n".join([
+        "$0: f32[3, 4]@cuda:0 = aten.empty.memory_format([3, 4], device='cuda:0')",
+        "$1: f32[4, 2]@cuda:0 = aten.empty.memory_format([4, 2], device='cuda:0')",
+        "$2: f32[3, 2]@cuda:0 = aten.mm.default($0, $1)",
+        "$3: f32[3, 2]@cuda:0 = aten.relu.default($2)",
+        '""")',
+    ]) in source
+
+    again = _pytest(tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "5 passed" in again.stdout
