@@ -134,8 +134,8 @@ class Memory:
             if end > start:
                 deltas[info.category][start] += info.allocated
                 deltas[info.category][end] -= info.allocated
-        self.by_phase_timeline = {c: _running(d)[:n] for c, d in deltas.items()}
-        self.timeline = [sum(v) for v in zip(*self.by_phase_timeline.values())] if n else []
+        self.by_category_timeline = {c: _running(d)[:n] for c, d in deltas.items()}
+        self.timeline = [sum(v) for v in zip(*self.by_category_timeline.values())] if n else []
         self.peak = max(self.timeline, default=0)
         self.peak_call = self.timeline.index(self.peak) if n else None
         self.live_at_peak = [s for s in self.storages.values() if self._live(s, self.peak_call)]
