@@ -144,8 +144,10 @@ class Flops:
         lines = [f"{fmt_count(self.total)} FLOPs" + (f" ({phases})" if phases else "")]
         lines += render(("op", "FLOPs", "share"), rows, align="<>>")
         if self.uncounted:
-            ops = ", ".join(f"{op} x{n}" for op, n in sorted(self.uncounted.items()))
-            lines.append(f"no formula ({sum(self.uncounted.values())} calls): {ops}")
+            top = self.uncounted.most_common(6)
+            more = len(self.uncounted) - len(top)
+            lines.append(f"no formula: {len(self.uncounted)} ops, {sum(self.uncounted.values())} calls ("
+                         + ", ".join(f"{op} x{n}" for op, n in top) + (f", {more} more)" if more else ")"))
         return "\n".join(lines)
 
 

@@ -56,6 +56,22 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def attention(q, k, v):
+    """Causal attention, as a GPU runs it.
+
+    ``F.scaled_dot_product_attention`` picks its kernel from the C++ device,
+    which under MetaMode is ``meta``, so it would fall back to the math path
+    (attention matrices in memory); on CUDA torch picks flash attention, so
+    ask for that kernel directly when the (logical) device is CUDA.
+    """
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: share k, v heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     def __init__(self, c: LlamaConfig) -> None:
         super().__init__()
@@ -71,7 +87,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        y = attention(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
