@@ -69,7 +69,13 @@ def attention(q, k, v):
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # Elsewhere spell the math out, so that a real run and a trace agree
+    # on the ops (on CPU, F.scaled_dot_product_attention would pick a fused
+    # kernel for real but the math path under MetaMode).
+    s = q.shape[2]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
 
 
 class Attention(nn.Module):
