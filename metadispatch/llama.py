@@ -10,7 +10,7 @@ config is LLaMA-7B's; built under ``md.MetaMode`` it allocates nothing.
 >>> with md.MetaMode(device="cuda"):
 ...     model = Llama(LlamaConfig.tiny())
 >>> sum(p.numel() for p in model.parameters())
-8832
+19616
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
     """Rows of strings as aligned lines, a blank line and a rule first.
 
     ``align`` has one ``<`` or ``>`` per column (default: first left, rest
-    right).  With ``width``, the first column is cut (ending in ``~``) so
-    that no line is longer.
+    right).  With ``width``, the first column is cut (ending in ``~``), down
+    to 8 characters, and then columns dropped from the right, so that no
+    line is longer.
 
     >>> print("\\n".join(render(("op", "calls"), [("aten.mm.default", "12")])))
     <BLANKLINE>
@@ -32,10 +33,13 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
     widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h))
               for i, h in enumerate(headers)]
     if width is not None:
+        while len(widths) > 1 and 8 + sum(widths[1:]) + 2 * (len(widths) - 1) > width:
+            widths.pop()
         rest = sum(widths[1:]) + 2 * (len(widths) - 1)
         widths[0] = max(8, min(widths[0], width - rest))
 
     def line(cells):
+        cells = cells[:len(widths)]
         out = []
         for c, w, a in zip(cells, widths, align):
             c = c if len(c) <= w else c[:w - 1] + "~"
