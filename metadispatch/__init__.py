@@ -17,9 +17,12 @@ from .api import to_meta, trace, tracer
 from .diff import diff
 from .errors import (DataDependentError, MetaDispatchError, TraceFormatError,
                      UnsupportedFeatureError, UnsupportedOpError)
+from .flops import flops, register_flops, unregister_flops
+from .memory import LiveStorages, memory
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
 from .tensor import MetaTensor
+from .tables import module_table, shape_log
 from .trace import Leaf, OpCall, TensorMeta, Trace
 
 __version__ = "0.1.0"
@@ -27,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
+    "flops", "register_flops", "unregister_flops", "memory", "LiveStorages", "module_table", "shape_log",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
     "UnsupportedFeatureError",
 ]

@@ -7,13 +7,16 @@ for every aten call, relative to the root (``child.grandchild``, ``""`` at top
 level), so we cache it between hook events.
 
 Its hooks are process-global; calls from other threads are ignored so that
-two threads can trace independently.
+two threads can trace independently.  While entered it also notes when an
+optimizer's ``step`` runs (torch's global optimizer hooks, as ``MemTracker``
+uses), so that those calls get the phase ``"optimizer"``.
 """
 
 from __future__ import annotations
 
 import threading
 
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.module_tracker import ModuleTracker
 
 __all__ = ["ModuleStack"]
@@ -26,6 +29,27 @@ class ModuleStack(ModuleTracker):
         self._for = None  # the parents set the cache was computed from
         self._current = ""
         self.classes: dict = {}  # qualified name -> class name
+        self.in_optimizer = False
+        self._opt_hooks: list = []
+
+    def __enter__(self):
+        self._opt_hooks = [register_optimizer_step_pre_hook(self._opt_pre),
+                           register_optimizer_step_post_hook(self._opt_post)]
+        return super().__enter__()
+
+    def __exit__(self, *args):
+        for h in self._opt_hooks:
+            h.remove()
+        self._opt_hooks = []
+        return super().__exit__(*args)
+
+    def _opt_pre(self, *args):
+        if self._mine():
+            self.in_optimizer = True
+
+    def _opt_post(self, *args):
+        if self._mine():
+            self.in_optimizer = False
 
     def _mine(self) -> bool:
         return threading.get_ident() == self._thread

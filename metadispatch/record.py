@@ -4,11 +4,25 @@ Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta)``:
 the recorder that numbered it and its current :class:`TensorMeta`.  An input
 without this recorder's token came from outside and becomes a named leaf.
 Outputs get fresh ids; in-place outputs keep the id of the tensor they
-mutated, with new metadata.  Storage numbers follow aliasing: a view shares
-its base's storage number, a fresh output gets a new one.
+mutated, with new metadata.
+
+Note [Storage numbers and deaths]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Storage numbers follow the (meta) storage itself, not the schema: ops such
+as ``_unsafe_view`` alias their input without saying so, and a view shares
+its base's storage either way.  A weak reference to each numbered storage
+records, in ``trace.deaths``, the index of the first call after it was
+freed.  Storage objects keep their Python object while the C++ storage
+lives, so the reference dies exactly when the last tensor using the
+storage does -- the same moment as in an eager run of the same code, since
+the traced code holds the same references.  This is what ``md.memory``
+builds its timeline from.
 """
 
 from __future__ import annotations
+
+import weakref
+from functools import partial
 
 import torch
 
@@ -34,7 +48,8 @@ class Recorder:
         self.modules = None  # a ModuleStack while a mode is entered
         self._next_id = 0
         self._next_storage = 0
-        self._leaf_storages: dict = {}  # storage key -> number, for leaves
+        self._live: dict = {}  # storage key -> (number, weakref), storages alive now
+        trace.deaths = {}  # Note [Storage numbers and deaths]
         self.real_of: dict = {}  # id(meta) -> real tensor, for constants
 
     # -- tensor metadata
@@ -54,11 +69,7 @@ class Recorder:
         return self._leaf(t)
 
     def _leaf(self, t: MetaTensor) -> TensorMeta:
-        key = _compat.storage_key(t)
-        storage = self._leaf_storages.get(key)
-        if storage is None:
-            storage = self._leaf_storages[key] = self._new_storage()
-        m = self._meta(t, self._new_id(), storage)
+        m = self._meta(t, self._new_id(), self._storage_number(t))
         t._md = (self.token, m)
         kind, name = t.__dict__.get("_md_name") or ("input", "")
         value = None
@@ -74,9 +85,21 @@ class Recorder:
         self._next_id += 1
         return self._next_id - 1
 
-    def _new_storage(self) -> int:
+    def _storage_number(self, t: torch.Tensor) -> int:
+        key = _compat.storage_key(t)
+        hit = self._live.get(key)
+        if hit is not None:
+            return hit[0]
+        n = self._next_storage
         self._next_storage += 1
-        return self._next_storage - 1
+        ref = weakref.ref(t.untyped_storage(), partial(self._died, key, n))
+        self._live[key] = (n, ref)
+        return n
+
+    def _died(self, key: int, n: int, _ref) -> None:
+        if self._live.get(key, (None,))[0] == n:
+            del self._live[key]
+        self.trace.deaths[n] = len(self.trace.calls)
 
     # -- calls
     def encode(self, x):
@@ -94,7 +117,7 @@ class Recorder:
         enc_kwargs = {k: self.encode(v) for k, v in kwargs.items()} if kwargs else None
         return enc_args, enc_kwargs
 
-    def _out(self, o, f, enc_args, base_storage):
+    def _out(self, o):
         if isinstance(o, torch.Tensor):
             md = o.__dict__.get("_md")
             if md is not None and md[0] is self.token:
@@ -102,29 +125,26 @@ class Recorder:
                 old = md[1]
                 m = self._meta(o, old.id, old.storage)
             else:
-                storage = base_storage if base_storage is not None else self._new_storage()
-                m = self._meta(o, self._new_id(), storage)
+                m = self._meta(o, self._new_id(), self._storage_number(o))
             o._md = (self.token, m)
             return m
         if type(o) in (list, tuple):
-            return tuple(self._out(x, f, enc_args, base_storage) for x in o)
+            return tuple(self._out(x) for x in o)
         return o
 
     def record(self, func, f, pending, result, stage: str) -> OpCall:
         enc_args, enc_kwargs = pending
-        base_storage = None
-        if f.view_of is not None and f.view_of < len(enc_args):
-            base = enc_args[f.view_of]
-            base_storage = base.storage if isinstance(base, TensorMeta) else None
         if len(f.returns_write) == 1:
-            outputs = (self._out(result, f, enc_args, base_storage),)
+            outputs = (self._out(result),)
         elif f.returns_write:
-            outputs = tuple(self._out(o, f, enc_args, base_storage) for o in result)
+            outputs = tuple(self._out(o) for o in result)
         else:
             outputs = ()
         module, phase, note = ("", "forward", None)
         if self.modules is not None:
             module = self.modules.current()
+            if self.modules.in_optimizer:
+                phase = "optimizer"
         if _compat.in_backward():
             phase = "backward"
             if _compat.in_checkpoint_recompute():

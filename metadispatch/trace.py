@@ -115,7 +115,7 @@ class OpCall:
         self.kwargs = kwargs or _NO_KWARGS
         self.outputs = outputs  # tuple of TensorMeta / plain values, one per return
         self.module = module
-        self.phase = phase  # "forward" or "backward"
+        self.phase = phase  # "forward", "backward" or "optimizer" (in optimizer.step)
         self.rule = rule  # "user", "builtin", "meta", "decomp" (router stage)
         self.source = source  # "file.py:12 in fn" when MetaMode(stack=True)
         self.note = note  # set by later stages (keep-going, known values)
@@ -139,8 +139,8 @@ class OpCall:
         comment = []
         if self.module:
             comment.append(self.module)
-        if self.phase == "backward":
-            comment.append("(bw)")
+        if self.phase != "forward":
+            comment.append("(bw)" if self.phase == "backward" else "(opt)")
         if self.rule not in ("meta", "builtin"):
             comment.append(f"[{self.rule}]")
         if self.note:
@@ -199,6 +199,9 @@ class Trace:
         self.output_meta: Any = None  # the same structure with TensorMeta
         self.grads: dict[str, TensorMeta] = {}
         self.modules: dict[str, str] = {}  # qualified name -> class name
+        # storage number -> index of the first call after it was freed;
+        # None where unknown (see Note [Storage numbers and deaths]).
+        self.deaths: dict[int, int] | None = None
 
     # -- sequence protocol
     def __len__(self) -> int:

@@ -1,0 +1,84 @@
+"""The command line, through main(argv) and once as `python -m metadispatch`."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import metadispatch as md
+from metadispatch.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("command", ["trace", "summary", "replay", "check"])
+def test_cli_help_on_every_subcommand(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    assert "usage: metadispatch " + command in capsys.readouterr().out
+
+
+def test_cli_default_trace_runs_fast_and_prints_summary(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "metadispatch", "trace", "--perfetto",
+                          str(tmp_path / "t.json")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    seconds = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert text.startswith("built-in LLaMA-7B (bf16, batch 1 x 2048 tokens): forward and backward on cuda")
+    assert "aten._scaled_dot_product_flash_attention.default" in text
+    assert "FLOPs (backward" in text and "peak 25.1GiB" in text and "31 (Block)" in text
+    assert "\r" not in out.stderr  # no progress line when not on a terminal
+    json.loads((tmp_path / "t.json").read_text())
+    assert seconds < 60
+
+
+def test_cli_trace_module_callable(tmp_path, capsys):
+    script = tmp_path / "mymodel.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        def build():
+            return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.ones(4, 8)
+    """))
+    assert main(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"{script}:build: forward and backward on cpu" in out
+    assert "aten.addmm.default" in out and "0 (Linear)" in out
+
+
+def test_cli_trace_hf_with_config_overrides(capsys):
+    pytest.importorskip("transformers")
+    assert main(["trace", "--hf", "llama", "--config", "num_hidden_layers=1", "--config", "hidden_size=64",
+                 "--config", "intermediate_size=128", "--config", "num_attention_heads=4",
+                 "--config", "num_key_value_heads=4", "--config", "vocab_size=100", "--seq", "16",
+                 "--forward-only"]) == 0
+    out = capsys.readouterr().out
+    assert "transformers LlamaForCausalLM (batch 1 x 16 tokens): forward on cuda" in out
+    assert "layers" in out
+
+
+@pytest.mark.skipif(not hasattr(md.Trace, "save"), reason="saving traces (Trace.save, serialize.py) is not in this build")
+def test_cli_trace_out_then_summary(tmp_path, capsys):
+    path = tmp_path / "t.md"
+    assert main(["trace", "tests.models:mlp", "--device", "cpu", "--out", str(path)]) == 0
+    assert main(["summary", str(path)]) == 0
+    assert "calls" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needs", [
+    (["summary", "x.trace"], "md.load"), (["replay", "x.trace", "--device", "cpu"], "md.replay"),
+    (["check", "tests.models:mlp"], "md.check")])
+def test_cli_missing_tools_fail_clearly(argv, needs, capsys):
+    if (needs == "md.load" and (hasattr(md, "load") or hasattr(md.Trace, "load"))) or \
+            (needs != "md.load" and hasattr(md, needs[3:])):
+        pytest.skip(f"{needs} exists in this build")
+    assert main(argv) == 2
+    assert needs in capsys.readouterr().err

@@ -1,0 +1,127 @@
+"""md.memory against real runs: the same accounting observed live, MemTracker, CUDA."""
+
+import copy
+
+import pytest
+import torch
+
+import metadispatch as md
+from tests.models import MODELS, train_step
+
+
+def _adamw_step(model, *inputs):
+    loss = train_step(model, *inputs)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)  # no .item(), unlike the others on CPU
+    opt.step()
+    return loss
+
+
+def _real_peak(step, model, inputs) -> md.LiveStorages:
+    model = copy.deepcopy(model)
+    with md.LiveStorages(model, *inputs) as live:
+        step(model, *inputs)
+    return live
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_memory_peak_matches_real_run(name):
+    model, inputs = MODELS[name]()
+    m = md.memory(md.trace(train_step, model, *inputs))
+    live = _real_peak(train_step, model, inputs)
+    assert m.peak == pytest.approx(live.peak, rel=0.05)
+    assert len(m.timeline) == len(live.timeline)
+
+
+def test_memory_timeline_equals_real_run_call_by_call():
+    model, inputs = MODELS["llama"]()
+    m = md.memory(md.trace(train_step, model, *inputs))
+    assert m.timeline == _real_peak(train_step, model, inputs).timeline
+
+
+def test_memory_adamw_step_shows_optimizer_state():
+    model, inputs = MODELS["mlp"]()
+    t = md.trace(_adamw_step, model, *inputs)
+    m = md.memory(t)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert {c.phase for c in t} == {"forward", "backward", "optimizer"}
+    assert m.by_category["params"] == m.by_category["grads"] == params
+    # exp_avg and exp_avg_sq per parameter, plus a step counter each.
+    assert m.by_category["optimizer"] >= 2 * params
+    assert m.peak == pytest.approx(_real_peak(_adamw_step, model, inputs).peak, rel=0.05)
+
+
+def test_memory_counts_tied_weights_once():
+    model, inputs = MODELS["hf_llama"]()
+    lm = model.lm
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight
+    m = md.memory(md.trace(model, *inputs))
+    unique = {p.untyped_storage()._cdata: p.untyped_storage().nbytes() for p in model.parameters()}
+    assert m.by_category["params"] == sum(unique.values())
+
+
+def test_memory_counts_views_and_inplace_once():
+    def fn(x):
+        y = x * 2
+        y.view(4, 64).t().add_(1)  # a view of a view, written in place
+        return y[::2].sum()
+
+    m = md.memory(md.trace(fn, torch.ones(256)))
+    assert m.peak == 2 * 1024 + 4  # x, y (once), the sum
+    assert m.by_category["activations"] == 1024 + 4
+
+
+def test_memory_unannotated_alias_shares_storage():
+    # _unsafe_view aliases its input without saying so in its schema.
+    t = md.trace(lambda a, b: a @ b, torch.ones(2, 3, 4), torch.ones(4, 5))
+    mm, view = (c for c in t if c.op in ("aten.mm.default", "aten._unsafe_view.default"))
+    assert mm.outputs[0].storage == view.outputs[0].storage
+
+
+def test_memory_without_recorded_deaths_frees_after_last_use():
+    model, inputs = MODELS["mlp"]()
+    t = md.trace(train_step, model, *inputs)
+    recorded = md.memory(t)
+    t.deaths = None
+    estimated = md.memory(t)
+    assert estimated.peak <= recorded.peak
+    assert estimated.peak >= 0.8 * recorded.peak
+
+
+def test_memory_matches_mem_tracker():
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    model, inputs = MODELS["hf_gpt2"]()
+    m = md.memory(md.trace(_adamw_step, model, *inputs))
+    model = copy.deepcopy(model)
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(model, *inputs)
+    with tracker:
+        _adamw_step(model, *inputs)
+    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert m.peak == pytest.approx(peak, rel=0.05)
+
+
+def test_memory_prints_peak_and_categories():
+    model, inputs = MODELS["mlp"]()
+    text = str(md.memory(md.trace(train_step, model, *inputs)))
+    assert text.startswith("peak ") and "category" in text and "params" in text
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["hf_llama", "convnet"])
+def test_memory_peak_matches_cuda_allocator(name):
+    model, inputs = MODELS[name]()
+    m = md.memory(md.tracer(device="cuda")(train_step, model, *inputs))
+    model = copy.deepcopy(model).cuda()
+    inputs = tuple(x.cuda() for x in inputs)
+    train_step(model, *inputs)  # warm up: cuBLAS/cuDNN workspaces stay allocated
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()  # parameters, buffers, inputs, workspaces
+    torch.cuda.reset_peak_memory_stats()
+    train_step(model, *inputs)
+    torch.cuda.synchronize()
+    real = torch.cuda.max_memory_allocated() - base
+    leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
+    print(f"{name}: predicted {m.peak - leaves} B above leaves, allocator {real} B")
+    assert m.peak - leaves == pytest.approx(real, rel=0.05)
