@@ -93,6 +93,12 @@ def _device(f, args, kwargs, tensors, mode):
         asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if asked is not None:
             device = normalize_device(asked)
+            if device.type == "meta" and mode is not None:
+                # Note [Meta device from C++ composites]: C++ code sees the
+                # meta C++ device of a MetaTensor (SDPA's math path builds its
+                # causal mask with ``query.options()``); use the logical
+                # device of the last call that had tensor inputs.
+                device = getattr(mode, "_last_device", None)
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META
@@ -102,6 +108,8 @@ def _device(f, args, kwargs, tensors, mode):
             device = mode.device
     if device is None:
         device = _common_device(f, tensors)
+        if device is not None and mode is not None:
+            mode._last_device = device
     if device is None:
         device = (mode.device if mode is not None and mode.device is not None
                   else torch.device("cpu"))
