@@ -63,6 +63,8 @@ class MetaMode(_compat.TorchDispatchMode):
         return meta
 
     def __enter__(self):
+        if self.trace.rng_state is None:
+            self.trace.rng_state = torch.get_rng_state()
         tracker = ModuleStack() if self.record else None
         cuda = _compat.allow_logical_cuda().__enter__()
         lift = _compat.only_lift_cpu_tensors()
