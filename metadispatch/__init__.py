@@ -16,6 +16,8 @@ from .api import to_meta, trace, tracer
 from .errors import DataDependentError, MetaDispatchError, TraceFormatError, UnsupportedOpError
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
+from .materialize import materialize
+from .replay import Mismatch, Replay, replay
 from .tensor import MetaTensor
 from .trace import Leaf, OpCall, TensorMeta, Trace
 
@@ -24,5 +26,6 @@ __version__ = "0.1.0"
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta",
+    "replay", "Replay", "Mismatch", "materialize",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
 ]
