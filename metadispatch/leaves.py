@@ -85,10 +85,18 @@ def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
         storage, t.storage_offset(), t.size(), t.stride())
 
 
-_WRITES: dict = {}  # op name -> positions/names of the arguments it writes
+# Ops that update running statistics in place although their schemas do not
+# say so (hence torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``).
+_UNANNOTATED_WRITES = {
+    "aten.native_batch_norm.default": (3, 4),
+    "aten.cudnn_batch_norm.default": (3, 4),
+    "aten.miopen_batch_norm.default": (3, 4),
+}
+_WRITES: dict = dict(_UNANNOTATED_WRITES)  # op name -> arguments it writes
 
 
 def write_positions(func, name: str) -> tuple:
+    """Positions (or keyword names) of the arguments ``func`` writes in place."""
     # Keyed by name: OpOverload.__hash__ is Python code, too slow per call.
     hit = _WRITES.get(name)
     if hit is None:

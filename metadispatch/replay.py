@@ -171,6 +171,7 @@ def _compile(call, device) -> _Step:
 
 def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
     mismatches: list = []
+    wrong: set = set()  # ids whose recorded metadata proved wrong
     for call, args, kwargs, refs, lists, krefs, gens in steps:
         args = args.copy()
         for pos, tid in refs:
@@ -193,7 +194,7 @@ def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
         for o, r in zip(call.outputs, results):
             _bind(o, r, env)
         if check:
-            _check(call, results, device, mismatches)
+            _check(call, results, device, mismatches, wrong)
     return mismatches
 
 
@@ -205,7 +206,13 @@ def _bind(o, r, env: dict) -> None:
             _bind(x, y, env)
 
 
-def _check(call, results, device, mismatches: list) -> None:
+def _check(call, results, device, mismatches: list, wrong: set) -> None:
+    """Record mismatches of ``call``'s outputs.
+
+    A call whose inputs already had wrong metadata inherits the error; only
+    the call that introduced it is reported, as the place to look.
+    """
+    inherited = bool(wrong) and any(m.id in wrong for m in call.inputs)
     metas, reals = [], []
     for o, r in zip(call.outputs, results):
         if type(o) is tuple:  # a list return; TensorMeta is a tuple too
@@ -218,6 +225,8 @@ def _check(call, results, device, mismatches: list) -> None:
         if isinstance(m, TensorMeta):
             diff = compare(m, r, device)
             if diff:
+                wrong.add(m.id)
+            if diff and not inherited:
                 mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k,
                                            *diff))
 
