@@ -24,6 +24,7 @@ __all__ = [
     "only_lift_cpu_tensors",
     "set_only_lift_cpu_tensors",
     "storage_key",
+    "op_callable",
 ]
 
 make_subclass = torch.Tensor._make_subclass
@@ -59,6 +60,11 @@ def decomposition_table() -> dict:
 def in_backward() -> bool:
     """True while the autograd engine is running a backward pass."""
     return torch._C._current_graph_task_id() != -1
+
+
+def op_callable(func):
+    """The C++ callable behind an OpOverload, minus one Python frame per call."""
+    return getattr(func, "_op", func)
 
 
 def storage_key(t: torch.Tensor) -> int:

@@ -45,7 +45,7 @@ from torch.utils import _pytree as pytree
 from . import _compat
 from .leaves import bind_leaves
 from .tensor import normalize_device
-from .trace import TensorMeta, Trace
+from .trace import TensorMeta, Trace, _tensor_metas
 
 __all__ = ["replay", "Replay", "Mismatch", "execute", "compare"]
 
@@ -108,10 +108,12 @@ def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", see
     return Replay(out, grads, buffers, mismatches)
 
 
-def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state=None):
+def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state=None,
+            keep_all: bool = False):
     """Run every call; return (id -> real tensor, mismatches).
 
-    ``bind()`` gives the leaves.  The default generators start from ``seed``
+    ``bind()`` gives the leaves.  The returned map holds outputs, gradients
+    and buffers, or every tensor with ``keep_all``.  The default generators start from ``seed``
     (or from ``rng_state``), and the caller's generator state is restored
     afterwards.
     """
@@ -121,39 +123,75 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         env = bind()
+        # Seed only the generators this replay uses: torch.manual_seed also
+        # queues seeds for every lazy backend, at a stack capture each.
         if rng_state is not None:
             torch.set_rng_state(rng_state)
         else:
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
-        mismatches = _loop(_program(trace, device), env, gen, device, check)
+        mismatches = _loop(_program(trace, device, keep_all), env, gen, device, check)
     return env, mismatches
 
 
 class _Step(NamedTuple):
     call: Any  # the OpCall
+    run: Any  # what to call: the op's C++ callable
     args: list  # constants in place; tensor slots filled at run time
     kwargs: dict
     refs: tuple  # (position, id) of tensor arguments
     lists: tuple  # (position, ((is_id, value), ...)) of tensor-list arguments
     krefs: tuple  # the same two for keyword arguments: (name, id or items)
     gens: tuple  # positions or names of generator arguments
+    single: TensorMeta | None  # the output, when the call returns one tensor
+    free: tuple  # ids used for the last time by this call (Note [Freeing early])
 
 
-_PROGRAMS = WeakKeyDictionary()  # trace -> {(device, number of calls): steps}
+_PROGRAMS = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): steps}
 
 
-def _program(trace: Trace, device) -> list:
+def _program(trace: Trace, device, keep_all: bool) -> list:
     """The trace's calls compiled for fast replay on ``device``, cached."""
     per_trace = _PROGRAMS.setdefault(trace, {})
-    key = (device, len(trace.calls))
+    key = (device, len(trace.calls), keep_all)
     steps = per_trace.get(key)
     if steps is None:
-        steps = per_trace[key] = [_compile(call, device) for call in trace.calls]
+        free = {} if keep_all else _last_uses(trace)
+        steps = per_trace[key] = [_compile(call, device, free.get(i, ())) for i, call in
+                                  enumerate(trace.calls)]
     return steps
 
 
-def _compile(call, device) -> _Step:
+# Note [Freeing early]
+# ~~~~~~~~~~~~~~~~~~~~
+# Eager execution frees an activation as soon as backward has used it; replay
+# would otherwise hold every intermediate until the end, and on a model of any
+# size the extra allocations (fresh pages, not reused blocks) cost more time
+# than the kernels.  So each step drops the ids no later step reads, except
+# those the result needs: outputs, gradients and buffers.
+def _last_uses(trace: Trace) -> dict:
+    """Call index -> ids whose last use is that call."""
+    keep = {m.id for m in _tensor_metas(_flat_output(trace.output_meta))}
+    keep.update(m.id for m in trace.grads.values())
+    keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
+    last: dict = {}
+    for call in trace.calls:
+        for m in call.inputs + call.output_metas:
+            last[m.id] = call.index
+    out: dict = {}
+    for tid, i in last.items():
+        if tid not in keep:
+            out.setdefault(i, []).append(tid)
+    return {i: tuple(ids) for i, ids in out.items()}
+
+
+def _flat_output(output_meta) -> list:
+    return pytree.tree_leaves(output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
+
+
+def _compile(call, device, free: tuple) -> _Step:
     args, kwargs, refs, lists, krefs, gens = list(call.args), dict(call.kwargs), [], [], [], []
     for key, a in list(enumerate(call.args)) + list(call.kwargs.items()):
         target = kwargs if isinstance(key, str) else args
@@ -166,13 +204,16 @@ def _compile(call, device) -> _Step:
             target[key] = device
         elif isinstance(a, str) and a == "<generator>":
             gens.append(key)
-    return _Step(call, args, kwargs, tuple(refs), tuple(lists), tuple(krefs), tuple(gens))
+    single = call.outputs[0] if (len(call.outputs) == 1 and
+                                 type(call.outputs[0]) is TensorMeta) else None
+    return _Step(call, _compat.op_callable(call.func), args, kwargs, tuple(refs), tuple(lists),
+                 tuple(krefs), tuple(gens), single, free)
 
 
 def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
-    for call, args, kwargs, refs, lists, krefs, gens in steps:
+    for call, run, args, kwargs, refs, lists, krefs, gens, single, free in steps:
         args = args.copy()
         for pos, tid in refs:
             args[pos] = env[tid]
@@ -186,15 +227,22 @@ def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
             for key in gens:
                 (kwargs if isinstance(key, str) else args)[key] = gen
         try:
-            result = call.func(*args, **kwargs)
+            result = run(*args, **kwargs)
         except Exception as e:
             e.add_note(f"metadispatch: while replaying call #{call.index}: {call.format()}")
             raise
-        results = (result,) if len(call.outputs) == 1 else result
-        for o, r in zip(call.outputs, results):
-            _bind(o, r, env)
-        if check:
-            _check(call, results, device, mismatches, wrong)
+        if single is not None:  # the common case, inlined
+            env[single.id] = result
+            if check and not _same(single, result, device):
+                _check(call, (result,), device, mismatches, wrong)
+        else:
+            results = (result,) if len(call.outputs) == 1 else result
+            for o, r in zip(call.outputs, results):
+                _bind(o, r, env)
+            if check:
+                _check(call, results, device, mismatches, wrong)
+        for tid in free:
+            del env[tid]
     return mismatches
 
 
@@ -212,30 +260,35 @@ def _check(call, results, device, mismatches: list, wrong: set) -> None:
     A call whose inputs already had wrong metadata inherits the error; only
     the call that introduced it is reported, as the place to look.
     """
-    inherited = bool(wrong) and any(m.id in wrong for m in call.inputs)
-    metas, reals = [], []
-    for o, r in zip(call.outputs, results):
-        if type(o) is tuple:  # a list return; TensorMeta is a tuple too
-            metas += o
-            reals += r
-        else:
-            metas.append(o)
-            reals.append(r)
-    for k, (m, r) in enumerate(zip(metas, reals)):
-        if isinstance(m, TensorMeta):
-            diff = compare(m, r, device)
-            if diff:
-                wrong.add(m.id)
-            if diff and not inherited:
-                mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k,
-                                           *diff))
+    for k, (m, r) in enumerate(_pairs(call.outputs, results)):
+        if _same(m, r, device):
+            continue
+        diff = compare(m, r, device)
+        if diff is None:
+            continue
+        inherited = any(i.id in wrong for i in call.inputs)
+        wrong.add(m.id)
+        if not inherited:
+            mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k, *diff))
+
+
+def _pairs(outputs, results):
+    """(TensorMeta, real tensor) for each tensor output, lists flattened."""
+    for o, r in zip(outputs, results):
+        if type(o) is TensorMeta:
+            yield o, r
+        elif type(o) is tuple:  # a list return
+            yield from ((x, y) for x, y in zip(o, r) if type(x) is TensorMeta)
+
+
+def _same(m: TensorMeta, t: torch.Tensor, device) -> bool:
+    # The common case, kept cheap: this runs for every output of every call.
+    return (t.stride() == m.stride and t.shape == m.shape and t.dtype == m.dtype
+            and t.storage_offset() == m.storage_offset and t.device == device)
 
 
 def compare(m: TensorMeta, t: torch.Tensor, device) -> tuple | None:
     """(fields, expected, actual) where real ``t`` differs from ``m``, else None."""
-    if (t.shape == m.shape and t.stride() == m.stride and t.dtype == m.dtype
-            and t.storage_offset() == m.storage_offset and t.device == device):
-        return None  # the common case, without building dicts
     expected = {"shape": m.shape, "dtype": m.dtype, "stride": m.stride,
                 "storage_offset": m.storage_offset, "device": device}
     actual = {"shape": tuple(t.shape), "dtype": t.dtype, "stride": t.stride(),
