@@ -21,6 +21,8 @@ from .flops import flops, register_flops, unregister_flops
 from .memory import LiveStorages, memory
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
+from .materialize import materialize
+from .replay import Mismatch, Replay, replay
 from .tensor import MetaTensor
 from .tables import module_table, shape_log
 from .trace import Leaf, OpCall, TensorMeta, Trace
@@ -31,6 +33,7 @@ __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
     "flops", "register_flops", "unregister_flops", "memory", "LiveStorages", "module_table", "shape_log",
+    "replay", "Replay", "Mismatch", "materialize",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
     "UnsupportedFeatureError",
 ]

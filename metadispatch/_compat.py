@@ -28,6 +28,7 @@ __all__ = [
     "only_lift_cpu_tensors",
     "set_only_lift_cpu_tensors",
     "storage_key",
+    "op_callable",
 ]
 
 make_subclass = torch.Tensor._make_subclass
@@ -87,6 +88,9 @@ def in_checkpoint_recompute() -> bool:
             return True
         frame = frame.f_back
     return False
+def op_callable(func):
+    """The C++ callable behind an OpOverload, minus one Python frame per call."""
+    return getattr(func, "_op", func)
 
 
 def storage_key(t: torch.Tensor) -> int:

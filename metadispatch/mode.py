@@ -83,6 +83,8 @@ class MetaMode(_compat.TorchDispatchMode):
             raise MetaDispatchError(
                 f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
                 "FAKE dispatch-mode slot; leave that mode first")
+        if self.trace.rng_state is None:
+            self.trace.rng_state = torch.get_rng_state()
         tracker = ModuleStack() if self.record else None
         lift = _compat.only_lift_cpu_tensors()
         # torch.tensor(..., device="cuda") builds on CPU first and then moves,

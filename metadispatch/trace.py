@@ -131,6 +131,12 @@ class OpCall:
     def __repr__(self) -> str:
         return f"<OpCall #{self.index} {self.format()}>"
 
+    def repro(self, device="cpu") -> str:
+        """A standalone Python snippet that runs this call for real and checks it."""
+        from .repro import repro
+
+        return repro(self, device)
+
     def format(self) -> str:
         outs = ", ".join(_fmt_out(o) for o in self.outputs) or "_"
         parts = [_fmt_arg(a) for a in self.args]
@@ -202,6 +208,9 @@ class Trace:
         # storage number -> index of the first call after it was freed;
         # None where unknown (see Note [Storage numbers and deaths]).
         self.deaths: dict[int, int] | None = None
+        # The CPU generator's state when the recording mode was first entered,
+        # so that md.materialize can replay construction with eager's numbers.
+        self.rng_state: torch.Tensor | None = None
 
     # -- sequence protocol
     def __len__(self) -> int:
@@ -212,6 +221,20 @@ class Trace:
 
     def __getitem__(self, i):
         return self.calls[i]
+
+    # -- files (see docs/trace-format.md)
+    def save(self, path) -> None:
+        """Write this trace to ``path`` as versioned JSON (gzipped if it ends in ``.gz``)."""
+        from .serialize import save
+
+        save(self, path)
+
+    @classmethod
+    def load(cls, path) -> "Trace":
+        """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file."""
+        from .serialize import load
+
+        return load(path)
 
     # -- printed forms
     def lines(self) -> list[str]:

@@ -1,0 +1,91 @@
+"""Replay time over eager time, forward + backward, for the same model.
+
+    python benchmarks/bench_replay.py            # CPU, and CUDA when available
+
+Eager runs the model with autograd; replay runs the recorded trace (forward
+and backward calls) with metadata checks on.  Eager and replay runs alternate
+and each figure is the best of ``--repeat`` after a warm-up, so that load from
+other processes hits both alike.  The target is replay/eager <= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+import metadispatch as md
+
+
+def _llama(hidden: int, layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=1024, hidden_size=hidden, intermediate_size=4 * hidden,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
+        max_position_embeddings=512, attn_implementation="eager"))
+
+
+def _step(model, ids):
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    return out.logits
+
+
+MODELS = {  # name -> (model, batch, sequence length)
+    "llama-tiny": (lambda: _llama(64, 2), 2, 32),
+    "llama-small": (lambda: _llama(256, 4), 4, 128),
+}
+
+
+def _best_seconds(fns, repeat: int, device) -> list:
+    """Best wall time of each function, running them in turn."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat + 1):  # the first round warms up
+        for i, fn in enumerate(fns):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best[i] = min(best[i], time.perf_counter() - t0) if _ else best[i]
+    return best
+
+
+def bench(name: str, device: torch.device, repeat: int) -> tuple:
+    build, batch, seq = MODELS[name]
+    torch.manual_seed(0)
+    model = build().to(device)
+    ids = torch.randint(0, 1024, (batch, seq), device=device)
+    trace = md.tracer(device=device)(_step, model, ids)
+    eager_model = copy.deepcopy(model)
+
+    def eager():
+        eager_model.zero_grad(set_to_none=True)
+        _step(eager_model, ids)
+
+    def replay():
+        md.replay(trace, (model, ids), device=device)
+
+    return (len(trace), *_best_seconds([eager, replay], repeat, device))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    opts = parser.parse_args()
+    devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    print(f"{'model':<12} {'device':<7} {'calls':>6} {'eager ms':>9} {'replay ms':>10} {'ratio':>6}")
+    for device in devices:
+        for name in opts.models:
+            calls, eager, replay = bench(name, device, opts.repeat)
+            print(f"{name:<12} {device.type:<7} {calls:>6} {eager * 1e3:>9.2f} "
+                  f"{replay * 1e3:>10.2f} {replay / eager:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""md.materialize against eager construction with the same seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import metadispatch as md
+from tests.replay_cases import bert, cnn, gpt2, llama, mlp
+
+BUILDERS = {
+    "linear": lambda: nn.Linear(5, 3),
+    "mlp": mlp,
+    "cnn_batchnorm": cnn,
+    "embedding": lambda: nn.Embedding(10, 4, padding_idx=0),
+    "transformer_layer": lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+    "llama": llama,
+    "gpt2": gpt2,
+    "bert": bert,
+}
+
+
+def _pair(name, seed=5):
+    """(materialised module, eagerly built module), both from ``seed``."""
+    torch.manual_seed(seed)
+    with md.MetaMode():
+        meta = BUILDERS[name]()
+    torch.manual_seed(seed)
+    eager = BUILDERS[name]()
+    return md.materialize(meta), eager
+
+
+def _state(module):
+    """Every parameter and buffer, persistent or not, under each of its names."""
+    return (list(module.named_parameters(remove_duplicate=False))
+            + list(module.named_buffers(remove_duplicate=False)))
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_materialize_equals_eager_construction(name):
+    meta, eager = _pair(name)
+    got, expected = _state(meta), _state(eager)
+    assert [n for n, _ in got] == [n for n, _ in expected]
+    for (n, a), (_, b) in zip(got, expected):
+        assert type(a) is type(b) and a.requires_grad == b.requires_grad, n
+        assert torch.equal(a, b), n
+
+
+def test_materialize_fills_non_persistent_buffers():
+    meta, eager = _pair("llama")
+    persistent = meta.state_dict().keys()
+    assert "model.rotary_emb.inv_freq" not in persistent
+    assert torch.equal(meta.model.rotary_emb.inv_freq, eager.model.rotary_emb.inv_freq)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_materialize_keeps_tied_weights_tied(name):
+    meta, _ = _pair(name)
+    assert meta.get_output_embeddings().weight is meta.get_input_embeddings().weight
+
+
+def test_materialize_leaves_no_meta_tensors():
+    meta, _ = _pair("cnn_batchnorm")
+    assert not any(isinstance(t, md.MetaTensor) for _, t in _state(meta))
+    loss = meta(torch.randn(2, 3, 8, 8)).sum()
+    loss.backward()  # a real, trainable module
+    assert all(p.grad is not None for p in meta.parameters())
+
+
+def test_materialize_refuses_modules_without_construction():
+    with pytest.raises(md.MetaDispatchError, match="weight was not built under a recording"):
+        md.materialize(md.to_meta(nn.Linear(2, 2)))
+
+
+def test_materialize_does_not_disturb_the_callers_rng():
+    with md.MetaMode():
+        lin = nn.Linear(3, 3)
+    torch.manual_seed(1)
+    md.materialize(lin)
+    after = torch.rand(2)
+    torch.manual_seed(1)
+    assert torch.equal(after, torch.rand(2))

@@ -1,0 +1,227 @@
+"""md.replay against eager execution: outputs, gradients, buffers, RNG,
+made-up leaves, untouched inputs, and mismatches from wrong rules."""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import sys
+
+import pytest
+import torch
+
+import metadispatch as md
+from metadispatch.leaves import index_bounds
+from tests.replay_cases import CASES, VOCAB, build
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _eager(model, fn, inputs, seed, device="cpu"):
+    """fn run for real on a copy of ``model``: (output, grads, buffers)."""
+    model = copy.deepcopy(model).to(device)
+    torch.manual_seed(seed)
+    out = fn(model, *[x.to(device) for x in inputs])
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return out, grads, dict(model.named_buffers())
+
+
+def _assert_match(actual, expected, exact: bool):
+    if exact:
+        assert torch.equal(actual, expected), (actual - expected).abs().max()
+    else:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """Case name -> (model, fn, inputs, exact, trace), each traced once."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model, fn, inputs, exact = build(name)
+            cache[name] = (model, fn, inputs, exact, md.trace(fn, model, *inputs))
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_output_matches_eager(traced, name):
+    model, fn, inputs, exact, t = traced(name)
+    r = md.replay(t, (model, *inputs), seed=7)
+    out, _, _ = _eager(model, fn, inputs, seed=7)
+    assert r.ok, r.mismatches
+    _assert_match(r.output, out, exact)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_grads_match_eager(traced, name):
+    model, fn, inputs, exact, t = traced(name)
+    r = md.replay(t, (model, *inputs), seed=7)
+    _, grads, _ = _eager(model, fn, inputs, seed=7)
+    assert sorted(r.grads) == sorted(n for n, g in grads.items() if g is not None)
+    for n, g in r.grads.items():
+        _assert_match(g, grads[n], exact)
+
+
+def test_replay_batchnorm_running_stats_match_eager(traced):
+    model, fn, inputs, _, t = traced("cnn_batchnorm")
+    r = md.replay(t, (model, *inputs))
+    _, _, buffers = _eager(model, fn, inputs, seed=0)
+    assert sorted(r.buffers) == ["1.num_batches_tracked", "1.running_mean", "1.running_var"]
+    for n, b in r.buffers.items():
+        assert torch.equal(b, buffers[n]), n
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "llama"])
+def test_replay_logical_cuda_trace_on_cpu(name):
+    model, fn, inputs, exact = build(name)
+    t = md.tracer(device="cuda")(fn, model, *inputs)
+    assert t[0].output_metas[0].device.type == "cuda"
+    r = md.replay(t, (model, *inputs), device="cpu", seed=3)
+    assert r.ok, r.mismatches
+    assert r.output.device.type == "cpu"
+    _assert_match(r.output, _eager(model, fn, inputs, seed=3)[0], exact)
+
+
+@cuda
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "llama"])
+def test_replay_on_cuda_matches_eager_cuda(name):
+    model, fn, inputs, _ = build(name)
+    t = md.tracer(device="cuda")(fn, model, *inputs)
+    r = md.replay(t, (model, *inputs), device="cuda", seed=3)
+    out, grads, _ = _eager(model, fn, inputs, seed=3, device="cuda")
+    assert r.ok, r.mismatches
+    torch.testing.assert_close(r.output, out, rtol=1e-5, atol=1e-5)
+    for n, g in r.grads.items():
+        torch.testing.assert_close(g, grads[n], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_replay_made_up_token_ids_index_in_range(traced, name):
+    *_, t = traced(name)
+    ids = next(m for m, leaf in t.leaves.items() if leaf.name == "args[1]")
+    assert index_bounds(t)[ids] == VOCAB
+    r = md.replay(t, seed=1)  # no inputs, no weights: everything made up
+    assert r.ok, r.mismatches
+    assert torch.isfinite(r.output).all()
+
+
+def test_replay_made_up_leaves_are_seeded(traced):
+    *_, t = traced("llama")
+    a, b, c = (md.replay(t, seed=s).output for s in (1, 1, 2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_replay_made_up_leaves_do_not_shift_rng():
+    fn = lambda x: torch.nn.functional.dropout(x, 0.5)  # noqa: E731
+    t = md.trace(fn, torch.ones(64))
+    r = md.replay(t, seed=4)  # x is made up from its own generator
+    torch.manual_seed(4)
+    expected = fn(torch.ones(64))
+    assert torch.equal(r.output == 0, expected == 0)
+
+
+def _rng_ops(x):
+    noise = torch.randn(3, 4)
+    y = torch.empty(3, 4).normal_(2.0, 0.5)
+    return torch.nn.functional.dropout(x + noise + y, 0.3) + torch.rand(4)
+
+
+def test_replay_rng_ops_follow_the_seed():
+    x = torch.ones(3, 4)
+    t = md.trace(_rng_ops, x)
+    torch.manual_seed(11)
+    expected = _rng_ops(x)
+    assert torch.equal(md.replay(t, (x,), seed=11).output, expected)
+
+
+def test_replay_restores_the_callers_rng():
+    t = md.trace(lambda: torch.randn(3))
+    torch.manual_seed(5)
+    md.replay(t, seed=9)
+    after = torch.rand(2)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(2))
+
+
+def _in_place(model, x):
+    x[0].add_(1)  # a view of an argument, written in place
+    out = model(x.view(2, 3, 8, 8)).sum()
+    out.backward()
+    return out
+
+
+def test_replay_leaves_inputs_and_module_unchanged():
+    model, _, (x, _), _ = build("cnn_batchnorm")
+    x = x.reshape(-1)  # x[0] is then one element of the flat input
+    before_x, before_state = x.clone(), copy.deepcopy(model.state_dict())
+    t = md.trace(_in_place, model, x)
+    r = md.replay(t, (model, x))
+    assert torch.equal(x, before_x)
+    assert all(torch.equal(v, before_state[k]) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(r.output, _eager(model, _in_place, (x.clone(),), seed=0)[0])
+
+
+@pytest.mark.parametrize("wrong", ["shape", "stride"])
+def test_replay_wrong_user_rule_is_a_mismatch(wrong):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU())
+
+    @md.register_meta(torch.ops.aten.relu.default, override=True)
+    def bad_relu(x):
+        if wrong == "shape":
+            return x.new_empty(x.shape[0], x.shape[1] + 1)
+        return x.new_empty(x.shape[1], x.shape[0]).t()
+
+    try:
+        t = md.trace(lambda m, x: m(x), model, torch.randn(3, 4))
+    finally:
+        md.unregister_meta(torch.ops.aten.relu.default)
+    r = md.replay(t, (model, torch.randn(3, 4)))
+    assert not r.ok
+    (m,) = r.mismatches
+    assert (m.op, m.module, m.rule) == ("aten.relu.default", "1", "user")
+    assert wrong in m.fields
+    assert "aten.relu.default in 1 [user]" in str(m)
+
+
+def test_replay_refuses_inside_metamode():
+    t = md.trace(lambda x: x + 1, torch.ones(2))
+    with md.MetaMode(), pytest.raises(RuntimeError, match="dispatch mode"):
+        md.replay(t)
+
+
+def test_replay_rejects_inputs_of_another_shape():
+    t = md.trace(lambda x: x + 1, torch.ones(2))
+    with pytest.raises(ValueError, match="arg args\\[0\\]"):
+        md.replay(t, (torch.ones(3),))
+
+
+def test_repro_snippet_runs_the_call(capsys):
+    t = md.trace(lambda x: x.t() @ x, torch.ones(3, 2))
+    snippet = t[1].repro()
+    assert "torch.ops.aten.mm.default(t1, t0)" in snippet
+    exec(snippet, {})
+    assert capsys.readouterr().out == "output 0: ok ((2, 2), torch.float32, (2, 1), 0)\n"
+
+
+def test_repro_snippet_shows_a_wrong_rule(capsys):
+    md.register_meta(torch.ops.aten.relu.default, override=True)(
+        lambda x: x.new_empty(x.shape[1], x.shape[0]).t())
+    try:
+        t = md.trace(torch.relu, torch.ones(2, 3))
+    finally:
+        md.unregister_meta(torch.ops.aten.relu.default)
+    exec(t[0].repro(), {})
+    assert "recorded ((2, 3), torch.float32, (1, 2), 0), real ((2, 3), torch.float32, (3, 1), 0)" \
+        in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["replay", "leaves", "repro", "serialize", "reader", "materialize"])
+def test_replay_docstring_examples_run(module):
+    __import__(f"metadispatch.{module}")
+    result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
