@@ -149,8 +149,9 @@ def _cmd_replay(args) -> int:
     trace = _load(args.file)
     if trace is None:
         return _missing("replay", "md.load (loading saved traces)")
-    print(replay(trace, device=args.device))
-    return 0
+    result = replay(trace, device=args.device)
+    print(result)
+    return 0 if result.ok else 1
 
 
 def _cmd_check(args) -> int:

@@ -54,7 +54,19 @@ class Reader:
         t.modules = {str(k): str(v) for k, v in self.field(doc, "modules", "file", dict).items()}
         rng = doc.get("rng_state")
         t.rng_state = self.bytes_tensor(rng, "rng_state") if rng is not None else None
+        deaths = doc.get("deaths")
+        if deaths is not None:
+            t.deaths = {self.count(k, f"deaths.{k}"): self.count(v, f"deaths.{k}")
+                        for k, v in self.field(doc, "deaths", "file", dict).items()}
         return t
+
+    def count(self, v, where: str) -> int:
+        """A non-negative integer, also from a JSON object key."""
+        if isinstance(v, str) and v.isdigit():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            self.fail(where, f"expected a non-negative integer, got {v!r}")
+        return v
 
     def leaf(self, d, where: str) -> Leaf:
         meta = self.tensor(self.field(d, "meta", where, dict), where + ".meta")

@@ -85,6 +85,14 @@ class Replay:
     def __repr__(self) -> str:
         return f"<Replay: {'ok' if self.ok else f'{len(self.mismatches)} mismatches'}>"
 
+    def __str__(self) -> str:
+        """One line if every call matched, else one line per mismatch."""
+        if self.ok:
+            return "replay ok: every recorded result matched the real kernel"
+        lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
+        lines += [f"  {m}" for m in self.mismatches]
+        return "\n".join(lines)
+
 
 def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
            check: bool = True) -> Replay:

@@ -50,6 +50,8 @@ def save(trace: Trace, path) -> None:
         "grads": {k: _enc(m, f"grads.{k}") for k, m in trace.grads.items()},
         "modules": dict(trace.modules),
         "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
+        # storage number -> index of the first call after it was freed
+        "deaths": ({str(k): v for k, v in trace.deaths.items()} if trace.deaths is not None else None),
     }
     data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
     if str(path).endswith(".gz"):

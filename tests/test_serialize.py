@@ -166,3 +166,11 @@ def test_serialize_code_in_strings_is_never_run(tmp_path, good_doc):
     path.write_text(json.dumps(doc))
     t = md.Trace.load(path)
     assert code in str(t) and not sentinel.exists()
+
+
+def test_serialize_keeps_storage_deaths_so_memory_agrees(tmp_path, llama_trace):
+    t = llama_trace[2]
+    t.save(tmp_path / "t.json")
+    loaded = md.Trace.load(tmp_path / "t.json")
+    assert loaded.deaths == t.deaths and loaded.deaths
+    assert md.memory(loaded).peak == md.memory(t).peak
