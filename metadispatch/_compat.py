@@ -93,6 +93,10 @@ def op_callable(func):
     return getattr(func, "_op", func)
 
 
+next_sequence_nr = torch._C._autograd._get_sequence_nr
+current_autograd_node = torch._C._current_autograd_node
+
+
 def storage_key(t: torch.Tensor) -> int:
     """An integer that is equal for tensors sharing one storage."""
     return t.untyped_storage()._cdata

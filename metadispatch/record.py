@@ -21,6 +21,7 @@ builds its timeline from.
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from functools import partial
 
@@ -31,7 +32,57 @@ from .source import user_frame
 from .tensor import MetaTensor
 from .trace import Leaf, OpCall, TensorMeta, Trace
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "BackwardModules"]
+
+
+class BackwardModules:
+    """Which module a backward call belongs to, from autograd sequence numbers.
+
+    Note [Backward attribution]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Every autograd node gets a sequence number when the forward op that
+    creates it runs, and the numbers only grow.  So we note, as forward runs,
+    the sequence number at which each module starts issuing ops; in backward,
+    the node being executed (``torch._C._current_autograd_node()``) names the
+    forward op it came from, and a binary search names that op's module.
+    This is how torch's profiler links backward to forward; it is exact where
+    module hooks on tensors (torch's ModuleTracker) guess -- those only see
+    gradients arrive at a module's outputs and inputs, and misattribute ops
+    of modules whose inputs need no grad (an embedding's backward).  Calls
+    outside any node (AccumulateGrad has no sequence number) keep the
+    tracker's answer.
+    """
+
+    __slots__ = ("seqs", "modules", "last", "_next")
+
+    def __init__(self) -> None:
+        self.seqs: list = []  # first sequence number of each run of nodes...
+        self.modules: list = []  # ...and the module whose forward ops made them
+        self.last = None
+        self._next = _compat.next_sequence_nr()
+
+    def note(self, module: str) -> None:
+        """After a forward call: nodes it created belong to ``module``."""
+        nxt = _compat.next_sequence_nr()
+        if nxt > self._next:
+            if module != self.last:
+                self.seqs.append(self._next)
+                self.modules.append(module)
+                self.last = module
+            self._next = nxt
+
+    def module_of_current_node(self, default: str) -> str:
+        node = _compat.current_autograd_node()
+        if node is None:
+            return default
+        seq = node._sequence_nr()
+        i = bisect.bisect_right(self.seqs, seq) - 1
+        if i < 0 or seq >= _SEQ_NONE:
+            return default
+        return self.modules[i]
+
+
+_SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
 
 _GENERATOR = "<generator>"
 
@@ -51,6 +102,7 @@ class Recorder:
         self._live: dict = {}  # storage key -> (number, weakref), storages alive now
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self.real_of: dict = {}  # id(meta) -> real tensor, for constants
+        self.backward_modules = BackwardModules()
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
@@ -149,6 +201,10 @@ class Recorder:
             phase = "backward"
             if _compat.in_checkpoint_recompute():
                 note = "recompute"  # Note [Checkpoint recompute] in _compat
+            else:
+                module = self.backward_modules.module_of_current_node(module)
+        else:
+            self.backward_modules.note(module)
         source = user_frame() if self.stack else None
         call = OpCall(len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs,
                       module, phase, stage, source, note)

@@ -197,3 +197,15 @@ def test_trace_module_attribution_also_in_backward():
     bw = {c.module for c in t if c.phase == "backward"}
     assert {"0", "1"} <= bw
     assert {c.module for c in t if c.op == "aten.tanh.default"} == {"1"}
+
+
+def test_trace_backward_attribution_follows_the_autograd_node():
+    # torch's ModuleTracker loses track of modules whose inputs need no grad
+    # (an embedding); the node being executed names the forward op exactly.
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    t = md.trace(_train_step(model), torch.tensor([[1, 2, 3]]))
+    backward = {c.op: c.module for c in t if c.phase == "backward"}
+    assert backward["aten.embedding_dense_backward.default"] == "0"
+    assert backward["aten.threshold_backward.default"] == "2"
+    forward_modules = {c.module for c in t if c.phase == "forward"}
+    assert {c.module for c in t if c.phase == "backward"} <= forward_modules
