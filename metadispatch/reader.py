@@ -28,6 +28,11 @@ class Reader:
     def __init__(self, name: str) -> None:
         self.name = name
         self.defined: set = set()  # tensor ids seen so far (leaves, outputs)
+        # A tensor appears once as an output and again as each use; records
+        # already checked are served from here (keyed by their contents).
+        self._tensors: dict = {}
+        self._dtypes: dict = {}
+        self._devices: dict = {}
 
     def fail(self, where: str, what: str):
         raise TraceFormatError(f"{self.name}: {where}: {what}")
@@ -136,36 +141,53 @@ class Reader:
         if len(v) != 8:
             self.fail(where, f"a tensor record has 8 fields, got {len(v)}")
         tid, shape, dtype, stride, offset, device, rg, storage = v
+        try:
+            key = (tid, tuple(shape), dtype, tuple(stride), offset, device, rg, storage)
+            hit = self._tensors.get(key)
+        except TypeError:  # unhashable parts: let the checks below say what
+            key = hit = None
+        if hit is not None:
+            return hit
         self.nonneg(tid, where + " id")
         self.nonneg(offset, where + " storage offset")
         self.nonneg(storage, where + " storage number")
         for what, seq in (("size", shape), ("stride", stride)):
-            if not isinstance(seq, list) or not all(_is_int(s) for s in seq):
+            if not isinstance(seq, list) or not all(type(s) is int for s in seq):
                 self.fail(where, f"{what}s must be a list of integers, got {seq!r}")
-            if any(s < 0 for s in seq):
+            if seq and min(seq) < 0:
                 self.fail(where, f"negative {what} in {seq}")
         if len(shape) != len(stride):
             self.fail(where, f"shape {shape} and stride {stride} differ in length")
         if not isinstance(rg, bool):
             self.fail(where, "requires_grad must be true or false")
-        return TensorMeta(tid, tuple(shape), self.dtype(dtype, where), tuple(stride), offset,
-                          self.device(device, where), rg, storage)
+        m = TensorMeta(tid, tuple(shape), self.dtype(dtype, where), tuple(stride), offset,
+                       self.device(device, where), rg, storage)
+        if key is not None:
+            self._tensors[key] = m
+        return m
 
     def nonneg(self, v, where: str) -> None:
         if not _is_int(v) or v < 0:
             self.fail(where, f"expected a non-negative integer, got {v!r}")
 
     def dtype(self, name, where: str) -> torch.dtype:
-        d = getattr(torch, name, None) if isinstance(name, str) else None
-        if not isinstance(d, torch.dtype):
-            self.fail(where, f"unknown dtype {name!r}")
+        d = self._dtypes.get(name) if isinstance(name, str) else None
+        if d is None:
+            d = getattr(torch, name, None) if isinstance(name, str) else None
+            if not isinstance(d, torch.dtype):
+                self.fail(where, f"unknown dtype {name!r}")
+            self._dtypes[name] = d
         return d
 
     def device(self, name, where: str) -> torch.device:
-        try:
-            return torch.device(name)
-        except (TypeError, RuntimeError):
-            self.fail(where, f"bad device {name!r}")
+        d = self._devices.get(name) if isinstance(name, str) else None
+        if d is None:
+            try:
+                d = torch.device(name)
+            except (TypeError, RuntimeError):
+                self.fail(where, f"bad device {name!r}")
+            self._devices[name] = d
+        return d
 
     def const(self, d, meta: TensorMeta, where: str) -> torch.Tensor:
         dtype = self.dtype(self.field(d, "dtype", where, str), where)

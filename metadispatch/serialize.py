@@ -55,7 +55,7 @@ def save(trace: Trace, path) -> None:
     }
     data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
     if str(path).endswith(".gz"):
-        data = gzip.compress(data, mtime=0)
+        data = gzip.compress(data, compresslevel=5, mtime=0)  # 9 costs 3x the time for 5% less
     with open(path, "wb") as f:
         f.write(data)
 
