@@ -14,9 +14,12 @@ import argparse
 import copy
 import time
 
+import sys
+
 import torch
 
-import metadispatch as md
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+import metadispatch as md  # noqa: E402
 
 
 def _llama(hidden: int, layers: int):

@@ -98,6 +98,20 @@ def micro(repeat: int = 200) -> list[tuple]:
     return rows
 
 
+def scale(layers=(8, 16, 32), repeat: int = 3) -> list[tuple]:
+    """md.trace time per call on deeper models: flat means linear in calls."""
+    from transformers import LlamaForCausalLM
+
+    rows = []
+    for n in layers:
+        model, ids = _build(LlamaForCausalLM, llama_config(n), md.MetaMode())
+        step = _step(model, True)
+        calls = len(md.trace(step, ids))
+        t = best_of(lambda: md.trace(step, ids), repeat)
+        rows.append((f"LLaMA {n}L/1024 fw+bw", calls, f"{t * 1e3:.0f} ms", f"{t / calls * 1e6:.1f} us"))
+    return rows
+
+
 def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
@@ -116,6 +130,8 @@ def main() -> None:
     print(table(rows, ("model", "calls", "meta", "passthrough", "FakeTensorMode", "md.trace", "md/Fake")))
     print()
     print(table(micro(), ("op", "MetaMode", "FakeTensorMode", "ratio")))
+    print()
+    print(table(scale(), ("model", "calls", "md.trace", "per call")))
 
 
 if __name__ == "__main__":
