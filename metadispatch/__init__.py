@@ -13,9 +13,13 @@ while a ``MetaMode`` is entered or ``md.trace`` runs.
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .api import to_meta, trace, tracer
-from .errors import DataDependentError, MetaDispatchError, TraceFormatError, UnsupportedOpError
+from .check import check, checker
+from .errors import (DataDependentError, MaterializeLimitError, MetaDispatchError, TraceFormatError,
+                     UnsupportedOpError)
 from .mode import MetaMode
 from .registry import register_meta, unregister_meta
+from .report import Report
+from .verify import RuleCheck, verify_rule
 from .tensor import MetaTensor
 from .trace import Leaf, OpCall, TensorMeta, Trace
 
@@ -25,4 +29,5 @@ __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
+    "check", "checker", "Report", "MaterializeLimitError", "verify_rule", "RuleCheck",
 ]

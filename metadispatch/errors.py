@@ -13,6 +13,7 @@ __all__ = [
     "UnsupportedOpError",
     "DataDependentError",
     "TraceFormatError",
+    "MaterializeLimitError",
 ]
 
 
@@ -43,3 +44,12 @@ class DataDependentError(MetaDispatchError, RuntimeError):
 
 class TraceFormatError(MetaDispatchError, ValueError):
     """A saved trace is unreadable, from an unknown version, or inconsistent."""
+
+
+class MaterializeLimitError(MetaDispatchError, MemoryError):
+    """``md.check`` refused to run an op for real: its inputs exceed the limit."""
+
+    def __init__(self, message: str, *, need: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.need = need
+        self.limit = limit

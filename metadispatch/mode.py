@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import _compat
+from . import _compat, known
 from .dispatch import dispatch
 from .modules import ModuleStack
 from .record import Recorder
@@ -40,7 +40,7 @@ class MetaMode(_compat.TorchDispatchMode):
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096) -> None:
+                 const_limit: int = 4096, known_limit: int = known.DEFAULT_LIMIT) -> None:
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
         self.stack = stack
@@ -51,6 +51,8 @@ class MetaMode(_compat.TorchDispatchMode):
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self._saved: list = []  # per __enter__, what __exit__ restores
         self.fallback = None  # set by md.check: answers ops no stage can
+        # Constants up to this many elements carry their real value (known.py).
+        self.known_limit = known_limit
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)

@@ -74,6 +74,11 @@ def is_meta_tensor(x) -> bool:
 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
+        from .known import value_of
+
+        value = value_of(self)  # Note [Known values] in known.py
+        if value is not None:
+            return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
             f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, "
             "which holds no data", op=what)
