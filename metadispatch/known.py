@@ -71,13 +71,10 @@ def _limit(mode) -> int:
 
 def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     """Give the outputs of a routed call their value when all inputs are known."""
-    reals = _values(f, tensors, mode)
-    if reals is None or f.random or any(g in f.name for g in _GARBAGE):
-        if f.mutates:
-            _invalidate(func, args, kwargs)
-        return
-    outs = [o for o in pytree.tree_leaves(result) if isinstance(o, MetaTensor)]
-    if not outs or any(o.numel() > _limit(mode) for o in outs):
+    reals = None
+    if _may_know(f, tensors) and _small(result, mode):
+        reals = _values(f, tensors, mode)
+    if reals is None:
         if f.mutates:
             _invalidate(func, args, kwargs)
         return
@@ -110,6 +107,18 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     return out
 
 
+def _may_know(f, tensors) -> bool:
+    # The common case first: an op on user data (cheap, runs for every call).
+    if tensors and value_of(tensors[0]) is None and f.name not in _SHAPE_ONLY and f.name not in _LIFT:
+        return False
+    return not f.random and not any(g in f.name for g in _GARBAGE)
+
+
+def _small(result, mode) -> bool:
+    outs = [o for o in pytree.tree_leaves(result) if isinstance(o, MetaTensor)]
+    return bool(outs) and all(o.numel() <= _limit(mode) for o in outs)
+
+
 def _values(f, tensors, mode) -> dict | None:
     """id(MetaTensor) -> real value for every tensor input, or None if one is unknown."""
     if _limit(mode) <= 0:
@@ -117,6 +126,8 @@ def _values(f, tensors, mode) -> dict | None:
     if f.name in _SHAPE_ONLY:
         from .compare import materialize
 
+        if any(t.numel() > _limit(mode) for t in tensors):
+            return None
         return {id(t): materialize(t, limit=None)[0] for t in tensors}
     if f.name in _LIFT:
         return _literal(tensors[0], mode)
