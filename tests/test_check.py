@@ -142,3 +142,17 @@ def test_check_cli_main_prints_the_report(tmp_path, monkeypatch, capsys):
     assert status == 1
     assert "mdchecktest.gelu2.default" in out and "register_meta" in out
     sys.modules.pop("cli_target", None)
+
+
+def test_check_recheck_sees_list_views_as_aliases():
+    report = md.check(lambda x: [t * 2 for t in x.unbind(0)] + list(x.split(1)), torch.randn(3, 2))
+    assert report.ok, str(report)
+
+
+def test_check_sdpa_causal_mask_built_on_meta_takes_the_inputs_device():
+    # SDPA's C++ composite builds its causal mask with the MetaTensor's C++
+    # options, on meta; adding it to cpu scores must not be a device error.
+    q = torch.randn(1, 2, 4, 8)
+    trace = md.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(
+        q, q, q, is_causal=True), q)
+    assert trace.calls[-1].output_metas[0].device == torch.device("cpu")

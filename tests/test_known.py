@@ -99,3 +99,10 @@ def test_known_factory_on_logical_cuda_keeps_its_device():
         t = torch.arange(3)
         assert t.device.type == "cuda"
         assert t.sum().item() == 3
+
+
+def test_known_zeros_like_of_user_data_is_known():
+    user = torch.randn(3)
+    with md.MetaMode() as mode:
+        t = torch.zeros_like(mode.from_tensor(user)) + 1
+        assert value_of(t).tolist() == [1.0, 1.0, 1.0]
