@@ -104,6 +104,10 @@ def _device(f, args, kwargs, tensors, mode):
         asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if asked is not None:
             device = normalize_device(asked)
+            if device.type == "meta" and tensors:
+                # C++ composites pass a MetaTensor's C++ device (meta) on,
+                # e.g. ``x.to(dtype)``: the logical device is the inputs'.
+                device = _common_device(f, tensors) or device
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META

@@ -151,13 +151,18 @@ class MetaTensor(torch.Tensor):
     def to(self, *args, **kwargs):
         # Real tensors return themselves from .to() when nothing changes; the
         # C++ check compares against the meta device, so decide here.
+        # _parse_to does not take ``copy`` (keyword, or the bool positional
+        # after ``non_blocking``); Tensor.to does.
+        copy = kwargs.pop("copy", False) if "copy" in kwargs else False
+        flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
+        if len(flags) == 2:
+            copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
         device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        copy = kwargs.get("copy", False)
         same_device = device is None or normalize_device(device) == self._md_device
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
-        return super().to(*args, **kwargs)
+        return super().to(*args, copy=copy, **kwargs)
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),
