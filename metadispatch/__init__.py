@@ -14,8 +14,9 @@ while a ``MetaMode`` is entered or ``md.trace`` runs.
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
 from .api import to_meta, trace, tracer
+from .check import check, checker
 from .diff import diff
-from .errors import (DataDependentError, MetaDispatchError, TraceFormatError,
+from .errors import (DataDependentError, MaterializeLimitError, MetaDispatchError, TraceFormatError,
                      UnsupportedFeatureError, UnsupportedOpError)
 from .flops import flops, register_flops, unregister_flops
 from .memory import LiveStorages, memory
@@ -23,6 +24,8 @@ from .mode import MetaMode
 from .registry import register_meta, unregister_meta
 from .materialize import materialize
 from .replay import Mismatch, Replay, replay
+from .report import Report
+from .verify import RuleCheck, verify_rule
 from .tensor import MetaTensor
 from .tables import module_table, shape_log
 from .trace import Leaf, OpCall, TensorMeta, Trace
@@ -36,4 +39,5 @@ __all__ = [
     "replay", "Replay", "Mismatch", "materialize",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
     "UnsupportedFeatureError",
+    "check", "checker", "Report", "MaterializeLimitError", "verify_rule", "RuleCheck",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _compat, registry
+from . import known, registry
 from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
 from .cache import UNCACHABLE, MetaCache
 from .router import route
@@ -36,15 +36,22 @@ def dispatch(func, args, kwargs, mode):
     recording = mode is not None and mode._depth == 0 and mode.record
     if recording:
         pending = mode._recorder.encode_inputs(args, kwargs)
+    note = None
     try:
         try:
             out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors)
         except (DataDependentError, UnsupportedOpError) as e:
-            # Under md.check a top-level call no stage can answer is run for
-            # real instead; nested calls let the outer call fall back whole.
-            if mode is None or mode.fallback is None or mode._depth:
+            # Inputs built from constants alone are answered from their real
+            # values (Note [Known values] in known.py).  Else, under md.check
+            # a top-level call no stage can answer is run for real instead;
+            # nested calls let the outer call fall back whole.
+            out = known.answer(func, f, tensors, args, kwargs, device, mode)
+            if out is not None:
+                stage, note = "real", known.NOTE
+            elif mode is None or mode.fallback is None or mode._depth:
                 raise
-            out, stage = mode.fallback(func, args, kwargs, device, e), "real"
+            else:
+                out, stage = mode.fallback(func, args, kwargs, device, e), "real"
     except (MetaDispatchError, RuntimeError, NotImplementedError) as e:
         where = user_frame()
         if where and not getattr(e, "_md_noted", False):
@@ -52,8 +59,10 @@ def dispatch(func, args, kwargs, mode):
             e._md_noted = True
         raise
     result = _wrap_outputs(f, out, args, kwargs, device)
+    if note is None and (mode is None or not mode._depth):
+        known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
-        mode._recorder.record(func, f, pending, result, stage)
+        mode._recorder.record(func, f, pending, result, stage, note)
     return result
 
 
@@ -164,10 +173,15 @@ def _device(f, args, kwargs, tensors, mode):
 # should one still come out on meta in backward, a logical-meta tensor gives
 # way to any other device, as a CPU scalar does.
 def _common_device(f, tensors):
-    device = scalar = None
+    device = scalar = loose = None
     for t in tensors:
         d = t._md_device
-        if (t.dim() == 0 and d.type == "cpu") or (d.type == "meta" and _compat.in_backward()):
+        if d.type == "meta":
+            # Built by C++ code from a MetaTensor's options, whose C++ device
+            # is meta (Note [Meta from options]); it takes the device of the
+            # tensors it meets.
+            loose = d
+        elif t.dim() == 0 and d.type == "cpu":
             scalar = scalar or d
         elif device is None:
             device = d
@@ -177,7 +191,7 @@ def _common_device(f, tensors):
                 f"least two devices, {device} and {d}!")
     if f.name in _CROSS_DEVICE and tensors:
         return tensors[0]._md_device
-    return device if device is not None else scalar
+    return device or scalar or loose
 
 
 def _wrap_outputs(f, out, args, kwargs, device):

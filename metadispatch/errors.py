@@ -14,6 +14,7 @@ __all__ = [
     "DataDependentError",
     "TraceFormatError",
     "UnsupportedFeatureError",
+    "MaterializeLimitError",
 ]
 
 
@@ -52,3 +53,12 @@ class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):
     The message names the feature and what to use instead; the table of
     differences is in docs/fake-tensor-differences.md.
     """
+
+
+class MaterializeLimitError(MetaDispatchError, MemoryError):
+    """``md.check`` refused to run an op for real: its inputs exceed the limit."""
+
+    def __init__(self, message: str, *, need: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.need = need
+        self.limit = limit

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import _compat
+from . import _compat, known
 from .dispatch import dispatch
 from .cache import MetaCache
 from .errors import MetaDispatchError
@@ -43,7 +43,8 @@ class MetaMode(_compat.TorchDispatchMode):
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096, cache: bool = True, **fake_options) -> None:
+                 const_limit: int = 4096, cache: bool = True,
+                 known_limit: int = known.DEFAULT_LIMIT, **fake_options) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
@@ -57,6 +58,8 @@ class MetaMode(_compat.TorchDispatchMode):
         self._saved: list = []  # per __enter__, what __exit__ restores
         self.fallback = None  # set by md.check: answers ops no stage can
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
+        # Constants up to this many elements carry their real value (known.py).
+        self.known_limit = known_limit
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)

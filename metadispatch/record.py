@@ -184,7 +184,7 @@ class Recorder:
             return tuple(self._out(x) for x in o)
         return o
 
-    def record(self, func, f, pending, result, stage: str) -> OpCall:
+    def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:
         enc_args, enc_kwargs = pending
         if len(f.returns_write) == 1:
             outputs = (self._out(result),)
@@ -192,7 +192,7 @@ class Recorder:
             outputs = tuple(self._out(o) for o in result)
         else:
             outputs = ()
-        module, phase, note = ("", "forward", None)
+        module, phase = ("", "forward")
         if self.modules is not None:
             module = self.modules.current()
             if self.modules.in_optimizer:

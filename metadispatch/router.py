@@ -19,6 +19,7 @@ from .tensor import MetaTensor, in_kernel, wrap
 __all__ = ["route", "run_nested", "describe_inputs", "data_dependent_error"]
 
 _MISSING_META = ("'Meta' backend", "no fake impl or Meta kernel", "Meta kernel")
+_NO_FAKE_IMPL = ("There was no fake impl registered",)
 
 
 def route(func, f, args, kwargs, kargs, kkwargs, device, mode):
@@ -41,8 +42,11 @@ def _native_or_decomp(func, f, args, kwargs, kargs, kkwargs, device, mode):
         try:
             with in_kernel():
                 return func(*kargs, **kkwargs), "meta"
-        except NotImplementedError as e:
-            if not any(s in str(e) for s in _MISSING_META):
+        except (NotImplementedError, RuntimeError) as e:
+            # torch.library.custom_op registers a Meta kernel that raises a
+            # RuntimeError when no fake impl was given: no kernel either.
+            missing = _MISSING_META if isinstance(e, NotImplementedError) else _NO_FAKE_IMPL
+            if not any(s in str(e) for s in missing):
                 raise
             _NO_NATIVE.add(func)
     decomp = _compat.decomposition_table().get(func)

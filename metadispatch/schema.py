@@ -77,6 +77,11 @@ def _compute(func) -> OpFacts:
             returns_write.append(None)
             continue
         target = next((by_alias[s] for s in info.before_set if s in by_alias), None)
+        if target is None and not info.is_write:
+            # ``Tensor(a)[]`` returns (unbind, split) show an empty alias set
+            # from Python; they alias the one argument marked ``(a -> *)``.
+            target = next((i for i, a in enumerate(args)
+                           if a.alias_info is not None and not a.alias_info.is_write), None)
         if info.is_write:
             returns_write.append(target)
         else:

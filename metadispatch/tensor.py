@@ -83,6 +83,11 @@ def is_meta_tensor(x) -> bool:
 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
+        from .known import value_of
+
+        value = value_of(self)  # Note [Known values] in known.py
+        if value is not None:
+            return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
             f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, "
             "which holds no data", op=what)
@@ -155,20 +160,25 @@ class MetaTensor(torch.Tensor):
     def to(self, *args, **kwargs):
         # Real tensors return themselves from .to() when nothing changes; the
         # C++ check compares against the meta device, so decide here.
+        # _parse_to does not take ``copy`` (keyword, or the bool positional
+        # after ``non_blocking``); Tensor.to does.
+        copy = kwargs.pop("copy", False) if "copy" in kwargs else False
+        flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
+        if len(flags) == 2:
+            copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
         device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        copy = kwargs.get("copy", False)
         same_device = device is None or normalize_device(device) == self._md_device
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
         if device is None or device.type != "meta":
-            return super().to(*args, **kwargs)
+            return super().to(*args, copy=copy, **kwargs)
         # To meta from another logical device: the C++ tensor is on meta
         # already, so force the copy, and mark it as really meant
         # (Note [Meta from options] in dispatch.py).
         prev, STATE.explicit_meta = STATE.explicit_meta, True
         try:
-            return super().to(*args, **dict(kwargs, copy=True))
+            return super().to(*args, copy=True, **kwargs)
         finally:
             STATE.explicit_meta = prev
 

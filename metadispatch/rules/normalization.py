@@ -1,0 +1,63 @@
+"""Normalisation ops: the dtype of saved statistics follows the device.
+
+torch's meta kernels for layer and batch norm return the saved mean and
+inverse standard deviation in float32 for bfloat16/float16 inputs -- what
+the CUDA kernels do.  The CPU kernels return them in the input's dtype.  For
+a MetaTensor on a logical CPU device the CPU behaviour wins; other devices
+keep the meta kernel's answer.  In eval mode the CPU batch-norm kernels
+save no statistics at all (empty outputs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..registry import builtin_rule
+
+aten = torch.ops.aten
+
+_REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _stats_in_input_dtype(out, x, training=True):
+    if x.device.type != "cpu" or (training and x.dtype not in _REDUCED):
+        return out
+    out = list(out)
+    for i in (1, 2):
+        if not training:
+            # The CPU kernel saves no statistics in eval mode; the meta
+            # kernel (CUDA's behaviour) does.
+            out[i] = x.new_empty((0,))
+        elif out[i].dtype != x.dtype and out[i].is_floating_point():
+            out[i] = torch.empty_like(out[i], dtype=x.dtype)
+    return tuple(out)
+
+
+@builtin_rule(aten.native_layer_norm.default)
+@builtin_rule(aten._batch_norm_with_update.default)
+def norm_with_saved_stats(x, *args, fallback, **kwargs):
+    return _stats_in_input_dtype(fallback(x, *args, **kwargs), x)
+
+
+@builtin_rule(aten._native_batch_norm_legit_functional.default)
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, *args, fallback):
+    out = fallback(x, weight, bias, running_mean, running_var, training, *args)
+    out = _stats_in_input_dtype(out, x, training)
+    if x.device.type != "cpu":
+        return out
+    # outputs 3 and 4 are the updated running stats, in their own dtype on CPU
+    new_stats = tuple(torch.empty_like(o, dtype=r.dtype) for o, r in zip(out[3:], (running_mean, running_var)))
+    return out[:3] + new_stats
+
+
+@builtin_rule(aten.native_batch_norm.default)
+@builtin_rule(aten._native_batch_norm_legit.default)
+def batch_norm_with_running_stats(x, weight, bias, running_mean, running_var, training,
+                                  *args, fallback):
+    out = fallback(x, weight, bias, running_mean, running_var, training, *args)
+    return _stats_in_input_dtype(out, x, training)
+
+
+@builtin_rule(aten._native_batch_norm_legit.no_stats)
+def batch_norm_no_stats(x, weight, bias, training, *args, fallback):
+    return _stats_in_input_dtype(fallback(x, weight, bias, training, *args), x, training)

@@ -1,0 +1,108 @@
+"""Known values: constants carry their real value; user data never does."""
+
+import pytest
+import torch
+
+import metadispatch as md
+from metadispatch.known import value_of
+
+
+def _trace_value(fn, *args, mode=None):
+    mode = mode or md.MetaMode()
+    with mode:
+        out = fn(*args)
+    return out, mode.trace
+
+
+def test_known_arange_item_answers_with_real_value():
+    out, trace = _trace_value(lambda: (torch.arange(6) * 2).sum().item())
+    assert out == 30
+    assert trace[-1].format() == "30 = aten._local_scalar_dense.default($2)  # [real] <known value>"
+
+
+def test_known_packed_sequence_check_as_in_transformers():
+    def fn():
+        pos = torch.arange(8).unsqueeze(0).expand(2, -1)
+        diff = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+        mask = (diff != 1).cumsum(-1)
+        return bool((mask[:, -1] == 0).all())
+
+    out, _ = _trace_value(fn)
+    assert out is True
+
+
+def test_known_literal_and_nonzero():
+    out, trace = _trace_value(lambda: torch.tensor([0, 3, 0, 5]).nonzero())
+    assert out.shape == (2, 1)
+    assert value_of(out).flatten().tolist() == [1, 3]
+    assert trace[-1].note == "known value"
+
+
+def test_known_tolist_returns_value():
+    out, _ = _trace_value(lambda: torch.full((2,), 7).tolist())
+    assert out == [7, 7]
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x,  # a user input
+    lambda x: torch.randn(3),  # an RNG op
+    lambda x: torch.empty(3),  # uninitialised memory
+    lambda x: torch.zeros(3) + x,  # anything touched by user data
+])
+def test_known_never_for_inputs_random_or_garbage(make):
+    user = torch.ones(3)
+    with md.MetaMode() as mode:
+        t = make(mode.from_tensor(user))
+        assert value_of(t) is None
+        with pytest.raises(md.DataDependentError):
+            t.sum().item()
+
+
+def test_known_view_invalidated_by_unknown_write():
+    user = torch.ones(2)
+    with md.MetaMode() as mode:
+        x = mode.from_tensor(user)
+        base = torch.zeros(4)
+        view = base[:2]
+        assert value_of(view) is not None
+        view.copy_(x)  # the values written are not known
+        assert value_of(base) is None and value_of(view) is None
+
+
+def test_known_view_follows_known_in_place_write():
+    with md.MetaMode():
+        base = torch.zeros(4)
+        base[1:3] = 5
+        assert value_of(base).tolist() == [0, 5, 5, 0]
+
+
+def test_known_limit_is_user_settable():
+    with md.MetaMode(known_limit=4):
+        assert value_of(torch.arange(4)) is not None
+        assert value_of(torch.arange(5)) is None
+    with md.MetaMode(known_limit=0):
+        assert value_of(torch.arange(2)) is None
+
+
+def test_known_values_never_write_user_tensors():
+    real = torch.tensor([1.0, 2.0])
+    with md.MetaMode() as mode:
+        t = torch.tensor([1.0, 2.0])
+        t.add_(1)
+        assert value_of(t).tolist() == [2.0, 3.0]
+        mode.from_tensor(real).add_(1)
+    assert real.tolist() == [1.0, 2.0]
+
+
+def test_known_factory_on_logical_cuda_keeps_its_device():
+    with md.MetaMode(device="cuda"):
+        t = torch.arange(3)
+        assert t.device.type == "cuda"
+        assert t.sum().item() == 3
+
+
+def test_known_zeros_like_of_user_data_is_known():
+    user = torch.randn(3)
+    with md.MetaMode() as mode:
+        t = torch.zeros_like(mode.from_tensor(user)) + 1
+        assert value_of(t).tolist() == [1.0, 1.0, 1.0]

@@ -1,0 +1,223 @@
+"""op_db conformance: metadispatch's metadata against the real CPU kernel.
+
+For every OpInfo in ``torch.testing._internal.common_methods_invocations.op_db``,
+every dtype it supports on CPU and every sample input, the op runs on real
+CPU tensors and on stand-ins, and each output must match the real one in
+shape, dtype, device, storage offset and significant strides
+(``torch._prims_common.check_significant_strides``).  A stand-in run that
+raises a data-dependent error passes (the op needs values); a sample the
+real kernel rejects is not counted.
+
+Three stand-ins, measured on the same samples:
+
+* ``ours``: MetaTensors under a ``MetaMode`` (logical device cpu);
+* ``fake``: torch's ``FakeTensorMode``;
+* ``meta``: plain tensors on the ``meta`` device (device not compared).
+
+The full run (all ops, all dtypes; about an hour on 2 cores, use ``-j``)::
+
+    python tools/opdb_conformance.py --anchors -j 16
+
+prints the pass rate of each and the failing ops.  ``tests/test_opdb.py``
+runs a quick subset with the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections import Counter, defaultdict
+
+import torch
+from torch._prims_common import check_significant_strides
+from torch.utils import _pytree as pytree
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import metadispatch as md  # noqa: E402
+from metadispatch.tensor import Converter  # noqa: E402
+
+PASS, DATA, FAIL, SKIP = "pass", "data-dependent", "fail", "skip"
+
+
+def op_db():
+    from torch.testing._internal.common_methods_invocations import op_db as db
+
+    return db
+
+
+def op_id(opinfo) -> str:
+    return opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+
+
+def samples(opinfo, dtypes=None):
+    """(dtype, SampleInput) for the op's CPU dtypes (or ``dtypes`` among them)."""
+    supported = sorted(opinfo.supported_dtypes("cpu"), key=str)
+    for dtype in supported:
+        if dtypes is not None and dtype not in dtypes:
+            continue
+        try:
+            for s in opinfo.sample_inputs("cpu", dtype, requires_grad=False):
+                yield dtype, s
+        except Exception:  # a sample generator that fails on this build
+            continue
+
+
+def _call(opinfo, s, convert):
+    inp, args, kwargs = pytree.tree_map(
+        lambda x: convert(x) if isinstance(x, torch.Tensor) else x, (s.input, s.args, s.kwargs))
+    return opinfo.op(inp, *args, **kwargs)
+
+
+def _is_data_dependent(e: Exception) -> bool:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    if isinstance(e, (md.DataDependentError, DataDependentOutputException,
+                      DynamicOutputShapeException)):
+        return True
+    text = str(e)
+    return ("cannot be called on meta tensors" in text or "data-dependent" in text
+            or "unbacked" in text.lower())
+
+
+def compare(real, ours, check_device=True) -> str | None:
+    """None when every tensor of ``ours`` matches ``real``, else the first problem."""
+    r_leaves = [x for x in pytree.tree_leaves(real) if isinstance(x, torch.Tensor)]
+    o_leaves = [x for x in pytree.tree_leaves(ours) if isinstance(x, torch.Tensor)]
+    if len(r_leaves) != len(o_leaves):
+        return f"{len(o_leaves)} tensor outputs != {len(r_leaves)}"
+    for i, (r, o) in enumerate(zip(r_leaves, o_leaves)):
+        if r.shape != o.shape:
+            return f"out{i} shape {tuple(o.shape)} != {tuple(r.shape)}"
+        if r.dtype != o.dtype:
+            return f"out{i} dtype {o.dtype} != {r.dtype}"
+        if check_device and r.device != o.device:
+            return f"out{i} device {o.device} != {r.device}"
+        if r.numel() > 0 and r.storage_offset() != o.storage_offset():
+            return f"out{i} storage offset {o.storage_offset()} != {r.storage_offset()}"
+        ok, _ = check_significant_strides(r, o, only_cuda=False)
+        if not ok:
+            return f"out{i} strides {o.stride()} != {r.stride()}"
+    return None
+
+
+def _ours(opinfo, s):
+    with md.MetaMode(record=False) as mode:
+        return _call(opinfo, s, mode.from_tensor)
+
+
+def _fake(opinfo, s):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        return _call(opinfo, s, mode.from_tensor)
+
+
+def _meta(opinfo, s):
+    return _call(opinfo, s, lambda t: t.to("meta"))
+
+
+STANDINS = {"ours": _ours, "fake": _fake, "meta": _meta}
+
+
+def run_sample(opinfo, s, standins=("ours",)) -> dict:
+    """{standin: (status, detail)} for one sample; empty when the real kernel rejects it."""
+    try:
+        real = _call(opinfo, s, lambda t: t)
+        if any(isinstance(x, torch.Tensor) and x.layout != torch.strided
+               for x in pytree.tree_leaves(real)):
+            return {}  # sparse outputs: MetaTensors are strided only
+    except Exception:
+        return {}
+    out = {}
+    for name in standins:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = STANDINS[name](opinfo, s)
+        except Exception as e:  # the stand-in failed: data-dependent or a real failure
+            status = DATA if _is_data_dependent(e) else FAIL
+            out[name] = (status, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150]}"
+                         if str(e).strip() else type(e).__name__)
+            continue
+        try:
+            problem = compare(real, got, check_device=name != "meta")
+        except Exception as e:  # an output that has no strides, say
+            problem = f"could not compare: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+        out[name] = (PASS, "") if problem is None else (FAIL, problem)
+    # The meta device cannot tell data dependence from a missing kernel; an
+    # op ours and fake both find data-dependent counts as such for it too.
+    if "meta" in out and out["meta"][0] == FAIL and out.get("ours", (None,))[0] == DATA:
+        out["meta"] = (DATA, out["meta"][1])
+    return out
+
+
+def run_op(opinfo, standins=("ours",), dtypes=None, max_samples=None) -> dict:
+    """{standin: Counter(status)} and the first failures, for one OpInfo."""
+    torch.manual_seed(0)
+    counts = defaultdict(Counter)
+    failures = defaultdict(list)
+    n = 0
+    for dtype, s in samples(opinfo, dtypes):
+        if max_samples is not None and n >= max_samples:
+            break
+        res = run_sample(opinfo, s, standins)
+        if res:
+            n += 1
+        for name, (status, detail) in res.items():
+            counts[name][status] += 1
+            if status == FAIL and len(failures[name]) < 3:
+                failures[name].append(f"{dtype}: {detail}")
+    return {"op": op_id(opinfo), "counts": dict(counts), "failures": dict(failures)}
+
+
+def _run_op_by_index(job):
+    i, standins, dtypes, max_samples = job
+    return run_op(op_db()[i], standins, dtypes, max_samples)
+
+
+def summarise(results, standins) -> str:
+    lines = []
+    for name in standins:
+        total = Counter()
+        for r in results:
+            total.update(r["counts"].get(name, {}))
+        n = sum(total.values())
+        ok = total[PASS] + total[DATA]
+        lines.append(f"{name}: {ok}/{n} samples pass ({100.0 * ok / max(n, 1):.2f}%); "
+                     f"{total[DATA]} data-dependent, {total[FAIL]} fail")
+        failing = [r for r in results if r["counts"].get(name, {}).get(FAIL)]
+        lines.append(f"  failing ops ({len(failing)}):")
+        for r in sorted(failing, key=lambda r: r["op"]):
+            lines.append(f"    {r['op']}: {r['counts'][name][FAIL]} samples; "
+                         f"{r['failures'][name][0]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--anchors", action="store_true", help="also measure FakeTensorMode and meta")
+    p.add_argument("--ops", nargs="*", help="only these OpInfo names (name or name.variant)")
+    p.add_argument("--max-samples", type=int, default=None, help="per op, over all dtypes")
+    p.add_argument("-j", "--jobs", type=int, default=1)
+    ns = p.parse_args(argv)
+    standins = ("ours", "fake", "meta") if ns.anchors else ("ours",)
+    db = op_db()
+    idx = [i for i, o in enumerate(db) if not ns.ops or op_id(o) in ns.ops or o.name in ns.ops]
+    jobs = [(i, standins, None, ns.max_samples) for i in idx]
+    if ns.jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(ns.jobs, maxtasksperchild=20) as pool:
+            results = list(pool.imap_unordered(_run_op_by_index, jobs))
+    else:
+        results = [_run_op_by_index(j) for j in jobs]
+    print(f"{len(results)} OpInfos")
+    print(summarise(results, standins))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
