@@ -155,15 +155,15 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    import metadispatch as md
+    from .check import checker
+    from .compare import DEFAULT_LIMIT
 
-    check = getattr(md, "check", None)
-    if check is None:
-        return _missing("check", "md.check")
     model, inputs = targets.load_callable(args.target)()
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    print(check(model, *inputs))
-    return 0
+    limit = args.limit if args.limit is not None else DEFAULT_LIMIT
+    report = checker(args.device, limit=limit, recheck_calls=not args.no_recheck)(model, *inputs)
+    print(report)
+    return 0 if report.ok else 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,9 +192,14 @@ def _parser() -> argparse.ArgumentParser:
                        description="Replay a saved trace on a real device and check every result.")
     r.add_argument("file", help="a saved trace")
     r.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
-    c = sub.add_parser("check", help="compare a model's meta results with a real run",
-                       description="Run md.check on MODULE:CALLABLE's (model, inputs).")
+    c = sub.add_parser("check", help="trace past unsupported ops and compare with the real kernels",
+                       description="Run md.check on MODULE:CALLABLE's (model, inputs) and print the "
+                                   "report; exit 1 when it finds anything.")
     c.add_argument("target", help="MODULE:CALLABLE returning (model, example inputs)")
+    c.add_argument("--device", default=None, help="logical device for factories (e.g. cuda)")
+    c.add_argument("--limit", type=int, default=None,
+                   help="bytes of real inputs one call may materialise (default 1 GiB)")
+    c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
     t.set_defaults(run=_cmd_trace)
     s.set_defaults(run=_cmd_summary)
     r.set_defaults(run=_cmd_replay)

@@ -15,9 +15,6 @@ marks it as an assumption.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
 from typing import Callable
 
 from . import known
@@ -29,7 +26,7 @@ from .report import Answer, Report
 from .schema import facts
 from .source import user_frame
 
-__all__ = ["check", "checker", "cli_main"]
+__all__ = ["check", "checker"]
 
 REAL = "real kernel"
 ASSUMED = "real kernel, data assumed"
@@ -101,29 +98,3 @@ def _fallback(mode, limit, answers: dict, refused: list):
 def _module(mode) -> str:
     modules = mode._recorder.modules
     return modules.current() if modules is not None else ""
-
-
-def cli_main(argv=None) -> int:
-    """``python -m metadispatch check MODULE:CALLABLE``: check a callable, print the report.
-
-    The callable is called with no arguments (it builds its model and inputs);
-    the exit status is 0 when the report finds nothing, 1 otherwise.
-    """
-    p = argparse.ArgumentParser(prog="python -m metadispatch check",
-                                description=cli_main.__doc__.splitlines()[0])
-    p.add_argument("target", help="MODULE:CALLABLE, e.g. mypkg.train:step")
-    p.add_argument("--device", default=None, help="logical device for factories (e.g. cuda)")
-    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
-                   help="bytes of real inputs one call may materialise (default %(default)s)")
-    p.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
-    ns = p.parse_args(argv)
-    module_name, sep, attr = ns.target.partition(":")
-    if not sep or not attr:
-        p.error("target must be MODULE:CALLABLE")
-    sys.path.insert(0, "")
-    fn = importlib.import_module(module_name)
-    for part in attr.split("."):
-        fn = getattr(fn, part)
-    report = checker(ns.device, limit=ns.limit, recheck_calls=not ns.no_recheck)(fn)
-    print(report)
-    return 0 if report.ok else 1

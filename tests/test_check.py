@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.check import cli_main
+from metadispatch.__main__ import main as cli_main
 
 
 # Two custom ops with a CPU kernel and autograd but no fake/meta kernel.
@@ -134,10 +134,10 @@ def test_check_cli_main_prints_the_report(tmp_path, monkeypatch, capsys):
         import torch
 
         def main():
-            return torch.ops.mdchecktest.gelu2(torch.randn(2, 6))
+            return torch.ops.mdchecktest.gelu2, (torch.randn(2, 6),)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    status = cli_main(["cli_target:main"])
+    status = cli_main(["check", "cli_target:main"])
     out = capsys.readouterr().out
     assert status == 1
     assert "mdchecktest.gelu2.default" in out and "register_meta" in out
