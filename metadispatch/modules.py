@@ -1,7 +1,7 @@
 """Which module is running: torch's ModuleTracker, narrowed to the innermost.
 
 ``torch.utils.module_tracker.ModuleTracker`` follows the module hierarchy in
-forward and, through multi-grad hooks, in backward; it exposes the set of
+forward (we use only that half: see below) and exposes the set of
 running modules, named ``Root.child.grandchild``.  We need the innermost one
 for every aten call, relative to the root (``child.grandchild``, ``""`` at top
 level), so we cache it between hook events.
@@ -54,32 +54,22 @@ class ModuleStack(ModuleTracker):
     def _mine(self) -> bool:
         return threading.get_ident() == self._thread
 
-    def _get_append_fn(self, name, is_bw):
-        inner = super()._get_append_fn(name, is_bw)
-
-        def fn(*args):
-            inner(*args)
-            self._for = None
-
-        return fn
-
-    def _get_pop_fn(self, name, is_bw):
-        inner = super()._get_pop_fn(name, is_bw)
-
-        def fn(*args):
-            inner(*args)
-            self._for = None
-
-        return fn
-
+    # Only the forward half of ModuleTracker is used: backward calls are
+    # attributed exactly through autograd sequence numbers (Note [Backward
+    # attribution] in record.py), so the multi-grad hooks ModuleTracker would
+    # register on every module's inputs and outputs are skipped; they cost
+    # more per module call than everything else here.
     def _fw_pre_hook(self, mod, input):
         if self._mine():
-            super()._fw_pre_hook(mod, input)
-            self.classes.setdefault(_strip(self._known_modules[mod]), type(mod).__name__)
+            name = self._get_mod_name(mod)
+            self.parents.add(name)
+            self._for = None
+            self.classes.setdefault(_strip(name), type(mod).__name__)
 
     def _fw_post_hook(self, mod, input, output):
         if self._mine():
-            super()._fw_post_hook(mod, input, output)
+            self.parents.discard(self._get_mod_name(mod))
+            self._for = None
 
     def current(self) -> str:
         parents = self.parents

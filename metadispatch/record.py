@@ -48,9 +48,9 @@ class BackwardModules:
     This is how torch's profiler links backward to forward; it is exact where
     module hooks on tensors (torch's ModuleTracker) guess -- those only see
     gradients arrive at a module's outputs and inputs, and misattribute ops
-    of modules whose inputs need no grad (an embedding's backward).  Calls
-    outside any node (AccumulateGrad has no sequence number) keep the
-    tracker's answer.
+    of modules whose inputs need no grad (an embedding's backward).
+    AccumulateGrad nodes have no sequence number; their calls belong to the
+    module owning the parameter.
     """
 
     __slots__ = ("seqs", "modules", "last", "_next")
@@ -76,10 +76,13 @@ class BackwardModules:
         if node is None:
             return default
         seq = node._sequence_nr()
+        if seq >= _SEQ_NONE:
+            # AccumulateGrad: the gradient of a parameter, whose name says
+            # which module owns it.
+            named = getattr(getattr(node, "variable", None), "__dict__", {}).get("_md_name")
+            return named[1].rpartition(".")[0] if named and named[0] == "param" else default
         i = bisect.bisect_right(self.seqs, seq) - 1
-        if i < 0 or seq >= _SEQ_NONE:
-            return default
-        return self.modules[i]
+        return self.modules[i] if i >= 0 else default
 
 
 _SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
