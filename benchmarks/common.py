@@ -16,14 +16,19 @@ def machine() -> str:
 
 
 def best_of(fn, repeat: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` in seconds after ``warmup`` runs."""
+    """Median CPU time of ``fn()`` in seconds after ``warmup`` runs.
+
+    CPU time of this process rather than wall time: the work is
+    single-threaded (``torch.set_num_threads(1)``), so on an idle machine the
+    two agree, and on a shared one CPU time is not inflated by other work.
+    """
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 
 from . import _compat
-from .tensor import META, MetaTensor, in_kernel, wrap
+from .tensor import META, MetaTensor, wrap
+from .trace import TensorMeta
 
 __all__ = ["MetaCache", "UNCACHABLE"]
 
@@ -69,6 +70,24 @@ class MetaCache:
                 parts.append(k)
         return tuple(parts)
 
+    @staticmethod
+    def key_from_encoded(func, enc_args, enc_kwargs, device, extra):
+        """The same key, from the TensorMeta records the recorder already made."""
+        parts = [func, device, extra]
+        for a in enc_args:
+            k = _enc_key(a)
+            if k is UNCACHABLE:
+                return None
+            parts.append(k)
+        if enc_kwargs:
+            for name, v in enc_kwargs.items():
+                k = _enc_key(v)
+                if k is UNCACHABLE:
+                    return None
+                parts.append(name)
+                parts.append(k)
+        return tuple(parts)
+
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
         """``tensors``: the call's tensor arguments, in dispatch order."""
@@ -95,6 +114,24 @@ def _arg_key(a):
                 return UNCACHABLE
             parts.append(k)
         return (type(a), tuple(parts))
+    return UNCACHABLE
+
+
+def _enc_key(a):
+    if type(a) is TensorMeta:
+        # shape, dtype, stride, offset, device; conj/neg bits are not in a
+        # TensorMeta, and only complex tensors can have them.
+        return UNCACHABLE if a.dtype.is_complex else a[1:6]
+    if isinstance(a, _HASHABLE):
+        return (type(a), a)
+    if type(a) is tuple:
+        parts = []
+        for x in a:
+            k = _enc_key(x)
+            if k is UNCACHABLE:
+                return UNCACHABLE
+            parts.append(k)
+        return (tuple, tuple(parts))
     return UNCACHABLE
 
 
@@ -135,17 +172,17 @@ def _recipe_one(out, inputs):
 def _build(recipe, inputs, device):
     kind = recipe[0]
     if kind == "fresh":
+        # No mode is on the stack while a dispatch handler runs, and no
+        # MetaTensor is involved: a plain meta factory call.
         _, shape, stride, offset, dtype = recipe
-        with in_kernel():
-            elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
-            if offset:
-                elem = elem.as_strided(shape, stride, offset)
+        elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
+        if offset:
+            elem = elem.as_strided(shape, stride, offset)
         return wrap(elem, device)
     if kind == "view":
         _, i, shape, stride, offset, dtype = recipe
-        base = inputs[i]
-        with in_kernel():
-            elem = torch.as_strided(base, shape, stride, offset)
+        with _compat.no_python_dispatch():  # the base is a MetaTensor
+            elem = torch.as_strided(inputs[i], shape, stride, offset)
         return wrap(elem, device)
     if kind == "same":
         return inputs[recipe[1]]

@@ -39,7 +39,8 @@ def dispatch(func, args, kwargs, mode):
     note = None
     try:
         try:
-            out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors)
+            out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors,
+                                 pending if recording else None)
         except (DataDependentError, UnsupportedOpError) as e:
             # Inputs built from constants alone are answered from their real
             # values (Note [Known values] in known.py).  Else, under md.check
@@ -66,12 +67,16 @@ def dispatch(func, args, kwargs, mode):
     return result
 
 
-def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors):
+def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encoded):
     """Route the call, or rebuild its outputs from the mode's metadata cache."""
     cache = mode.cache if mode is not None else None
     if cache is None or not f.cacheable:
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
-    key = cache.key(func, args, kwargs, device, (registry.version(), mode.device))
+    extra = (registry.version(), mode.device)
+    if encoded is not None:
+        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, extra)
+    else:
+        key = cache.key(func, args, kwargs, device, extra)
     if key is None:
         cache.bypasses += 1
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)

@@ -168,8 +168,9 @@ class Recorder:
         return x
 
     def encode_inputs(self, args: tuple, kwargs: dict):
-        enc_args = tuple(self.encode(a) for a in args)
-        enc_kwargs = {k: self.encode(v) for k, v in kwargs.items()} if kwargs else None
+        encode = self.encode
+        enc_args = tuple([encode(a) for a in args])
+        enc_kwargs = {k: encode(v) for k, v in kwargs.items()} if kwargs else None
         return enc_args, enc_kwargs
 
     def _out(self, o):
