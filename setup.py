@@ -18,7 +18,7 @@ setup(
     extras_require={
         "hf": ["transformers>=4.45"],
         "plot": ["matplotlib"],
-        "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45"],
+        "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45", "matplotlib"],
     },
     entry_points={
         "console_scripts": ["metadispatch = metadispatch.__main__:main"],

@@ -90,10 +90,10 @@ def save_perfetto(trace: Trace, path, flops=None, memory=None) -> None:
 def save_plot(trace: Trace, path, memory=None) -> None:
     """A PNG of live bytes per category over the calls, with the peak marked."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only; never open a window
-        import matplotlib.pyplot as plt
+        # The object API with an Agg canvas: no pyplot, so no backend switch
+        # and no global figure state left behind in the user's process.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]") from e
     memory = memory if memory is not None else measure(trace)
@@ -101,7 +101,9 @@ def save_plot(trace: Trace, path, memory=None) -> None:
     xs = range(len(memory.timeline))
     series = [(c, [b / gib for b in memory.by_category_timeline[c]]) for c in CATEGORIES
               if any(memory.by_category_timeline[c])]
-    fig, ax = plt.subplots(figsize=(10, 4), dpi=100)
+    fig = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     if series:
         ax.stackplot(xs, *[s for _, s in series], labels=[c for c, _ in series])
     if memory.peak_call is not None:
@@ -113,4 +115,3 @@ def save_plot(trace: Trace, path, memory=None) -> None:
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
