@@ -97,7 +97,9 @@ def save_plot(trace: Trace, path, memory=None) -> None:
     except ImportError as e:
         raise ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]") from e
     memory = memory if memory is not None else measure(trace)
-    gib = 2 ** 30
+    # The largest binary unit the peak fills at least once.
+    unit, gib = next(((u, 2 ** e) for u, e in (("GiB", 30), ("MiB", 20), ("KiB", 10))
+                      if memory.peak >= 2 ** e), ("B", 1))
     xs = range(len(memory.timeline))
     series = [(c, [b / gib for b in memory.by_category_timeline[c]]) for c in CATEGORIES
               if any(memory.by_category_timeline[c])]
@@ -108,10 +110,10 @@ def save_plot(trace: Trace, path, memory=None) -> None:
         ax.stackplot(xs, *[s for _, s in series], labels=[c for c, _ in series])
     if memory.peak_call is not None:
         ax.axvline(memory.peak_call, color="k", linestyle=":", linewidth=1)
-        ax.annotate(f"peak {memory.peak / gib:.2f} GiB", (memory.peak_call, memory.peak / gib),
+        ax.annotate(f"peak {memory.peak / gib:.2f} {unit}", (memory.peak_call, memory.peak / gib),
                     textcoords="offset points", xytext=(4, -12), fontsize=8)
     ax.set_xlabel("call")
-    ax.set_ylabel("live GiB")
+    ax.set_ylabel(f"live {unit}")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
