@@ -30,8 +30,7 @@ _CROSS_DEVICE = {
 
 def dispatch(func, args, kwargs, mode):
     f = facts(func)
-    convert = mode.from_tensor if mode is not None else Converter()
-    args, kwargs, tensors = _convert(args, kwargs, convert)
+    args, kwargs, tensors = _convert(args, kwargs, _Lazy(mode))
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record
     if recording:
@@ -102,32 +101,57 @@ def _written_keys(f, args, kwargs):
 
 
 def _convert(args, kwargs, convert):
-    """Replace real tensors by MetaTensors; collect the tensor arguments."""
+    """Replace real tensors by MetaTensors; collect the tensor arguments.
+
+    The common case -- every tensor already a MetaTensor -- copies nothing.
+    """
     tensors = []
-    changed = False
-    new_args = list(args)
+    new_args = None
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
-            if type(a) is not MetaTensor and not isinstance(a, MetaTensor):
-                a = new_args[i] = convert(a)
-                changed = True
+            if type(a) is not MetaTensor:
+                if new_args is None:
+                    new_args = list(args)
+                a = new_args[i] = convert()(a)
             tensors.append(a)
-        elif type(a) in (list, tuple) and a and any(isinstance(x, torch.Tensor) for x in a):
-            items = [convert(x) if isinstance(x, torch.Tensor) and not isinstance(x, MetaTensor) else x
-                     for x in a]
-            tensors.extend(x for x in items if isinstance(x, torch.Tensor))
-            new_args[i] = type(a)(items)
-            changed = True
-    if changed:
+        elif type(a) in (list, tuple) and a:
+            items = None
+            for j, x in enumerate(a):
+                if isinstance(x, torch.Tensor):
+                    if type(x) is not MetaTensor:
+                        if items is None:
+                            items = list(a)
+                        x = items[j] = convert()(x)
+                    tensors.append(x)
+            if items is not None:
+                if new_args is None:
+                    new_args = list(args)
+                new_args[i] = type(a)(items)
+    if new_args is not None:
         args = tuple(new_args)
     if kwargs:
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
-                if not isinstance(v, MetaTensor):
+                if type(v) is not MetaTensor:
                     kwargs = dict(kwargs)
-                    v = kwargs[k] = convert(v)
+                    v = kwargs[k] = convert()(v)
                 tensors.append(v)
     return args, kwargs, tensors
+
+
+class _Lazy:
+    """The converter for real tensors, made on first need (rare outside a mode)."""
+
+    __slots__ = ("mode", "made")
+
+    def __init__(self, mode) -> None:
+        self.mode = mode
+        self.made = None
+
+    def __call__(self):
+        if self.made is None:
+            self.made = self.mode.from_tensor if self.mode is not None else Converter()
+        return self.made
 
 
 def _device(f, args, kwargs, tensors, mode):
