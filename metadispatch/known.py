@@ -38,7 +38,7 @@ from .tensor import MetaTensor
 __all__ = ["value_of", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 
 NOTE = "known value"
-DEFAULT_LIMIT = 1 << 16  # elements
+DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
 
 # Ops whose outputs hold uninitialised memory: never a known value.
 _GARBAGE = ("empty", "resize", "set_")
