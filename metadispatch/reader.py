@@ -5,21 +5,34 @@ operator registry and must name an existing overload; dtypes, layouts and
 memory formats must be values torch defines; constants are raw bytes.  Every
 problem raises :class:`TraceFormatError` naming the file and the JSON path of
 the bad value, so a bad file fails at load time, before replay runs anything.
+
+The tables (strings, ops, tensor records) are checked once each, a column at
+a time (Note [Tables, not trees] in serialize.py): a column passes a few
+C-level checks -- the set of its types, its minimum and maximum -- and only a
+column that fails them is walked in Python, to name the first bad entry.
+JSON paths are built only then, too.
 """
 
 from __future__ import annotations
 
 import base64
+from itertools import chain
 
 import torch
 
 from .errors import TraceFormatError
-from .trace import Leaf, OpCall, TensorMeta, Trace, _tensor_metas
+from .trace import Leaf, OpCall, TensorMeta, Trace
 
 __all__ = ["Reader", "resolve_op"]
 
 _KINDS = {"arg", "param", "buffer", "const", "input"}
-_PHASES = {"forward", "backward"}
+_PHASES = {"forward", "backward", "optimizer"}
+_INT = {int}
+_PLAIN = {type(None), bool, int, float, str}
+_TENSOR_COLUMNS = ("id", "shape", "dtype", "stride", "storage_offset", "device",
+                   "requires_grad", "storage")
+_LEAF_COLUMNS = ("tensor", "kind", "name", "value")
+_CALL_COLUMNS = ("op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
 
 
 class Reader:
@@ -28,14 +41,11 @@ class Reader:
     def __init__(self, name: str) -> None:
         self.name = name
         self.defined: set = set()  # tensor ids seen so far (leaves, outputs)
-        # A tensor appears once as an output and again as each use; records
-        # already checked are served from here (keyed by their contents).
-        self._tensors: dict = {}
-        self._dtypes: dict = {}
-        self._devices: dict = {}
+        self.strings: list = []
+        self.tensors: list = []  # TensorMeta, by index in the tensors table
 
-    def fail(self, where: str, what: str):
-        raise TraceFormatError(f"{self.name}: {where}: {what}")
+    def fail(self, where, what: str):
+        raise TraceFormatError(f"{self.name}: {_path(where)}: {what}")
 
     def field(self, d, key: str, where: str, types):
         if not isinstance(d, dict) or key not in d:
@@ -47,81 +57,182 @@ class Reader:
 
     def trace(self, doc: dict) -> Trace:
         t = Trace()
-        for i, ld in enumerate(self.field(doc, "leaves", "file", list)):
-            leaf = self.leaf(ld, f"leaves[{i}]")
+        self.strings = self.field(doc, "strings", "file", list)
+        if not set(map(type, self.strings)) <= {str}:
+            self.first_bad(self.strings, "strings", lambda s: type(s) is str, "expected a string")
+        ops = [self.op(name, f"ops[{i}]") for i, name in enumerate(self.field(doc, "ops", "file", list))]
+        self.tensors = self.tensor_table(self.columns(doc, "tensors", _TENSOR_COLUMNS))
+        for leaf in self.leaves(self.columns(doc, "leaves", _LEAF_COLUMNS)):
             t.leaves[leaf.meta.id] = leaf
-            self.defined.add(leaf.meta.id)
-        for i, cd in enumerate(self.field(doc, "calls", "file", list)):
-            t.calls.append(self.call(cd, i))
-        t.output_meta = self.value(doc.get("output"), "output")
-        for k, v in self.field(doc, "grads", "file", dict).items():
-            t.grads[k] = self.tensor_ref(v, f"grads.{k}")
+        t.calls = self.calls(self.columns(doc, "calls", _CALL_COLUMNS), ops)
+        t.output_meta = self.value(doc.get("output"), "output", _PLAIN_REF)
+        for k, i in self.field(doc, "grads", "file", dict).items():
+            t.grads[k] = self.ref(i, f"grads.{k}", _USE)
         t.modules = {str(k): str(v) for k, v in self.field(doc, "modules", "file", dict).items()}
         rng = doc.get("rng_state")
         t.rng_state = self.bytes_tensor(rng, "rng_state") if rng is not None else None
         deaths = doc.get("deaths")
         if deaths is not None:
-            t.deaths = {self.count(k, f"deaths.{k}"): self.count(v, f"deaths.{k}")
-                        for k, v in self.field(doc, "deaths", "file", dict).items()}
+            storages, calls = self.columns(doc, "deaths", ("storage", "call"))
+            self.counts(storages, "deaths.storage")
+            self.counts(calls, "deaths.call")
+            t.deaths = dict(zip(storages, calls))
         return t
 
-    def count(self, v, where: str) -> int:
-        """A non-negative integer, also from a JSON object key."""
-        if isinstance(v, str) and v.isdigit():
-            v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            self.fail(where, f"expected a non-negative integer, got {v!r}")
-        return v
+    # -- tables, a column at a time
 
-    def leaf(self, d, where: str) -> Leaf:
-        meta = self.tensor(self.field(d, "meta", where, dict), where + ".meta")
-        kind = self.field(d, "kind", where, str)
-        if kind not in _KINDS:
-            self.fail(where + ".kind", f"unknown leaf kind {kind!r}")
-        value = d.get("value")
-        if value is not None:
-            value = self.const(value, meta, where + ".value")
-        return Leaf(meta, kind, self.field(d, "name", where, str), value)
+    def columns(self, doc, name: str, names: tuple) -> list:
+        """The columns of table ``name``, each a list, all of one length."""
+        table = self.field(doc, name, "file", dict)
+        cols = [self.field(table, c, name, list) for c in names]
+        for c, col in zip(names, cols):
+            if len(col) != len(cols[0]):
+                self.fail(f"{name}.{c}", f"{len(col)} entries, but {name}.{names[0]} has {len(cols[0])}")
+        return cols
 
-    def call(self, d, i: int) -> OpCall:
-        where = f"calls[{i}]"
-        op = self.field(d, "op", where, str)
-        func = resolve_op(op)
+    def first_bad(self, col: list, where: str, ok, what: str):
+        """Fail naming the first entry of ``col`` that ``ok`` rejects."""
+        for i, v in enumerate(col):
+            if not ok(v):
+                self.fail(f"{where}[{i}]", f"{what}, got {v!r}")
+        raise AssertionError(f"{where}: a column check failed but no entry is bad")
+
+    def counts(self, col: list, where: str) -> None:
+        """Every entry a non-negative integer."""
+        if not (set(map(type, col)) <= _INT and (not col or min(col) >= 0)):
+            self.first_bad(col, where, _is_count, "expected a non-negative integer")
+
+    def indexes(self, col: list, n: int, where: str, what: str, nullable: bool = False) -> None:
+        """Every entry an index into a table of ``n`` (or null, where ``nullable``)."""
+        ints = [i for i in col if i is not None] if nullable else col
+        if not (set(map(type, ints)) <= _INT and (not ints or (min(ints) >= 0 and max(ints) < n))):
+            self.first_bad(col, where, lambda i: (i is None and nullable) or _is_count(i) and i < n,
+                           f"expected an index into {what} (which has {n} entries)")
+
+    def strs(self, col: list, where: str, nullable: bool = False) -> list:
+        """A column of indexes into ``strings``, as the strings."""
+        strings = self.strings
+        self.indexes(col, len(strings), where, "strings", nullable)
+        if nullable:
+            return [None if i is None else strings[i] for i in col]
+        return list(map(strings.__getitem__, col))
+
+    def sizes(self, col: list, where: str, what: str) -> None:
+        """Every entry a list of non-negative integers (a shape or strides)."""
+        if set(map(type, col)) <= {list}:
+            flat = list(chain.from_iterable(col))
+            if set(map(type, flat)) <= _INT and (not flat or min(flat) >= 0):
+                return
+        for i, seq in enumerate(col):
+            if not isinstance(seq, list) or not all(type(s) is int for s in seq):
+                self.fail(f"{where}[{i}]", f"{what}s must be a list of integers, got {seq!r}")
+            if seq and min(seq) < 0:
+                self.fail(f"{where}[{i}]", f"negative {what} in {seq}")
+
+    def tensor_table(self, cols: list) -> list:
+        ids, shapes, dtypes, strides, offsets, devices, rgs, storages = cols
+        self.counts(ids, "tensors.id")
+        self.sizes(shapes, "tensors.shape", "size")
+        self.sizes(strides, "tensors.stride", "stride")
+        if list(map(len, shapes)) != list(map(len, strides)):
+            self.first_bad(list(zip(shapes, strides)), "tensors.stride",
+                           lambda p: len(p[0]) == len(p[1]), "(shape, stride) differ in length")
+        self.counts(offsets, "tensors.storage_offset")
+        self.counts(storages, "tensors.storage")
+        if not set(map(type, rgs)) <= {bool}:
+            self.first_bad(rgs, "tensors.requires_grad", lambda v: type(v) is bool,
+                           "expected true or false")
+        dtypes = self.strs(dtypes, "tensors.dtype")
+        devices = self.strs(devices, "tensors.device")
+        by_dtype = {n: self.dtype(n, f"tensors.dtype[{dtypes.index(n)}]") for n in set(dtypes)}
+        by_device = {n: self.device(n, f"tensors.device[{devices.index(n)}]") for n in set(devices)}
+        return list(map(TensorMeta, ids, map(tuple, shapes), map(by_dtype.__getitem__, dtypes),
+                        map(tuple, strides), offsets, map(by_device.__getitem__, devices), rgs,
+                        storages))
+
+    def leaves(self, cols: list) -> list:
+        tensors, kinds, names, values = cols
+        self.indexes(tensors, len(self.tensors), "leaves.tensor", "tensors")
+        kinds = self.strs(kinds, "leaves.kind")
+        if not set(kinds) <= _KINDS:
+            self.first_bad(kinds, "leaves.kind", _KINDS.__contains__, "unknown leaf kind")
+        out = []
+        for i, (ti, kind, name, value) in enumerate(zip(tensors, kinds, self.strs(names, "leaves.name"),
+                                                        values)):
+            meta = self.tensors[ti]
+            if value is not None:
+                value = self.const(value, meta, f"leaves.value[{i}]")
+            out.append(Leaf(meta, kind, name, value))
+            self.defined.add(meta.id)
+        return out
+
+    def calls(self, cols: list, ops: list) -> list:
+        op_col, args_col, kwargs_col, outputs_col = cols[:4]
+        self.indexes(op_col, len(ops), "calls.op", "ops")
+        modules, phases, rules = (self.strs(c, f"calls.{n}") for c, n in zip(
+            cols[4:7], ("module", "phase", "rule")))
+        if not set(phases) <= _PHASES:
+            self.first_bad(phases, "calls.phase", _PHASES.__contains__, "unknown phase")
+        sources, notes = self.strs(cols[7], "calls.source", True), self.strs(cols[8], "calls.note", True)
+        calls, value, seq = [], self.value, self.seq
+        for i, (oi, args, kwargs, outputs) in enumerate(zip(op_col, args_col, kwargs_col, outputs_col)):
+            func, name, n_args, n_returns = ops[oi]
+            if type(args) is not list or len(args) > n_args:
+                self.fail(("calls.args", i), _misfit("arguments", args, name, n_args))
+            if type(outputs) is not list or len(outputs) > n_returns:
+                self.fail(("calls.outputs", i), _misfit("outputs", outputs, name, n_returns))
+            if type(kwargs) is not dict:
+                self.fail(("calls.kwargs", i), f"expected an object, got {type(kwargs).__name__}")
+            args = seq(args, ("calls.args", i), _USE)
+            if kwargs:
+                kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
+            outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
+            calls.append(OpCall(i, func, name, args, kwargs or None, outputs, modules[i], phases[i],
+                                rules[i], sources[i], notes[i]))
+        return calls
+
+    def op(self, name, where: str) -> tuple:
+        """``(OpOverload, name, number of arguments, number of returns)``."""
+        func = resolve_op(name) if isinstance(name, str) else None
         if func is None:
-            self.fail(where + ".op", f"unknown op {op!r}: this torch ({torch.__version__}) "
+            self.fail(where, f"unknown op {name!r}: this torch ({torch.__version__}) "
                       "has no such operator overload")
-        args = self.value(self.field(d, "args", where, list), where + ".args", uses=True)
-        kwargs = {k: self.value(v, f"{where}.kwargs.{k}", uses=True)
-                  for k, v in self.field(d, "kwargs", where, dict).items()}
-        outputs = self.value(self.field(d, "outputs", where, list), where + ".outputs")
-        schema = func._schema
-        if len(args) > len(schema.arguments) or len(outputs) > len(schema.returns):
-            self.fail(where, f"{len(args)} arguments and {len(outputs)} outputs do not fit "
-                      f"the schema of {op}: {schema}")
-        self.defined.update(m.id for m in _tensor_metas(outputs))
-        phase = self.field(d, "phase", where, str)
-        if phase not in _PHASES:
-            self.fail(where + ".phase", f"unknown phase {phase!r}")
-        opt = (str, type(None))
-        return OpCall(i, func, op, tuple(args), kwargs or None, tuple(outputs),
-                      self.field(d, "module", where, str), phase,
-                      self.field(d, "rule", where, str), self.field(d, "source", where, opt),
-                      self.field(d, "note", where, opt))
+        return func, name, len(func._schema.arguments), len(func._schema.returns)
 
-    def value(self, x, where: str, uses: bool = False):
-        if x is None or isinstance(x, (bool, int, str, float)):
+    # -- values
+
+    def value(self, x, where, mode: int):
+        t = type(x)
+        if t is dict:
+            if len(x) == 1 and "t" in x:
+                return self.ref(x["t"], where, mode)
+            return self.tagged(x, where, mode)
+        if t is list:
+            return self.seq(x, where, mode)
+        if t in _PLAIN:
             return x
-        if isinstance(x, list):
-            return tuple(self.value(y, f"{where}[{i}]", uses) for i, y in enumerate(x))
-        if not isinstance(x, dict) or len(x) != 1:
+        self.fail(where, "expected a value or a one-key tagged object")
+
+    def seq(self, xs: list, where, mode: int) -> tuple:
+        """``value`` of each of ``xs``, with tensor references (most arguments) taken first."""
+        if set(map(type, xs)) <= _PLAIN:  # [1, 0], shapes, scalars
+            return tuple(xs)
+        ref, value = self.ref, self.value
+        return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
+                      else value(x, (where, k), mode) for k, x in enumerate(xs)])
+
+    def tagged(self, x: dict, where, mode: int):
+        if len(x) != 1:
             self.fail(where, "expected a value or a one-key tagged object")
         (tag, v), = x.items()
-        if tag == "tensor":
-            return self.tensor_ref(x, where) if uses else self.tensor(x, where)
         if tag == "dict":
             if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
                 self.fail(where, "a dict must be a list of [key, value] pairs")
-            return {self.value(k, where): self.value(val, f"{where}.{k}", uses) for k, val in v}
+            try:
+                return {self.value(k, where, _PLAIN_REF): self.value(val, (where, str(k)), mode)
+                        for k, val in v}
+            except TypeError:  # a key that decodes to a dict
+                self.fail(where, "a dict key must be a plain value")
         decode = _TAGS.get(tag)
         if decode is None:
             self.fail(where, f"unknown tag {tag!r}")
@@ -130,64 +241,29 @@ class Reader:
         except (TypeError, ValueError, AttributeError, RuntimeError):
             self.fail(where, f"bad {tag} value {v!r}")
 
-    def tensor_ref(self, x, where: str) -> TensorMeta:
-        m = self.tensor(x, where)
-        if m.id not in self.defined:
-            self.fail(where, f"tensor ${m.id} is used before any leaf or call defines it")
+    def ref(self, i, where, mode: int) -> TensorMeta:
+        """The tensor record at index ``i``; a use must follow its definition."""
+        if type(i) is not int or not 0 <= i < len(self.tensors):
+            self.fail(where, f"no tensor record {i!r} (tensors has {len(self.tensors)})")
+        m = self.tensors[i]
+        if mode == _USE:
+            if m.id not in self.defined:
+                self.fail(where, f"tensor ${m.id} is used before any leaf or call defines it")
+        elif mode == _DEFINE:
+            self.defined.add(m.id)
         return m
-
-    def tensor(self, x, where: str) -> TensorMeta:
-        v = self.field(x, "tensor", where, list)
-        if len(v) != 8:
-            self.fail(where, f"a tensor record has 8 fields, got {len(v)}")
-        tid, shape, dtype, stride, offset, device, rg, storage = v
-        try:
-            key = (tid, tuple(shape), dtype, tuple(stride), offset, device, rg, storage)
-            hit = self._tensors.get(key)
-        except TypeError:  # unhashable parts: let the checks below say what
-            key = hit = None
-        if hit is not None:
-            return hit
-        self.nonneg(tid, where + " id")
-        self.nonneg(offset, where + " storage offset")
-        self.nonneg(storage, where + " storage number")
-        for what, seq in (("size", shape), ("stride", stride)):
-            if not isinstance(seq, list) or not all(type(s) is int for s in seq):
-                self.fail(where, f"{what}s must be a list of integers, got {seq!r}")
-            if seq and min(seq) < 0:
-                self.fail(where, f"negative {what} in {seq}")
-        if len(shape) != len(stride):
-            self.fail(where, f"shape {shape} and stride {stride} differ in length")
-        if not isinstance(rg, bool):
-            self.fail(where, "requires_grad must be true or false")
-        m = TensorMeta(tid, tuple(shape), self.dtype(dtype, where), tuple(stride), offset,
-                       self.device(device, where), rg, storage)
-        if key is not None:
-            self._tensors[key] = m
-        return m
-
-    def nonneg(self, v, where: str) -> None:
-        if not _is_int(v) or v < 0:
-            self.fail(where, f"expected a non-negative integer, got {v!r}")
 
     def dtype(self, name, where: str) -> torch.dtype:
-        d = self._dtypes.get(name) if isinstance(name, str) else None
-        if d is None:
-            d = getattr(torch, name, None) if isinstance(name, str) else None
-            if not isinstance(d, torch.dtype):
-                self.fail(where, f"unknown dtype {name!r}")
-            self._dtypes[name] = d
+        d = getattr(torch, name, None) if isinstance(name, str) and not name.startswith("_") else None
+        if not isinstance(d, torch.dtype):
+            self.fail(where, f"unknown dtype {name!r}")
         return d
 
     def device(self, name, where: str) -> torch.device:
-        d = self._devices.get(name) if isinstance(name, str) else None
-        if d is None:
-            try:
-                d = torch.device(name)
-            except (TypeError, RuntimeError):
-                self.fail(where, f"bad device {name!r}")
-            self._devices[name] = d
-        return d
+        try:
+            return torch.device(name)
+        except (TypeError, RuntimeError):
+            self.fail(where, f"bad device {name!r}")
 
     def const(self, d, meta: TensorMeta, where: str) -> torch.Tensor:
         dtype = self.dtype(self.field(d, "dtype", where, str), where)
@@ -207,6 +283,25 @@ class Reader:
             self.fail(where, "data is not base64")
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(
             0, dtype=torch.uint8)
+
+
+# What a tensor reference means where it appears: a use (its id must be
+# defined already), a definition (a call's output), or neither (trace output).
+_PLAIN_REF, _USE, _DEFINE = 0, 1, 2
+
+
+def _path(where) -> str:
+    """A JSON path from nested ``(parent, key)`` pairs, built only for a message."""
+    if not isinstance(where, tuple):
+        return str(where)
+    parent, key = where
+    return f"{_path(parent)}[{key}]" if isinstance(key, int) else f"{_path(parent)}.{key}"
+
+
+def _misfit(what: str, v, op: str, n: int) -> str:
+    if type(v) is not list:
+        return f"expected a list of {what}, got {type(v).__name__}"
+    return f"{len(v)} {what} do not fit the schema of {op}, which has {n}"
 
 
 def _decode_float(v):
@@ -260,8 +355,8 @@ def resolve_op(name: str):
     return func if isinstance(func, torch._ops.OpOverload) else None
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0
 
 
 def _tuple(t):

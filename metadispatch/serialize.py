@@ -4,6 +4,16 @@ The format is described in ``docs/trace-format.md``.  Loading is data only:
 nothing in the file is executed -- no pickle, no ``eval``, no ``torch.load``;
 ``reader.py`` checks every value as it decodes it.
 
+Note [Tables, not trees]
+A tensor is recorded once as an output and again at every use, and a model
+runs the same few ops with the same few module names thousands of times.
+Version 1 wrote each of those in full, and saving, parsing and checking the
+repeats cost more than recording the trace.  Version 2 writes each distinct
+tensor record, op name and string once, in tables, and everything else refers
+to them by index; the tables and the calls are stored column by column, so the
+reader checks a whole column of indexes or sizes with a few C-level passes
+instead of one Python call per value.
+
 Limits: ``trace.output`` (the MetaTensors ``fn`` returned) is not saved, only
 ``output_meta``; containers other than tuples, lists and dicts (such as a
 Hugging Face ``ModelOutput``) come back as plain dicts or tuples.
@@ -22,12 +32,12 @@ import torch
 
 from .errors import TraceFormatError
 from .reader import Reader
-from .trace import Leaf, OpCall, TensorMeta, Trace
+from .trace import OpCall, TensorMeta, Trace
 
 __all__ = ["save", "load", "FORMAT", "VERSION"]
 
 FORMAT = "metadispatch.trace"
-VERSION = 1
+VERSION = 2  # 1: every tensor record written in full at each use (unreadable now)
 
 
 # -- writing
@@ -42,35 +52,124 @@ def save(trace: Trace, path) -> None:
     >>> str(md.Trace.load(path)) == str(t)
     True
     """
-    doc = {
-        "format": FORMAT, "version": VERSION, "torch": torch.__version__,
-        "leaves": [_leaf_doc(leaf) for leaf in trace.leaves.values()],
-        "calls": [_call_doc(c) for c in trace.calls],
-        "output": _enc(trace.output_meta, "output"),
-        "grads": {k: _enc(m, f"grads.{k}") for k, m in trace.grads.items()},
-        "modules": dict(trace.modules),
-        "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
-        # storage number -> index of the first call after it was freed
-        "deaths": ({str(k): v for k, v in trace.deaths.items()} if trace.deaths is not None else None),
-    }
-    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    data = json.dumps(_Writer().document(trace), allow_nan=False, check_circular=False,
+                      separators=(",", ":")).encode()
     if str(path).endswith(".gz"):
-        data = gzip.compress(data, compresslevel=5, mtime=0)  # 9 costs 3x the time for 5% less
+        # The document is mostly small integers; higher levels cost several
+        # times the time for a few percent less.
+        data = gzip.compress(data, compresslevel=1, mtime=0)
     with open(path, "wb") as f:
         f.write(data)
 
 
-def _leaf_doc(leaf: Leaf) -> dict:
-    return {"meta": _enc(leaf.meta, "leaf"), "kind": leaf.kind, "name": leaf.name,
-            "value": _value_doc(leaf.value) if leaf.value is not None else None}
+class _Writer:
+    """Builds the version-2 document: tables of strings, ops and tensor records."""
+
+    def __init__(self) -> None:
+        self.strings: dict[str, int] = {}
+        self.ops: dict[str, int] = {}
+        self.refs: dict[TensorMeta, dict] = {}  # record -> its {"t": index}, shared
+
+    def document(self, trace: Trace) -> dict:
+        leaves = _columns(_LEAF_COLUMNS, map(self.leaf, trace.leaves.values()))
+        calls = _columns(_CALL_COLUMNS, map(self.call, trace.calls))
+        output = self.enc(trace.output_meta, "output")
+        grads = {k: self.ref(m)["t"] for k, m in trace.grads.items()}
+        tensors = self.tensors()  # last: it adds the dtype and device strings
+        deaths = trace.deaths
+        return {
+            "format": FORMAT, "version": VERSION, "torch": torch.__version__,
+            "strings": list(self.strings), "ops": list(self.ops), "tensors": tensors,
+            "leaves": leaves, "calls": calls,
+            "output": output, "grads": grads, "modules": dict(trace.modules),
+            "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
+            "deaths": ({"storage": list(deaths), "call": list(deaths.values())}
+                       if deaths is not None else None),
+        }
+
+    def s(self, text: str) -> int:
+        i = self.strings.get(text)
+        if i is None:
+            i = self.strings[text] = len(self.strings)
+        return i
+
+    def ref(self, m: TensorMeta) -> dict:
+        r = self.refs.get(m)
+        if r is None:
+            r = self.refs[m] = {"t": len(self.refs)}
+        return r
+
+    def tensors(self) -> dict:
+        ms = list(self.refs)  # dicts keep insertion order: index order
+        dtypes = {d: self.s(_dtype_name(d)) for d in {m.dtype for m in ms}}
+        devices = {d: self.s(str(d)) for d in {m.device for m in ms}}
+        return {"id": [m.id for m in ms], "shape": [m.shape for m in ms],
+                "dtype": [dtypes[m.dtype] for m in ms], "stride": [m.stride for m in ms],
+                "storage_offset": [m.storage_offset for m in ms],
+                "device": [devices[m.device] for m in ms],
+                "requires_grad": [m.requires_grad for m in ms], "storage": [m.storage for m in ms]}
+
+    def leaf(self, leaf) -> tuple:
+        value = _value_doc(leaf.value) if leaf.value is not None else None
+        return self.ref(leaf.meta)["t"], self.s(leaf.kind), self.s(leaf.name), value
+
+    def call(self, c: OpCall) -> tuple:
+        op = self.ops.get(c.op)
+        if op is None:
+            op = self.ops[c.op] = len(self.ops)
+        s, i = self.s, c.index
+        kwargs = {k: self.enc(v, i) for k, v in c.kwargs.items()} if c.kwargs else _NONE
+        return (op, self.seq(c.args, i), kwargs, self.seq(c.outputs, i), s(c.module), s(c.phase),
+                s(c.rule), None if c.source is None else s(c.source),
+                None if c.note is None else s(c.note))
+
+    def seq(self, xs: tuple, i: int) -> list:
+        """``enc`` of each of ``xs``, with tensors (most arguments) taken first."""
+        ref, enc = self.ref, self.enc
+        return [ref(x) if type(x) is TensorMeta else enc(x, i) for x in xs]
+
+    def enc(self, x, where):
+        """Plain JSON for recorded values; tagged objects for everything else.
+
+        ``where`` is the call index, or the name of what holds ``x``.
+        """
+        t = type(x)
+        if t is TensorMeta:
+            return self.ref(x)
+        if x is None or t is int or t is bool or t is str:
+            return x
+        if t is tuple or t is list:
+            return self.seq(x, where)
+        if isinstance(x, float):
+            return x if math.isfinite(x) else {"float": repr(x)}
+        if isinstance(x, (int, str)):
+            return x
+        if isinstance(x, torch.dtype):
+            return {"dtype": _dtype_name(x)}
+        if isinstance(x, torch.device):
+            return {"device": str(x)}
+        if isinstance(x, torch.layout):
+            return {"layout": str(x).removeprefix("torch.")}
+        if isinstance(x, torch.memory_format):
+            return {"memory_format": str(x).removeprefix("torch.")}
+        if isinstance(x, complex):
+            return {"complex": [repr(x.real), repr(x.imag)]}
+        if isinstance(x, dict):
+            return {"dict": [[self.enc(k, where), self.enc(v, where)] for k, v in x.items()]}
+        where = f"calls[{where}]" if type(where) is int else where
+        raise TypeError(f"cannot save {t.__name__} in {where}: not a recorded value type")
 
 
-def _call_doc(c: OpCall) -> dict:
-    where = f"calls[{c.index}]"
-    return {"op": c.op, "args": _enc(c.args, where + ".args"),
-            "kwargs": {k: _enc(v, f"{where}.kwargs.{k}") for k, v in c.kwargs.items()},
-            "outputs": _enc(c.outputs, where + ".outputs"), "module": c.module,
-            "phase": c.phase, "rule": c.rule, "source": c.source, "note": c.note}
+_NONE: dict = {}
+_LEAF_COLUMNS = ("tensor", "kind", "name", "value")
+_CALL_COLUMNS = ("op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
+_DTYPE_NAMES: dict = {}
+
+
+def _columns(names: tuple, rows) -> dict:
+    """Rows of equal length as a table: one list per column, by name."""
+    cols = list(zip(*rows)) or [()] * len(names)
+    return {name: list(col) for name, col in zip(names, cols)}
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -83,33 +182,10 @@ def _value_doc(t: torch.Tensor) -> dict:
 
 
 def _dtype_name(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
-
-
-def _enc(x, where: str):
-    """Plain JSON for recorded values; tagged objects for everything else."""
-    if x is None or isinstance(x, (bool, int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else {"float": repr(x)}
-    if isinstance(x, TensorMeta):
-        return {"tensor": [x.id, list(x.shape), _dtype_name(x.dtype), list(x.stride),
-                           x.storage_offset, str(x.device), x.requires_grad, x.storage]}
-    if isinstance(x, torch.dtype):
-        return {"dtype": _dtype_name(x)}
-    if isinstance(x, torch.device):
-        return {"device": str(x)}
-    if isinstance(x, torch.layout):
-        return {"layout": str(x).removeprefix("torch.")}
-    if isinstance(x, torch.memory_format):
-        return {"memory_format": str(x).removeprefix("torch.")}
-    if isinstance(x, complex):
-        return {"complex": [repr(x.real), repr(x.imag)]}
-    if isinstance(x, (tuple, list)):
-        return [_enc(y, f"{where}[{i}]") for i, y in enumerate(x)]
-    if isinstance(x, dict):
-        return {"dict": [[_enc(k, where), _enc(v, f"{where}.{k}")] for k, v in x.items()]}
-    raise TypeError(f"cannot save {type(x).__name__} at {where}: not a recorded value type")
+    name = _DTYPE_NAMES.get(d)
+    if name is None:  # str(dtype) is slow: a dozen microseconds
+        name = _DTYPE_NAMES[d] = str(d).removeprefix("torch.")
+    return name
 
 
 # -- reading

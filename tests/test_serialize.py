@@ -81,27 +81,58 @@ def _edit(doc, path, value):
     return doc
 
 
+def _edit_string(doc, path, text):
+    """Point ``path`` (a column entry holding a string index) at a new string ``text``."""
+    doc = _edit(doc, ["strings"], doc["strings"] + [text])
+    return _edit(doc, path, len(doc["strings"]) - 1)
+
+
+# Paths in the good document: calls 0..2 are permute, mm, relu; tensors 0..3
+# are the records of ids $0..$3; strings hold "float32" and "cpu".
 _BAD_DOCS = {
     "unknown version": (lambda d: _edit(d, ["version"], 99), "unknown format version 99"),
+    "version 1": (lambda d: _edit(d, ["version"], 1), "unknown format version 1"),
     "not a trace": (lambda d: {"hello": "world"}, "not a trace"),
     "a JSON list": (lambda d: [1, 2, 3], "not a trace"),
-    "unknown op": (lambda d: _edit(d, ["calls", 1, "op"], "aten.no_such_op.default"),
-                   "calls[1].op: unknown op 'aten.no_such_op.default'"),
-    "python in op": (lambda d: _edit(d, ["calls", 0, "op"], "__import__('os').system('x')"),
-                     "calls[0].op: unknown op"),
-    "negative size": (lambda d: _edit(d, ["leaves", 0, "meta", "tensor", 1], [2, -3]),
-                      "leaves[0].meta: negative size in [2, -3]"),
-    "negative offset": (lambda d: _edit(d, ["calls", 0, "outputs", 0, "tensor", 4], -1),
-                        "calls[0].outputs[0] storage offset"),
-    "unknown dtype": (lambda d: _edit(d, ["leaves", 0, "meta", "tensor", 2], "float99"),
-                      "unknown dtype 'float99'"),
-    "undefined id": (lambda d: _edit(d, ["calls", 1, "args", 0, "tensor", 0], 42),
-                     "calls[1].args[0]: tensor $42 is used before"),
-    "bad phase": (lambda d: _edit(d, ["calls", 2, "phase"], "sideways"), "calls[2].phase"),
-    "unknown tag": (lambda d: _edit(d, ["calls", 0, "args", 0], {"pickle": "gASV"}),
-                    "calls[0].args[0]: unknown tag 'pickle'"),
-    "too many args": (lambda d: _edit(d, ["calls", 2, "args"], [None] * 9), "do not fit the schema"),
+    "unknown op": (lambda d: _edit(d, ["ops", 1], "aten.no_such_op.default"),
+                   "ops[1]: unknown op 'aten.no_such_op.default'"),
+    "python in op": (lambda d: _edit(d, ["ops", 0], "__import__('os').system('x')"),
+                     "ops[0]: unknown op"),
+    "op index out of range": (lambda d: _edit(d, ["calls", "op", 2], 7),
+                              "calls.op[2]: expected an index into ops (which has 3 entries), got 7"),
+    "negative size": (lambda d: _edit(d, ["tensors", "shape", 0], [2, -3]),
+                      "tensors.shape[0]: negative size in [2, -3]"),
+    "float size": (lambda d: _edit(d, ["tensors", "shape", 1], [3.0, 2]),
+                   "tensors.shape[1]: sizes must be a list of integers"),
+    "negative offset": (lambda d: _edit(d, ["tensors", "storage_offset", 1], -1),
+                        "tensors.storage_offset[1]: expected a non-negative integer, got -1"),
+    "shape and stride lengths": (lambda d: _edit(d, ["tensors", "stride", 2], [1]),
+                                 "tensors.stride[2]: (shape, stride) differ in length"),
+    "short column": (lambda d: _edit(d, ["tensors", "storage"], [0, 0]),
+                     "tensors.storage: 2 entries, but tensors.id has 4"),
+    "unknown dtype": (lambda d: _edit(d, ["strings", d["strings"].index("float32")], "float99"),
+                      "tensors.dtype[0]: unknown dtype 'float99'"),
+    "undefined id": (lambda d: _edit(d, ["calls", "args", 1, 0], {"t": 3}),
+                     "calls.args[1][0]: tensor $3 is used before"),
+    "no such tensor record": (lambda d: _edit(d, ["calls", "args", 1, 1], {"t": 42}),
+                              "calls.args[1][1]: no tensor record 42 (tensors has 4)"),
+    "bad phase": (lambda d: _edit_string(d, ["calls", "phase", 2], "sideways"),
+                  "calls.phase[2]: unknown phase, got 'sideways'"),
+    "string index out of range": (lambda d: _edit(d, ["calls", "module", 1], -1),
+                                  "calls.module[1]: expected an index into strings"),
+    "unknown tag": (lambda d: _edit(d, ["calls", "args", 0, 0], {"pickle": "gASV"}),
+                    "calls.args[0][0]: unknown tag 'pickle'"),
+    "too many args": (lambda d: _edit(d, ["calls", "args", 2], [None] * 9),
+                      "calls.args[2]: 9 arguments do not fit the schema of aten.relu.default"),
 }
+
+
+def test_serialize_loads_optimizer_phase(tmp_path, good_doc):
+    # Saving a whole optimizer step is refused for now (its profiler ops
+    # return a ScriptObject), so this edits the phase in.
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(_edit_string(good_doc, ["calls", "phase", 2], "optimizer")))
+    assert md.Trace.load(path)[2].phase == "optimizer"
 
 
 @pytest.mark.parametrize("case", list(_BAD_DOCS))
@@ -159,9 +190,9 @@ def test_serialize_pickle_file_is_refused_and_not_run(tmp_path):
 def test_serialize_code_in_strings_is_never_run(tmp_path, good_doc):
     sentinel = tmp_path / "pwned"
     code = f"open({str(sentinel)!r}, 'w')"
-    doc = _edit(good_doc, ["calls", 0, "args", 1], code)  # a plain string argument
-    doc = _edit(doc, ["calls", 0, "module"], code)
-    doc = _edit(doc, ["leaves", 0, "name"], code)
+    doc = _edit(good_doc, ["calls", "args", 0, 1], code)  # a plain string argument
+    doc = _edit_string(doc, ["calls", "module", 0], code)
+    doc = _edit_string(doc, ["leaves", "name", 0], code)
     path = tmp_path / "t.json"
     path.write_text(json.dumps(doc))
     t = md.Trace.load(path)
