@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import known, registry
+from . import _compat, known, registry
 from .errors import DataDependentError, MetaDispatchError, UnsupportedOpError
 from .cache import UNCACHABLE, MetaCache
 from .router import route
@@ -30,6 +30,12 @@ _CROSS_DEVICE = {
 
 def dispatch(func, args, kwargs, mode):
     f = facts(func)
+    if f.passthrough:
+        # torch.profiler.record_function ranges (optimizers open one per
+        # step): no tensors, no semantics, and an opaque ScriptObject result
+        # a trace could neither save nor replay.
+        with _compat.no_python_dispatch():
+            return func(*args, **kwargs)
     args, kwargs, tensors = _convert(args, kwargs, _Lazy(mode))
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record

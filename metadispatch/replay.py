@@ -243,7 +243,7 @@ def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
             env[single.id] = result
             if check and not _same(single, result, device):
                 _check(call, (result,), device, mismatches, wrong)
-        else:
+        elif call.outputs:  # ops returning nothing (``_foreach_add_``) only mutate
             results = (result,) if len(call.outputs) == 1 else result
             for o, r in zip(call.outputs, results):
                 _bind(o, r, env)

@@ -34,6 +34,7 @@ class OpFacts:
     has_meta_kernel: bool
     mutates: bool
     cacheable: bool  # see cache.py, Note [What the key must hold]
+    passthrough: bool  # profiler annotations: run as they are, never recorded
 
 
 _CACHE: dict = {}
@@ -113,4 +114,5 @@ def _compute(func) -> OpFacts:
         has_meta_kernel=_compat.has_meta_kernel(name),
         mutates=mutates,
         cacheable=cacheable,
+        passthrough=name.startswith("profiler::"),
     )

@@ -225,3 +225,23 @@ def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")
     result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_replay_optimizer_step_runs_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+
+    def step(model, x):
+        model(x).pow(2).sum().backward()
+        torch.optim.AdamW(model.parameters(), fused=True).step()  # after backward: stand-ins
+
+    t = md.trace(step, model, x)
+    assert any(c.phase == "optimizer" and c.op == "aten._fused_adamw_.default" for c in t)
+    assert not any(c.op.startswith("profiler.") for c in t)  # record_function ranges skipped
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    r = md.replay(t, (model, x))
+    assert r.ok, r
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # given module untouched
+    t.save(tmp_path / "opt.json")
+    assert str(md.Trace.load(tmp_path / "opt.json")) == str(t)
