@@ -115,13 +115,38 @@ def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None
         if depth is not None and level > depth:
             continue
         s = stats.get(name, Counter())
-        label = "<top>" if not name else "  " * level + name.rpartition(".")[2]
-        if name in trace.modules:
-            label += f" ({trace.modules[name]})"
-        rows.append((label, s["fw calls"], s["bw calls"], fmt_count(s["fw FLOPs"]),
-                     fmt_count(s["bw FLOPs"]), fmt_bytes(s["params"]), fmt_bytes(s["act@peak"])))
+        cls = f" ({trace.modules[name]})" if name in trace.modules else ""
+        rows.append((level, name.rpartition(".")[2], cls,
+                     (s["fw calls"], s["bw calls"], fmt_count(s["fw FLOPs"]),
+                      fmt_count(s["bw FLOPs"]), fmt_bytes(s["params"]), fmt_bytes(s["act@peak"]))))
+    rows = [(("<top>" if not level else "  " * level + leaf) + cls, *cells)
+            for level, leaf, cls, cells in _fold_repeats(rows)]
     headers = ("module", "fw calls", "bw calls", "fw FLOPs", "bw FLOPs", "params", "act@peak")
     return "\n".join(render(headers, rows, width=width))
+
+
+def _fold_repeats(rows: list) -> list:
+    """Fold runs of identical sibling leaves (32 transformer blocks) into one row.
+
+    A run folds when its rows share level, class and every figure, and none
+    shows children; it keeps its first row and adds ``1-31 (Block, each as above)``.
+    """
+    out, i = [], 0
+    while i < len(rows):
+        j = i + 1
+        level, _, cls, cells = rows[i]
+        leaf_row = i + 1 >= len(rows) or rows[i + 1][0] <= level
+        while (leaf_row and j < len(rows) and rows[j][0] == level and rows[j][2] == cls
+               and rows[j][3] == cells and (j + 1 >= len(rows) or rows[j + 1][0] <= level)):
+            j += 1
+        out.append(rows[i])
+        if j - i > 2:
+            same = cls[:-1] + ", each as above)" if cls else " (each as above)"
+            out.append((level, f"{rows[i + 1][1]}-{rows[j - 1][1]}", same, cells))
+        else:
+            out.extend(rows[i + 1:j])
+        i = j
+    return out
 
 
 def _ancestors(module: str):

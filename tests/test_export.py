@@ -65,3 +65,15 @@ def test_tables_module_table_fits_width(trace):
     for width in (80, 60):
         text = md.module_table(trace, width=width)
         assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_module_table_folds_identical_siblings():
+    net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)], torch.nn.ReLU())
+    table = md.module_table(md.trace(lambda x: net(x).sum().backward(), torch.ones(2, 4)))
+    lines = [line.strip() for line in table.splitlines()]
+    # The first layer computes no input gradient, so it differs; 1..4 do not.
+    assert any(line.startswith("0 (Linear)") for line in lines)
+    assert any(line.startswith("1 (Linear)") for line in lines)
+    assert any(line.startswith("2-4 (Linear, each as above)") for line in lines)
+    assert not any(line.startswith("3 (Linear)") for line in lines)
+    assert any(line.startswith("5 (ReLU)") for line in lines)
