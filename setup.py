@@ -14,7 +14,7 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["metadispatch", "metadispatch.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.5"],
+    install_requires=["torch>=2.5", "numpy"],  # numpy: torch warns without it; trace files encode bytes through it
     extras_require={
         "hf": ["transformers>=4.45"],
         "plot": ["matplotlib"],
