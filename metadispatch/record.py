@@ -141,13 +141,14 @@ class Recorder:
         return self._next_id - 1
 
     def _storage_number(self, t: torch.Tensor) -> int:
-        key = _compat.storage_key(t)
+        storage = t.untyped_storage()
+        key = storage._cdata
         hit = self._live.get(key)
         if hit is not None:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
-        ref = weakref.ref(t.untyped_storage(), partial(self._died, key, n))
+        ref = weakref.ref(storage, partial(self._died, key, n))
         self._live[key] = (n, ref)
         return n
 
@@ -159,6 +160,8 @@ class Recorder:
     # -- calls
     def encode(self, x):
         """Arguments with tensors replaced by their TensorMeta."""
+        if type(x) is MetaTensor:  # the common case first
+            return self.meta_of(x)
         if isinstance(x, torch.Tensor):
             return self.meta_of(x)
         if type(x) in (list, tuple):
