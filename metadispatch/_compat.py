@@ -22,6 +22,7 @@ __all__ = [
     "dispatch_mode_stack",
     "has_meta_kernel",
     "decomposition_table",
+    "python_meta_kernel",
     "in_backward",
     "in_checkpoint_recompute",
     "disabled_torch_function",
@@ -59,6 +60,13 @@ def decomposition_table() -> dict:
     from torch._decomp import decomposition_table as table
 
     return table
+
+
+def python_meta_kernel(func):
+    """torch's Python meta function for ``func`` (``torch._meta_registrations``), or None."""
+    from torch._decomp import global_decomposition_table
+
+    return global_decomposition_table["meta"].get(func)
 
 
 def in_backward() -> bool:
