@@ -23,6 +23,7 @@ __all__ = [
     "has_meta_kernel",
     "decomposition_table",
     "python_meta_kernel",
+    "suggest_memory_format",
     "in_backward",
     "in_checkpoint_recompute",
     "disabled_torch_function",
@@ -60,6 +61,13 @@ def decomposition_table() -> dict:
     from torch._decomp import decomposition_table as table
 
     return table
+
+
+def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """``Tensor::suggest_memory_format()``: the layout C++ kernels keep."""
+    from torch._prims_common import suggest_memory_format as suggest
+
+    return suggest(t)
 
 
 def python_meta_kernel(func):

@@ -27,6 +27,12 @@ def _bn(dtype, training):
             torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype), training, 0.1, 1e-5)
 
 
+def _unpool(*shape, memory_format=torch.contiguous_format):
+    x = _x(*shape).to(memory_format=memory_format)
+    y, i = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    return (y, i, list(shape[-2:]))
+
+
 _DT = (torch.float32, torch.bfloat16, torch.float16)
 _CL = torch.channels_last
 
@@ -66,6 +72,8 @@ SAMPLES = {
     aten.replication_pad2d.default: [(_x(1, 2, 4, 4), [1, 1, 2, 2]),
                                      (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1])],
     aten.histc.default: [(_x(10), 5, 0.0, 1.0), (_x(3, 4, dtype=torch.float64), 7)],
+    aten.max_unpool2d.default: [_unpool(2, 3, 4, 4), _unpool(2, 3, 4, 6, memory_format=_CL),
+                                _unpool(3, 4, 4), _unpool(1, 2, 2, 4, memory_format=_CL)],
     aten.index.Tensor: [
         (_x(4, 3), [torch.tensor([0, 2])]),
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
