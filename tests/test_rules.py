@@ -74,6 +74,17 @@ SAMPLES = {
     aten.histc.default: [(_x(10), 5, 0.0, 1.0), (_x(3, 4, dtype=torch.float64), 7)],
     aten.max_unpool2d.default: [_unpool(2, 3, 4, 4), _unpool(2, 3, 4, 6, memory_format=_CL),
                                 _unpool(3, 4, 4), _unpool(1, 2, 2, 4, memory_format=_CL)],
+    aten.geqrf.default: [(_x(5, 3),), (_x(2, 3, 5, dtype=torch.float64),), (_c(4, 4),)],
+    aten.histogram.bin_ct: [((_x(10),), {"bins": 4}),
+                            ((_x(3, 4), 5), {"range": [0.0, 1.0], "weight": _x(3, 4), "density": True})],
+    aten.histogram.bins_tensor: [(_x(10), torch.tensor([0.0, 1.0, 3.0])),
+                                 ((_x(2, 5), torch.tensor([0.0, 1.0])), {"weight": _x(2, 5)})],
+    aten._histogramdd_bin_edges.default: [(_x(6, 3), [2, 3, 4]),
+                                          ((_x(6, 2), [2, 1]), {"range": [0.0, 1.0, -1.0, 1.0]})],
+    aten._histogramdd_from_bin_cts.default: [(_x(6, 3), [2, 3, 4]),
+                                             ((_x(2, 6, 2), [2, 1]), {"weight": _x(2, 6)})],
+    aten._histogramdd_from_bin_tensors.default: [
+        (_x(6, 2), [torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 0.0, 2.0])])],
     aten.index.Tensor: [
         (_x(4, 3), [torch.tensor([0, 2])]),
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
@@ -107,3 +118,9 @@ def test_rules_index_boolean_mask_is_data_dependent():
 
 def test_rules_every_builtin_rule_has_a_differential_test():
     assert set(registry._BUILTIN) <= set(SAMPLES)
+
+
+def test_rules_histogram_has_no_kernel_off_cpu():
+    # The real histogram kernels exist on CPU only.
+    with pytest.raises(md.UnsupportedOpError):
+        torch.histogram(md.to_meta(torch.randn(8), device="cuda"), bins=4)
