@@ -24,6 +24,7 @@ __all__ = [
     "decomposition_table",
     "python_meta_kernel",
     "suggest_memory_format",
+    "library",
     "in_backward",
     "in_checkpoint_recompute",
     "disabled_torch_function",
@@ -61,6 +62,11 @@ def decomposition_table() -> dict:
     from torch._decomp import decomposition_table as table
 
     return table
+
+
+def library(ns: str, kind: str):
+    """A ``torch.library.Library`` whose registrations ``_destroy()`` removes."""
+    return torch.library.Library(ns, kind)
 
 
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
