@@ -22,6 +22,9 @@ __all__ = [
     "dispatch_mode_stack",
     "has_meta_kernel",
     "decomposition_table",
+    "python_meta_kernel",
+    "suggest_memory_format",
+    "library",
     "in_backward",
     "in_checkpoint_recompute",
     "disabled_torch_function",
@@ -59,6 +62,25 @@ def decomposition_table() -> dict:
     from torch._decomp import decomposition_table as table
 
     return table
+
+
+def library(ns: str, kind: str):
+    """A ``torch.library.Library`` whose registrations ``_destroy()`` removes."""
+    return torch.library.Library(ns, kind)
+
+
+def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """``Tensor::suggest_memory_format()``: the layout C++ kernels keep."""
+    from torch._prims_common import suggest_memory_format as suggest
+
+    return suggest(t)
+
+
+def python_meta_kernel(func):
+    """torch's Python meta function for ``func`` (``torch._meta_registrations``), or None."""
+    from torch._decomp import global_decomposition_table
+
+    return global_decomposition_table["meta"].get(func)
 
 
 def in_backward() -> bool:

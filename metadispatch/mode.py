@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import _compat, known
+from . import _compat, composites, known
 from .dispatch import dispatch
 from .cache import MetaCache
 from .errors import MetaDispatchError
@@ -93,11 +93,13 @@ class MetaMode(_compat.TorchDispatchMode):
         # torch.tensor(..., device="cuda") builds on CPU first and then moves,
         # so that no CUDA is needed; FakeTensorMode does the same.
         _compat.set_only_lift_cpu_tensors(True)
+        composites.acquire()  # Note [Composite overrides]
         try:
             if tracker is not None:
                 tracker.__enter__()
             result = super().__enter__()
         except BaseException:
+            composites.release()
             _compat.set_only_lift_cpu_tensors(lift)
             if tracker is not None:
                 tracker.__exit__(None, None, None)
@@ -114,6 +116,7 @@ class MetaMode(_compat.TorchDispatchMode):
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
+            composites.release()
             _compat.set_only_lift_cpu_tensors(lift)
             self._recorder.modules = modules
             if tracker is not None:

@@ -163,6 +163,10 @@ class MetaTensor(torch.Tensor):
         # _parse_to does not take ``copy`` (keyword, or the bool positional
         # after ``non_blocking``); Tensor.to does.
         copy = kwargs.pop("copy", False) if "copy" in kwargs else False
+        if args and isinstance(args[0], MetaTensor):
+            # to(other) means other's device and dtype; _parse_to would read
+            # its C++ device, meta.
+            args = (args[0]._md_device, args[0].dtype) + args[1:]
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
             copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]

@@ -27,7 +27,23 @@ def _bn(dtype, training):
             torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype), training, 0.1, 1e-5)
 
 
+def _unpool(*shape, memory_format=torch.contiguous_format):
+    x = _x(*shape).to(memory_format=memory_format)
+    y, i = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    return (y, i, list(shape[-2:]))
+
+
 _DT = (torch.float32, torch.bfloat16, torch.float16)
+_CL = torch.channels_last
+
+
+def _c(*shape):
+    return torch.randn(*shape, dtype=torch.complex64)
+
+
+def _bag(mode):
+    weight, indices, offsets = _x(10, 3), torch.tensor([1, 2, 4, 5, 4, 9]), torch.tensor([0, 2, 4])
+    return (weight, indices, offsets, False, mode, False, None, False)
 
 SAMPLES = {
     aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5)
@@ -38,8 +54,37 @@ SAMPLES = {
     # (eval mode without running stats crashes the real CPU kernel)
     aten._native_batch_norm_legit.no_stats: [_bn(d, True)[:3] + (True, 0.1, 1e-5) for d in _DT],
     aten._batch_norm_with_update.default: [_bn(d, True)[:5] + (0.1, 1e-5) for d in _DT],
+    # Note [Device-hinted meta kernels] (rules/device_hinted.py)
+    aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
+    aten._fft_r2c.default: [(_x(5, 6, 7), [0, 1, 2], 0, True), (_x(5, 6, 7), [0, 2], 0, False),
+                            (_x(5, 6, 7).transpose(0, 2), [1], 2, True)],
+    aten._fft_c2r.default: [(_c(5, 6, 4), [0, 2], 0, 7), (_c(5, 6, 4), [1], 0, 11)],
+    aten._linalg_svd.default: [(_x(3, 5),), (_x(2, 5, 3), True), (_x(0, 3), True), (_x(4, 4), False, False),
+                               (_c(3, 2),)],
+    aten.linalg_eig.default: [(_x(5, 5),), (_x(2, 3, 3, dtype=torch.float64),), (_c(4, 4),)],
     aten.nonzero_static.default: [((torch.tensor([[1.0, 0.0], [0.0, 2.0]]),), {"size": s})
                                   for s in (1, 2, 5)],
+    aten._embedding_bag.default: [_bag(m) for m in (0, 1, 2)],
+    aten._embedding_bag_forward_only.default: [_bag(m) for m in (0, 1, 2)],
+    aten.pixel_shuffle.default: [(_x(1, 8, 3, 3), 2), (_x(2, 8, 3, 3).to(memory_format=_CL), 2)],
+    aten.reflection_pad2d.default: [(_x(1, 2, 4, 4), [1, 1, 2, 2]),
+                                    (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1])],
+    aten.replication_pad2d.default: [(_x(1, 2, 4, 4), [1, 1, 2, 2]),
+                                     (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1])],
+    aten.histc.default: [(_x(10), 5, 0.0, 1.0), (_x(3, 4, dtype=torch.float64), 7)],
+    aten.max_unpool2d.default: [_unpool(2, 3, 4, 4), _unpool(2, 3, 4, 6, memory_format=_CL),
+                                _unpool(3, 4, 4), _unpool(1, 2, 2, 4, memory_format=_CL)],
+    aten.geqrf.default: [(_x(5, 3),), (_x(2, 3, 5, dtype=torch.float64),), (_c(4, 4),)],
+    aten.histogram.bin_ct: [((_x(10),), {"bins": 4}),
+                            ((_x(3, 4), 5), {"range": [0.0, 1.0], "weight": _x(3, 4), "density": True})],
+    aten.histogram.bins_tensor: [(_x(10), torch.tensor([0.0, 1.0, 3.0])),
+                                 ((_x(2, 5), torch.tensor([0.0, 1.0])), {"weight": _x(2, 5)})],
+    aten._histogramdd_bin_edges.default: [(_x(6, 3), [2, 3, 4]),
+                                          ((_x(6, 2), [2, 1]), {"range": [0.0, 1.0, -1.0, 1.0]})],
+    aten._histogramdd_from_bin_cts.default: [(_x(6, 3), [2, 3, 4]),
+                                             ((_x(2, 6, 2), [2, 1]), {"weight": _x(2, 6)})],
+    aten._histogramdd_from_bin_tensors.default: [
+        (_x(6, 2), [torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 0.0, 2.0])])],
     aten.index.Tensor: [
         (_x(4, 3), [torch.tensor([0, 2])]),
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
@@ -55,6 +100,16 @@ def test_rules_builtin_matches_real_cpu_kernel(op):
     assert check.ok, str(check)
 
 
+def test_rules_device_hinted_answers_for_the_logical_device():
+    # torch's meta function for _linalg_svd knows CPU LAPACK returns Vh
+    # column-major and cuSOLVER row-major; each logical device gets its own.
+    a = torch.randn(2, 5, 3)
+    vh = {d: torch.linalg.svd(md.to_meta(a, device=d), full_matrices=False)[2].stride()
+          for d in ("cpu", "cuda")}
+    assert vh["cpu"] == torch.linalg.svd(a, full_matrices=False)[2].stride() == (9, 1, 3)
+    assert vh["cuda"] == (9, 3, 1)
+
+
 def test_rules_index_boolean_mask_is_data_dependent():
     x = md.to_meta(torch.randn(4))
     with pytest.raises(md.DataDependentError, match="boolean-mask"):
@@ -63,3 +118,9 @@ def test_rules_index_boolean_mask_is_data_dependent():
 
 def test_rules_every_builtin_rule_has_a_differential_test():
     assert set(registry._BUILTIN) <= set(SAMPLES)
+
+
+def test_rules_histogram_has_no_kernel_off_cpu():
+    # The real histogram kernels exist on CPU only.
+    with pytest.raises(md.UnsupportedOpError):
+        torch.histogram(md.to_meta(torch.randn(8), device="cuda"), bins=4)

@@ -124,3 +124,12 @@ def test_tensor_to_same_device_returns_self_like_real():
     assert x.to(torch.float32) is x
     y = x.to("cpu")
     assert y is not x and y.device == torch.device("cpu")
+
+
+def test_tensor_to_other_takes_its_logical_device_and_dtype():
+    x = md.to_meta(torch.ones(2), device="cpu")
+    other = md.to_meta(torch.ones(1, dtype=torch.float64), device="cuda:1")
+    with md.MetaMode():  # no CUDA here (Note [Logical CUDA without CUDA])
+        y = x.to(other, non_blocking=True)
+    assert y.device == torch.device("cuda:1") and y.dtype == torch.float64
+    assert x.to(x) is x and x.to(x, copy=True) is not x
