@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import sys
 
+import gc
+import threading
+
 import torch
 import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -141,3 +144,40 @@ mode_key = torch._C._TorchDispatchModeKey.FAKE
 get_infra_mode = torch._C._get_dispatch_mode
 unset_infra_mode = torch._C._unset_dispatch_mode
 set_infra_mode = torch._C._set_dispatch_mode
+
+
+# Note [Garbage collection during tracing]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A trace allocates a few small records per call, all long-lived, so CPython's
+# full collections come due while tracing -- and each one walks every object
+# in the process (torch, transformers, the model): 200-300 ms each with a
+# 32-layer LLaMA loaded, more than the trace itself.  While a MetaMode is
+# entered we move the objects that existed before it into the permanent
+# generation (``gc.freeze``), so collections only walk what the trace made,
+# and put them back on exit (``gc.unfreeze``).  Nothing is collected less:
+# objects freed by reference counting go at once as always, cyclic garbage
+# among the frozen objects waits for the exit.  We never touch a process that
+# froze objects itself (``gc.get_freeze_count()`` is not zero).
+class frozen_heap:
+    """Counted across threads: the first entry freezes, the last exit unfreezes."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _ours = False
+
+    def __enter__(self):
+        cls = frozen_heap
+        with cls._lock:
+            if cls._users == 0 and gc.get_freeze_count() == 0:
+                gc.freeze()
+                cls._ours = True
+            cls._users += 1
+        return self
+
+    def __exit__(self, *exc):
+        cls = frozen_heap
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0 and cls._ours:
+                gc.unfreeze()
+                cls._ours = False

@@ -89,6 +89,7 @@ class MetaMode(_compat.TorchDispatchMode):
         if self.trace.rng_state is None:
             self.trace.rng_state = torch.get_rng_state()
         tracker = ModuleStack() if self.record else None
+        heap = _compat.frozen_heap().__enter__() if self.record else None
         lift = _compat.only_lift_cpu_tensors()
         # torch.tensor(..., device="cuda") builds on CPU first and then moves,
         # so that no CUDA is needed; FakeTensorMode does the same.
@@ -100,23 +101,27 @@ class MetaMode(_compat.TorchDispatchMode):
             result = super().__enter__()
         except BaseException:
             composites.release()
+            if heap is not None:
+                heap.__exit__(None, None, None)
             _compat.set_only_lift_cpu_tensors(lift)
             if tracker is not None:
                 tracker.__exit__(None, None, None)
             if outer is not None:
                 _compat.set_infra_mode(outer)
             raise
-        self._saved.append((tracker, self._recorder.modules, lift, outer))
+        self._saved.append((tracker, self._recorder.modules, lift, outer, heap))
         if tracker is not None:
             self._recorder.modules = tracker
         return result
 
     def __exit__(self, exc_type, exc, tb):
-        tracker, modules, lift, outer = self._saved.pop()
+        tracker, modules, lift, outer, heap = self._saved.pop()
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
             composites.release()
+            if heap is not None:
+                heap.__exit__(None, None, None)  # Note [Garbage collection during tracing]
             _compat.set_only_lift_cpu_tensors(lift)
             self._recorder.modules = modules
             if tracker is not None:

@@ -151,3 +151,24 @@ def test_mode_importing_changes_nothing_global():
             "assert before == after and s() == [], (before, after)\n")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_mode_freezes_the_heap_only_while_entered_and_only_its_own_freeze():
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with md.MetaMode():
+        assert gc.get_freeze_count() > 0  # Note [Garbage collection during tracing]
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(ValueError):
+        with md.MetaMode():
+            raise ValueError
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # a process that froze objects itself is left alone
+    try:
+        frozen = gc.get_freeze_count()
+        with md.MetaMode():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
