@@ -65,7 +65,10 @@ def dispatch(func, args, kwargs, mode):
             e._md_noted = True
         raise
     result = _wrap_outputs(f, out, args, kwargs, device)
-    if note is None and (mode is None or not mode._depth):
+    if note is None and (mode is None or not mode._depth) and (
+            not tensors or f.mutates or "_md_known" in tensors[0].__dict__ or f.name in known.SPECIAL):
+        # The common case -- an op on data with no known value -- skips the
+        # call: its outputs cannot be known (Note [Known values]).
         known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
         mode._recorder.record(func, f, pending, result, stage, note)

@@ -46,6 +46,7 @@ _GARBAGE = ("empty", "resize", "set_")
 _SHAPE_ONLY = {"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
                "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default"}
 _LIFT = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
+SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their first input is not
 
 
 class _Cell:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from functools import partial
 
 import torch
 
@@ -103,6 +102,7 @@ class Recorder:
         self._next_id = 0
         self._next_storage = 0
         self._live: dict = {}  # storage key -> (number, weakref), storages alive now
+        self._refs: dict = {}  # weakref -> (storage key, number)
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self.real_of: dict = {}  # id(meta) -> real tensor, for constants
         self.backward_modules = BackwardModules()
@@ -148,11 +148,13 @@ class Recorder:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
-        ref = weakref.ref(storage, partial(self._died, key, n))
+        ref = weakref.ref(storage, self._died)
         self._live[key] = (n, ref)
+        self._refs[ref] = (key, n)
         return n
 
-    def _died(self, key: int, n: int, _ref) -> None:
+    def _died(self, ref) -> None:
+        key, n = self._refs.pop(ref)
         if self._live.get(key, (None,))[0] == n:
             del self._live[key]
         self.trace.deaths[n] = len(self.trace.calls)
