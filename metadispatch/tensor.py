@@ -170,21 +170,52 @@ class MetaTensor(torch.Tensor):
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
             copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
-        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
         same_device = device is None or normalize_device(device) == self._md_device
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
+        # Re-issued with the device's index filled in: torch's C++ would ask a
+        # CUDA device guard for it, and a CPU-only build has none.
+        target = {"non_blocking": non_blocking, "copy": copy}
+        if device is not None:
+            target["device"] = normalize_device(device)
+        if dtype is not None:
+            target["dtype"] = dtype
+        if memory_format is not None:
+            target["memory_format"] = memory_format
+        if device is not None and device.type not in ("cpu", "meta") \
+                and _compat.get_infra_mode(_compat.mode_key) is None:
+            # Outside any MetaMode torch's binding would initialise CUDA for
+            # the target first (Note [Logical CUDA without CUDA]): convert
+            # under a non-recording mode, which spares that.
+            from .mode import scratch_mode
+
+            with scratch_mode():
+                return super().to(**target)
         if device is None or device.type != "meta":
-            return super().to(*args, copy=copy, **kwargs)
+            return super().to(**target)
         # To meta from another logical device: the C++ tensor is on meta
         # already, so force the copy, and mark it as really meant
         # (Note [Meta from options] in dispatch.py).
         prev, STATE.explicit_meta = STATE.explicit_meta, True
         try:
-            return super().to(*args, copy=True, **kwargs)
+            return super().to(**dict(target, copy=True))
         finally:
             STATE.explicit_meta = prev
+
+    def type(self, dtype=None, non_blocking=False, **kwargs):
+        """``"torch.cuda.FloatTensor"`` for the logical device (C++ would say
+        ``torch.meta...``); given a type name, convert as a real tensor would."""
+        cuda = self._md_device.type == "cuda"
+        if dtype is None:
+            name = torch.Tensor.type(torch.empty(0, dtype=self.dtype))  # torch.FloatTensor
+            return name.replace("torch.", "torch.cuda.", 1) if cuda else name
+        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+        to_cuda = ".cuda." in name
+        real_dtype = torch.empty(0).type(name.replace(".cuda.", ".")).dtype
+        device = (self._md_device if cuda else torch.device("cuda")) if to_cuda else torch.device("cpu")
+        return self.to(device, real_dtype, non_blocking=non_blocking)
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),

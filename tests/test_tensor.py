@@ -133,3 +133,23 @@ def test_tensor_to_other_takes_its_logical_device_and_dtype():
         y = x.to(other, non_blocking=True)
     assert y.device == torch.device("cuda:1") and y.dtype == torch.float64
     assert x.to(x) is x and x.to(x, copy=True) is not x
+
+
+def test_tensor_type_names_the_logical_device_like_real():
+    x = md.to_meta(torch.ones(2), device="cuda:1")
+    assert x.type() == "torch.cuda.FloatTensor"
+    assert md.to_meta(torch.ones(2, dtype=torch.float64)).type() == torch.ones(1, dtype=torch.float64).type()
+    y = x.type("torch.cuda.HalfTensor")
+    assert (y.dtype, y.device) == (torch.float16, torch.device("cuda:1"))
+    z = md.to_meta(torch.ones(2)).type(torch.DoubleTensor)
+    assert (z.dtype, z.device) == (torch.float64, torch.device("cpu"))
+    assert x.type(x.type()) is x  # nothing to change: the same tensor, as for real ones
+
+
+def test_tensor_to_cuda_outside_any_mode_on_a_cpu_only_host():
+    x = md.to_meta(torch.ones(2))
+    assert x.to("cuda").device == torch.device("cuda:0")
+    assert x.cuda(1).device == torch.device("cuda:1")
+    assert x.to("cuda", torch.half).dtype == torch.float16
+    layer = md.to_meta(torch.nn.Linear(2, 2)).cuda()
+    assert layer.weight.device == torch.device("cuda:0") and isinstance(layer.weight, torch.nn.Parameter)
