@@ -72,6 +72,11 @@ def library(ns: str, kind: str):
     return torch.library.Library(ns, kind)
 
 
+def sdp_backends_enabled() -> tuple[bool, bool]:
+    """``(flash, math)``: the global switches ``sdpa_kernel`` sets, read by C++'s backend choice."""
+    return torch._C._get_flash_sdp_enabled(), torch._C._get_math_sdp_enabled()
+
+
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
     """``Tensor::suggest_memory_format()``: the layout C++ kernels keep."""
     from torch._prims_common import suggest_memory_format as suggest

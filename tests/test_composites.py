@@ -2,6 +2,9 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
 from metadispatch import composites
@@ -38,3 +41,93 @@ def test_composites_override_removed_on_exit_also_on_exception():
     assert composites._STATE["count"] == 0 and composites._STATE["lib"] is None
     with pytest.raises(RuntimeError, match="on meta"):
         _plain_meta_split()
+
+
+# -- scaled_dot_product_attention (Note [SDPA backend on a logical CPU]) -----
+
+class _RealOps(TorchDispatchMode):
+    """Logs the aten ops a real run dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _t(*shape, dtype=torch.float32, grad=True):
+    return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
+
+
+B, H, L, S, E = 2, 4, 5, 7, 8
+_BOOL_MASK = torch.rand(L, S) > 0.3
+_SDPA_CASES = {
+    "plain": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E)), {}),
+    "causal_scale": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E)), dict(is_causal=True, scale=0.3)),
+    "bool_mask_2d": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E), _BOOL_MASK), {}),
+    "float_mask_4d": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E), _t(B, 1, L, S, grad=False)), {}),
+    "gqa": ((_t(B, H, L, E), _t(B, 2, S, E), _t(B, 2, S, E)), dict(enable_gqa=True)),
+    "float64": ((_t(B, H, L, E, dtype=torch.float64),) * 3, {}),
+    "bfloat16": ((_t(B, H, L, E, dtype=torch.bfloat16),) * 3, {}),
+    # math on a real CPU too
+    "three_dim": ((_t(B, L, E), _t(B, S, E), _t(B, S, E)), {}),
+    "value_head_dim": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, 3)), {}),
+    "strided_last_dim": ((_t(B, H, E, L).transpose(-1, -2), _t(B, H, S, E), _t(B, H, S, E)), {}),
+    "mask_requires_grad": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E), _t(L, S)), {}),
+    "mask_3d": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, H, S, E), _t(1, L, S, grad=False)), {}),
+    "heads_differ_without_gqa": ((_t(B, H, L, E), _t(B, H, S, E), _t(B, 1, S, E)), {}),
+}
+
+
+def _sdpa_step(*args, **kwargs):
+    out = F.scaled_dot_product_attention(*args, **kwargs)
+    inputs = [a for a in args if a.requires_grad]
+    return (out, *torch.autograd.grad(out.float().sum(), inputs))
+
+
+def _layout(t):
+    return tuple(t.shape), t.stride(), t.dtype, t.device
+
+
+@pytest.mark.parametrize("case", sorted(_SDPA_CASES))
+def test_composites_sdpa_on_logical_cpu_matches_real_ops(case):
+    args, kwargs = _SDPA_CASES[case]
+    with _RealOps() as real:
+        expected = _sdpa_step(*args, **kwargs)
+    t = md.trace(_sdpa_step, *args, **kwargs)
+    assert [c.op for c in t.calls] == real.ops
+    assert [_layout(o) for o in t.output] == [_layout(o) for o in expected]
+
+
+def test_composites_sdpa_flash_disabled_takes_math_like_real():
+    args, kwargs = _SDPA_CASES["plain"]
+    with sdpa_kernel(SDPBackend.MATH):
+        with _RealOps() as real:
+            _sdpa_step(*args, **kwargs)
+        t = md.trace(_sdpa_step, *args, **kwargs)
+    assert "aten._safe_softmax.default" in real.ops
+    assert [c.op for c in t.calls] == real.ops
+
+
+def test_composites_sdpa_on_logical_cuda_keeps_the_composite():
+    args, kwargs = _SDPA_CASES["plain"]
+    t = md.tracer(device="cuda")(_sdpa_step, *args, **kwargs)
+    assert not any("flash" in c.op for c in t.calls)
+
+
+def test_composites_sdpa_llama_traces_cpu_flash_and_replays():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                   attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8))
+    t = md.trace(lambda ids: model(input_ids=ids).logits, ids)
+    ops = {c.op for c in t.calls}
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in ops
+    assert "aten._safe_softmax.default" not in ops
+    r = md.replay(t, (ids,), module=model)
+    assert r.ok, r.mismatches
+    torch.testing.assert_close(r.output, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
