@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     opts = parser.parse_args()
+    torch.set_num_threads(1)  # as the other benchmarks: one thread, less noise
     devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
     print(f"{'model':<12} {'device':<7} {'calls':>6} {'eager ms':>9} {'replay ms':>10} {'ratio':>6}")
     for device in devices:
