@@ -178,20 +178,35 @@ def _program(trace: Trace, device, keep_all: bool) -> list:
 # would otherwise hold every intermediate until the end, and on a model of any
 # size the extra allocations (fresh pages, not reused blocks) cost more time
 # than the kernels.  So each step drops the ids no later step reads, except
-# those the result needs: outputs, gradients and buffers.
+# those the result needs: outputs, gradients and buffers -- and, when the
+# trace recorded storage deaths, no earlier than the traced run freed them.
 def _last_uses(trace: Trace) -> dict:
     """Call index -> ids whose last use is that call."""
     keep = {m.id for m in _tensor_metas(_flat_output(trace.output_meta))}
     keep.update(m.id for m in trace.grads.values())
     keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
     last: dict = {}
+    storage: dict = {}
     for call in trace.calls:
         for m in call.inputs + call.output_metas:
             last[m.id] = call.index
+            storage[m.id] = m.storage
+    deaths = trace.deaths or {}
+    n = len(trace.calls)
     out: dict = {}
     for tid, i in last.items():
-        if tid not in keep:
-            out.setdefault(i, []).append(tid)
+        if tid in keep:
+            continue
+        if deaths:
+            # Free where the traced run freed the storage (the first call
+            # after its death), not earlier: following eager's allocation
+            # pattern lets the allocator reuse blocks instead of faulting in
+            # fresh pages.  A storage that outlived the trace is kept.
+            d = deaths.get(storage[tid])
+            if d is None or d >= n:
+                continue
+            i = max(i, d - 1)
+        out.setdefault(i, []).append(tid)
     return {i: tuple(ids) for i, ids in out.items()}
 
 
