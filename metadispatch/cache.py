@@ -55,38 +55,13 @@ class MetaCache:
     # -- keys
     @staticmethod
     def key(func, args, kwargs, device, extra):
-        parts = [func, device, extra]
-        for a in args:
-            k = _arg_key(a)
-            if k is UNCACHABLE:
-                return None
-            parts.append(k)
-        if kwargs:
-            for name, v in kwargs.items():
-                k = _arg_key(v)
-                if k is UNCACHABLE:
-                    return None
-                parts.append(name)
-                parts.append(k)
-        return tuple(parts)
+        """The key from the call's own arguments (MetaTensors)."""
+        return _call_key(func, args, kwargs, device, extra, _tensor_key)
 
     @staticmethod
     def key_from_encoded(func, enc_args, enc_kwargs, device, extra):
         """The same key, from the TensorMeta records the recorder already made."""
-        parts = [func, device, extra]
-        for a in enc_args:
-            k = _enc_key(a)
-            if k is UNCACHABLE:
-                return None
-            parts.append(k)
-        if enc_kwargs:
-            for name, v in enc_kwargs.items():
-                k = _enc_key(v)
-                if k is UNCACHABLE:
-                    return None
-                parts.append(name)
-                parts.append(k)
-        return tuple(parts)
+        return _call_key(func, enc_args, enc_kwargs, device, extra, _meta_key)
 
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
@@ -100,16 +75,33 @@ class MetaCache:
         return _build(recipe, tensors, device)
 
 
-def _arg_key(a):
-    if isinstance(a, MetaTensor):
-        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a._md_device,
-                a.is_conj(), a.is_neg())
+def _call_key(func, args, kwargs, device, extra, tensor_key):
+    parts = [func, device, extra]
+    for a in args:
+        k = _value_key(a, tensor_key)
+        if k is UNCACHABLE:
+            return None
+        parts.append(k)
+    if kwargs:
+        for name, v in kwargs.items():
+            k = _value_key(v, tensor_key)
+            if k is UNCACHABLE:
+                return None
+            parts.append(name)
+            parts.append(k)
+    return tuple(parts)
+
+
+def _value_key(a, tensor_key):
+    k = tensor_key(a)
+    if k is not None:
+        return k
     if isinstance(a, _HASHABLE):
         return (type(a), a)
     if type(a) in (list, tuple):
         parts = []
         for x in a:
-            k = _arg_key(x)
+            k = _value_key(x, tensor_key)
             if k is UNCACHABLE:
                 return UNCACHABLE
             parts.append(k)
@@ -117,22 +109,21 @@ def _arg_key(a):
     return UNCACHABLE
 
 
-def _enc_key(a):
+def _tensor_key(a):
+    """A MetaTensor's metadata, or None for anything else."""
+    if isinstance(a, MetaTensor):
+        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a._md_device,
+                a.is_conj(), a.is_neg())
+    return None
+
+
+def _meta_key(a):
+    """A TensorMeta's metadata, or None for anything else."""
     if type(a) is TensorMeta:
         # shape, dtype, stride, offset, device; conj/neg bits are not in a
         # TensorMeta, and only complex tensors can have them.
         return UNCACHABLE if a.dtype.is_complex else a[1:6]
-    if isinstance(a, _HASHABLE):
-        return (type(a), a)
-    if type(a) is tuple:
-        parts = []
-        for x in a:
-            k = _enc_key(x)
-            if k is UNCACHABLE:
-                return UNCACHABLE
-            parts.append(k)
-        return (tuple, tuple(parts))
-    return UNCACHABLE
+    return None
 
 
 def _recipe(f, inputs, result):

@@ -65,10 +65,7 @@ def dispatch(func, args, kwargs, mode):
             e._md_noted = True
         raise
     result = _wrap_outputs(f, out, args, kwargs, device)
-    if note is None and (mode is None or not mode._depth) and (
-            not tensors or f.mutates or "_md_known" in tensors[0].__dict__ or f.name in known.SPECIAL):
-        # The common case -- an op on data with no known value -- skips the
-        # call: its outputs cannot be known (Note [Known values]).
+    if note is None and (mode is None or not mode._depth) and known.concerns(f, tensors):
         known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
         mode._recorder.record(func, f, pending, result, stage, note)
@@ -115,27 +112,7 @@ def _convert(args, kwargs, convert):
     The common case -- every tensor already a MetaTensor -- copies nothing.
     """
     tensors = []
-    new_args = None
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            if type(a) is not MetaTensor:
-                if new_args is None:
-                    new_args = list(args)
-                a = new_args[i] = convert()(a)
-            tensors.append(a)
-        elif type(a) in (list, tuple) and a:
-            items = None
-            for j, x in enumerate(a):
-                if isinstance(x, torch.Tensor):
-                    if type(x) is not MetaTensor:
-                        if items is None:
-                            items = list(a)
-                        x = items[j] = convert()(x)
-                    tensors.append(x)
-            if items is not None:
-                if new_args is None:
-                    new_args = list(args)
-                new_args[i] = type(a)(items)
+    new_args = _convert_items(args, convert, tensors, nested=True)
     if new_args is not None:
         args = tuple(new_args)
     if kwargs:
@@ -146,6 +123,30 @@ def _convert(args, kwargs, convert):
                     v = kwargs[k] = convert()(v)
                 tensors.append(v)
     return args, kwargs, tensors
+
+
+def _convert_items(items, convert, tensors: list, nested: bool):
+    """A converted copy of ``items`` (and of lists in it, one level down when
+    ``nested``), or None when nothing needed converting."""
+    out = None
+    for i, x in enumerate(items):
+        if isinstance(x, torch.Tensor):
+            if type(x) is MetaTensor:
+                tensors.append(x)
+                continue
+            x = convert()(x)
+            tensors.append(x)
+        elif nested and type(x) in (list, tuple) and x:
+            inner = _convert_items(x, convert, tensors, nested=False)
+            if inner is None:
+                continue
+            x = type(x)(inner)
+        else:
+            continue
+        if out is None:
+            out = list(items)
+        out[i] = x
+    return out
 
 
 class _Lazy:

@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 
 from .tensor import MetaTensor
 
-__all__ = ["value_of", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
+__all__ = ["value_of", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
@@ -68,6 +68,15 @@ def value_of(t) -> torch.Tensor | None:
 
 def _limit(mode) -> int:
     return DEFAULT_LIMIT if mode is None else getattr(mode, "known_limit", DEFAULT_LIMIT)
+
+
+def concerns(f, tensors) -> bool:
+    """Cheap test, run on every call: can known values matter to it?
+
+    No, for the common case -- an op whose first input has no known value and
+    which neither makes values from shapes alone nor writes in place.
+    """
+    return not tensors or f.mutates or "_md_known" in tensors[0].__dict__ or f.name in SPECIAL
 
 
 def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
