@@ -49,9 +49,6 @@ def rss() -> int:
 
 
 def table(rows: list[tuple], header: tuple) -> str:
-    cells = [tuple(str(c) for c in header)] + [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    from metadispatch.tables import render
+
+    return "\n".join(render(header, rows)[1:])  # without render's leading blank line

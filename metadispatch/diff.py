@@ -114,18 +114,10 @@ def _align_ids(la: list[str], lb: list[str]) -> list[str]:
 
 
 def _lines(trace: Trace, *, modules: bool, names: bool) -> list[str]:
-    out, shown = [], set()
-    for call in trace.calls:
-        for m in call.inputs:
-            if m.id not in shown:
-                shown.add(m.id)
-                leaf = trace.leaves.get(m.id)
-                if leaf is not None:
-                    name = f" {leaf.name}" if names and leaf.name else ""
-                    out.append(f"${m.id}: {m.type_str()} = {leaf.kind}{name}")
-        shown.update(m.id for m in call.output_metas)
-        out.append(_bare(call, modules).format())
-    return out
+    def leaf_text(leaf) -> str:
+        return f"{leaf.kind} {leaf.name}" if names and leaf.name else leaf.kind
+
+    return trace.lines(leaf_text=leaf_text, call_text=lambda call: _bare(call, modules).format())
 
 
 def _bare(call: OpCall, modules: bool) -> OpCall:

@@ -237,7 +237,12 @@ class Trace:
         return load(path)
 
     # -- printed forms
-    def lines(self) -> list[str]:
+    def lines(self, *, leaf_text=Leaf.describe, call_text=OpCall.format) -> list[str]:
+        """One line a call, each leaf on a line of its own before its first use.
+
+        ``leaf_text``/``call_text`` format a leaf and a call (``md.diff`` uses
+        plainer forms).
+        """
         out, shown = [], set()
         for call in self.calls:
             for m in call.inputs:
@@ -245,10 +250,9 @@ class Trace:
                     shown.add(m.id)
                     leaf = self.leaves.get(m.id)
                     if leaf is not None:
-                        out.append(f"${m.id}: {m.type_str()} = {leaf.describe()}")
-            for m in call.output_metas:
-                shown.add(m.id)
-            out.append(call.format())
+                        out.append(f"${m.id}: {m.type_str()} = {leaf_text(leaf)}")
+            shown.update(m.id for m in call.output_metas)
+            out.append(call_text(call))
         return out
 
     def __str__(self) -> str:
@@ -271,11 +275,9 @@ class Trace:
 
 
 def _table(title: str, counts: Counter, top: int) -> list[str]:
-    items = counts.most_common(top)
-    width = max([len(title)] + [len(k) for k, _ in items])
-    rows = ["", f"{title:<{width}}  calls", f"{'-' * width}  -----"]
-    rows += [f"{k:<{width}}  {v:5d}" for k, v in items]
+    from .tables import render  # tables imports this module
+
+    rows = [(k, v) for k, v in counts.most_common(top)]
     if len(counts) > top:
-        rest = sum(counts.values()) - sum(v for _, v in items)
-        rows.append(f"{f'({len(counts) - top} more)':<{width}}  {rest:5d}")
-    return rows
+        rows.append((f"({len(counts) - top} more)", sum(counts.values()) - sum(v for _, v in rows)))
+    return render((title, "calls"), rows)
