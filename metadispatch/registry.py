@@ -25,7 +25,7 @@ import torch
 
 from .schema import op_name
 
-__all__ = ["register_meta", "unregister_meta", "builtin_rule", "user_rule", "rule_for",
+__all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for",
            "resolve_ops", "rule_skeleton", "version"]
 
 _USER: dict = {}
@@ -113,10 +113,6 @@ def builtin_rule(op, *, override: bool = False) -> Callable:
         return _register(_BUILTIN, ops, fn, override)
 
     return decorator
-
-
-def user_rule(func):
-    return _USER.get(func)
 
 
 def rule_for(func):

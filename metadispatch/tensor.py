@@ -26,7 +26,7 @@ import torch
 from . import _compat
 from .errors import DataDependentError
 
-__all__ = ["MetaTensor", "Converter", "in_kernel", "is_meta_tensor"]
+__all__ = ["MetaTensor", "Converter", "in_kernel"]
 
 META = torch.device("meta")
 
@@ -75,10 +75,6 @@ def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) 
     t = _compat.make_subclass(MetaTensor, elem, requires_grad)
     t._md_device = device
     return t
-
-
-def is_meta_tensor(x) -> bool:
-    return isinstance(x, MetaTensor)
 
 
 def _data_error(what: str):
