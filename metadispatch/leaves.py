@@ -20,6 +20,8 @@ choice for attention masks); floats are standard normal, buffers uniform in
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -106,8 +108,19 @@ def write_positions(func, name: str) -> tuple:
     return hit
 
 
+_WRITTEN = WeakKeyDictionary()  # trace -> (number of calls, written storages)
+
+
 def written_storages(trace: Trace) -> set:
     """Storage numbers that some call in ``trace`` writes in place."""
+    n, out = _WRITTEN.get(trace, (None, None))
+    if n != len(trace.calls):  # a trace still recording may have grown
+        out = _written_storages(trace)
+        _WRITTEN[trace] = (len(trace.calls), out)
+    return out
+
+
+def _written_storages(trace: Trace) -> set:
     out = set()
     for call in trace.calls:
         for w in write_positions(call.func, call.op):

@@ -4,7 +4,8 @@
 bind ids to real tensors, call the op, compare what the real kernel returned
 with what the trace said it would.  Forward and backward calls are all in the
 trace, so replay needs no autograd: gradients are simply the tensors the
-recorded backward calls compute.
+recorded backward calls compute.  The walk itself is written out as straight
+Python once per trace (``program.py``); this module runs it and checks.
 
 Every logical device in the trace maps to the one replay device, so a trace
 recorded "on cuda" on a laptop replays on CPU.
@@ -36,16 +37,16 @@ compare only the strides that matter.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-from weakref import WeakKeyDictionary
+from typing import NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _compat
 from .leaves import bind_leaves
+from .program import program
 from .tensor import normalize_device
-from .trace import TensorMeta, Trace, _tensor_metas
+from .trace import TensorMeta, Trace
 
 __all__ = ["replay", "Replay", "Mismatch", "execute", "compare"]
 
@@ -140,141 +141,30 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state
         if device.type == "cuda":
             torch.cuda.manual_seed(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
-        mismatches = _loop(_program(trace, device, keep_all), env, gen, device, check)
+        mismatches = _run(program(trace, device, keep_all), env, gen, device, check)
     return env, mismatches
 
 
-class _Step(NamedTuple):
-    call: Any  # the OpCall
-    run: Any  # what to call: the op's C++ callable
-    args: list  # constants in place; tensor slots filled at run time
-    kwargs: dict
-    refs: tuple  # (position, id) of tensor arguments
-    lists: tuple  # (position, ((is_id, value), ...)) of tensor-list arguments
-    krefs: tuple  # the same two for keyword arguments: (name, id or items)
-    gens: tuple  # positions or names of generator arguments
-    single: TensorMeta | None  # the output, when the call returns one tensor
-    free: tuple  # ids used for the last time by this call (Note [Freeing early])
-
-
-_PROGRAMS = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): steps}
-
-
-def _program(trace: Trace, device, keep_all: bool) -> list:
-    """The trace's calls compiled for fast replay on ``device``, cached."""
-    per_trace = _PROGRAMS.setdefault(trace, {})
-    key = (device, len(trace.calls), keep_all)
-    steps = per_trace.get(key)
-    if steps is None:
-        free = {} if keep_all else _last_uses(trace)
-        steps = per_trace[key] = [_compile(call, device, free.get(i, ())) for i, call in
-                                  enumerate(trace.calls)]
-    return steps
-
-
-# Note [Freeing early]
-# ~~~~~~~~~~~~~~~~~~~~
-# Eager execution frees an activation as soon as backward has used it; replay
-# would otherwise hold every intermediate until the end, and on a model of any
-# size the extra allocations (fresh pages, not reused blocks) cost more time
-# than the kernels.  So each step drops the ids no later step reads, except
-# those the result needs: outputs, gradients and buffers -- and, when the
-# trace recorded storage deaths, no earlier than the traced run freed them.
-def _last_uses(trace: Trace) -> dict:
-    """Call index -> ids whose last use is that call."""
-    keep = {m.id for m in _tensor_metas(_flat_output(trace.output_meta))}
-    keep.update(m.id for m in trace.grads.values())
-    keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
-    last: dict = {}
-    storage: dict = {}
-    for call in trace.calls:
-        for m in call.inputs + call.output_metas:
-            last[m.id] = call.index
-            storage[m.id] = m.storage
-    deaths = trace.deaths or {}
-    n = len(trace.calls)
-    out: dict = {}
-    for tid, i in last.items():
-        if tid in keep:
-            continue
-        if deaths:
-            # Free where the traced run freed the storage (the first call
-            # after its death), not earlier: following eager's allocation
-            # pattern lets the allocator reuse blocks instead of faulting in
-            # fresh pages.  A storage that outlived the trace is kept.
-            d = deaths.get(storage[tid])
-            if d is None or d >= n:
-                continue
-            i = max(i, d - 1)
-        out.setdefault(i, []).append(tid)
-    return {i: tuple(ids) for i, ids in out.items()}
-
-
-def _flat_output(output_meta) -> list:
-    return pytree.tree_leaves(output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
-
-
-def _compile(call, device, free: tuple) -> _Step:
-    args, kwargs, refs, lists, krefs, gens = list(call.args), dict(call.kwargs), [], [], [], []
-    for key, a in list(enumerate(call.args)) + list(call.kwargs.items()):
-        target = kwargs if isinstance(key, str) else args
-        if isinstance(a, TensorMeta):
-            (krefs if isinstance(key, str) else refs).append((key, a.id))
-        elif type(a) is tuple and any(isinstance(x, TensorMeta) for x in a):
-            items = tuple((True, x.id) if isinstance(x, TensorMeta) else (False, x) for x in a)
-            (krefs if isinstance(key, str) else lists).append((key, items))
-        elif isinstance(a, torch.device):
-            target[key] = device
-        elif isinstance(a, str) and a == "<generator>":
-            gens.append(key)
-    single = call.outputs[0] if (len(call.outputs) == 1 and
-                                 type(call.outputs[0]) is TensorMeta) else None
-    return _Step(call, _compat.op_callable(call.func), args, kwargs, tuple(refs), tuple(lists),
-                 tuple(krefs), tuple(gens), single, free)
-
-
-def _loop(steps: list, env: dict, gen, device, check: bool) -> list:
+def _run(prog, env: dict, gen, device, check: bool) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
-    for call, run, args, kwargs, refs, lists, krefs, gens, single, free in steps:
-        args = args.copy()
-        for pos, tid in refs:
-            args[pos] = env[tid]
-        for pos, items in lists:
-            args[pos] = [env[v] if is_id else v for is_id, v in items]
-        if krefs or gens:
-            kwargs = dict(kwargs)
-            for name, v in krefs:
-                kwargs[name] = env[v] if isinstance(v, int) else [
-                    env[x] if is_id else x for is_id, x in v]
-            for key in gens:
-                (kwargs if isinstance(key, str) else args)[key] = gen
-        try:
-            result = run(*args, **kwargs)
-        except Exception as e:
-            e.add_note(f"metadispatch: while replaying call #{call.index}: {call.format()}")
-            raise
-        if single is not None:  # the common case, inlined
-            env[single.id] = result
-            if check and not _same(single, result, device):
-                _check(call, (result,), device, mismatches, wrong)
-        elif call.outputs:  # ops returning nothing (``_foreach_add_``) only mutate
-            results = (result,) if len(call.outputs) == 1 else result
-            for o, r in zip(call.outputs, results):
-                _bind(o, r, env)
-            if check:
-                _check(call, results, device, mismatches, wrong)
-        for tid in free:
-            del env[tid]
+    calls = prog.calls
+
+    def chk(n, results):
+        _check(calls[n], results, device, mismatches, wrong)
+
+    def same(n, t):  # calls returning one tensor: most of them
+        if not _same(calls[n].outputs[0], t, device):
+            _check(calls[n], (t,), device, mismatches, wrong)
+
+    try:
+        prog.run(env, gen, check, chk, same)
+    except Exception as e:
+        n = prog.call_index(e.__traceback__)
+        if n is not None:
+            e.add_note(f"metadispatch: while replaying call #{calls[n].index}: {calls[n].format()}")
+        raise
     return mismatches
-
-
-def _bind(o, r, env: dict) -> None:
-    if isinstance(o, TensorMeta):
-        env[o.id] = r
-    elif isinstance(o, tuple):
-        for x, y in zip(o, r):
-            _bind(x, y, env)
 
 
 def _check(call, results, device, mismatches: list, wrong: set) -> None:

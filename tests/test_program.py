@@ -1,0 +1,95 @@
+"""The replay program: the generated code, its freeing, and errors mapped
+back to the recorded call."""
+
+from __future__ import annotations
+
+import expecttest
+import pytest
+import torch
+
+import metadispatch as md
+from metadispatch.program import program
+from metadispatch.replay import execute
+from metadispatch.leaves import bind_leaves
+
+CPU = torch.device("cpu")
+
+
+def _rebinding(x):
+    y = x.t() @ x
+    y = y.relu()  # the product dies here, before the last call
+    return y * 2
+
+
+class TestSource(expecttest.TestCase):
+    def test_program_source_is_one_line_per_call_and_check(self):
+        t = md.trace(_rebinding, torch.ones(3, 2))
+        self.assertExpectedInline(program(t, CPU).source, """\
+def run(env, gen, ck, chk, same):
+    t0 = env.pop(0)
+    t1 = t_default(t0)
+    ck and same(0, t1)
+    t2 = mm_default(t1, t0)
+    ck and same(1, t2)
+    t3 = relu_default(t2)
+    ck and same(2, t3)
+    del t2
+    t4 = mul_Tensor(t3, 2)
+    ck and same(3, t4)
+    env[0] = t0
+    env[1] = t1
+    env[3] = t3
+    env[4] = t4
+    return
+""")
+
+
+def _run(t, args, keep_all=False):
+    return execute(t, lambda: bind_leaves(t, args, None, None, CPU, 0), CPU, True,
+                   keep_all=keep_all)
+
+
+def test_program_frees_what_the_traced_run_freed_and_keeps_the_output():
+    x = torch.randn(3, 2)
+    t = md.trace(_rebinding, x)
+    product = t.calls[1].output_metas[0].id
+    env, mismatches = _run(t, (x,))
+    assert mismatches == []
+    assert product not in env and t.output_meta.id in env
+    torch.testing.assert_close(env[t.output_meta.id], _rebinding(x))
+
+
+def test_program_keep_all_keeps_every_tensor():
+    x = torch.randn(3, 2)
+    t = md.trace(lambda x: (x.t() @ x).relu(), x)
+    env, _ = _run(t, (x,), keep_all=True)
+    assert sorted(env) == sorted({m.id for c in t.calls for m in c.inputs + c.output_metas})
+    assert torch.equal(env[t.calls[0].output_metas[0].id], x.t())
+
+
+def test_program_is_compiled_once_per_trace_and_device():
+    t = md.trace(lambda x: x + 1, torch.ones(2))
+    assert program(t, CPU) is program(t, CPU)
+    assert program(t, CPU, keep_all=True) is not program(t, CPU)
+
+
+def test_replay_error_names_the_failing_call():
+    t = md.trace(lambda x, i: (x * 2)[i], torch.ones(4), torch.tensor([1]))
+    with pytest.raises(IndexError) as info:
+        md.replay(t, (torch.ones(4), torch.tensor([10])))
+    assert "while replaying call #1: " in "".join(info.value.__notes__)
+    assert "aten.index.Tensor" in "".join(info.value.__notes__)
+
+
+def test_replay_wrong_rule_for_a_multi_output_op_is_a_mismatch():
+    @md.register_meta(torch.ops.aten.max.dim, override=True)
+    def bad_max(x, dim, keepdim=False):
+        return x.new_empty(x.shape[0]), x.new_empty(x.shape[0] + 1, dtype=torch.long)
+
+    try:
+        t = md.trace(lambda x: torch.max(x, 1), torch.randn(3, 4))
+    finally:
+        md.unregister_meta(torch.ops.aten.max.dim)
+    r = md.replay(t, (torch.randn(3, 4),))
+    (m,) = r.mismatches
+    assert (m.op, m.output, m.fields) == ("aten.max.dim", 1, ("shape",))
