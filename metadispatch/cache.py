@@ -13,8 +13,13 @@ Everything that can change the answer: a user rule registered between two
 calls (registry version), the mode's device override, the logical device
 (a device-specific rule may answer differently), each tensor's shape,
 strides, storage offset, dtype, logical device and conj/neg bits, and the
-non-tensor arguments by value.  FakeTensorMode's cache is process-global
-and keyed without its mode's options; ours lives on each mode.
+non-tensor arguments by value.  The entries are shared by every MetaMode in
+the process, as FakeTensorMode's are, so tracing a model a second time (the
+next test, the next step) runs no meta kernel at all; unlike FakeTensorMode's,
+the key holds the mode option that changes answers (its device), so one mode
+is never served what another computed differently.  Rules must be pure
+functions of their arguments -- ``MetaMode(cache=False)`` for those that are
+not.  At most :data:`LIMIT` entries are kept, the oldest dropped first.
 
 Not cached at all: ops whose output depends on data (they raise, or are
 answered by a real kernel under ``md.check``), ops that change their
@@ -38,16 +43,25 @@ from . import _compat
 from .tensor import META, MetaTensor, wrap
 from .trace import TensorMeta
 
-__all__ = ["MetaCache", "UNCACHABLE"]
+__all__ = ["MetaCache", "UNCACHABLE", "clear", "LIMIT"]
 
 UNCACHABLE = object()
+LIMIT = 16384  # entries in the shared cache, a few hundred bytes each: ~150 per model
+_SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
 _HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
              torch.memory_format)
 
 
+def clear() -> None:
+    """Forget every cached answer (the next call of each op runs its rule again)."""
+    _SHARED.clear()
+
+
 class MetaCache:
-    def __init__(self) -> None:
-        self.entries: dict = {}
+    """One mode's view of the shared entries, with its own counters."""
+
+    def __init__(self, entries: dict | None = None) -> None:
+        self.entries = _SHARED if entries is None else entries
         self.hits = 0
         self.misses = 0
         self.bypasses = 0
@@ -66,7 +80,13 @@ class MetaCache:
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
         """``tensors``: the call's tensor arguments, in dispatch order."""
-        self.entries[key] = (_recipe(f, tensors, result), stage)
+        self.store(key, _recipe(f, tensors, result), stage)
+
+    def store(self, key, recipe, stage) -> None:
+        entries = self.entries
+        if len(entries) >= LIMIT:
+            del entries[next(iter(entries))]  # dicts keep insertion order
+        entries[key] = (recipe, stage)
 
     def replay(self, recipe, tensors, device):
         self.hits += 1

@@ -95,7 +95,7 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
     out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
     cache.misses += 1
     if before is not None and before != _written_keys(f, args, kwargs):
-        cache.entries[key] = (UNCACHABLE, stage)  # it changed its argument's metadata
+        cache.store(key, UNCACHABLE, stage)  # it changed its argument's metadata
     else:
         cache.remember(key, f, tensors, out, stage)
     return out, stage

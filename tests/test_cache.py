@@ -130,3 +130,46 @@ def test_cache_inplace_returns_the_argument():
         x, y = torch.zeros(3), torch.zeros(3)
         assert x.add_(1) is x
         assert y.add_(1) is y
+
+
+def _layers(x):
+    lin = torch.nn.Linear(8, 8)
+    return lin(lin(x)).relu()
+
+
+def test_cache_is_shared_by_modes():
+    md.cache.clear()
+    first, second = md.MetaMode(), md.MetaMode()
+    md.tracer(mode_factory=lambda: first)(_layers, torch.ones(2, 8))
+    md.tracer(mode_factory=lambda: second)(_layers, torch.ones(2, 8))
+    assert first.cache.misses > 0
+    assert second.cache.misses == 0 and second.cache.hits > 0
+    assert str(second.trace) == str(first.trace)
+
+
+def test_cache_shared_entries_are_keyed_on_the_modes_device():
+    @md.register_meta(aten.relu.default)
+    def relu_meta(x):  # a device-specific answer: column-major on cuda only
+        stride = (1, x.shape[0]) if x.device.type == "cuda" else (x.shape[1], 1)
+        return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+
+    try:
+        with md.MetaMode():
+            on_cpu = torch.relu(torch.ones(3, 4))
+        with md.MetaMode(device="cuda"):
+            on_cuda = torch.relu(torch.ones(3, 4))
+    finally:
+        md.unregister_meta(aten.relu.default)
+    assert (on_cpu.stride(), on_cuda.stride()) == ((4, 1), (1, 3))
+
+
+def test_cache_drops_its_oldest_entries_beyond_the_limit(monkeypatch):
+    md.cache.clear()
+    monkeypatch.setattr(md.cache, "LIMIT", 3)
+    with md.MetaMode():
+        for n in range(6):
+            torch.zeros(n)  # one key per size
+    sizes = [key[3] for key in md.cache._SHARED]
+    assert sizes == [(tuple, ((int, n),)) for n in (3, 4, 5)]
+    md.cache.clear()
+    assert not md.cache._SHARED
