@@ -31,7 +31,7 @@ from .errors import MaterializeLimitError
 from .tensor import META, in_kernel, wrap
 from .trace import TensorMeta
 
-__all__ = ["materialize", "run_real", "diff", "meta_like", "to_meta_outputs", "nbytes",
+__all__ = ["materialize", "run_real", "map_args", "flat", "diff", "meta_like", "to_meta_outputs", "nbytes",
            "alias_pattern", "DEFAULT_LIMIT"]
 
 DEFAULT_LIMIT = 1 << 30  # bytes of real inputs md.check may allocate for one call
@@ -121,9 +121,27 @@ def _cpu(x):
     return x
 
 
+def map_args(fn, args, kwargs):
+    """``fn`` applied to every argument and list element.
+
+    An aten schema nests arguments at most one list deep (``Tensor[]``,
+    ``int[]``), and pytree's general walk costs ten times this per call.
+    """
+    def one(x):
+        return type(x)(fn(y) for y in x) if type(x) in (list, tuple) else fn(x)
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def flat(out) -> list:
+    """The leaves of an op's result: lists and tuples flattened, to any depth."""
+    if type(out) not in (list, tuple):
+        return [out]
+    return [leaf for o in out for leaf in flat(o)]
+
+
 def run_real(func, args, kwargs):
     """Call ``func`` on real CPU arguments; device arguments are moved to CPU."""
-    args, kwargs = pytree.tree_map(_cpu, (args, kwargs))
+    args, kwargs = map_args(_cpu, args, kwargs)
     if kwargs.get("pin_memory"):
         kwargs = dict(kwargs, pin_memory=False)
     with torch.no_grad(), _compat.no_python_dispatch():

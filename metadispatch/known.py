@@ -31,8 +31,8 @@ at most one element only.
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
 
+from .compare import flat, map_args, materialize, run_real, to_meta_outputs
 from .tensor import MetaTensor
 
 __all__ = ["value_of", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
@@ -88,8 +88,6 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
         if f.mutates:
             _invalidate(func, args, kwargs)
         return
-    from .compare import run_real
-
     real_args, real_kwargs = _substitute(args, kwargs, reals)
     real_out = run_real(func, real_args, real_kwargs)
     if f.name in _LIFT:
@@ -106,13 +104,10 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     reals = _values(f, tensors, mode)
     if reals is None:
         return None
-    from .compare import run_real, to_meta_outputs
-
     real_args, real_kwargs = _substitute(args, kwargs, reals)
     real_out = run_real(func, real_args, real_kwargs)
     out = to_meta_outputs(real_out, device)
-    if all(o.numel() <= _limit(mode) for o in pytree.tree_leaves(real_out)
-           if isinstance(o, torch.Tensor)):
+    if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
         _attach(out, real_out, None)
     return out
 
@@ -125,7 +120,7 @@ def _may_know(f, tensors) -> bool:
 
 
 def _small(result, mode) -> bool:
-    outs = [o for o in pytree.tree_leaves(result) if isinstance(o, MetaTensor)]
+    outs = [o for o in flat(result) if isinstance(o, MetaTensor)]
     return bool(outs) and all(o.numel() <= _limit(mode) for o in outs)
 
 
@@ -134,8 +129,6 @@ def _values(f, tensors, mode) -> dict | None:
     if _limit(mode) <= 0:
         return None
     if f.name in _SHAPE_ONLY:
-        from .compare import materialize
-
         if any(t.numel() > _limit(mode) for t in tensors):
             return None
         return {id(t): materialize(t, limit=None)[0] for t in tensors}
@@ -160,13 +153,12 @@ def _literal(t, mode) -> dict | None:
 
 
 def _substitute(args, kwargs, reals):
-    return pytree.tree_map(
-        lambda x: reals.get(id(x), x) if isinstance(x, MetaTensor) else x, (args, kwargs))
+    return map_args(lambda x: reals.get(id(x), x) if isinstance(x, MetaTensor) else x, args, kwargs)
 
 
 def _attach(result, real_out, cell) -> None:
-    metas = pytree.tree_leaves(result)
-    reals = pytree.tree_leaves(real_out)
+    metas = flat(result)
+    reals = flat(real_out)
     if len(metas) != len(reals):
         return
     for m, r in zip(metas, reals):
