@@ -39,7 +39,10 @@ def _step(model, backward):
     return run
 
 
-def measure(model_cls, cfg, backward: bool, repeat: int = 5) -> dict:
+def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False) -> dict:
+    """Times of one step under each tool.  Both caches are process-wide and
+    warm after the first run; with ``cold`` both are cleared before every run
+    (the first trace of a model in a fresh process)."""
     times = {}
     model, ids = _build(model_cls, cfg, torch.device("meta"))
     step = _step(model, backward)
@@ -55,6 +58,8 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5) -> dict:
     fstep = _step(fmodel, backward)
 
     def run_fake():
+        if cold:
+            FakeTensorMode.cache_clear()
         with fake:
             fstep(fids)
     times["FakeTensorMode"] = best_of(run_fake, repeat)
@@ -62,7 +67,12 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5) -> dict:
     mmodel, mids = _build(model_cls, cfg, md.MetaMode())
     mstep = _step(mmodel, backward)
     calls = len(md.trace(mstep, mids))
-    times["md.trace"] = best_of(lambda: md.trace(mstep, mids), repeat)
+
+    def run_md():
+        if cold:
+            md.cache.clear()
+        md.trace(mstep, mids)
+    times["md.trace"] = best_of(run_md, repeat)
     return {"times": times, "calls": calls}
 
 
@@ -119,11 +129,13 @@ def main() -> None:
     print(machine())
     print()
     rows = []
-    cases = [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8), True),
-             ("LLaMA 8L/1024 fw", LlamaForCausalLM, llama_config(8), False),
-             ("GPT-2 (defaults) fw+bw", GPT2LMHeadModel, GPT2Config(), True)]
-    for label, cls, cfg, backward in cases:
-        r = measure(cls, cfg, backward)
+    cases = [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8), True, False),
+             ("LLaMA 8L/1024 fw", LlamaForCausalLM, llama_config(8), False, False),
+             ("GPT-2 (defaults) fw+bw", GPT2LMHeadModel, GPT2Config(), True, False),
+             ("LLaMA 8L/1024 fw+bw, cold", LlamaForCausalLM, llama_config(8), True, True),
+             ("GPT-2 fw+bw, cold", GPT2LMHeadModel, GPT2Config(), True, True)]
+    for label, cls, cfg, backward, cold in cases:
+        r = measure(cls, cfg, backward, cold=cold)
         t = r["times"]
         rows.append((label, r["calls"], *(f"{t[k] * 1e3:.0f} ms" for k in t),
                      f"{t['md.trace'] / t['FakeTensorMode']:.2f}x"))
