@@ -3,12 +3,15 @@
     python benchmarks/bench_replay.py            # CPU, and CUDA when available
 
 Eager runs the model with autograd; replay runs the recorded trace (forward
-and backward calls) with metadata checks on.  Each is timed in phases of its
-own (see ``_best_seconds``), best of ``--repeat`` after warm-up.  Targets:
-replay/eager <= 1.10 (issue 3), <= 1.05 (issue 6).
+and backward calls) with metadata checks on.  Each is timed in a process of
+its own (three each, alternating), best of ``--repeat`` after two warm-up
+runs: interleaving them in one process made each start from the allocator
+state the other left (0 minor page faults for an eager step after an eager
+step, 175,000 after a replay step).  Targets: replay/eager <= 1.10 (issue
+3), <= 1.05 (issue 6).
 
-Each model is measured twice, in processes of their own (glibc reads its
-settings at start-up):
+Each model is measured under two allocator settings (glibc reads them at
+start-up, hence the processes):
 
 * ``default`` -- glibc's malloc as it comes.  Tensors above its mmap threshold
   are mapped fresh and returned to the kernel when freed, so every step pays
@@ -58,32 +61,33 @@ MODELS = {  # name -> (model, batch, sequence length)
 }
 
 
-def _best_seconds(fns, repeat: int, device) -> list:
-    """Best wall time of each function, each measured in a phase of its own.
+def _best_seconds(fn, repeat: int, device) -> float:
+    """Best time of ``fn`` over ``repeat`` runs, after two warm-up runs.
 
-    Interleaving eager and replay runs makes each start from the allocator
-    state the other left: whichever follows pays first-touch page faults for
-    memory the other returned to the OS (seen: 0 minor faults for an eager
-    step after an eager step, 175,000 after a replay step).  So each function
-    warms up twice and is then timed ``repeat`` times in a row; the phases
-    alternate twice to share slow spells of a busy machine.
+    On CPU the process's CPU time, as in the other benchmarks (one thread, so
+    it equals wall time on an idle machine and is not inflated by other work
+    on a busy one); on CUDA wall time between synchronisations.
     """
-    best = [float("inf")] * len(fns)
-    for _ in range(2):
-        for i, fn in enumerate(fns):
-            for rnd in range(repeat + 2):  # two warm-up runs
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if rnd >= 2:
-                    best[i] = min(best[i], time.perf_counter() - t0)
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
+    best = float("inf")
+    for rnd in range(repeat + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = clock()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if rnd >= 2:
+            best = min(best, clock() - t0)
     return best
 
 
-def bench(name: str, device: torch.device, repeat: int) -> tuple:
+def bench(name: str, side: str, device: torch.device, repeat: int) -> tuple:
+    """(calls, best seconds) of one side, "eager" or "replay".
+
+    Both sides build the model, trace it and copy it, so each measuring
+    process has the same history; only then does one side run.
+    """
     build, batch, seq = MODELS[name]
     torch.manual_seed(0)
     model = build().to(device)
@@ -98,7 +102,7 @@ def bench(name: str, device: torch.device, repeat: int) -> tuple:
     def replay():
         md.replay(trace, (model, ids), device=device)
 
-    return (len(trace), *_best_seconds([eager, replay], repeat, device))
+    return len(trace), _best_seconds(eager if side == "eager" else replay, repeat, device)
 
 
 ALLOCATORS = {  # name -> environment for the measuring process
@@ -107,29 +111,43 @@ ALLOCATORS = {  # name -> environment for the measuring process
 }
 
 
+def _measure(name: str, side: str, device: str, malloc: str, repeat: int) -> tuple:
+    """Run one side in a fresh process: (calls, seconds)."""
+    out = subprocess.run([sys.executable, __file__, "--side", side, "--models", name,
+                          "--device", device, "--repeat", str(repeat)],
+                         env={**os.environ, **ALLOCATORS[malloc]}, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return int(out[-2]), float(out[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
-    parser.add_argument("--malloc", choices=[*ALLOCATORS, "both"], default="both")
+    parser.add_argument("--malloc", nargs="*", choices=list(ALLOCATORS), default=list(ALLOCATORS))
+    parser.add_argument("--side", choices=["eager", "replay"], help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     opts = parser.parse_args()
-    if opts.malloc == "both":
-        print(f"{'model':<12} {'device':<7} {'malloc':<8} {'calls':>6} {'eager ms':>9} "
-              f"{'replay ms':>10} {'ratio':>6}", flush=True)
-        for name in opts.models:
-            for malloc, env in ALLOCATORS.items():
-                subprocess.run([sys.executable, __file__, "--repeat", str(opts.repeat),
-                                "--models", name, "--malloc", malloc],
-                               env={**os.environ, **env}, check=True)
+    if opts.side:  # a measuring process: print "calls seconds"
+        torch.set_num_threads(1)  # as the other benchmarks: one thread, less noise
+        print(*bench(opts.models[0], opts.side, torch.device(opts.device), opts.repeat))
         return
-    torch.set_num_threads(1)  # as the other benchmarks: one thread, less noise
-    devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    print(f"{'model':<12} {'device':<7} {'malloc':<8} {'calls':>6} {'eager ms':>9} "
+          f"{'replay ms':>10} {'ratio':>6}", flush=True)
     for device in devices:
         for name in opts.models:
-            repeat = min(opts.repeat, 2) if name == "llama-1024x8" else opts.repeat
-            calls, eager, replay = bench(name, device, repeat)
-            print(f"{name:<12} {device.type:<7} {opts.malloc:<8} {calls:>6} {eager * 1e3:>9.2f} "
-                  f"{replay * 1e3:>10.2f} {replay / eager:>6.2f}", flush=True)
+            repeat = min(opts.repeat, 5) if name == "llama-1024x8" else opts.repeat
+            for malloc in opts.malloc:
+                # Three processes per side, alternating: the same step varies
+                # by up to 15% from one process to the next.
+                best = {"eager": float("inf"), "replay": float("inf")}
+                for side in ["eager", "replay"] * 3:
+                    calls, seconds = _measure(name, side, device, malloc, repeat)
+                    best[side] = min(best[side], seconds)
+                print(f"{name:<12} {device:<7} {malloc:<8} {calls:>6} {best['eager'] * 1e3:>9.2f} "
+                      f"{best['replay'] * 1e3:>10.2f} {best['replay'] / best['eager']:>6.2f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

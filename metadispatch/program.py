@@ -56,6 +56,7 @@ class Program(NamedTuple):
     run: Any
     source: str
     calls: list  # the trace's OpCalls, by position
+    singles: list  # each call's TensorMeta where it returns one tensor, else None
     starts: list  # first source line of each call
 
     def call_index(self, tb) -> int | None:
@@ -140,7 +141,9 @@ class _Writer:
         self.lines.append("    return")
         source = "\n".join(self.lines) + "\n"
         exec(compile(source, _FILENAME, "exec"), self.names)  # noqa: S102 -- our own code
-        return Program(self.names["run"], source, list(calls), starts)
+        singles = [c.outputs[0] if len(c.outputs) == 1 and type(c.outputs[0]) is TensorMeta
+                   else None for c in calls]
+        return Program(self.names["run"], source, list(calls), singles, starts)
 
     def _call(self, n: int, call) -> None:
         args = ", ".join([self._arg(a) for a in call.args] +
