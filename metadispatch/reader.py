@@ -16,7 +16,7 @@ JSON paths are built only then, too.
 from __future__ import annotations
 
 import base64
-from itertools import chain
+from itertools import chain, repeat
 
 import torch
 
@@ -146,9 +146,11 @@ class Reader:
         devices = self.strs(devices, "tensors.device")
         by_dtype = {n: self.dtype(n, f"tensors.dtype[{dtypes.index(n)}]") for n in set(dtypes)}
         by_device = {n: self.device(n, f"tensors.device[{devices.index(n)}]") for n in set(devices)}
-        return list(map(TensorMeta, ids, map(tuple, shapes), map(by_dtype.__getitem__, dtypes),
-                        map(tuple, strides), offsets, map(by_device.__getitem__, devices), rgs,
-                        storages))
+        # tuple.__new__ on rows from zip: the NamedTuple's own __new__ is
+        # Python code, and this table has a row per tensor record.
+        return list(map(tuple.__new__, repeat(TensorMeta), zip(
+            ids, map(tuple, shapes), map(by_dtype.__getitem__, dtypes), map(tuple, strides),
+            offsets, map(by_device.__getitem__, devices), rgs, storages)))
 
     def leaves(self, cols: list) -> list:
         tensors, kinds, names, values = cols
@@ -217,9 +219,18 @@ class Reader:
         """``value`` of each of ``xs``, with tensor references (most arguments) taken first."""
         if set(map(type, xs)) <= _PLAIN:  # [1, 0], shapes, scalars
             return tuple(xs)
-        ref, value = self.ref, self.value
-        return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
-                      else value(x, (where, k), mode) for k, x in enumerate(xs)])
+        # ``ref``, inlined for the common good reference: this loop runs for
+        # every argument and output of every call.
+        tensors, defined, n, out = self.tensors, self.defined, len(self.tensors), []
+        for k, x in enumerate(xs):
+            i = x.get("t") if type(x) is dict and len(x) == 1 else None
+            if type(i) is int and 0 <= i < n and (mode != _USE or tensors[i].id in defined):
+                if mode == _DEFINE:
+                    defined.add(tensors[i].id)
+                out.append(tensors[i])
+            else:  # anything else, or a bad reference to report
+                out.append(self.value(x, (where, k), mode))
+        return tuple(out)
 
     def tagged(self, x: dict, where, mode: int):
         if len(x) != 1:
