@@ -63,11 +63,11 @@ def rss_7b() -> tuple:
 
 def save_load() -> tuple:
     step, ids = _llama_step(llama_config(8))
-    record = best_of(lambda: md.trace(step, ids), 3)
+    record = best_of(lambda: md.trace(step, ids), 7)
     t = md.trace(step, ids)
     path = os.path.join(tempfile.mkdtemp(), "t.json.gz")
-    save = best_of(lambda: t.save(path), 3)
-    load = best_of(lambda: md.Trace.load(path), 3)
+    save = best_of(lambda: t.save(path), 7)
+    load = best_of(lambda: md.Trace.load(path), 7)
     return record, save, load, os.path.getsize(path)
 
 
