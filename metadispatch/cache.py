@@ -37,6 +37,8 @@ offsets are exact), the very input object ``i`` (in-place, ``out=``,
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from . import _compat
@@ -48,6 +50,7 @@ __all__ = ["MetaCache", "UNCACHABLE", "clear", "LIMIT"]
 UNCACHABLE = object()
 LIMIT = 16384  # entries in the shared cache, a few hundred bytes each: ~150 per model
 _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
+_STORE_LOCK = threading.Lock()
 _HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
              torch.memory_format)
 
@@ -83,10 +86,13 @@ class MetaCache:
         self.store(key, _recipe(f, tensors, result), stage)
 
     def store(self, key, recipe, stage) -> None:
-        entries = self.entries
-        if len(entries) >= LIMIT:
-            del entries[next(iter(entries))]  # dicts keep insertion order
-        entries[key] = (recipe, stage)
+        # Only misses get here; the lock keeps two tracing threads from
+        # evicting at once (iterating a dict another thread resizes raises).
+        with _STORE_LOCK:
+            entries = self.entries
+            while len(entries) >= LIMIT:
+                del entries[next(iter(entries))]  # dicts keep insertion order
+            entries[key] = (recipe, stage)
 
     def replay(self, recipe, tensors, device):
         self.hits += 1

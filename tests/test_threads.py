@@ -101,3 +101,23 @@ def test_threads_logical_cuda_survives_other_threads_exit():
     _run_threads(first, second)
     assert devices == [torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 0)]
     assert torch.cuda._lazy_init is lazy_init  # nothing global was patched
+
+
+def test_threads_share_the_metadata_cache_while_it_evicts(monkeypatch):
+    # A tiny limit makes every miss evict while the other thread stores.
+    monkeypatch.setattr(md.cache, "LIMIT", 4)
+    barrier = threading.Barrier(2)
+    shapes = {}
+
+    def worker(name, offset):
+        def run():
+            barrier.wait()
+            with md.MetaMode():
+                shapes[name] = [tuple((torch.ones(n + offset, 3) @ torch.ones(3, n)).shape)
+                                for n in range(1, 40)]
+        return run
+
+    _run_threads(worker("a", 0), worker("b", 100))
+    assert shapes["a"] == [(n, n) for n in range(1, 40)]
+    assert shapes["b"] == [(n + 100, n) for n in range(1, 40)]
+    assert len(md.cache._SHARED) <= 4
