@@ -14,7 +14,10 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["metadispatch", "metadispatch.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.5", "numpy"],  # numpy: torch warns without it; trace files encode bytes through it
+    # numpy: torch warns without it; trace files encode bytes through it.
+    # orjson: trace files are JSON, and the standard library's encoder was
+    # as slow as everything else in saving together.
+    install_requires=["torch>=2.5", "numpy", "orjson>=3.9"],
     extras_require={
         "hf": ["transformers>=4.45"],
         "plot": ["matplotlib"],

@@ -321,6 +321,13 @@ def _decode_float(v):
     return float(v)
 
 
+def _decode_int(v: str) -> int:
+    # int() alone would also take " 12", "1_000" and non-ASCII digits.
+    if not (isinstance(v, str) and v.isascii() and v.removeprefix("-").isdigit()):
+        raise ValueError(v)
+    return int(v)
+
+
 def _decode_complex(real: str, imag: str) -> complex:
     return complex(float(real), float(imag))  # float() parses numbers only
 
@@ -336,6 +343,7 @@ def _enum(kind):
 
 _TAGS = {
     "float": _decode_float,
+    "int": _decode_int,
     "dtype": _enum(torch.dtype),
     "layout": _enum(torch.layout),
     "memory_format": _enum(torch.memory_format),

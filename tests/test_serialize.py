@@ -205,3 +205,28 @@ def test_serialize_keeps_storage_deaths_so_memory_agrees(tmp_path, llama_trace):
     loaded = md.Trace.load(tmp_path / "t.json")
     assert loaded.deaths == t.deaths and loaded.deaths
     assert md.memory(loaded).peak == md.memory(t).peak
+
+
+def test_serialize_integers_beyond_64_bits_round_trip_exactly(tmp_path):
+    big = (2**64 - 1, 2**64 + 1, -(2**63) - 1, 3**50)
+    t = md.trace(lambda x: (x + 1, big), torch.ones(2))
+    path = tmp_path / "big.json"
+    t.save(path)
+    assert '{"int":"18446744073709551617"}' in path.read_text()
+    loaded = md.Trace.load(path).output_meta[1]
+    assert loaded == big and all(type(i) is int for i in loaded)
+
+
+def test_serialize_reads_version_2_files_with_exact_big_integers(tmp_path, good_doc):
+    doc = dict(good_doc, version=2, output=[good_doc["output"], 2**70 + 1])
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(doc))
+    big = md.Trace.load(path).output_meta[1]
+    assert type(big) is int and big == 2**70 + 1  # a float would have lost the 1
+
+
+def test_serialize_bad_int_tag_is_a_trace_format_error(tmp_path, good_doc):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(dict(good_doc, output={"int": "1_000"})))
+    with pytest.raises(md.TraceFormatError, match="output: bad int value '1_000'"):
+        md.Trace.load(path)
