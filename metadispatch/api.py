@@ -60,7 +60,9 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
 
     Real tensors in the arguments, and the real parameters and buffers of any
     module that runs, are stood in for by MetaTensors; the user's tensors and
-    modules are never modified (no ``.grad``, no buffer updates).
+    modules are never modified (no ``.grad``, no buffer updates).  An
+    optimizer built before the trace steps on the stand-ins, from MetaTensor
+    copies of its state, and is left as it was.
 
     >>> import torch, metadispatch as md
     >>> model = torch.nn.Linear(3, 2)

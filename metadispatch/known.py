@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import torch
 
+from . import _compat
 from .compare import flat, map_args, materialize, run_real, to_meta_outputs
 from .tensor import MetaTensor
 
-__all__ = ["value_of", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
+__all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
@@ -66,6 +67,17 @@ def value_of(t) -> torch.Tensor | None:
     return kv[0]
 
 
+def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
+    """Give ``t`` a copy of ``real`` as its value, if small enough for ``mode``.
+
+    A copy, made for real (not by the mode): in-place ops update a known
+    value where it lives.
+    """
+    if real.numel() <= _limit(mode):
+        with _compat.no_python_dispatch():
+            t._md_known = (real.detach().clone(), _Cell())
+
+
 def _limit(mode) -> int:
     return DEFAULT_LIMIT if mode is None else getattr(mode, "known_limit", DEFAULT_LIMIT)
 
@@ -82,7 +94,9 @@ def concerns(f, tensors) -> bool:
 def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     """Give the outputs of a routed call their value when all inputs are known."""
     reals = None
-    if _may_know(f, tensors) and _small(result, mode):
+    # An op that returns nothing (``_foreach_add_`` on step counts) updates
+    # its inputs: those are what must be small.
+    if _may_know(f, tensors) and _small(tensors if result is None else result, mode):
         reals = _values(f, tensors, mode)
     if reals is None:
         if f.mutates:

@@ -12,15 +12,30 @@ stand-ins.  The swap writes to the modules' ``_parameters``/``_buffers``
 dicts and is undone on exit, also on exceptions, so the user's module ends
 exactly as it began: same tensors, no ``.grad``, buffers unchanged (in-place
 buffer updates such as batch-norm statistics hit the stand-ins).
+
+Note [Optimizers built outside the trace]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+An optimizer made before ``md.trace`` holds the real parameters, whose
+``.grad`` stays None while the stand-ins get the gradients: its ``step``
+would silently do nothing.  So on an optimizer's first ``step`` in the trace
+(torch's global step pre-hook), its param groups are pointed at the
+stand-ins and its ``state`` is replaced by MetaTensor copies (Adam's
+moments after real steps, say); both are put back on exit.  Its ``zero_grad``
+before that first step reaches the real parameters: setting ``.grad`` to
+None is undone on exit, and an in-place ``zero_()`` of a real gradient is an
+aten call, which the mode applies to a MetaTensor copy.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from . import known
 from .tensor import MetaTensor
 
 __all__ = ["StandIns"]
@@ -35,11 +50,15 @@ class StandIns:
         self._depth = 0
         self._thread = threading.get_ident()
         self._handles: list = []
+        self._stand_of: dict = {}  # id(real tensor) -> its stand-in
+        self._grads: list = []  # (real parameter, its .grad before the trace)
+        self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
 
     def __enter__(self):
         self._handles = [
             nn.modules.module.register_module_forward_pre_hook(self._pre),
             nn.modules.module.register_module_forward_hook(self._post, always_call=True),
+            register_optimizer_step_pre_hook(self._step_pre),
         ]
         return self
 
@@ -50,6 +69,44 @@ class StandIns:
         for table, key, original in reversed(self._undo):
             table[key] = original
         self._undo.clear()
+        for opt, params, state in self._optimizers.values():
+            for group, original in zip(opt.param_groups, params):
+                group["params"] = original
+            opt.state = state
+        self._optimizers.clear()
+        for p, grad in self._grads:
+            if p.grad is not grad:
+                p.grad = grad  # zero_grad(set_to_none=True) reached a real parameter
+        self._grads.clear()
+        self._stand_of.clear()
+
+    def _step_pre(self, opt, args, kwargs) -> None:
+        """Note [Optimizers built outside the trace]."""
+        if threading.get_ident() != self._thread or id(opt) in self._optimizers:
+            return
+        self._optimizers[id(opt)] = (opt, [g["params"] for g in opt.param_groups], opt.state)
+        for group in opt.param_groups:
+            group["params"] = [self._stand_of.get(id(p), p) for p in group["params"]]
+        state = defaultdict(dict)
+        for p, entry in opt.state.items():
+            stand = self._stand_of.get(id(p))
+            state[p if stand is None else stand] = entry if stand is None else {
+                k: self._state_copy(v, f"{stand.__dict__.get('_md_name', (0, '?'))[1]}.{k}")
+                for k, v in entry.items()}
+        opt.state = state
+
+    def _state_copy(self, v, name: str):
+        if not isinstance(v, torch.Tensor):
+            return v
+        meta = self.mode.from_tensor(v)
+        meta._md_name = ("input", f"optimizer state {name}")
+        # Recorded as a constant (its value kept up to the mode's limit, for
+        # replay), and a step count read with .item() (Adam without
+        # capturable) is a known value, as it would be had the optimizer been
+        # made in the trace.
+        self.mode._recorder.real_of[id(meta)] = v
+        known.know(meta, v, self.mode)
+        return meta
 
     def _pre(self, mod, args):
         if threading.get_ident() != self._thread:
@@ -89,6 +146,9 @@ class StandIns:
                         stand._md_name = names[id(t)]
                     self._undo.append((table, key, t))
                     table[key] = stand
+                    self._stand_of[id(t)] = stand
+                    if table is mod._parameters:
+                        self._grads.append((t, t.grad))
 
     def grads(self, meta_of) -> dict:
         """Parameter name -> TensorMeta of its gradient, for every root that ran."""

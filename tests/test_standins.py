@@ -1,0 +1,88 @@
+"""md.trace leaves the user's modules and optimizers exactly as they were,
+and an optimizer built before the trace still steps (on the stand-ins)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import metadispatch as md
+
+
+def _trained(opt_cls, **opt_kwargs):
+    """A model and optimizer after one real step: real grads and state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    opt = opt_cls(model.parameters(), **opt_kwargs)
+    model(torch.randn(5, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _step(opt):
+    def step(model, x):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    return step
+
+
+OPTIMIZERS = {
+    "adamw": (torch.optim.AdamW, {}),
+    "adamw-foreach": (torch.optim.AdamW, {"foreach": True}),
+    "sgd-momentum": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+}
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not str(func).startswith("profiler."):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_standins_optimizer_built_before_the_trace_steps_on_stand_ins(name):
+    opt_cls, kwargs = OPTIMIZERS[name]
+    model, opt = _trained(opt_cls, **kwargs)
+    t = md.trace(_step(opt), model, torch.ones(2, 4))
+    # Reference: the aten ops of the same step run for real on copies.
+    real_model, real_opt = copy.deepcopy((model, opt))
+    real_opt.zero_grad()
+    real_model(torch.ones(2, 4)).sum().backward()
+    with _Ops() as log:
+        real_opt.step()
+    assert [c.op for c in t if c.phase == "optimizer"] == log.ops
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_standins_optimizer_and_model_are_untouched(name):
+    opt_cls, kwargs = OPTIMIZERS[name]
+    model, opt = _trained(opt_cls, **kwargs)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    grad_values = {n: p.grad.clone() for n, p in model.named_parameters()}
+    state = copy.deepcopy(opt.state_dict())
+    groups = [list(g["params"]) for g in opt.param_groups]
+    md.trace(_step(opt), model, torch.ones(2, 4))
+    for n, p in model.named_parameters():
+        assert torch.equal(p, params[n]) and p.grad is grads[n] and torch.equal(p.grad, grad_values[n])
+    assert [list(g["params"]) for g in opt.param_groups] == groups
+    after = opt.state_dict()
+    for k, entry in state["state"].items():
+        for key, v in entry.items():
+            assert torch.equal(torch.as_tensor(after["state"][k][key]), torch.as_tensor(v)), (k, key)
+
+
+def test_standins_optimizer_state_is_named_and_replays():
+    model, opt = _trained(torch.optim.AdamW)
+    t = md.trace(_step(opt), model, torch.ones(2, 4))
+    names = sorted(leaf.name for leaf in t.leaves.values() if leaf.name.startswith("optimizer"))
+    assert "optimizer state 0.weight.exp_avg" in names and "optimizer state 2.bias.step" in names
+    r = md.replay(t, (model, torch.ones(2, 4)))
+    assert r.ok, r.mismatches
