@@ -19,6 +19,7 @@ directly: views share its storage, and in-place ops that change metadata
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import torch
@@ -232,6 +233,30 @@ class MetaTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a MetaTensor holds no data and cannot be pickled; save a trace instead")
+
+    def __deepcopy__(self, memo):
+        """A ``clone``: an aten call, so a recording mode records the copy.
+
+        torch's own ``__deepcopy__`` copies the storage unless the device is
+        meta -- ours says the logical device -- and then fails to put a CPU
+        storage under a meta tensor; ``nn.TransformerEncoder`` deep-copies its
+        layer at construction.  As a clone, the copy is in the construction
+        trace and ``md.materialize`` gives it the original's values.  Our
+        bookkeeping attributes (``_md*``: recorder, name, known value) are not
+        copied; the parameter flag and the user's attributes are.
+        """
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if not key.startswith("_md"):
+                setattr(new, key, copy.deepcopy(value, memo))
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
 
 
 class Converter:

@@ -15,6 +15,9 @@ BUILDERS = {
     "cnn_batchnorm": cnn,
     "embedding": lambda: nn.Embedding(10, 4, padding_idx=0),
     "transformer_layer": lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
+    # deep-copies its layer: the copies must be clones in the construction trace
+    "transformer_encoder": lambda: nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 3, enable_nested_tensor=False),
     "llama": llama,
     "gpt2": gpt2,
     "bert": bert,

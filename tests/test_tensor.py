@@ -153,3 +153,27 @@ def test_tensor_to_cuda_outside_any_mode_on_a_cpu_only_host():
     assert x.to("cuda", torch.half).dtype == torch.float16
     layer = md.to_meta(torch.nn.Linear(2, 2)).cuda()
     assert layer.weight.device == torch.device("cuda:0") and isinstance(layer.weight, torch.nn.Parameter)
+
+
+def test_tensor_deepcopy_is_a_recorded_clone_keeping_parameters_and_ties():
+    import copy
+
+    with md.MetaMode(device="cuda") as mode:
+        lin = torch.nn.Linear(3, 2)
+        pair = torch.nn.ModuleList([lin, lin])  # the same module twice
+        twin = copy.deepcopy(pair)
+    assert twin[0] is twin[1] and twin[0].weight is not lin.weight
+    assert isinstance(twin[0].weight, torch.nn.Parameter) and twin[0].weight.requires_grad
+    assert twin[0].weight.device == torch.device("cuda", 0)
+    assert [c.op for c in mode.trace].count("aten.clone.default") == 2  # weight, bias
+    assert twin[0].weight._md[1].id != lin.weight._md[1].id  # its own record, not a copy
+
+
+def test_tensor_deepcopy_outside_a_mode():
+    import copy
+
+    x = md.to_meta(torch.ones(2, 3), device="cuda:1")
+    x.note = ["mine"]
+    y = copy.deepcopy(x)
+    assert isinstance(y, md.MetaTensor) and y.device == x.device and y.shape == x.shape
+    assert y.note == ["mine"] and y.note is not x.note
