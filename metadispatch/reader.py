@@ -20,10 +20,11 @@ from itertools import chain, repeat
 
 import torch
 
+from .decode import TAGS, resolve_op
 from .errors import TraceFormatError
 from .trace import Leaf, OpCall, TensorMeta, Trace
 
-__all__ = ["Reader", "resolve_op"]
+__all__ = ["Reader"]
 
 _KINDS = {"arg", "param", "buffer", "const", "input"}
 _PHASES = {"forward", "backward", "optimizer"}
@@ -244,7 +245,7 @@ class Reader:
                         for k, val in v}
             except TypeError:  # a key that decodes to a dict
                 self.fail(where, "a dict key must be a plain value")
-        decode = _TAGS.get(tag)
+        decode = TAGS.get(tag)
         if decode is None:
             self.fail(where, f"unknown tag {tag!r}")
         try:
@@ -313,65 +314,6 @@ def _misfit(what: str, v, op: str, n: int) -> str:
     if type(v) is not list:
         return f"expected a list of {what}, got {type(v).__name__}"
     return f"{len(v)} {what} do not fit the schema of {op}, which has {n}"
-
-
-def _decode_float(v):
-    if v not in ("inf", "-inf", "nan"):
-        raise ValueError(v)
-    return float(v)
-
-
-def _decode_int(v: str) -> int:
-    # int() alone would also take " 12", "1_000" and non-ASCII digits.
-    if not (isinstance(v, str) and v.isascii() and v.removeprefix("-").isdigit()):
-        raise ValueError(v)
-    return int(v)
-
-
-def _decode_complex(real: str, imag: str) -> complex:
-    return complex(float(real), float(imag))  # float() parses numbers only
-
-
-def _enum(kind):
-    def decode(name):
-        v = getattr(torch, name) if isinstance(name, str) and not name.startswith("_") else None
-        if not isinstance(v, kind):
-            raise ValueError(name)
-        return v
-    return decode
-
-
-_TAGS = {
-    "float": _decode_float,
-    "int": _decode_int,
-    "dtype": _enum(torch.dtype),
-    "layout": _enum(torch.layout),
-    "memory_format": _enum(torch.memory_format),
-    "device": torch.device,
-    "complex": lambda v: _decode_complex(*v),
-}
-
-
-def resolve_op(name: str):
-    """The OpOverload called ``ns.op.overload``, or None; never runs anything else.
-
-    >>> resolve_op("aten.mm.default")
-    <OpOverload(op='aten.mm', overload='default')>
-    >>> resolve_op("os.system.default") is None
-    True
-    """
-    parts = name.split(".")
-    if len(parts) != 3 or not all(p.isidentifier() and not p.startswith("__") for p in parts):
-        return None
-    ns, op, overload = parts
-    try:
-        packet = getattr(getattr(torch.ops, ns), op)
-    except (AttributeError, RuntimeError):
-        return None
-    if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
-        return None
-    func = getattr(packet, overload)
-    return func if isinstance(func, torch._ops.OpOverload) else None
 
 
 def _is_count(v) -> bool:

@@ -220,7 +220,7 @@ def test_repro_snippet_shows_a_wrong_rule(capsys):
         in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", ["replay", "leaves", "repro", "serialize", "reader", "materialize"])
+@pytest.mark.parametrize("module", ["replay", "leaves", "repro", "serialize", "decode", "materialize"])
 def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")
     result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)
