@@ -1,10 +1,16 @@
 """The recorder: turns dispatched calls into :class:`~metadispatch.trace.OpCall`.
 
-Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta)``:
-the recorder that numbered it and its current :class:`TensorMeta`.  An input
+Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta,
+call)``: the recorder that numbered it, its current :class:`TensorMeta`, and
+the index of the call that last wrote it (None for a leaf).  An input
 without this recorder's token came from outside and becomes a named leaf.
 Outputs get fresh ids; in-place outputs keep the id of the tensor they
 mutated, with new metadata.
+
+Autograd sets ``requires_grad`` (and ``grad_fn``) on an output after
+``__torch_dispatch__`` returns, so the output record is made too early to
+see it.  The next use of the tensor sees it, and corrects the record of the
+call that produced it as well.
 
 Note [Storage numbers and deaths]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -118,14 +124,17 @@ class Recorder:
         if md is not None and md[0] is self.token:
             m = md[1]
             if m.requires_grad != t.requires_grad:
-                m = m._replace(requires_grad=t.requires_grad)
-                t._md = (self.token, m)
+                old, m = m, m._replace(requires_grad=t.requires_grad)
+                t._md = (self.token, m, md[2])
+                if md[2] is not None and t.grad_fn is not None:  # set by autograd, not the user
+                    call = self.trace.calls[md[2]]
+                    call.outputs = _swap(call.outputs, old, m)
             return m
         return self._leaf(t)
 
     def _leaf(self, t: MetaTensor) -> TensorMeta:
         m = self._meta(t, self._new_id(), self._storage_number(t))
-        t._md = (self.token, m)
+        t._md = (self.token, m, None)
         kind, name = t.__dict__.get("_md_name") or ("input", "")
         value = None
         real = self.real_of.get(id(t))
@@ -187,7 +196,7 @@ class Recorder:
                 m = self._meta(o, old.id, old.storage)
             else:
                 m = self._meta(o, self._new_id(), self._storage_number(o))
-            o._md = (self.token, m)
+            o._md = (self.token, m, len(self.trace.calls))  # the index record() gives
             return m
         if type(o) in (list, tuple):
             return tuple(self._out(x) for x in o)
@@ -219,3 +228,12 @@ class Recorder:
                       module, phase, stage, source, note)
         self.trace.calls.append(call)
         return call
+
+
+def _swap(x, old: TensorMeta, new: TensorMeta):
+    """``x`` (an output, or a tuple of them) with ``old`` replaced by ``new``."""
+    if x is old:
+        return new
+    if type(x) is tuple:
+        return tuple(_swap(y, old, new) for y in x)
+    return x

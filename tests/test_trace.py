@@ -209,3 +209,29 @@ def test_trace_backward_attribution_follows_the_autograd_node():
     assert backward["aten.threshold_backward.default"] == "2"
     forward_modules = {c.module for c in t if c.phase == "forward"}
     assert {c.module for c in t if c.phase == "backward"} <= forward_modules
+
+
+def test_trace_output_records_carry_the_requires_grad_autograd_gave():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+
+    def fn(x):
+        y = lin(x).relu()
+        with torch.no_grad():
+            w = y * 2
+        d = y.detach() + 1
+        return y.sum(), w, d
+
+    t = md.trace(fn, torch.ones(4, 3))
+    by_op = {c.op: c.outputs[0].requires_grad for c in t}
+    # The same ops run for real, their outputs read after autograd set them.
+    x = torch.ones(4, 3)
+    real_y = lin(x).relu()
+    with torch.no_grad():
+        real_w = real_y * 2
+    real_d = real_y.detach() + 1
+    assert by_op["aten.addmm.default"] is lin(x).requires_grad is True
+    assert by_op["aten.relu.default"] is real_y.requires_grad
+    assert by_op["aten.sum.default"] is real_y.sum().requires_grad is True
+    assert by_op["aten.mul.Tensor"] is real_w.requires_grad is False
+    assert by_op["aten.add.Tensor"] is real_d.requires_grad is False
