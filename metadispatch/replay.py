@@ -148,18 +148,13 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state
 def _run(prog, env: dict, gen, device, check: bool) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
-    calls, singles, cpu = prog.calls, prog.singles, device.type == "cpu"
+    calls, singles = prog.calls, prog.singles
 
     def chk(n, results):
         _check(calls[n], results, device, mismatches, wrong)
 
-    def same(n, t):
-        # Most calls return one tensor: _same, inlined, with the cheapest
-        # device test (t.device builds a torch.device).
-        m = singles[n]
-        if (t.stride() != m.stride or t.shape != m.shape or t.dtype is not m.dtype
-                or t.storage_offset() != m.storage_offset
-                or not (t.is_cpu if cpu else t.device == device)):
+    def same(n, t):  # most calls return one tensor
+        if not _same(singles[n], t, device):
             _check(calls[n], (t,), device, mismatches, wrong)
 
     try:
@@ -201,8 +196,10 @@ def _pairs(outputs, results):
 
 def _same(m: TensorMeta, t: torch.Tensor, device) -> bool:
     # The common case, kept cheap: this runs for every output of every call.
-    return (t.stride() == m.stride and t.shape == m.shape and t.dtype == m.dtype
-            and t.storage_offset() == m.storage_offset and t.device == device)
+    # On CPU, t.is_cpu rather than t.device, which builds a torch.device.
+    return (t.stride() == m.stride and t.shape == m.shape and t.dtype is m.dtype
+            and t.storage_offset() == m.storage_offset
+            and (t.is_cpu if device.type == "cpu" else t.device == device))
 
 
 def compare(m: TensorMeta, t: torch.Tensor, device) -> tuple | None:
