@@ -127,11 +127,12 @@ class _Writer:
         self.lines: list = ["def run(env, gen, ck, chk, same):"]
 
     def write(self, calls: list, free: dict) -> Program:
-        starts = []
-        freed = set()
+        starts, singles, freed = [], [], set()
         for n, call in enumerate(calls):
             starts.append(len(self.lines) + 1)
-            self._call(n, call)
+            outs = call.outputs
+            singles.append(outs[0] if len(outs) == 1 and type(outs[0]) is TensorMeta else None)
+            self._call(n, call, singles[-1])
             for tid in free.get(n, ()):
                 self.lines.append(f"    del t{tid}")
                 freed.add(tid)
@@ -141,22 +142,19 @@ class _Writer:
         self.lines.append("    return")
         source = "\n".join(self.lines) + "\n"
         exec(compile(source, _FILENAME, "exec"), self.names)  # noqa: S102 -- our own code
-        singles = [c.outputs[0] if len(c.outputs) == 1 and type(c.outputs[0]) is TensorMeta
-                   else None for c in calls]
         return Program(self.names["run"], source, list(calls), singles, starts)
 
-    def _call(self, n: int, call) -> None:
+    def _call(self, n: int, call, single: TensorMeta | None) -> None:
         args = ", ".join([self._arg(a) for a in call.args] +
                          [f"{k}={self._arg(v)}" for k, v in call.kwargs.items()])
         op = self._op(call.func)
-        outs = call.outputs
-        if len(outs) == 1 and type(outs[0]) is TensorMeta:
-            m = outs[0]
-            t = self._define(m.id)
+        if single is not None:
+            t = self._define(single.id)
             self.lines.append(f"    {t} = {op}({args})")
             self.lines.append(f"    ck and same({n}, {t})")
             return
         self.lines.append(f"    r = {op}({args})")
+        outs = call.outputs
         if not outs:  # ops returning nothing (``_foreach_add_``) only mutate
             return
         result = "r" if len(outs) > 1 else "(r,)"
@@ -193,9 +191,11 @@ class _Writer:
     def _const(self, v) -> str:
         if v is None or type(v) in (bool, int):
             return repr(v)
-        name = str(v).removeprefix("torch.")  # ``t3.dtype is float32`` reads best
-        if not isinstance(v, torch.dtype) or self.names.get(name, v) is not v:
-            name = f"k{len(self.names)}"
+        name = f"k{len(self.names)}"
+        if isinstance(v, torch.dtype):  # ``dtype=float32`` reads best
+            named = str(v).removeprefix("torch.")
+            if self.names.get(named, v) is v:
+                name = named
         self.names[name] = v
         return name
 
