@@ -35,7 +35,7 @@ def _decode_complex(real: str, imag: str) -> complex:
 
 def _enum(kind):
     def decode(name):
-        v = getattr(torch, name) if isinstance(name, str) and not name.startswith("_") else None
+        v = getattr(torch, name, None) if isinstance(name, str) and not name.startswith("_") else None
         if not isinstance(v, kind):
             raise ValueError(name)
         return v

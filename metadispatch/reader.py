@@ -220,18 +220,9 @@ class Reader:
         """``value`` of each of ``xs``, with tensor references (most arguments) taken first."""
         if set(map(type, xs)) <= _PLAIN:  # [1, 0], shapes, scalars
             return tuple(xs)
-        # ``ref``, inlined for the common good reference: this loop runs for
-        # every argument and output of every call.
-        tensors, defined, n, out = self.tensors, self.defined, len(self.tensors), []
-        for k, x in enumerate(xs):
-            i = x.get("t") if type(x) is dict and len(x) == 1 else None
-            if type(i) is int and 0 <= i < n and (mode != _USE or tensors[i].id in defined):
-                if mode == _DEFINE:
-                    defined.add(tensors[i].id)
-                out.append(tensors[i])
-            else:  # anything else, or a bad reference to report
-                out.append(self.value(x, (where, k), mode))
-        return tuple(out)
+        ref, value = self.ref, self.value
+        return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
+                      else value(x, (where, k), mode) for k, x in enumerate(xs)])
 
     def tagged(self, x: dict, where, mode: int):
         if len(x) != 1:
@@ -266,10 +257,10 @@ class Reader:
         return m
 
     def dtype(self, name, where: str) -> torch.dtype:
-        d = getattr(torch, name, None) if isinstance(name, str) and not name.startswith("_") else None
-        if not isinstance(d, torch.dtype):
+        try:
+            return TAGS["dtype"](name)
+        except ValueError:
             self.fail(where, f"unknown dtype {name!r}")
-        return d
 
     def device(self, name, where: str) -> torch.device:
         try:
