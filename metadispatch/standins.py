@@ -90,9 +90,11 @@ class StandIns:
         state = defaultdict(dict)
         for p, entry in opt.state.items():
             stand = self._stand_of.get(id(p))
-            state[p if stand is None else stand] = entry if stand is None else {
-                k: self._state_copy(v, f"{stand.__dict__.get('_md_name', (0, '?'))[1]}.{k}")
-                for k, v in entry.items()}
+            if stand is None:
+                state[p] = entry
+            else:
+                owner = stand.__dict__.get("_md_name", ("", "?"))[1]
+                state[stand] = {k: self._state_copy(v, f"{owner}.{k}") for k, v in entry.items()}
         opt.state = state
 
     def _state_copy(self, v, name: str):
