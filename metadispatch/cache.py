@@ -63,8 +63,8 @@ def clear() -> None:
 class MetaCache:
     """One mode's view of the shared entries, with its own counters."""
 
-    def __init__(self, entries: dict | None = None) -> None:
-        self.entries = _SHARED if entries is None else entries
+    def __init__(self) -> None:
+        self.entries = _SHARED
         self.hits = 0
         self.misses = 0
         self.bypasses = 0
