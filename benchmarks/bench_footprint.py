@@ -21,21 +21,14 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
-from benchmarks.common import best_of, llama_config, rss, table  # noqa: E402
+from benchmarks.common import best_of, build, llama_config, rss, table, train_step  # noqa: E402
 
 
 def _llama_step(cfg, device="cpu"):
     from transformers import LlamaForCausalLM
 
-    with md.MetaMode(device=device):
-        model = LlamaForCausalLM(cfg)
-        ids = torch.randint(0, cfg.vocab_size, (1, 128))
-
-    def step(ids):
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        return out.logits
-    return step, ids
+    model, ids = build(LlamaForCausalLM, cfg, md.MetaMode(device=device))
+    return train_step(model), ids
 
 
 def bytes_per_call() -> tuple:

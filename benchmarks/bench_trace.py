@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
-from benchmarks.common import best_of, llama_config, machine, table  # noqa: E402
+from benchmarks.common import best_of, build, llama_config, machine, table, train_step  # noqa: E402
 
 
 class Passthrough(TorchDispatchMode):
@@ -23,29 +23,13 @@ class Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _build(model_cls, cfg, ctx):
-    with ctx:
-        model = model_cls(cfg)
-        ids = torch.randint(0, cfg.vocab_size, (1, 128))
-    return model, ids
-
-
-def _step(model, backward):
-    def run(ids):
-        out = model(input_ids=ids, labels=ids if backward else None)
-        if backward:
-            out.loss.backward()
-        return out.logits
-    return run
-
-
 def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False) -> dict:
     """Times of one step under each tool.  Both caches are process-wide and
     warm after the first run; with ``cold`` both are cleared before every run
     (the first trace of a model in a fresh process)."""
     times = {}
-    model, ids = _build(model_cls, cfg, torch.device("meta"))
-    step = _step(model, backward)
+    model, ids = build(model_cls, cfg, torch.device("meta"))
+    step = train_step(model, backward)
     times["meta device"] = best_of(lambda: step(ids), repeat)
 
     def passthrough():
@@ -54,8 +38,8 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
     times["passthrough mode"] = best_of(passthrough, repeat)
 
     fake = FakeTensorMode()
-    fmodel, fids = _build(model_cls, cfg, fake)
-    fstep = _step(fmodel, backward)
+    fmodel, fids = build(model_cls, cfg, fake)
+    fstep = train_step(fmodel, backward)
 
     def run_fake():
         if cold:
@@ -64,8 +48,8 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
             fstep(fids)
     times["FakeTensorMode"] = best_of(run_fake, repeat)
 
-    mmodel, mids = _build(model_cls, cfg, md.MetaMode())
-    mstep = _step(mmodel, backward)
+    mmodel, mids = build(model_cls, cfg, md.MetaMode())
+    mstep = train_step(mmodel, backward)
     calls = len(md.trace(mstep, mids))
 
     def run_md():
@@ -114,8 +98,8 @@ def scale(layers=(8, 16, 32), repeat: int = 3) -> list[tuple]:
 
     rows = []
     for n in layers:
-        model, ids = _build(LlamaForCausalLM, llama_config(n), md.MetaMode())
-        step = _step(model, True)
+        model, ids = build(LlamaForCausalLM, llama_config(n), md.MetaMode())
+        step = train_step(model, True)
         calls = len(md.trace(step, ids))
         t = best_of(lambda: md.trace(step, ids), repeat)
         rows.append((f"LLaMA {n}L/1024 fw+bw", calls, f"{t * 1e3:.0f} ms", f"{t / calls * 1e6:.1f} us"))

@@ -40,6 +40,24 @@ def llama_config(layers: int = 8, hidden: int = 1024, heads: int = 16, vocab: in
                        vocab_size=vocab, max_position_embeddings=2048)
 
 
+def build(model_cls, cfg, ctx):
+    """``(model, input ids)``, both made under ``ctx`` (a mode or a device)."""
+    with ctx:
+        model = model_cls(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (1, 128))
+    return model, ids
+
+
+def train_step(model, backward: bool = True):
+    """``step(ids) -> logits``: the forward, and the backward of the LM loss."""
+    def step(ids):
+        out = model(input_ids=ids, labels=ids if backward else None)
+        if backward:
+            out.loss.backward()
+        return out.logits
+    return step
+
+
 def rss() -> int:
     with open(f"/proc/{os.getpid()}/status") as f:
         for line in f:

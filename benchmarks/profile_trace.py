@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
-from benchmarks.common import llama_config, table  # noqa: E402
+from benchmarks.common import build, llama_config, table, train_step  # noqa: E402
 from metadispatch import cache, dispatch, known, mode, record  # noqa: E402
 
 STAGES = [  # (label, owner, attribute); owners are patched for the run
@@ -75,23 +75,14 @@ def profile(step, ids, runs: int = 5) -> list:
     return rows
 
 
-def _step(model):
-    def step(ids):
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-    return step
-
-
 def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
     torch.set_num_threads(1)
     for label, cls, cfg in [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8)),
                             ("GPT-2 fw+bw", GPT2LMHeadModel, GPT2Config())]:
-        with md.MetaMode():
-            model = cls(cfg)
-            ids = torch.randint(0, cfg.vocab_size, (1, 128))
-        print(table(profile(_step(model), ids), (f"stage ({label})", "us/call", "share")))
+        model, ids = build(cls, cfg, md.MetaMode())
+        print(table(profile(train_step(model), ids), (f"stage ({label})", "us/call", "share")))
         print()
 
 
