@@ -86,3 +86,23 @@ def test_standins_optimizer_state_is_named_and_replays():
     assert "optimizer state 0.weight.exp_avg" in names and "optimizer state 2.bias.step" in names
     r = md.replay(t, (model, torch.ones(2, 4)))
     assert r.ok, r.mismatches
+
+
+def test_standins_optimizer_restored_and_hook_removed_on_exception():
+    from torch.optim import optimizer as optim_module
+
+    model, opt = _trained(torch.optim.AdamW)
+    state = opt.state
+    groups = [g["params"] for g in opt.param_groups]
+    hooks = dict(optim_module._global_optimizer_pre_hooks)
+
+    def failing(model, x):
+        _step(opt)(model, x)
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        md.trace(failing, model, torch.ones(2, 4))
+    assert opt.state is state
+    assert all(g["params"] is before for g, before in zip(opt.param_groups, groups))
+    assert all(type(p) is torch.nn.Parameter and p.grad is not None for p in model.parameters())
+    assert dict(optim_module._global_optimizer_pre_hooks) == hooks
