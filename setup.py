@@ -24,7 +24,7 @@ setup(
         "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45", "matplotlib"],
     },
     entry_points={
-        "console_scripts": ["metadispatch = metadispatch.__main__:main"],
-        "pytest11": ["metadispatch = metadispatch.pytest_plugin"],
+        "console_scripts": ["metadispatch = metadispatch.cli.main:main"],
+        "pytest11": ["metadispatch = metadispatch.testing.plugin"],
     },
 )

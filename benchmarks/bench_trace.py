@@ -54,7 +54,7 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
 
     def run_md():
         if cold:
-            md.cache.clear()
+            md.core.cache.clear()
         md.trace(mstep, mids)
     times["md.trace"] = best_of(run_md, repeat)
     return {"times": times, "calls": calls}

@@ -67,6 +67,6 @@ def rss() -> int:
 
 
 def table(rows: list[tuple], header: tuple) -> str:
-    from metadispatch.tables import render
+    from metadispatch.analysis.tables import render
 
     return "\n".join(render(header, rows)[1:])  # without render's leading blank line

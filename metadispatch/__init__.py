@@ -13,22 +13,22 @@ while a ``MetaMode`` is entered or ``md.trace`` runs.
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
-from .api import to_meta, trace, tracer
-from .check import check, checker
-from .diff import diff
+from .tracing.tracer import to_meta, trace, tracer
+from .debug.check import check, checker
+from .debug.diff import diff
 from .errors import (DataDependentError, MaterializeLimitError, MetaDispatchError, TraceFormatError,
                      UnsupportedFeatureError, UnsupportedOpError)
-from .flops import flops, register_flops, unregister_flops
-from .memory import LiveStorages, memory
-from .mode import MetaMode
-from .registry import register_meta, unregister_meta
-from .materialize import materialize
-from .replay import Mismatch, Replay, replay
-from .report import Report
-from .verify import RuleCheck, verify_rule
-from .tensor import MetaTensor
-from .tables import module_table, shape_log
-from .trace import Leaf, OpCall, TensorMeta, Trace
+from .analysis.flops import flops, register_flops, unregister_flops
+from .analysis.memory import LiveStorages, memory
+from .core.mode import MetaMode
+from .core.registry import register_meta, unregister_meta
+from .runtime.materialize import materialize
+from .runtime.replay import Mismatch, Replay, replay
+from .debug.report import Report
+from .debug.verify import RuleCheck, verify_rule
+from .core.tensor import MetaTensor
+from .analysis.tables import module_table, shape_log
+from .ir.trace import Leaf, OpCall, TensorMeta, Trace
 
 __version__ = "0.1.0"
 

@@ -23,7 +23,7 @@ def convnet():
 
 
 def llama():
-    from metadispatch.llama import Llama, LlamaConfig
+    from metadispatch.cli.llama import Llama, LlamaConfig
 
     return Llama(LlamaConfig.tiny()), (torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
 

@@ -138,7 +138,7 @@ def _layers(x):
 
 
 def test_cache_is_shared_by_modes():
-    md.cache.clear()
+    md.core.cache.clear()
     first, second = md.MetaMode(), md.MetaMode()
     md.tracer(mode_factory=lambda: first)(_layers, torch.ones(2, 8))
     md.tracer(mode_factory=lambda: second)(_layers, torch.ones(2, 8))
@@ -164,12 +164,12 @@ def test_cache_shared_entries_are_keyed_on_the_modes_device():
 
 
 def test_cache_drops_its_oldest_entries_beyond_the_limit(monkeypatch):
-    md.cache.clear()
-    monkeypatch.setattr(md.cache, "LIMIT", 3)
+    md.core.cache.clear()
+    monkeypatch.setattr(md.core.cache, "LIMIT", 3)
     with md.MetaMode():
         for n in range(6):
             torch.zeros(n)  # one key per size
-    sizes = [key[3] for key in md.cache._SHARED]
+    sizes = [key[3] for key in md.core.cache._SHARED]
     assert sizes == [(tuple, ((int, n),)) for n in (3, 4, 5)]
-    md.cache.clear()
-    assert not md.cache._SHARED
+    md.core.cache.clear()
+    assert not md.core.cache._SHARED

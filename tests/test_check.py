@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.__main__ import main as cli_main
+from metadispatch.cli.main import main as cli_main
 
 
 # Two custom ops with a CPU kernel and autograd but no fake/meta kernel.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import metadispatch as md
-from metadispatch.__main__ import main
+from metadispatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
-from metadispatch import composites
+from metadispatch.core import composites
 
 
 def _plain_meta_split():

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import metadispatch as md
-from metadispatch.diff import canonical
+from metadispatch.debug.diff import canonical
 
 
 class _Seq(nn.Module):
@@ -102,7 +102,7 @@ def test_assert_same_ops_fails_with_readable_diff_for_changed_model():
     ]
 
 
-@pytest.mark.parametrize("module", ["metadispatch.diff", "metadispatch.testing", "metadispatch.fakecompat"])
+@pytest.mark.parametrize("module", ["metadispatch.debug.diff", "metadispatch.testing", "metadispatch.core.fakecompat"])
 def test_diff_docstring_examples_run(module):
     result = doctest.testmod(sys.modules[module], optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

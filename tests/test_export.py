@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.export import chrome_trace, save_perfetto, save_plot
+from metadispatch.analysis.export import chrome_trace, save_perfetto, save_plot
 from tests.models import MODELS, train_step
 
 

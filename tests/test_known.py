@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.known import value_of
+from metadispatch.core.known import value_of
 
 
 def _trace_value(fn, *args, mode=None):

@@ -47,9 +47,9 @@ def test_golden(meta_mode, expect_trace):
 
 
 def _plugin_args() -> list:
-    installed = any(ep.value == "metadispatch.pytest_plugin"
+    installed = any(ep.value == "metadispatch.testing.plugin"
                     for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "metadispatch.pytest_plugin"]
+    return [] if installed else ["-p", "metadispatch.testing.plugin"]
 
 
 def _pytest(folder: Path, *, accept: bool = False) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.leaves import index_bounds
+from metadispatch.runtime.leaves import index_bounds
 from tests.replay_cases import CASES, VOCAB, build
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -220,7 +220,8 @@ def test_repro_snippet_shows_a_wrong_rule(capsys):
         in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", ["replay", "leaves", "repro", "serialize", "decode", "materialize"])
+@pytest.mark.parametrize("module", ["runtime.replay", "runtime.leaves", "ir.repro", "ir.serialize", "ir.decode",
+                                    "runtime.materialize"])
 def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")
     result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)

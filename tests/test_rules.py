@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch import registry
-from metadispatch.schema import op_name
+from metadispatch.core import registry
+from metadispatch.core.schema import op_name
 
 aten = torch.ops.aten
 

@@ -105,7 +105,7 @@ def test_threads_logical_cuda_survives_other_threads_exit():
 
 def test_threads_share_the_metadata_cache_while_it_evicts(monkeypatch):
     # A tiny limit makes every miss evict while the other thread stores.
-    monkeypatch.setattr(md.cache, "LIMIT", 4)
+    monkeypatch.setattr(md.core.cache, "LIMIT", 4)
     barrier = threading.Barrier(2)
     shapes = {}
 
@@ -120,4 +120,4 @@ def test_threads_share_the_metadata_cache_while_it_evicts(monkeypatch):
     _run_threads(worker("a", 0), worker("b", 100))
     assert shapes["a"] == [(n, n) for n in range(1, 40)]
     assert shapes["b"] == [(n + 100, n) for n in range(1, 40)]
-    assert len(md.cache._SHARED) <= 4
+    assert len(md.core.cache._SHARED) <= 4

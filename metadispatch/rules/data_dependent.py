@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import builtin_rule
-from ..router import data_dependent_error
+from ..core.registry import builtin_rule
+from ..core.router import data_dependent_error
 
 aten = torch.ops.aten
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..registry import builtin_rule
+from ..core.registry import builtin_rule
 
 aten = torch.ops.aten
 

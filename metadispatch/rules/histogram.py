@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import builtin_rule
+from ..core.registry import builtin_rule
 
 aten = torch.ops.aten
 

@@ -1,0 +1,257 @@
+"""Memory of a trace: live bytes over the calls, by category and module.
+
+Requirements: count each storage once (views, in-place results and tied
+weights share one), free it when the last tensor using it dies, and say what
+the bytes are.  A storage is live from the call that first produced it until
+the call before its death, as recorded while tracing (Note [Storage numbers
+and deaths] in ``record.py``); a trace without recorded deaths (loaded from
+elsewhere) falls back to "dies after its last use", which can only free
+earlier than a real run does.  Leaves -- parameters, buffers, inputs -- are
+live from the start.  Bytes are the extent the tensors reach in the storage;
+on CUDA they are rounded up to the caching allocator's 512-byte blocks, as
+``MemTracker`` does.
+
+Categories: ``params`` (parameter leaves), ``grads`` (the ``.grad`` tensors
+the trace ends with), ``activations`` (made in forward), ``temporaries``
+(made in backward and not a ``.grad``), ``optimizer`` (made inside
+``optimizer.step``: its state and scratch) and ``other`` (inputs, buffers,
+constants).
+
+Limits: an op's internal workspace, allocator fragmentation and the
+allocator's caching are not modelled; the figure is what
+``torch.cuda.max_memory_allocated`` calls allocated, not what
+``nvidia-smi`` shows.
+
+:class:`LiveStorages` does the same accounting on a real run, so the model
+can be checked against reality (see ``tests/test_memory.py``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from functools import partial
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from .. import _compat
+from ..ir.trace import TensorMeta, Trace
+
+__all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tensor_bytes"]
+
+CATEGORIES = ("params", "grads", "activations", "temporaries", "optimizer", "other")
+_BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
+CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
+
+
+def tensor_bytes(m: TensorMeta) -> int:
+    """Bytes of storage a tensor reaches: up to its last element."""
+    if any(s == 0 for s in m.shape):
+        return 0
+    last = m.storage_offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride))
+    return (last + 1) * m.dtype.itemsize
+
+
+def _allocated(nbytes: int, device: torch.device) -> int:
+    if device.type == "cuda":
+        return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
+    return nbytes
+
+
+class StorageInfo:
+    __slots__ = ("number", "nbytes", "device", "born", "died", "category", "module", "last_use")
+
+    def __init__(self, number, device, born, category, module):
+        self.number, self.device, self.born = number, device, born
+        self.category, self.module = category, module
+        self.nbytes, self.died, self.last_use = 0, None, born
+
+    @property
+    def allocated(self) -> int:
+        return _allocated(self.nbytes, self.device)
+
+
+def _storages(trace: Trace) -> dict:
+    """Storage number -> StorageInfo, for every storage the trace touches."""
+    out: dict = {}
+    for i, call in enumerate(trace.calls):
+        for m in call.inputs:
+            info = out.get(m.storage)
+            if info is None:
+                info = out[m.storage] = _leaf_info(trace, m)
+            info.nbytes = max(info.nbytes, tensor_bytes(m))
+            info.last_use = i
+        for m in call.output_metas:
+            info = out.get(m.storage)
+            if info is None:
+                info = out[m.storage] = StorageInfo(m.storage, m.device, i,
+                                                    _BY_PHASE.get(call.phase, "other"), call.module)
+            info.nbytes = max(info.nbytes, tensor_bytes(m))
+            info.last_use = i
+    for g in trace.grads.values():
+        if g.storage in out:
+            out[g.storage].category = "grads"
+    _deaths(trace, out)
+    return out
+
+
+def _leaf_info(trace: Trace, m: TensorMeta) -> StorageInfo:
+    leaf = trace.leaves.get(m.id)
+    if leaf is not None and leaf.kind == "param":
+        return StorageInfo(m.storage, m.device, -1, "params", leaf.name.rpartition(".")[0])
+    return StorageInfo(m.storage, m.device, -1, "other", "")
+
+
+def _deaths(trace: Trace, infos: dict) -> None:
+    if trace.deaths is not None:
+        for s, info in infos.items():
+            info.died = trace.deaths.get(s)
+        return
+    kept = {m.storage for m in tree_leaves(trace.output_meta) if isinstance(m, TensorMeta)}
+    kept |= {g.storage for g in trace.grads.values()}
+    for s, info in infos.items():
+        if info.born >= 0 and s not in kept:
+            info.died = info.last_use + 1
+
+
+class Memory:
+    """Live bytes over a trace; print it for a table.
+
+    ``timeline[i]`` is the bytes live just after call ``i``; ``by_category``
+    and ``by_module`` (the module whose call made the bytes, or owns the
+    parameter) are taken at the peak.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.storages = _storages(trace)
+        n = len(trace.calls)
+        deltas = {c: [0] * (n + 1) for c in CATEGORIES}
+        for info in self.storages.values():
+            end = n if info.died is None else min(info.died, n)
+            start = max(info.born, 0)
+            if end > start:
+                deltas[info.category][start] += info.allocated
+                deltas[info.category][end] -= info.allocated
+        self.by_category_timeline = {c: _running(d)[:n] for c, d in deltas.items()}
+        self.timeline = [sum(v) for v in zip(*self.by_category_timeline.values())] if n else []
+        self.peak = max(self.timeline, default=0)
+        self.peak_call = self.timeline.index(self.peak) if n else None
+        self.live_at_peak = [s for s in self.storages.values() if self._live(s, self.peak_call)]
+        self.by_category = Counter({c: 0 for c in CATEGORIES})
+        self.by_module: Counter = Counter()
+        for s in self.live_at_peak:
+            self.by_category[s.category] += s.allocated
+            self.by_module[s.module] += s.allocated
+
+    @staticmethod
+    def _live(s: StorageInfo, i) -> bool:
+        return i is not None and max(s.born, 0) <= i and (s.died is None or s.died > i)
+
+    def __repr__(self) -> str:
+        return f"<Memory peak={fmt_bytes(self.peak)} at call {self.peak_call}>"
+
+    def __str__(self) -> str:
+        from .tables import render
+
+        lines = [f"peak {fmt_bytes(self.peak)}" + self._where()]
+        rows = [(c, fmt_bytes(b), _pct(b, self.peak)) for c, b in self.by_category.items() if b]
+        lines += render(("category", "at peak", "share"), rows, align="<>>")
+        rows = [(m or "<top>", fmt_bytes(b), _pct(b, self.peak)) for m, b in self.by_module.most_common(10)]
+        lines += render(("module", "at peak", "share"), rows, align="<>>")
+        return "\n".join(lines)
+
+    def _where(self) -> str:
+        if self.peak_call is None:
+            return ""
+        call = self.trace.calls[self.peak_call]
+        return f" after call #{self.peak_call} {call.op} ({call.phase}" + (
+            f", {call.module})" if call.module else ")")
+
+
+def _running(deltas: list) -> list:
+    out, acc = [], 0
+    for d in deltas:
+        acc += d
+        out.append(acc)
+    return out
+
+
+def memory(trace: Trace) -> Memory:
+    """The memory timeline of a trace.
+
+    >>> import torch, metadispatch as md
+    >>> t = md.trace(lambda x: (x * 2).view(-1).sum(), torch.ones(256))
+    >>> m = md.memory(t)  # x, then x * 2 and its view (once), then the sum
+    >>> m.peak, m.timeline, m.by_category["other"], m.by_category["activations"]
+    (2052, [2048, 2048, 2052], 1024, 1028)
+    """
+    return Memory(trace)
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``1.5KiB``."""
+    for div, suffix in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}"
+    return f"{int(n)}B"
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{100 * n / total:.1f}%" if total else "-"
+
+
+class LiveStorages(_compat.TorchDispatchMode):
+    """The same accounting on a real run: each storage once, first sight to death.
+
+    ``track`` what exists before the run (modules, tensors), then run under
+    the mode; ``peak`` and ``timeline`` (after each op) compare with
+    :func:`memory` of a trace of the same code.
+
+    >>> import torch, metadispatch as md
+    >>> x = torch.ones(256)
+    >>> with md.LiveStorages(x) as live:
+    ...     y = (x * 2).view(-1).sum()
+    >>> live.peak, live.timeline
+    (2052, [2048, 2048, 2052])
+    """
+
+    def __init__(self, *tracked) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.timeline: list = []
+        self._refs: dict = {}  # storage key -> weakref with a callback
+        self.track(*tracked)
+
+    def track(self, *objs) -> None:
+        """Count these tensors (or modules' parameters and buffers) as live now."""
+        for o in objs:
+            if isinstance(o, torch.nn.Module):
+                self.track(*o.parameters(), *o.buffers())
+            elif isinstance(o, torch.Tensor):
+                self._see(o)
+        self.peak = max(self.peak, self.live)
+
+    def _see(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._refs:
+            return
+        n = _allocated(st.nbytes(), t.device)
+        self._refs[key] = weakref.ref(st, partial(self._freed, key, n))
+        self.live += n
+
+    def _freed(self, key, n, _ref) -> None:
+        self._refs.pop(key, None)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves((args, kwargs, out)):
+            if isinstance(t, torch.Tensor):
+                self._see(t)
+        self.peak = max(self.peak, self.live)
+        self.timeline.append(self.live)
+        return out

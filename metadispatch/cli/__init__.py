@@ -1,0 +1,6 @@
+"""The command line, ``metadispatch trace|summary|replay|check``.
+
+``main`` parses and runs; ``targets`` builds what to trace (the built-in
+LLaMA of ``llama``, ``MODULE:CALLABLE``, a transformers config).  The top
+stage: may import anything in the package.
+"""

@@ -1,0 +1,259 @@
+"""One aten call: convert inputs, find the device, route, wrap, record.
+
+Shared by ``MetaTensor.__torch_dispatch__`` (no mode: nothing is recorded)
+and ``MetaMode.__torch_dispatch__`` (recorded into the mode's trace).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from . import known, registry
+from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError
+from .cache import UNCACHABLE, MetaCache
+from .router import route
+from .schema import facts
+from .source import user_frame
+from .tensor import META, STATE, Converter, MetaTensor, normalize_device, wrap
+
+__all__ = ["dispatch"]
+
+# Ops whose tensor arguments may legitimately sit on different devices.
+_CROSS_DEVICE = {
+    "aten.copy_.default", "aten._to_copy.default", "aten.copy.default",
+    "aten._copy_from.default", "aten._copy_from_and_resize.default",
+    "aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default",
+    "aten._index_put_impl_.default", "aten.lift_fresh.default",
+    "aten.lift_fresh_copy.default",
+}
+
+
+def dispatch(func, args, kwargs, mode):
+    f = facts(func)
+    if f.passthrough:
+        # torch.profiler.record_function ranges (optimizers open one per
+        # step): no tensors, no semantics, and an opaque ScriptObject result
+        # a trace could neither save nor replay.
+        with _compat.no_python_dispatch():
+            return func(*args, **kwargs)
+    args, kwargs, tensors = _convert(args, kwargs, _Lazy(mode))
+    device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
+    recording = mode is not None and mode._depth == 0 and mode.record
+    if recording:
+        pending = mode._recorder.encode_inputs(args, kwargs)
+    note = None
+    try:
+        try:
+            out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors,
+                                 pending if recording else None)
+        except (DataDependentError, UnsupportedOpError) as e:
+            # Inputs built from constants alone are answered from their real
+            # values (Note [Known values] in known.py).  Else, under md.check
+            # a top-level call no stage can answer is run for real instead;
+            # nested calls let the outer call fall back whole.
+            out = known.answer(func, f, tensors, args, kwargs, device, mode)
+            if out is not None:
+                stage, note = "real", known.NOTE
+            elif mode is None or mode.fallback is None or mode._depth:
+                raise
+            else:
+                out, stage = mode.fallback(func, args, kwargs, device, e), "real"
+    except (MetaDispatchError, RuntimeError, NotImplementedError) as e:
+        where = user_frame()
+        if where and not getattr(e, "_md_noted", False):
+            e.add_note(f"metadispatch: while running {f.name} at {where}")
+            e._md_noted = True
+        raise
+    result = _wrap_outputs(f, out, args, kwargs, device)
+    if note is None and (mode is None or not mode._depth) and known.concerns(f, tensors):
+        known.propagate(func, f, tensors, args, kwargs, result, mode)
+    if recording:
+        mode._recorder.record(func, f, pending, result, stage, note)
+    return result
+
+
+def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encoded):
+    """Route the call, or rebuild its outputs from the mode's metadata cache."""
+    cache = mode.cache if mode is not None else None
+    if cache is None or not f.cacheable:
+        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    extra = (registry.version(), mode.device)
+    if encoded is not None:
+        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, extra)
+    else:
+        key = cache.key(func, args, kwargs, device, extra)
+    if key is None:
+        cache.bypasses += 1
+        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    hit = cache.entries.get(key)
+    if hit is not None:
+        if hit[0] is UNCACHABLE:
+            cache.bypasses += 1
+            return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+        return cache.replay(hit[0], tensors, device), hit[1]
+    before = _written_keys(f, args, kwargs) if f.mutates else None
+    out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    cache.misses += 1
+    if before is not None and before != _written_keys(f, args, kwargs):
+        cache.store(key, UNCACHABLE, stage)  # it changed its argument's metadata
+    else:
+        cache.remember(key, f, tensors, out, stage)
+    return out, stage
+
+
+def _written_keys(f, args, kwargs):
+    return [MetaCache.key(None, (args[w] if isinstance(w, int) else kwargs[w],), None, None, None)
+            for w in f.returns_write if w is not None]
+
+
+def _convert(args, kwargs, convert):
+    """Replace real tensors by MetaTensors; collect the tensor arguments.
+
+    The common case -- every tensor already a MetaTensor -- copies nothing.
+    """
+    tensors = []
+    new_args = _convert_items(args, convert, tensors, nested=True)
+    if new_args is not None:
+        args = tuple(new_args)
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                if type(v) is not MetaTensor:
+                    kwargs = dict(kwargs)
+                    v = kwargs[k] = convert()(v)
+                tensors.append(v)
+    return args, kwargs, tensors
+
+
+def _convert_items(items, convert, tensors: list, nested: bool):
+    """A converted copy of ``items`` (and of lists in it, one level down when
+    ``nested``), or None when nothing needed converting."""
+    out = None
+    for i, x in enumerate(items):
+        if isinstance(x, torch.Tensor):
+            if type(x) is MetaTensor:
+                tensors.append(x)
+                continue
+            x = convert()(x)
+            tensors.append(x)
+        elif nested and type(x) in (list, tuple) and x:
+            inner = _convert_items(x, convert, tensors, nested=False)
+            if inner is None:
+                continue
+            x = type(x)(inner)
+        else:
+            continue
+        if out is None:
+            out = list(items)
+        out[i] = x
+    return out
+
+
+class _Lazy:
+    """The converter for real tensors, made on first need (rare outside a mode)."""
+
+    __slots__ = ("mode", "made")
+
+    def __init__(self, mode) -> None:
+        self.mode = mode
+        self.made = None
+
+    def __call__(self):
+        if self.made is None:
+            self.made = self.mode.from_tensor if self.mode is not None else Converter()
+        return self.made
+
+
+def _device(f, args, kwargs, tensors, mode):
+    """The logical device of the outputs; the args as recorded (device made
+    explicit) and as the kernel gets them (device on meta)."""
+    kargs, kkwargs = args, kwargs
+    device = None
+    if f.device_arg is not None:
+        pos, name = f.device_arg
+        asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
+        if asked is not None:
+            device = normalize_device(asked)
+            if device.type == "meta" and not STATE.explicit_meta:
+                # Note [Meta from options]
+                device = (_common_device(f, tensors) if tensors else None) or STATE.ambient
+            if f.is_factory and mode is not None and mode.device is not None:
+                device = mode.device
+            if name in kwargs:
+                kkwargs = dict(kwargs)
+                kkwargs[name] = META
+                kwargs = dict(kwargs)
+                kwargs[name] = device  # what the trace records
+            else:
+                kargs = args[:pos] + (META,) + args[pos + 1:]
+                args = args[:pos] + (device,) + args[pos + 1:]
+        elif f.is_factory and mode is not None and mode.device is not None:
+            device = mode.device
+    if device is None:
+        device = _common_device(f, tensors)
+        if device is not None:
+            STATE.ambient = device
+    if device is None:
+        device = (mode.device if mode is not None and mode.device is not None
+                  else torch.device("cpu"))
+    return device, args, kwargs, kargs, kkwargs
+
+
+# Note [Meta from options]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# C++ code that builds a tensor "like" another one -- AccumulateGrad cloning a
+# gradient, the autograd engine casting one, functorch materialising a zero
+# tensor -- takes the device from the C++ tensor's options, which is meta
+# (Note [Logical device]).  So an op with tensor inputs that is asked for
+# device meta gets its inputs' logical device instead; only ``x.to("meta")``
+# from Python (``STATE.explicit_meta``) really means meta.  A factory asked
+# that way (``at::scalar_tensor(v, self.options())`` in a C++ composite) has no
+# input to ask and gets the device of the tensors in flight (``STATE.ambient``);
+# should one still come out on meta in backward, a logical-meta tensor gives
+# way to any other device, as a CPU scalar does.
+def _common_device(f, tensors):
+    device = scalar = loose = None
+    for t in tensors:
+        d = t._md_device
+        if d.type == "meta":
+            # Built by C++ code from a MetaTensor's options, whose C++ device
+            # is meta (Note [Meta from options]); it takes the device of the
+            # tensors it meets.
+            loose = d
+        elif t.dim() == 0 and d.type == "cpu":
+            scalar = scalar or d
+        elif device is None:
+            device = d
+        elif d != device and f.name not in _CROSS_DEVICE:
+            raise RuntimeError(
+                f"{f.name}: expected all tensors to be on the same device, but found at "
+                f"least two devices, {device} and {d}!")
+    if f.name in _CROSS_DEVICE and tensors:
+        return tensors[0]._md_device
+    return device or scalar or loose
+
+
+def _wrap_outputs(f, out, args, kwargs, device):
+    rw = f.returns_write
+    if len(rw) == 1:
+        return _wrap_one(out, rw[0], args, kwargs, device)
+    if not rw:
+        return out
+    return tuple(_wrap_one(o, w, args, kwargs, device) for o, w in zip(out, rw))
+
+
+def _wrap_one(o, write, args, kwargs, device):
+    if write is not None:
+        # In-place and out= ops return the very argument they mutated.
+        return args[write] if isinstance(write, int) else kwargs[write]
+    if isinstance(o, MetaTensor):
+        return o
+    if isinstance(o, torch.Tensor):
+        if o.device.type != "meta":
+            raise TypeError(f"a meta rule returned a real tensor on {o.device}; "
+                            "return MetaTensors or meta tensors")
+        return wrap(o, device)
+    if type(o) in (list, tuple):
+        return type(o)(_wrap_one(x, None, args, kwargs, device) for x in o)
+    return o

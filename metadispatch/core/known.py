@@ -1,0 +1,199 @@
+"""Known values: tensors built from constants keep their real contents.
+
+Note [Known values]
+~~~~~~~~~~~~~~~~~~~
+A MetaTensor holds no data, so code that branches on a tensor's values stops
+with a DataDependentError.  Much of that code branches on constants, not on
+the user's data: ``transformers`` checks for packed sequences with
+``(position_ids[:, -1] == 0).all()`` where ``position_ids`` comes from
+``arange``.  So a tensor whose contents follow from constants alone carries
+its real CPU value, ``_md_known = (value, cell)``, while it has at most
+``mode.known_limit`` elements:
+
+* sources: non-random factories (``arange``, ``zeros``, ``full``...; never
+  ``empty``, whose contents are garbage), ``torch.tensor(...)`` literals
+  (``lift_fresh``), and ``zeros_like``-style ops, whose values do not depend on
+  their input's;
+* every op whose tensor inputs are all known runs for real on the values
+  too, so results of small ops on constants are known;
+* user inputs and parameters are never known, and neither is anything
+  computed from them;
+* a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is
+  answered by the real kernel (the dispatcher calls :func:`answer`), and the
+  trace marks the call with ``<known value>``.
+
+Views share their base's value storage and its ``cell``; an in-place op
+whose inputs are not all known invalidates the cell, and so the value of the
+tensor and of every view of it.  FakeTensorMode does the same for tensors of
+at most one element only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
+from .tensor import MetaTensor
+
+__all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
+
+NOTE = "known value"
+DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
+
+# Ops whose outputs hold uninitialised memory: never a known value.
+_GARBAGE = ("empty", "resize", "set_")
+# Ops whose output values depend on their input's shape, not its values.
+_SHAPE_ONLY = {"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
+               "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default"}
+_LIFT = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
+SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their first input is not
+
+
+class _Cell:
+    """Shared by a value and its views; cleared when one of them is overwritten."""
+
+    __slots__ = ("valid",)
+
+    def __init__(self) -> None:
+        self.valid = True
+
+
+def value_of(t) -> torch.Tensor | None:
+    """The real value of a MetaTensor, or None when it is not known."""
+    kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
+    if kv is None or not kv[1].valid:
+        return None
+    return kv[0]
+
+
+def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
+    """Give ``t`` a copy of ``real`` as its value, if small enough for ``mode``.
+
+    A copy, made for real (not by the mode): in-place ops update a known
+    value where it lives.
+    """
+    if real.numel() <= _limit(mode):
+        with _compat.no_python_dispatch():
+            t._md_known = (real.detach().clone(), _Cell())
+
+
+def _limit(mode) -> int:
+    return DEFAULT_LIMIT if mode is None else getattr(mode, "known_limit", DEFAULT_LIMIT)
+
+
+def concerns(f, tensors) -> bool:
+    """Cheap test, run on every call: can known values matter to it?
+
+    No, for the common case -- an op whose first input has no known value and
+    which neither makes values from shapes alone nor writes in place.
+    """
+    return not tensors or f.mutates or "_md_known" in tensors[0].__dict__ or f.name in SPECIAL
+
+
+def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
+    """Give the outputs of a routed call their value when all inputs are known."""
+    reals = None
+    # An op that returns nothing (``_foreach_add_`` on step counts) updates
+    # its inputs: those are what must be small.
+    if _may_know(f, tensors) and _small(tensors if result is None else result, mode):
+        reals = _values(f, tensors, mode)
+    if reals is None:
+        if f.mutates:
+            _invalidate(func, args, kwargs)
+        return
+    real_args, real_kwargs = _substitute(args, kwargs, reals)
+    real_out = run_real(func, real_args, real_kwargs)
+    if f.name in _LIFT:
+        real_out = real_out.clone()  # never alias the user's tensor
+    base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
+    cell = base.__dict__["_md_known"][1] if value_of(base) is not None else None
+    _attach(result, real_out, cell)
+
+
+def answer(func, f, tensors, args, kwargs, device, mode):
+    """Outputs of a data-dependent call computed from known inputs, else None."""
+    if not tensors or f.mutates:
+        return None
+    reals = _values(f, tensors, mode)
+    if reals is None:
+        return None
+    real_args, real_kwargs = _substitute(args, kwargs, reals)
+    real_out = run_real(func, real_args, real_kwargs)
+    out = to_meta_outputs(real_out, device)
+    if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
+        _attach(out, real_out, None)
+    return out
+
+
+def _may_know(f, tensors) -> bool:
+    # The common case first: an op on user data (cheap, runs for every call).
+    if tensors and value_of(tensors[0]) is None and f.name not in _SHAPE_ONLY and f.name not in _LIFT:
+        return False
+    return not f.random and not any(g in f.name for g in _GARBAGE)
+
+
+def _small(result, mode) -> bool:
+    outs = [o for o in flat(result) if isinstance(o, MetaTensor)]
+    return bool(outs) and all(o.numel() <= _limit(mode) for o in outs)
+
+
+def _values(f, tensors, mode) -> dict | None:
+    """id(MetaTensor) -> real value for every tensor input, or None if one is unknown."""
+    if _limit(mode) <= 0:
+        return None
+    if f.name in _SHAPE_ONLY:
+        if any(t.numel() > _limit(mode) for t in tensors):
+            return None
+        return {id(t): materialize(t, limit=None)[0] for t in tensors}
+    if f.name in _LIFT:
+        return _literal(tensors[0], mode)
+    reals = {}
+    for t in tensors:
+        v = value_of(t)
+        if v is None:
+            return None
+        reals[id(t)] = v
+    return reals
+
+
+def _literal(t, mode) -> dict | None:
+    # lift_fresh receives the real tensor torch.tensor(...) built; the mode
+    # converted it on the way in.  Named tensors are user arguments/params.
+    real = mode._recorder.real_of.get(id(t)) if mode is not None else None
+    if real is None or "_md_name" in t.__dict__ or real.requires_grad or real.numel() > _limit(mode):
+        return None
+    return {id(t): real}
+
+
+def _substitute(args, kwargs, reals):
+    return map_args(lambda x: reals.get(id(x), x) if isinstance(x, MetaTensor) else x, args, kwargs)
+
+
+def _attach(result, real_out, cell) -> None:
+    metas = flat(result)
+    reals = flat(real_out)
+    if len(metas) != len(reals):
+        return
+    for m, r in zip(metas, reals):
+        if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor):
+            if "_md_known" in m.__dict__ and m.__dict__["_md_known"][0] is r:
+                continue  # an in-place op updated the value where it lives
+            m._md_known = (r, cell or _Cell())
+
+
+_MUTATED: dict = {}  # OpOverload -> positions/names of the arguments it writes
+
+
+def _invalidate(func, args, kwargs) -> None:
+    where = _MUTATED.get(func)
+    if where is None:
+        where = _MUTATED[func] = tuple(
+            a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write)
+    for w in where:
+        x = kwargs.get(w) if isinstance(w, str) else (args[w] if w < len(args) else None)
+        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+            kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
+            if kv is not None:
+                kv[1].valid = False

@@ -1,0 +1,239 @@
+"""The recorder: turns dispatched calls into :class:`~metadispatch.ir.trace.OpCall`.
+
+Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta,
+call)``: the recorder that numbered it, its current :class:`TensorMeta`, and
+the index of the call that last wrote it (None for a leaf).  An input
+without this recorder's token came from outside and becomes a named leaf.
+Outputs get fresh ids; in-place outputs keep the id of the tensor they
+mutated, with new metadata.
+
+Autograd sets ``requires_grad`` (and ``grad_fn``) on an output after
+``__torch_dispatch__`` returns, so the output record is made too early to
+see it.  The next use of the tensor sees it, and corrects the record of the
+call that produced it as well.
+
+Note [Storage numbers and deaths]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Storage numbers follow the (meta) storage itself, not the schema: ops such
+as ``_unsafe_view`` alias their input without saying so, and a view shares
+its base's storage either way.  A weak reference to each numbered storage
+records, in ``trace.deaths``, the index of the first call after it was
+freed.  Storage objects keep their Python object while the C++ storage
+lives, so the reference dies exactly when the last tensor using the
+storage does -- the same moment as in an eager run of the same code, since
+the traced code holds the same references.  This is what ``md.memory``
+builds its timeline from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+
+import torch
+
+from .. import _compat
+from .source import user_frame
+from .tensor import MetaTensor
+from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
+
+__all__ = ["Recorder", "BackwardModules"]
+
+
+class BackwardModules:
+    """Which module a backward call belongs to, from autograd sequence numbers.
+
+    Note [Backward attribution]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Every autograd node gets a sequence number when the forward op that
+    creates it runs, and the numbers only grow.  So we note, as forward runs,
+    the sequence number at which each module starts issuing ops; in backward,
+    the node being executed (``torch._C._current_autograd_node()``) names the
+    forward op it came from, and a binary search names that op's module.
+    This is how torch's profiler links backward to forward; it is exact where
+    module hooks on tensors (torch's ModuleTracker) guess -- those only see
+    gradients arrive at a module's outputs and inputs, and misattribute ops
+    of modules whose inputs need no grad (an embedding's backward).
+    AccumulateGrad nodes have no sequence number; their calls belong to the
+    module owning the parameter.
+    """
+
+    __slots__ = ("seqs", "modules", "last", "_next")
+
+    def __init__(self) -> None:
+        self.seqs: list = []  # first sequence number of each run of nodes...
+        self.modules: list = []  # ...and the module whose forward ops made them
+        self.last = None
+        self._next = _compat.next_sequence_nr()
+
+    def note(self, module: str) -> None:
+        """After a forward call: nodes it created belong to ``module``."""
+        nxt = _compat.next_sequence_nr()
+        if nxt > self._next:
+            if module != self.last:
+                self.seqs.append(self._next)
+                self.modules.append(module)
+                self.last = module
+            self._next = nxt
+
+    def module_of_current_node(self, default: str) -> str:
+        node = _compat.current_autograd_node()
+        if node is None:
+            return default
+        seq = node._sequence_nr()
+        if seq >= _SEQ_NONE:
+            # AccumulateGrad: the gradient of a parameter, whose name says
+            # which module owns it.
+            named = getattr(getattr(node, "variable", None), "__dict__", {}).get("_md_name")
+            return named[1].rpartition(".")[0] if named and named[0] == "param" else default
+        i = bisect.bisect_right(self.seqs, seq) - 1
+        return self.modules[i] if i >= 0 else default
+
+
+_SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
+
+_GENERATOR = "<generator>"
+
+
+class Recorder:
+    def __init__(self, trace: Trace, *, stack: bool = False, const_limit: int = 4096) -> None:
+        self.trace = trace
+        self.stack = stack
+        self.const_limit = const_limit
+        # Tensors carry ``_md = (recorder, meta)``: the recorder (and through
+        # it the trace) that numbered them, e.g. so md.materialize can find
+        # how a parameter was built.
+        self.token = self
+        self.modules = None  # a ModuleStack while a mode is entered
+        self._next_id = 0
+        self._next_storage = 0
+        self._live: dict = {}  # storage key -> (number, weakref), storages alive now
+        self._refs: dict = {}  # weakref -> (storage key, number)
+        trace.deaths = {}  # Note [Storage numbers and deaths]
+        self.real_of: dict = {}  # id(meta) -> real tensor, for constants
+        self.backward_modules = BackwardModules()
+
+    # -- tensor metadata
+    def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
+        return TensorMeta(tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(),
+                          t._md_device, t.requires_grad, storage)
+
+    def meta_of(self, t: MetaTensor) -> TensorMeta:
+        """The current TensorMeta of an input, registering it as a leaf if new."""
+        md = t.__dict__.get("_md")
+        if md is not None and md[0] is self.token:
+            m = md[1]
+            if m.requires_grad != t.requires_grad:
+                old, m = m, m._replace(requires_grad=t.requires_grad)
+                t._md = (self.token, m, md[2])
+                if md[2] is not None and t.grad_fn is not None:  # set by autograd, not the user
+                    call = self.trace.calls[md[2]]
+                    call.outputs = _swap(call.outputs, old, m)
+            return m
+        return self._leaf(t)
+
+    def _leaf(self, t: MetaTensor) -> TensorMeta:
+        m = self._meta(t, self._new_id(), self._storage_number(t))
+        t._md = (self.token, m, None)
+        kind, name = t.__dict__.get("_md_name") or ("input", "")
+        value = None
+        real = self.real_of.get(id(t))
+        if real is not None and kind == "input":
+            kind = "const"
+            if real.numel() <= self.const_limit:
+                value = real.detach().clone()
+        self.trace.leaves[m.id] = Leaf(m, kind, name, value)
+        return m
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def _storage_number(self, t: torch.Tensor) -> int:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        hit = self._live.get(key)
+        if hit is not None:
+            return hit[0]
+        n = self._next_storage
+        self._next_storage += 1
+        ref = weakref.ref(storage, self._died)
+        self._live[key] = (n, ref)
+        self._refs[ref] = (key, n)
+        return n
+
+    def _died(self, ref) -> None:
+        key, n = self._refs.pop(ref)
+        if self._live.get(key, (None,))[0] == n:
+            del self._live[key]
+        self.trace.deaths[n] = len(self.trace.calls)
+
+    # -- calls
+    def encode(self, x):
+        """Arguments with tensors replaced by their TensorMeta."""
+        if type(x) is MetaTensor:  # the common case first
+            return self.meta_of(x)
+        if isinstance(x, torch.Tensor):
+            return self.meta_of(x)
+        if type(x) in (list, tuple):
+            return tuple(self.encode(y) for y in x)
+        if isinstance(x, torch.Generator):
+            return _GENERATOR
+        return x
+
+    def encode_inputs(self, args: tuple, kwargs: dict):
+        encode = self.encode
+        enc_args = tuple([encode(a) for a in args])
+        enc_kwargs = {k: encode(v) for k, v in kwargs.items()} if kwargs else None
+        return enc_args, enc_kwargs
+
+    def _out(self, o):
+        if isinstance(o, torch.Tensor):
+            md = o.__dict__.get("_md")
+            if md is not None and md[0] is self.token:
+                # In-place or out=: same object, same id, maybe new metadata.
+                old = md[1]
+                m = self._meta(o, old.id, old.storage)
+            else:
+                m = self._meta(o, self._new_id(), self._storage_number(o))
+            o._md = (self.token, m, len(self.trace.calls))  # the index record() gives
+            return m
+        if type(o) in (list, tuple):
+            return tuple(self._out(x) for x in o)
+        return o
+
+    def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:
+        enc_args, enc_kwargs = pending
+        if len(f.returns_write) == 1:
+            outputs = (self._out(result),)
+        elif f.returns_write:
+            outputs = tuple(self._out(o) for o in result)
+        else:
+            outputs = ()
+        module, phase = ("", "forward")
+        if self.modules is not None:
+            module = self.modules.current()
+            if self.modules.in_optimizer:
+                phase = "optimizer"
+        if _compat.in_backward():
+            phase = "backward"
+            if _compat.in_checkpoint_recompute():
+                note = "recompute"  # Note [Checkpoint recompute] in _compat
+            else:
+                module = self.backward_modules.module_of_current_node(module)
+        else:
+            self.backward_modules.note(module)
+        source = user_frame() if self.stack else None
+        call = OpCall(len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs,
+                      module, phase, stage, source, note)
+        self.trace.calls.append(call)
+        return call
+
+
+def _swap(x, old: TensorMeta, new: TensorMeta):
+    """``x`` (an output, or a tuple of them) with ``old`` replaced by ``new``."""
+    if x is old:
+        return new
+    if type(x) is tuple:
+        return tuple(_swap(y, old, new) for y in x)
+    return x

@@ -1,0 +1,310 @@
+"""MetaTensor: a tensor that holds no data but reports a real device.
+
+Note [Logical device]
+~~~~~~~~~~~~~~~~~~~~~
+A MetaTensor *is* a meta tensor at the C++ level (its storage has no data),
+made a Python subclass with ``_make_subclass``.  The device a real tensor would
+live on -- ``cpu``, ``cuda:1`` -- is kept in Python (``_md_device``) and
+reported by the ``device`` property.  We do not give the C++ tensor that
+device: on a CPU-only build autograd then asks for a CUDA device guard and
+aborts the process (FakeTensorMode does exactly that on a backward pass "on
+cuda" without CUDA).  While a meta kernel runs, ``device`` answers ``meta``,
+so torch's Python meta registrations, which read ``t.device``, build their
+outputs on meta; see ``in_kernel``.
+
+Because the C++ tensor is an ordinary meta tensor, meta kernels run on it
+directly: views share its storage, and in-place ops that change metadata
+(``resize_``, ``unsqueeze_``, ``t_``) change it in place, as on a real tensor.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import torch
+
+from .. import _compat
+from ..errors import DataDependentError
+
+__all__ = ["MetaTensor", "Converter", "in_kernel"]
+
+META = torch.device("meta")
+
+
+class _State(threading.local):
+    in_kernel = False
+    ambient = torch.device("cpu")  # the device of the last op's tensors
+    explicit_meta = False  # inside ``MetaTensor.to("meta")``; Note [Meta from options]
+
+
+STATE = _State()
+
+
+class in_kernel:
+    """Run meta kernels: Python dispatch off, ``MetaTensor.device`` is meta.
+
+    A class rather than a generator context manager: it runs on every call
+    that reaches a kernel, and this is several times cheaper.
+    """
+
+    __slots__ = ("_prev", "_guard")
+
+    def __enter__(self):
+        self._prev = STATE.in_kernel
+        STATE.in_kernel = True
+        self._guard = _compat.no_python_dispatch()
+        self._guard.__enter__()
+
+    def __exit__(self, *exc):
+        self._guard.__exit__(*exc)
+        STATE.in_kernel = self._prev
+
+
+def normalize_device(device) -> torch.device:
+    d = torch.device(device)
+    if d.index is None and d.type not in ("cpu", "meta"):
+        # A real CUDA factory puts "cuda" on the current device; on a host
+        # without CUDA that is device 0.
+        idx = torch.cuda.current_device() if d.type == "cuda" and torch.cuda.is_available() else 0
+        d = torch.device(d.type, idx)
+    return d
+
+
+def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) -> "MetaTensor":
+    """Make a MetaTensor sharing ``elem``'s (meta) storage and metadata."""
+    t = _compat.make_subclass(MetaTensor, elem, requires_grad)
+    t._md_device = device
+    return t
+
+
+def _data_error(what: str):
+    def method(self, *args, **kwargs):
+        from .known import value_of
+
+        value = value_of(self)  # Note [Known values] in known.py
+        if value is not None:
+            return getattr(value, what)(*args, **kwargs)
+        raise DataDependentError(
+            f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, "
+            "which holds no data", op=what)
+    method.__name__ = what
+    return method
+
+
+def _describe(t: torch.Tensor) -> str:
+    from ..ir.trace import dtype_abbr
+
+    try:
+        return f"{dtype_abbr(t.dtype)}[{', '.join(map(str, t.shape))}]@{t._md_device}"
+    except Exception:  # repr-path helper: must never raise
+        return "<MetaTensor>"
+
+
+class MetaTensor(torch.Tensor):
+    """A tensor with shape, dtype, strides and device, but no data.
+
+    >>> import torch, metadispatch as md
+    >>> x = md.to_meta(torch.ones(2, 3), device="cuda:1")
+    >>> x
+    MetaTensor(f32[2, 3], device='cuda:1')
+    >>> (x @ x.T).shape, (x @ x.T).device
+    (torch.Size([2, 2]), device(type='cuda', index=1))
+    """
+
+    _md_device: torch.device
+    __torch_function__ = _compat.disabled_torch_function
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .dispatch import dispatch
+
+        return dispatch(func, args, kwargs or {}, None)
+
+    # -- the logical device (Note [Logical device])
+    @property
+    def device(self) -> torch.device:
+        return META if STATE.in_kernel else self._md_device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    @property
+    def is_meta(self) -> bool:
+        return self.device.type == "meta"
+
+    def get_device(self) -> int:
+        d = self.device
+        return -1 if d.type == "cpu" else (d.index or 0)
+
+    # ``param.data = other`` swaps the C++ tensor but not Python attributes;
+    # carry the logical device across (nn.Module._apply relies on this).
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        torch.Tensor.data.__set__(self, value)
+        if isinstance(value, MetaTensor):
+            self._md_device = value._md_device
+
+    def to(self, *args, **kwargs):
+        # Real tensors return themselves from .to() when nothing changes; the
+        # C++ check compares against the meta device, so decide here.
+        # _parse_to does not take ``copy`` (keyword, or the bool positional
+        # after ``non_blocking``); Tensor.to does.
+        copy = kwargs.pop("copy", False) if "copy" in kwargs else False
+        if args and isinstance(args[0], MetaTensor):
+            # to(other) means other's device and dtype; _parse_to would read
+            # its C++ device, meta.
+            args = (args[0]._md_device, args[0].dtype) + args[1:]
+        flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
+        if len(flags) == 2:
+            copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        same_device = device is None or normalize_device(device) == self._md_device
+        same_dtype = dtype is None or dtype == self.dtype
+        if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
+            return self
+        # Re-issued with the device's index filled in: torch's C++ would ask a
+        # CUDA device guard for it, and a CPU-only build has none.
+        target = {"non_blocking": non_blocking, "copy": copy}
+        if device is not None:
+            target["device"] = normalize_device(device)
+        if dtype is not None:
+            target["dtype"] = dtype
+        if memory_format is not None:
+            target["memory_format"] = memory_format
+        if device is not None and device.type not in ("cpu", "meta") \
+                and _compat.get_infra_mode(_compat.mode_key) is None:
+            # Outside any MetaMode torch's binding would initialise CUDA for
+            # the target first (Note [Logical CUDA without CUDA]): convert
+            # under a non-recording mode, which spares that.
+            from .mode import scratch_mode
+
+            with scratch_mode():
+                return super().to(**target)
+        if device is None or device.type != "meta":
+            return super().to(**target)
+        # To meta from another logical device: the C++ tensor is on meta
+        # already, so force the copy, and mark it as really meant
+        # (Note [Meta from options] in dispatch.py).
+        prev, STATE.explicit_meta = STATE.explicit_meta, True
+        try:
+            return super().to(**dict(target, copy=True))
+        finally:
+            STATE.explicit_meta = prev
+
+    def type(self, dtype=None, non_blocking=False, **kwargs):
+        """``"torch.cuda.FloatTensor"`` for the logical device (C++ would say
+        ``torch.meta...``); given a type name, convert as a real tensor would."""
+        cuda = self._md_device.type == "cuda"
+        if dtype is None:
+            name = torch.Tensor.type(torch.empty(0, dtype=self.dtype))  # torch.FloatTensor
+            return name.replace("torch.", "torch.cuda.", 1) if cuda else name
+        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+        to_cuda = ".cuda." in name
+        real_dtype = torch.empty(0).type(name.replace(".cuda.", ".")).dtype
+        device = (self._md_device if cuda else torch.device("cuda")) if to_cuda else torch.device("cpu")
+        return self.to(device, real_dtype, non_blocking=non_blocking)
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),
+                       non_blocking=non_blocking, memory_format=memory_format)
+
+    def cpu(self, memory_format=torch.preserve_format):
+        return self.to("cpu", memory_format=memory_format)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        if self.grad_fn is not None:
+            extra = f", grad_fn=<{type(self.grad_fn).__name__}>"
+        return f"MetaTensor({_describe(self).rsplit('@', 1)[0]}, device='{self._md_device}'{extra})"
+
+    tolist = _data_error("tolist")
+    numpy = _data_error("numpy")
+    __array__ = _data_error("__array__")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a MetaTensor holds no data and cannot be pickled; save a trace instead")
+
+    def __deepcopy__(self, memo):
+        """A ``clone``: an aten call, so a recording mode records the copy.
+
+        torch's own ``__deepcopy__`` copies the storage unless the device is
+        meta -- ours says the logical device -- and then fails to put a CPU
+        storage under a meta tensor; ``nn.TransformerEncoder`` deep-copies its
+        layer at construction.  As a clone, the copy is in the construction
+        trace and ``md.materialize`` gives it the original's values.  Our
+        bookkeeping attributes (``_md*``: recorder, name, known value) are not
+        copied; the parameter flag and the user's attributes are.
+        """
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if not key.startswith("_md"):
+                setattr(new, key, copy.deepcopy(value, memo))
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
+
+
+class Converter:
+    """Turns real tensors into MetaTensors, memoised.
+
+    The same real tensor always maps to the same MetaTensor, and real tensors
+    that share a storage map to MetaTensors that share a meta storage.  The
+    real tensor is never written to; the converter keeps a reference to it
+    while it lives so that ids cannot be reused.
+    """
+
+    def __init__(self, device=None) -> None:
+        self.device = normalize_device(device) if device is not None else None
+        self._memo: dict = {}  # id(real) -> (real, meta)
+        self._storages: dict = {}  # storage key -> (real storage, meta storage)
+
+    def __call__(self, t: torch.Tensor) -> MetaTensor:
+        if isinstance(t, MetaTensor):
+            return t
+        hit = self._memo.get(id(t))
+        if hit is not None:
+            return hit[1]
+        meta = self._convert(t)
+        self._memo[id(t)] = (t, meta)
+        return meta
+
+    def _convert(self, t: torch.Tensor) -> MetaTensor:
+        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            raise TypeError(f"cannot convert a {type(t).__name__} to a MetaTensor: only plain tensors")
+        if t.layout != torch.strided:
+            raise NotImplementedError(f"MetaTensor supports strided tensors only, got {t.layout}")
+        device = self.device or (t.device if t.device.type != "meta" else META)
+        with in_kernel():
+            storage = self._meta_storage(t)
+            elem = torch.empty(0, dtype=t.dtype, device=META)
+            elem.set_(storage, t.storage_offset(), t.size(), t.stride())
+        out = wrap(elem, device, t.requires_grad)
+        if isinstance(t, torch.nn.Parameter):
+            # What Parameter.__new__ does for tensor subclasses, minus the
+            # detach() that would show up as a call in the trace.
+            out._is_param = True
+        return out
+
+    def _meta_storage(self, t: torch.Tensor):
+        real = t.untyped_storage()
+        key = _compat.storage_key(t) if t.device.type != "meta" else id(t)
+        hit = self._storages.get(key)
+        if hit is None:
+            meta = torch.UntypedStorage(real.nbytes(), device=META)
+            hit = self._storages[key] = (real, meta)
+        return hit[1]

@@ -1,0 +1,91 @@
+"""Re-running every recorded call on CPU and comparing its metadata.
+
+For each call of a trace: materialise its recorded inputs (tensors that
+shared a storage share one again), run the real CPU kernel, and compare every
+output with what was recorded -- shape, dtype, significant strides, storage
+offset, and which input storage it aliases.  ``md.check`` uses it; a fuller
+replay (chains of calls on real values) is ``md.replay``'s job.
+
+Skipped, and listed as such: calls answered by the real kernel already,
+data-dependent ops (their outputs depend on made-up data), calls whose
+outputs live on a device other than CPU (the CPU kernel is not their
+reference; ``meta`` counts as CPU, see ``_common_device`` in dispatch.py),
+and calls the real kernel refuses on made-up data.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _compat
+from ..core.realrun import diff, materialize, run_real
+from ..core.record import _GENERATOR
+from ..core.schema import facts
+from ..ir.trace import TensorMeta
+
+__all__ = ["recheck", "Mismatch"]
+
+
+class Mismatch(NamedTuple):
+    index: int  # of the call in the trace
+    op: str
+    module: str
+    rule: str
+    problems: tuple  # "strides (1, 4) != (4, 1)": recorded != real
+
+
+def recheck(trace, limit) -> tuple[list, list]:
+    """(mismatches, skipped) for every call of ``trace``; see the module docstring."""
+    consts = {leaf.meta: leaf.value for leaf in trace.leaves.values() if leaf.value is not None}
+    mismatches, skipped = [], []
+    for call in trace.calls:
+        if call.rule == "real" or facts(call.func).data_dependent or not call.output_metas:
+            continue
+        if any(m.device.type not in ("cpu", "meta") for m in call.output_metas):
+            skipped.append((call.index, call.op, f"on {call.output_metas[0].device}"))
+            continue
+        try:
+            problems = _check_call(call, consts, limit)
+        except Exception as e:  # made-up data the kernel refuses, inputs over the limit
+            skipped.append((call.index, call.op, str(e).strip().splitlines()[0][:120]))
+            continue
+        if problems:
+            mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, tuple(problems)))
+    return mismatches, skipped
+
+
+def _check_call(call, consts, limit) -> list[str]:
+    args, kwargs = pytree.tree_map(lambda x: None if x == _GENERATOR else x,
+                                   (call.args, dict(call.kwargs)),
+                                   is_leaf=lambda x: isinstance(x, TensorMeta))
+    real_args, real_kwargs = materialize(args, kwargs, limit=limit, ints=0,
+                                         value_of=lambda m: consts.get(m))
+    storage_of = {_compat.storage_key(r): m.storage for m, r in zip(
+        _metas((args, kwargs)), _metas((real_args, real_kwargs)))}
+    input_storages = {m.storage for m in call.inputs}
+    real_outs = [o for o in pytree.tree_leaves(run_real(call.func, real_args, real_kwargs))
+                 if isinstance(o, torch.Tensor)]
+    recorded = call.output_metas
+    if len(real_outs) != len(recorded):
+        return [f"{len(recorded)} tensor outputs != {len(real_outs)}"]
+    problems = []
+    for i, (m, r) in enumerate(zip(recorded, real_outs)):
+        where = f"output {i}: " if len(recorded) > 1 else ""
+        problems += [where + p for p in diff(r, m)]
+        got = m.storage if m.storage in input_storages else None
+        want = storage_of.get(_compat.storage_key(r))
+        if got != want:
+            problems.append(where + f"aliases {_alias(got)} != {_alias(want)}")
+    return problems
+
+
+def _metas(tree) -> list:
+    return [x for x in pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, TensorMeta))
+            if isinstance(x, (TensorMeta, torch.Tensor))]
+
+
+def _alias(storage) -> str:
+    return "nothing" if storage is None else f"input storage #{storage}"

@@ -1,0 +1,129 @@
+"""``md.Report``: what ``md.check`` found, as data and as a readable table.
+
+Three lists, each grouped by op: ops with no rule (answered by the real
+kernel, or refused above the size limit), data-dependent ops (answered from
+made-up data: their sizes are assumptions), and calls whose metadata differ
+from the real CPU kernel's.  ``str(report)`` prints them with a skeleton
+``@md.register_meta`` rule for each op with no rule.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..core.registry import rule_skeleton
+
+__all__ = ["Report", "Answer", "OpIssue"]
+
+
+class Answer(NamedTuple):
+    """One call ``md.check`` answered with the real kernel (or refused to)."""
+
+    op: str
+    func: object  # the OpOverload
+    kind: str  # "unsupported" or "data-dependent"
+    module: str
+    source: str | None
+    note: str  # the trace note, or why it was refused
+
+
+class OpIssue(NamedTuple):
+    """Every call of one op with one kind of problem."""
+
+    op: str
+    func: object
+    count: int
+    modules: tuple  # in order of first appearance; "" is top level
+    source: str | None  # the first user line that called it
+    refused: str | None  # why it was not run for real, if it was not
+    outputs: tuple  # the first call's output types, e.g. ("i64[3, 1]",)
+
+    def skeleton(self) -> str:
+        return rule_skeleton(self.func)
+
+
+def _group(answers, refused, kind, trace) -> list[OpIssue]:
+    groups: dict = {}
+    for index, a in list(answers.items()) + [(None, r) for r in refused]:
+        if a.kind != kind:
+            continue
+        g = groups.setdefault(a.op, {"func": a.func, "count": 0, "modules": [], "source": None,
+                                     "refused": None, "outputs": ()})
+        g["count"] += 1
+        if a.module not in g["modules"]:
+            g["modules"].append(a.module)
+        g["source"] = g["source"] or a.source
+        if index is None:
+            g["refused"] = a.note
+        elif not g["outputs"] and index < len(trace.calls):
+            g["outputs"] = tuple(m.type_str() for m in trace.calls[index].output_metas)
+    return [OpIssue(op, g["func"], g["count"], tuple(g["modules"]), g["source"], g["refused"],
+                    g["outputs"]) for op, g in groups.items()]
+
+
+class Report:
+    """What ``md.check`` found.
+
+    ``unsupported`` and ``data_dependent`` are lists of :class:`OpIssue`,
+    ``mismatches`` a list of ``recheck.Mismatch``, ``skipped`` the calls the
+    CPU re-check could not run, ``error`` the exception that stopped the run
+    (None when it ran to the end), ``trace`` everything recorded.
+    """
+
+    def __init__(self, trace, answers, refused, mismatches, skipped, error) -> None:
+        self.trace = trace
+        self.unsupported = _group(answers, refused, "unsupported", trace)
+        self.data_dependent = _group(answers, refused, "data-dependent", trace)
+        self.mismatches = mismatches
+        self.skipped = skipped
+        self.error = error
+
+    @property
+    def ok(self) -> bool:
+        """True when every call was answered from metadata and re-checked equal."""
+        return not (self.unsupported or self.data_dependent or self.mismatches or self.error)
+
+    def __repr__(self) -> str:
+        return (f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, "
+                f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
+                f"{', stopped' if self.error else ''}>")
+
+    def __str__(self) -> str:
+        lines = [repr(self)[1:-1].replace("Report: ", "md.check: ")]
+        if self.error is not None:
+            lines += ["", f"Stopped: {type(self.error).__name__}: "
+                      + str(self.error).strip().splitlines()[0]]
+        cols = ("op", "calls", "modules", "first called at")
+        if self.unsupported:
+            lines += ["", "Ops with no rule (answered by the real CPU kernel)"]
+            lines += _table(cols + ("",), [_row(i) + (f"REFUSED: {i.refused}" if i.refused else "",)
+                                           for i in self.unsupported])
+        if self.data_dependent:
+            lines += ["", "Data-dependent ops (answered from made-up data: sizes are assumptions)"]
+            lines += _table(cols + ("assumed",), [_row(i) + (i.refused and "REFUSED: " + i.refused
+                                                            or ", ".join(i.outputs),)
+                                                  for i in self.data_dependent])
+        if self.mismatches:
+            lines += ["", "Metadata that differ from the real CPU kernel (recorded != real)"]
+            lines += _table(("call", "op", "module", "rule", "problem"),
+                            [(f"#{m.index}", m.op, m.module or "<top>", m.rule, "; ".join(m.problems))
+                             for m in self.mismatches])
+        if self.skipped:
+            lines += ["", f"{len(self.skipped)} calls not re-checked on CPU "
+                      f"(first: #{self.skipped[0][0]} {self.skipped[0][1]}: {self.skipped[0][2]})"]
+        for issue in self.unsupported:
+            lines += ["", f"# A rule for {issue.op}:", issue.skeleton()]
+        return "\n".join(lines)
+
+
+def _row(issue: OpIssue) -> tuple:
+    modules = ", ".join(m or "<top>" for m in issue.modules[:3])
+    if len(issue.modules) > 3:
+        modules += f", ... ({len(issue.modules)})"
+    return issue.op, str(issue.count), modules, issue.source or "?"
+
+
+def _table(header: tuple, rows: list) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    fmt = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [fmt(header), fmt(tuple("-" * w for w in widths))] + [fmt(r) for r in rows]

@@ -1,0 +1,319 @@
+"""Decoding a parsed trace document, checking every value as it goes.
+
+Nothing in the document is executed.  Op names are looked up in torch's
+operator registry and must name an existing overload; dtypes, layouts and
+memory formats must be values torch defines; constants are raw bytes.  Every
+problem raises :class:`TraceFormatError` naming the file and the JSON path of
+the bad value, so a bad file fails at load time, before replay runs anything.
+
+The tables (strings, ops, tensor records) are checked once each, a column at
+a time (Note [Tables, not trees] in serialize.py): a column passes a few
+C-level checks -- the set of its types, its minimum and maximum -- and only a
+column that fails them is walked in Python, to name the first bad entry.
+JSON paths are built only then, too.
+"""
+
+from __future__ import annotations
+
+import base64
+from itertools import chain, repeat
+
+import torch
+
+from .decode import TAGS, resolve_op
+from ..errors import TraceFormatError
+from .trace import Leaf, OpCall, TensorMeta, Trace
+
+__all__ = ["Reader"]
+
+_KINDS = {"arg", "param", "buffer", "const", "input"}
+_PHASES = {"forward", "backward", "optimizer"}
+_INT = {int}
+_PLAIN = {type(None), bool, int, float, str}
+_TENSOR_COLUMNS = ("id", "shape", "dtype", "stride", "storage_offset", "device",
+                   "requires_grad", "storage")
+_LEAF_COLUMNS = ("tensor", "kind", "name", "value")
+_CALL_COLUMNS = ("op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
+
+
+class Reader:
+    """Decodes a parsed document, checking every value against what it may be."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.defined: set = set()  # tensor ids seen so far (leaves, outputs)
+        self.strings: list = []
+        self.tensors: list = []  # TensorMeta, by index in the tensors table
+
+    def fail(self, where, what: str):
+        raise TraceFormatError(f"{self.name}: {_path(where)}: {what}")
+
+    def field(self, d, key: str, where: str, types):
+        if not isinstance(d, dict) or key not in d:
+            self.fail(where, f"missing field {key!r}")
+        v = d[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in _tuple(types)):
+            self.fail(f"{where}.{key}", f"expected {_names(types)}, got {type(v).__name__}")
+        return v
+
+    def trace(self, doc: dict) -> Trace:
+        t = Trace()
+        self.strings = self.field(doc, "strings", "file", list)
+        if not set(map(type, self.strings)) <= {str}:
+            self.first_bad(self.strings, "strings", lambda s: type(s) is str, "expected a string")
+        ops = [self.op(name, f"ops[{i}]") for i, name in enumerate(self.field(doc, "ops", "file", list))]
+        self.tensors = self.tensor_table(self.columns(doc, "tensors", _TENSOR_COLUMNS))
+        for leaf in self.leaves(self.columns(doc, "leaves", _LEAF_COLUMNS)):
+            t.leaves[leaf.meta.id] = leaf
+        t.calls = self.calls(self.columns(doc, "calls", _CALL_COLUMNS), ops)
+        t.output_meta = self.value(doc.get("output"), "output", _PLAIN_REF)
+        for k, i in self.field(doc, "grads", "file", dict).items():
+            t.grads[k] = self.ref(i, f"grads.{k}", _USE)
+        t.modules = {str(k): str(v) for k, v in self.field(doc, "modules", "file", dict).items()}
+        rng = doc.get("rng_state")
+        t.rng_state = self.bytes_tensor(rng, "rng_state") if rng is not None else None
+        deaths = doc.get("deaths")
+        if deaths is not None:
+            storages, calls = self.columns(doc, "deaths", ("storage", "call"))
+            self.counts(storages, "deaths.storage")
+            self.counts(calls, "deaths.call")
+            t.deaths = dict(zip(storages, calls))
+        return t
+
+    # -- tables, a column at a time
+
+    def columns(self, doc, name: str, names: tuple) -> list:
+        """The columns of table ``name``, each a list, all of one length."""
+        table = self.field(doc, name, "file", dict)
+        cols = [self.field(table, c, name, list) for c in names]
+        for c, col in zip(names, cols):
+            if len(col) != len(cols[0]):
+                self.fail(f"{name}.{c}", f"{len(col)} entries, but {name}.{names[0]} has {len(cols[0])}")
+        return cols
+
+    def first_bad(self, col: list, where: str, ok, what: str):
+        """Fail naming the first entry of ``col`` that ``ok`` rejects."""
+        for i, v in enumerate(col):
+            if not ok(v):
+                self.fail(f"{where}[{i}]", f"{what}, got {v!r}")
+        raise AssertionError(f"{where}: a column check failed but no entry is bad")
+
+    def counts(self, col: list, where: str) -> None:
+        """Every entry a non-negative integer."""
+        if not (set(map(type, col)) <= _INT and (not col or min(col) >= 0)):
+            self.first_bad(col, where, _is_count, "expected a non-negative integer")
+
+    def indexes(self, col: list, n: int, where: str, what: str, nullable: bool = False) -> None:
+        """Every entry an index into a table of ``n`` (or null, where ``nullable``)."""
+        ints = [i for i in col if i is not None] if nullable else col
+        if not (set(map(type, ints)) <= _INT and (not ints or (min(ints) >= 0 and max(ints) < n))):
+            self.first_bad(col, where, lambda i: (i is None and nullable) or _is_count(i) and i < n,
+                           f"expected an index into {what} (which has {n} entries)")
+
+    def strs(self, col: list, where: str, nullable: bool = False) -> list:
+        """A column of indexes into ``strings``, as the strings."""
+        strings = self.strings
+        self.indexes(col, len(strings), where, "strings", nullable)
+        if nullable:
+            return [None if i is None else strings[i] for i in col]
+        return list(map(strings.__getitem__, col))
+
+    def sizes(self, col: list, where: str, what: str) -> None:
+        """Every entry a list of non-negative integers (a shape or strides)."""
+        if set(map(type, col)) <= {list}:
+            flat = list(chain.from_iterable(col))
+            if set(map(type, flat)) <= _INT and (not flat or min(flat) >= 0):
+                return
+        for i, seq in enumerate(col):
+            if not isinstance(seq, list) or not all(type(s) is int for s in seq):
+                self.fail(f"{where}[{i}]", f"{what}s must be a list of integers, got {seq!r}")
+            if seq and min(seq) < 0:
+                self.fail(f"{where}[{i}]", f"negative {what} in {seq}")
+
+    def tensor_table(self, cols: list) -> list:
+        ids, shapes, dtypes, strides, offsets, devices, rgs, storages = cols
+        self.counts(ids, "tensors.id")
+        self.sizes(shapes, "tensors.shape", "size")
+        self.sizes(strides, "tensors.stride", "stride")
+        if list(map(len, shapes)) != list(map(len, strides)):
+            self.first_bad(list(zip(shapes, strides)), "tensors.stride",
+                           lambda p: len(p[0]) == len(p[1]), "(shape, stride) differ in length")
+        self.counts(offsets, "tensors.storage_offset")
+        self.counts(storages, "tensors.storage")
+        if not set(map(type, rgs)) <= {bool}:
+            self.first_bad(rgs, "tensors.requires_grad", lambda v: type(v) is bool,
+                           "expected true or false")
+        dtypes = self.strs(dtypes, "tensors.dtype")
+        devices = self.strs(devices, "tensors.device")
+        by_dtype = {n: self.dtype(n, f"tensors.dtype[{dtypes.index(n)}]") for n in set(dtypes)}
+        by_device = {n: self.device(n, f"tensors.device[{devices.index(n)}]") for n in set(devices)}
+        # tuple.__new__ on rows from zip: the NamedTuple's own __new__ is
+        # Python code, and this table has a row per tensor record.
+        return list(map(tuple.__new__, repeat(TensorMeta), zip(
+            ids, map(tuple, shapes), map(by_dtype.__getitem__, dtypes), map(tuple, strides),
+            offsets, map(by_device.__getitem__, devices), rgs, storages)))
+
+    def leaves(self, cols: list) -> list:
+        tensors, kinds, names, values = cols
+        self.indexes(tensors, len(self.tensors), "leaves.tensor", "tensors")
+        kinds = self.strs(kinds, "leaves.kind")
+        if not set(kinds) <= _KINDS:
+            self.first_bad(kinds, "leaves.kind", _KINDS.__contains__, "unknown leaf kind")
+        out = []
+        for i, (ti, kind, name, value) in enumerate(zip(tensors, kinds, self.strs(names, "leaves.name"),
+                                                        values)):
+            meta = self.tensors[ti]
+            if value is not None:
+                value = self.const(value, meta, f"leaves.value[{i}]")
+            out.append(Leaf(meta, kind, name, value))
+            self.defined.add(meta.id)
+        return out
+
+    def calls(self, cols: list, ops: list) -> list:
+        op_col, args_col, kwargs_col, outputs_col = cols[:4]
+        self.indexes(op_col, len(ops), "calls.op", "ops")
+        modules, phases, rules = (self.strs(c, f"calls.{n}") for c, n in zip(
+            cols[4:7], ("module", "phase", "rule")))
+        if not set(phases) <= _PHASES:
+            self.first_bad(phases, "calls.phase", _PHASES.__contains__, "unknown phase")
+        sources, notes = self.strs(cols[7], "calls.source", True), self.strs(cols[8], "calls.note", True)
+        calls, value, seq = [], self.value, self.seq
+        for i, (oi, args, kwargs, outputs) in enumerate(zip(op_col, args_col, kwargs_col, outputs_col)):
+            func, name, n_args, n_returns = ops[oi]
+            if type(args) is not list or len(args) > n_args:
+                self.fail(("calls.args", i), _misfit("arguments", args, name, n_args))
+            if type(outputs) is not list or len(outputs) > n_returns:
+                self.fail(("calls.outputs", i), _misfit("outputs", outputs, name, n_returns))
+            if type(kwargs) is not dict:
+                self.fail(("calls.kwargs", i), f"expected an object, got {type(kwargs).__name__}")
+            args = seq(args, ("calls.args", i), _USE)
+            if kwargs:
+                kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
+            outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
+            calls.append(OpCall(i, func, name, args, kwargs or None, outputs, modules[i], phases[i],
+                                rules[i], sources[i], notes[i]))
+        return calls
+
+    def op(self, name, where: str) -> tuple:
+        """``(OpOverload, name, number of arguments, number of returns)``."""
+        func = resolve_op(name) if isinstance(name, str) else None
+        if func is None:
+            self.fail(where, f"unknown op {name!r}: this torch ({torch.__version__}) "
+                      "has no such operator overload")
+        return func, name, len(func._schema.arguments), len(func._schema.returns)
+
+    # -- values
+
+    def value(self, x, where, mode: int):
+        t = type(x)
+        if t is dict:
+            if len(x) == 1 and "t" in x:
+                return self.ref(x["t"], where, mode)
+            return self.tagged(x, where, mode)
+        if t is list:
+            return self.seq(x, where, mode)
+        if t in _PLAIN:
+            return x
+        self.fail(where, "expected a value or a one-key tagged object")
+
+    def seq(self, xs: list, where, mode: int) -> tuple:
+        """``value`` of each of ``xs``, with tensor references (most arguments) taken first."""
+        if set(map(type, xs)) <= _PLAIN:  # [1, 0], shapes, scalars
+            return tuple(xs)
+        ref, value = self.ref, self.value
+        return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
+                      else value(x, (where, k), mode) for k, x in enumerate(xs)])
+
+    def tagged(self, x: dict, where, mode: int):
+        if len(x) != 1:
+            self.fail(where, "expected a value or a one-key tagged object")
+        (tag, v), = x.items()
+        if tag == "dict":
+            if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
+                self.fail(where, "a dict must be a list of [key, value] pairs")
+            try:
+                return {self.value(k, where, _PLAIN_REF): self.value(val, (where, str(k)), mode)
+                        for k, val in v}
+            except TypeError:  # a key that decodes to a dict
+                self.fail(where, "a dict key must be a plain value")
+        decode = TAGS.get(tag)
+        if decode is None:
+            self.fail(where, f"unknown tag {tag!r}")
+        try:
+            return decode(v)
+        except (TypeError, ValueError, AttributeError, RuntimeError):
+            self.fail(where, f"bad {tag} value {v!r}")
+
+    def ref(self, i, where, mode: int) -> TensorMeta:
+        """The tensor record at index ``i``; a use must follow its definition."""
+        if type(i) is not int or not 0 <= i < len(self.tensors):
+            self.fail(where, f"no tensor record {i!r} (tensors has {len(self.tensors)})")
+        m = self.tensors[i]
+        if mode == _USE:
+            if m.id not in self.defined:
+                self.fail(where, f"tensor ${m.id} is used before any leaf or call defines it")
+        elif mode == _DEFINE:
+            self.defined.add(m.id)
+        return m
+
+    def dtype(self, name, where: str) -> torch.dtype:
+        try:
+            return TAGS["dtype"](name)
+        except ValueError:
+            self.fail(where, f"unknown dtype {name!r}")
+
+    def device(self, name, where: str) -> torch.device:
+        try:
+            return torch.device(name)
+        except (TypeError, RuntimeError):
+            self.fail(where, f"bad device {name!r}")
+
+    def const(self, d, meta: TensorMeta, where: str) -> torch.Tensor:
+        dtype = self.dtype(self.field(d, "dtype", where, str), where)
+        shape = self.field(d, "shape", where, list)
+        if tuple(shape) != meta.shape or dtype != meta.dtype:
+            self.fail(where, f"value {dtype}{shape} does not match its leaf "
+                      f"{meta.dtype}{list(meta.shape)}")
+        t = self.bytes_tensor(self.field(d, "data", where, str), where)
+        if t.numel() != meta.numel * dtype.itemsize:
+            self.fail(where, f"{t.numel()} bytes of data for {meta.numel} elements of {dtype}")
+        return t.view(dtype).reshape(meta.shape).clone()
+
+    def bytes_tensor(self, s, where: str) -> torch.Tensor:
+        try:
+            raw = base64.b64decode(s, validate=True)
+        except (TypeError, ValueError):
+            self.fail(where, "data is not base64")
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(
+            0, dtype=torch.uint8)
+
+
+# What a tensor reference means where it appears: a use (its id must be
+# defined already), a definition (a call's output), or neither (trace output).
+_PLAIN_REF, _USE, _DEFINE = 0, 1, 2
+
+
+def _path(where) -> str:
+    """A JSON path from nested ``(parent, key)`` pairs, built only for a message."""
+    if not isinstance(where, tuple):
+        return str(where)
+    parent, key = where
+    return f"{_path(parent)}[{key}]" if isinstance(key, int) else f"{_path(parent)}.{key}"
+
+
+def _misfit(what: str, v, op: str, n: int) -> str:
+    if type(v) is not list:
+        return f"expected a list of {what}, got {type(v).__name__}"
+    return f"{len(v)} {what} do not fit the schema of {op}, which has {n}"
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _tuple(t):
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _names(types) -> str:
+    return " or ".join(t.__name__ for t in _tuple(types))

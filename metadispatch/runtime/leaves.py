@@ -1,0 +1,241 @@
+"""Real tensors for a trace's leaves: supplied, reused, or made up.
+
+Replay needs a real tensor for every :class:`~metadispatch.ir.trace.Leaf`.  In
+order of preference: the caller's (``args``/``kwargs`` by the name recorded
+at trace time, parameters and buffers by qualified name), the constant kept
+in the trace, or one made up from ``seed``.
+
+Made-up tensors must be *valid* for the ops that read them: token ids fed to
+an embedding must be below the vocabulary size, labels below the number of
+classes.  :func:`index_bounds` finds such limits by walking the trace
+backwards from each consumer through value-preserving ops (views, copies,
+padding), so ``labels[..., 1:].reshape(-1)`` reaching ``nll_loss`` still
+bounds ``labels``.  Made-up values come from their own ``torch.Generator``:
+drawing them must not shift the random sequence the replayed ops consume.
+
+Limits: an integer leaf that no known op bounds is filled with ones (a safe
+choice for attention masks); floats are standard normal, buffers uniform in
+``[0, 1)`` so that variances and counts stay non-negative.
+"""
+
+from __future__ import annotations
+
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .. import _compat
+from ..ir.trace import TensorMeta, Trace, _tensor_metas
+
+__all__ = ["bind_leaves", "index_bounds", "written_storages", "make_tensor"]
+
+
+def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
+    """id -> real tensor on ``device`` for every leaf; see the module docstring.
+
+    Leaves whose storage the trace writes are copies (Note [Replay never
+    writes its inputs] in replay.py); aliasing between them is kept.
+    """
+    given = _given(args, kwargs or {}, module)
+    written = written_storages(trace)
+    copies: dict = {}  # storage key of a given tensor -> its copy's storage
+    out, missing = {}, []
+    for tid, leaf in trace.leaves.items():
+        t = leaf.value if leaf.kind == "const" else given.get((leaf.kind, leaf.name))
+        if t is None:
+            missing.append(leaf.meta)
+            continue
+        m = leaf.meta
+        if tuple(t.shape) != m.shape or t.dtype != m.dtype:
+            raise ValueError(
+                f"replay: {leaf.kind} {leaf.name or f'${tid}'} is {t.dtype}{list(t.shape)}, "
+                f"the trace recorded {m.dtype}{list(m.shape)}")
+        t = t.detach().to(device)
+        if m.storage in written:
+            t = _copy_keeping_aliases(t, copies)
+        out[tid] = t
+    out.update(_made_up(trace, missing, device, seed))
+    return out
+
+
+def _given(args, kwargs, module) -> dict:
+    """(kind, name) -> tensor, named as ``md.trace`` named them."""
+    from ..tracing.tracer import _path_name
+
+    named, modules = {}, [module] if module is not None else []
+    for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs))[0]:
+        if isinstance(v, torch.Tensor):
+            named[("arg", _path_name(path))] = v
+        elif isinstance(v, nn.Module):
+            modules.append(v)
+    for mod in modules:
+        for name, p in mod.named_parameters(remove_duplicate=False):
+            named.setdefault(("param", name), p)
+        for name, b in mod.named_buffers(remove_duplicate=False):
+            named.setdefault(("buffer", name), b)
+    return named
+
+
+def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
+    key = _compat.storage_key(t)
+    storage = copies.get(key)
+    if storage is None:
+        storage = copies[key] = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        storage, t.storage_offset(), t.size(), t.stride())
+
+
+# Ops that update running statistics in place although their schemas do not
+# say so (hence torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``).
+_UNANNOTATED_WRITES = {
+    "aten.native_batch_norm.default": (3, 4),
+    "aten.cudnn_batch_norm.default": (3, 4),
+    "aten.miopen_batch_norm.default": (3, 4),
+}
+_WRITES: dict = dict(_UNANNOTATED_WRITES)  # op name -> arguments it writes
+
+
+def write_positions(func, name: str) -> tuple:
+    """Positions (or keyword names) of the arguments ``func`` writes in place."""
+    # Keyed by name: OpOverload.__hash__ is Python code, too slow per call.
+    hit = _WRITES.get(name)
+    if hit is None:
+        hit = _WRITES[name] = tuple(
+            a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write)
+    return hit
+
+
+_WRITTEN = WeakKeyDictionary()  # trace -> (number of calls, written storages)
+
+
+def written_storages(trace: Trace) -> set:
+    """Storage numbers that some call in ``trace`` writes in place."""
+    n, out = _WRITTEN.get(trace, (None, None))
+    if n != len(trace.calls):  # a trace still recording may have grown
+        out = _written_storages(trace)
+        _WRITTEN[trace] = (len(trace.calls), out)
+    return out
+
+
+def _written_storages(trace: Trace) -> set:
+    out = set()
+    for call in trace.calls:
+        for w in write_positions(call.func, call.op):
+            a = call.kwargs.get(w) if isinstance(w, str) else (
+                call.args[w] if w < len(call.args) else None)
+            for m in _tensor_metas(a):
+                out.add(m.storage)
+    return out
+
+
+# -- made-up leaves
+
+def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
+    if not missing:
+        return {}
+    gen = torch.Generator().manual_seed(seed)
+    bounds = index_bounds(trace)
+    by_storage: dict = {}
+    for m in missing:
+        by_storage.setdefault((m.storage, m.dtype), []).append(m)
+    out = {}
+    for (_, dtype), metas in sorted(by_storage.items(), key=lambda kv: kv[1][0].id):
+        extent = max(_extent(m) for m in metas)
+        bound = min((bounds[m.id] for m in metas if m.id in bounds), default=None)
+        buffer = trace.leaves[metas[0].id].kind == "buffer"
+        flat = _fill(extent, dtype, bound, buffer, gen).to(device)
+        for m in metas:
+            out[m.id] = flat.as_strided(m.shape, m.stride, m.storage_offset)
+    return out
+
+
+def _extent(m: TensorMeta) -> int:
+    if 0 in m.shape:
+        return m.storage_offset
+    return m.storage_offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride)) + 1
+
+
+def _fill(n: int, dtype, bound, buffer: bool, gen) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.ones(n, dtype=dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        draw = torch.rand if buffer else torch.randn
+        return draw(n, generator=gen).to(dtype)
+    if bound is None:
+        return torch.ones(n, dtype=dtype)
+    return torch.randint(0, max(bound, 1), (n,), generator=gen).to(dtype)
+
+
+def make_tensor(shape, dtype, stride, offset=0, device="cpu", gen=None) -> torch.Tensor:
+    """A real tensor with exactly this layout, filled like an unbounded leaf.
+
+    >>> make_tensor((2, 3), torch.float32, (1, 2)).stride()
+    (1, 2)
+    """
+    m = TensorMeta(0, tuple(shape), dtype, tuple(stride), offset, torch.device(device), False, 0)
+    flat = _fill(_extent(m), dtype, None, False, gen or torch.Generator().manual_seed(0))
+    return flat.to(device).as_strided(m.shape, m.stride, m.storage_offset)
+
+
+# -- valid index values
+
+def _dim_size(t: TensorMeta, dim: int) -> int:
+    return t.shape[dim] if t.shape else 1
+
+
+def _nll_classes(inp: TensorMeta) -> int:
+    return inp.shape[1] if len(inp.shape) >= 2 else _dim_size(inp, 0)
+
+
+# op -> function(args) yielding (index TensorMeta, exclusive upper bound)
+_CONSUMERS = {
+    "aten.embedding.default": lambda a: [(a[1], a[0].shape[0])],
+    "aten.index_select.default": lambda a: [(a[2], _dim_size(a[0], a[1]))],
+    "aten.gather.default": lambda a: [(a[2], _dim_size(a[0], a[1]))],
+    "aten.scatter.src": lambda a: [(a[2], _dim_size(a[0], a[1]))],
+    "aten.scatter_add.default": lambda a: [(a[2], _dim_size(a[0], a[1]))],
+    "aten.index.Tensor": lambda a: [(i, a[0].shape[k]) for k, i in enumerate(a[1])
+                                    if isinstance(i, TensorMeta)],
+    "aten.nll_loss_forward.default": lambda a: [(a[1], _nll_classes(a[0]))],
+    "aten.nll_loss2d_forward.default": lambda a: [(a[1], _nll_classes(a[0]))],
+}
+
+# Ops whose outputs hold only values of their inputs: a bound on the output
+# is a bound on the inputs.
+_PASS_THROUGH = {
+    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+    "aten.slice.Tensor", "aten.select.int", "aten.clone.default", "aten.alias.default",
+    "aten.detach.default", "aten.expand.default", "aten.t.default", "aten.transpose.int",
+    "aten.permute.default", "aten.unsqueeze.default", "aten.squeeze.dim",
+    "aten.squeeze.dims", "aten.squeeze.default", "aten.constant_pad_nd.default",
+    "aten._to_copy.default", "aten.lift_fresh.default", "aten.lift_fresh_copy.default",
+    "aten.cat.default", "aten.stack.default", "aten.narrow.default",
+    "aten.contiguous.default", "aten.copy_.default", "aten.flatten.using_ints",
+}
+
+
+def index_bounds(trace: Trace) -> dict:
+    """Tensor id -> exclusive upper bound its values must respect.
+
+    >>> import torch, metadispatch as md
+    >>> emb = torch.nn.Embedding(10, 4)
+    >>> t = md.trace(lambda ids: emb(ids[:, 1:]), torch.zeros(2, 5, dtype=torch.long))
+    >>> index_bounds(t)[0]
+    10
+    """
+    bounds: dict = {}
+    for call in reversed(trace.calls):
+        consumer = _CONSUMERS.get(call.op)
+        if consumer is not None:
+            for m, limit in consumer(call.args):
+                bounds[m.id] = min(bounds.get(m.id, limit), limit)
+        elif call.op in _PASS_THROUGH:
+            outs = [bounds[o.id] for o in call.output_metas if o.id in bounds]
+            if outs:
+                limit = min(outs)
+                for m in call.inputs:
+                    bounds[m.id] = min(bounds.get(m.id, limit), limit)
+    return bounds

@@ -1,0 +1,210 @@
+"""A trace compiled for replay: one line of straight Python per recorded call.
+
+Replay is micrograd's loop -- bind ids to real tensors, call the op, check the
+result -- but a loop that interprets each call (copy the argument list, fill
+tensor slots from a dict, unpack a record) costs a few microseconds per call,
+as much as a small kernel.  So :func:`program` writes the loop out once per
+trace, the way ``torch.fx`` writes a graph's ``forward``::
+
+    t7 = mm_default(t5, t6)
+    ck and same(12, t7)
+    del t5
+
+Tensor ids become local variables and constants are bound once; checking
+stays with ``replay.py``, which passes it in.  (Checks written inline, as
+one expression per call, ran no faster and tripled the time ``compile``
+takes -- already ~35 us per call, paid once per trace.)  ``Program.source``
+shows the generated code, and :meth:`Program.call_index` maps a failing line
+back to the recorded call.
+
+Note [Freeing early]
+~~~~~~~~~~~~~~~~~~~~
+Eager execution frees an activation as soon as backward has used it; replay
+would otherwise hold every intermediate until the end, and on a model of any
+size the extra allocations (fresh pages, not reused blocks) cost more time
+than the kernels.  So the program drops the ids no later call reads, except
+those the result needs: outputs, gradients and buffers -- and, when the trace
+recorded storage deaths, no earlier than the traced run freed them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, NamedTuple
+from weakref import WeakKeyDictionary
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _compat
+from ..ir.trace import TensorMeta, Trace, _tensor_metas
+
+__all__ = ["Program", "program"]
+
+_FILENAME = "<metadispatch replay>"
+
+
+class Program(NamedTuple):
+    """``run(env, gen, ck, chk, same)`` executes every call of the trace.
+
+    ``env`` maps ids to real tensors: it holds the leaves on entry and the
+    tensors that outlive the program on exit; ``gen`` is the generator for
+    RNG ops.  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
+    call ``n`` returned and ``chk(n, results)`` the results of any other call.
+    """
+
+    run: Any
+    source: str
+    calls: list  # the trace's OpCalls, by position
+    singles: list  # each call's TensorMeta where it returns one tensor, else None
+    starts: list  # first source line of each call
+
+    def call_index(self, tb) -> int | None:
+        """The position of the call that raised, from a traceback."""
+        while tb is not None:
+            if tb.tb_frame.f_code is self.run.__code__:
+                return max(bisect.bisect_right(self.starts, tb.tb_lineno) - 1, 0)
+            tb = tb.tb_next
+        return None
+
+
+_PROGRAMS = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): Program}
+
+
+def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Program:
+    """``trace`` compiled for replay on ``device``, cached per trace.
+
+    With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
+    after its last use (Note [Freeing early]).
+    """
+    per_trace = _PROGRAMS.setdefault(trace, {})
+    key = (device, len(trace.calls), keep_all)
+    if key not in per_trace:
+        free = {} if keep_all else _last_uses(trace)
+        per_trace[key] = _Writer(device).write(trace.calls, free)
+    return per_trace[key]
+
+
+def _last_uses(trace: Trace) -> dict:
+    """Call index -> ids whose last use is that call (Note [Freeing early])."""
+    keep = {m.id for m in _tensor_metas(pytree.tree_leaves(
+        trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))}
+    keep.update(m.id for m in trace.grads.values())
+    keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
+    last: dict = {}
+    storage: dict = {}
+    for call in trace.calls:
+        for m in call.inputs + call.output_metas:
+            last[m.id] = call.index
+            storage[m.id] = m.storage
+    deaths = trace.deaths or {}
+    n = len(trace.calls)
+    out: dict = {}
+    for tid, i in last.items():
+        if tid in keep:
+            continue
+        if deaths:
+            # Free where the traced run freed the storage (the first call
+            # after its death), not earlier: following eager's allocation
+            # pattern lets the allocator reuse blocks instead of faulting in
+            # fresh pages.  A storage that outlived the trace is kept.
+            d = deaths.get(storage[tid])
+            if d is None or d >= n:
+                continue
+            i = max(i, d - 1)
+        out.setdefault(i, []).append(tid)
+    return out
+
+
+class _Writer:
+    """Writes one program; holds the names it has bound so far."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.names: dict = {"dev": device}  # the program's globals
+        self.ops: dict = {}  # op -> global name
+        self.bound: set = set()  # ids that are local variables by now
+        self.lines: list = ["def run(env, gen, ck, chk, same):"]
+
+    def write(self, calls: list, free: dict) -> Program:
+        starts, singles, freed = [], [], set()
+        for n, call in enumerate(calls):
+            starts.append(len(self.lines) + 1)
+            outs = call.outputs
+            singles.append(outs[0] if len(outs) == 1 and type(outs[0]) is TensorMeta else None)
+            self._call(n, call, singles[-1])
+            for tid in free.get(n, ()):
+                self.lines.append(f"    del t{tid}")
+                freed.add(tid)
+        # Whatever was not freed outlives the program: outputs, gradients,
+        # buffers, or everything with keep_all.
+        self.lines += [f"    env[{tid}] = t{tid}" for tid in sorted(self.bound - freed)]
+        self.lines.append("    return")
+        source = "\n".join(self.lines) + "\n"
+        exec(compile(source, _FILENAME, "exec"), self.names)  # noqa: S102 -- our own code
+        return Program(self.names["run"], source, list(calls), singles, starts)
+
+    def _call(self, n: int, call, single: TensorMeta | None) -> None:
+        args = ", ".join([self._arg(a) for a in call.args] +
+                         [f"{k}={self._arg(v)}" for k, v in call.kwargs.items()])
+        op = self._op(call.func)
+        if single is not None:
+            t = self._define(single.id)
+            self.lines.append(f"    {t} = {op}({args})")
+            self.lines.append(f"    ck and same({n}, {t})")
+            return
+        self.lines.append(f"    r = {op}({args})")
+        outs = call.outputs
+        if not outs:  # ops returning nothing (``_foreach_add_``) only mutate
+            return
+        result = "r" if len(outs) > 1 else "(r,)"
+        for k, o in enumerate(outs):
+            if type(o) is TensorMeta:
+                self.lines.append(f"    {self._define(o.id)} = {result}[{k}]")
+            elif type(o) is tuple:  # a list return
+                self.lines += [f"    {self._define(x.id)} = {result}[{k}][{j}]"
+                               for j, x in enumerate(o) if type(x) is TensorMeta]
+        self.lines.append(f"    if ck: chk({n}, {result})")
+
+    def _arg(self, a) -> str:
+        if isinstance(a, TensorMeta):
+            return self._use(a.id)
+        if type(a) is tuple and any(isinstance(x, TensorMeta) for x in a):
+            return "[" + ", ".join(self._arg(x) for x in a) + "]"
+        if isinstance(a, torch.device):
+            return "dev"  # every logical device maps to the replay device
+        if isinstance(a, str) and a == "<generator>":
+            return "gen"
+        return self._const(a)
+
+    def _use(self, tid: int) -> str:
+        """The local for ``tid``, read from ``env`` at its first use (a leaf)."""
+        if tid not in self.bound:
+            self.bound.add(tid)
+            self.lines.append(f"    t{tid} = env.pop({tid})")
+        return f"t{tid}"
+
+    def _define(self, tid: int) -> str:
+        self.bound.add(tid)
+        return f"t{tid}"
+
+    def _const(self, v) -> str:
+        if v is None or type(v) in (bool, int):
+            return repr(v)
+        name = f"k{len(self.names)}"
+        if isinstance(v, torch.dtype):  # ``dtype=float32`` reads best
+            named = str(v).removeprefix("torch.")
+            if self.names.get(named, v) is v:
+                name = named
+        self.names[name] = v
+        return name
+
+    def _op(self, func) -> str:
+        """``mm_default`` for aten.mm.default; a number added if that is taken."""
+        if func not in self.ops:
+            base = name = "_".join(str(func).split(".")[-2:]).replace("-", "_")
+            while name in self.names:
+                name = f"{base}{len(self.names)}"
+            self.ops[func] = name
+            self.names[name] = _compat.op_callable(func)
+        return self.ops[func]

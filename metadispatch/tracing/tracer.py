@@ -1,0 +1,112 @@
+"""The verbs: ``to_meta`` and ``trace``."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..core.mode import MetaMode
+from .standins import StandIns
+from ..core.tensor import Converter, MetaTensor
+from ..ir.trace import Trace
+
+__all__ = ["to_meta", "trace", "tracer"]
+
+
+def to_meta(x: Any, device=None) -> Any:
+    """A MetaTensor copy (metadata only) of a tensor, module or pytree.
+
+    A module comes back as a new module whose parameters and buffers are
+    MetaTensors; the original is untouched, no data is copied, and tied
+    parameters stay tied.
+
+    >>> import torch, metadispatch as md
+    >>> lin = md.to_meta(torch.nn.Linear(4, 2), device="cuda")
+    >>> lin.weight
+    MetaTensor(f32[2, 4], device='cuda:0', requires_grad=True)
+    """
+    convert = Converter(device)
+    if isinstance(x, nn.Module):
+        return _module_to_meta(x, convert)
+    return pytree.tree_map(
+        lambda v: convert(v) if isinstance(v, torch.Tensor)
+        else _module_to_meta(v, convert) if isinstance(v, nn.Module) else v, x)
+
+
+def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
+    # deepcopy with the memo pre-filled: every parameter and buffer maps to
+    # its stand-in, so no tensor data is copied and sharing is kept.
+    memo: dict = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        memo[id(t)] = convert(t)
+    return copy.deepcopy(module, memo)
+
+
+def tracer(device=None, *, stack: bool = False, mode_factory=None) -> Callable[..., Trace]:
+    """``md.trace`` with options: ``md.tracer(device="cuda", stack=True)(fn, x)``."""
+    def run(fn: Callable, *args, **kwargs) -> Trace:
+        mode = mode_factory() if mode_factory is not None else MetaMode(device=device, stack=stack)
+        return _run(mode, fn, args, kwargs)
+
+    return run
+
+
+def trace(fn: Callable, *args, **kwargs) -> Trace:
+    """Run ``fn(*args, **kwargs)`` under a fresh MetaMode and return its trace.
+
+    Real tensors in the arguments, and the real parameters and buffers of any
+    module that runs, are stood in for by MetaTensors; the user's tensors and
+    modules are never modified (no ``.grad``, no buffer updates).  An
+    optimizer built before the trace steps on the stand-ins, from MetaTensor
+    copies of its state, and is left as it was.
+
+    >>> import torch, metadispatch as md
+    >>> model = torch.nn.Linear(3, 2)
+    >>> t = md.trace(lambda x: model(x).sum().backward(), torch.ones(4, 3))
+    >>> sorted(t.grads), model.weight.grad is None
+    (['bias', 'weight'], True)
+    """
+    return _run(MetaMode(), fn, args, kwargs)
+
+
+def _run(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace:
+    standins = StandIns(mode)
+    with standins:
+        if isinstance(fn, nn.Module):
+            standins.add_root(fn)
+        margs, mkwargs = _convert_args(mode, standins, args, kwargs)
+        with mode:
+            out = fn(*margs, **mkwargs)
+        rec = mode._recorder
+        tr = mode.trace
+        tr.output = out
+        tr.output_meta = pytree.tree_map(
+            lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
+        tr.grads = standins.grads(rec.meta_of)
+    return tr
+
+
+def _convert_args(mode, standins, args, kwargs):
+    leaves, spec = pytree.tree_flatten_with_path((args, kwargs))
+    out = []
+    for path, v in leaves:
+        if isinstance(v, nn.Module):
+            standins.add_root(v)
+        elif isinstance(v, torch.Tensor):
+            m = mode.from_tensor(v)
+            if "_md_name" not in m.__dict__:
+                m._md_name = ("arg", _path_name(path))
+            v = m
+        out.append(v)
+    return pytree.tree_unflatten(out, spec)
+
+
+def _path_name(path) -> str:
+    head, rest = path[0].idx, path[1:]
+    if head == 0:
+        return f"args[{rest[0].idx}]" + pytree.keystr(rest[1:])
+    return f"{rest[0].key}" + pytree.keystr(rest[1:])
