@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from .flops import _ancestors, flops as count_flops
+from .flops import ancestors, flops as count_flops
 from .memory import CATEGORIES, memory as measure
 from ..ir.trace import Trace
 
@@ -31,7 +31,7 @@ def _span(name: str, cat: str, ts: int, dur: int, args: dict | None = None) -> d
 
 def _nesting(call) -> list:
     """Names of the spans that enclose a call, outermost first."""
-    return [call.phase] + [m for m in _ancestors(call.module) if m]
+    return [call.phase] + [m for m in ancestors(call.module) if m]
 
 
 def chrome_trace(trace: Trace, flops=None, memory=None) -> dict:

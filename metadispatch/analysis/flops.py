@@ -29,6 +29,7 @@ from torch.utils.flop_counter import flop_registry as _torch_formulas
 from torch.utils.flop_counter import shape_wrapper
 
 from .. import _compat
+from ..ir.text import render
 from ..ir.trace import TensorMeta, Trace
 
 __all__ = ["Flops", "flops", "register_flops", "unregister_flops", "formula_for", "fmt_count"]
@@ -100,7 +101,7 @@ def call_flops(call) -> int | None:
         return int(formula(*args, out_val=out, **kwargs))
 
 
-def _ancestors(module: str):
+def ancestors(module: str):
     """``a.b.c`` -> ``""``, ``a``, ``a.b``, ``a.b.c``."""
     yield ""
     if module:
@@ -126,7 +127,7 @@ class Flops:
                 continue
             self.by_op[call.op] += n
             self.by_phase[call.phase] += n
-            for m in _ancestors(call.module):
+            for m in ancestors(call.module):
                 self.by_module[m] += n
         self.total = sum(self.by_op.values())
 
@@ -137,8 +138,6 @@ class Flops:
         return f"<Flops total={fmt_count(self.total)}>"
 
     def __str__(self) -> str:
-        from .tables import render
-
         rows = [(op, fmt_count(n), _pct(n, self.total)) for op, n in self.by_op.most_common()]
         phases = ", ".join(f"{p} {fmt_count(n)}" for p, n in sorted(self.by_phase.items()))
         lines = [f"{fmt_count(self.total)} FLOPs" + (f" ({phases})" if phases else "")]

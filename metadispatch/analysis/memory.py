@@ -36,6 +36,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import _compat
+from ..ir.text import render
 from ..ir.trace import TensorMeta, Trace
 
 __all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tensor_bytes"]
@@ -153,8 +154,6 @@ class Memory:
         return f"<Memory peak={fmt_bytes(self.peak)} at call {self.peak_call}>"
 
     def __str__(self) -> str:
-        from .tables import render
-
         lines = [f"peak {fmt_bytes(self.peak)}" + self._where()]
         rows = [(c, fmt_bytes(b), _pct(b, self.peak)) for c, b in self.by_category.items() if b]
         lines += render(("category", "at peak", "share"), rows, align="<>>")

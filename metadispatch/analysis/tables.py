@@ -9,44 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..ir.text import render
 from ..ir.trace import Trace
+from .flops import ancestors, flops as count_flops, fmt_count, formula_for
+from .memory import fmt_bytes, memory as measure
 
 __all__ = ["render", "module_table", "shape_log", "ShapeLog"]
-
-
-def render(headers: tuple, rows: list, align: str = "", width: int | None = None) -> list[str]:
-    """Rows of strings as aligned lines, a blank line and a rule first.
-
-    ``align`` has one ``<`` or ``>`` per column (default: first left, rest
-    right).  With ``width``, the first column is cut (ending in ``~``), down
-    to 8 characters, and then columns dropped from the right, so that no
-    line is longer.
-
-    >>> print("\\n".join(render(("op", "calls"), [("aten.mm.default", "12")])))
-    <BLANKLINE>
-    op               calls
-    ---------------  -----
-    aten.mm.default     12
-    """
-    align = align or "<" + ">" * (len(headers) - 1)
-    rows = [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h))
-              for i, h in enumerate(headers)]
-    if width is not None:
-        while len(widths) > 1 and 8 + sum(widths[1:]) + 2 * (len(widths) - 1) > width:
-            widths.pop()
-        rest = sum(widths[1:]) + 2 * (len(widths) - 1)
-        widths[0] = max(8, min(widths[0], width - rest))
-
-    def line(cells):
-        cells = cells[:len(widths)]
-        out = []
-        for c, w, a in zip(cells, widths, align):
-            c = c if len(c) <= w else c[:w - 1] + "~"
-            out.append(f"{c:<{w}}" if a == "<" else f"{c:>{w}}")
-        return "  ".join(out).rstrip()
-
-    return ["", line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
 def _module_order(trace: Trace) -> list[str]:
@@ -88,22 +56,17 @@ def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None
       0 (Linear)               2         8       128       128    160B        0B
       1 (ReLU)                 2         2         0         0      0B        0B
     """
-    from .flops import fmt_count
-    from .flops import flops as count_flops
-    from .memory import fmt_bytes
-    from .memory import memory as measure
-
     flops = flops if flops is not None else count_flops(trace)
     memory = memory if memory is not None else measure(trace)
     stats: dict = {}
     for call, n in zip(trace.calls, flops.per_call):
-        for m in _ancestors(call.module):
+        for m in ancestors(call.module):
             s = stats.setdefault(m, Counter())
             bw = "bw" if call.phase == "backward" else "fw"
             s[bw + " calls"] += 1
             s[bw + " FLOPs"] += n or 0
     for info in memory.storages.values():
-        for m in _ancestors(info.module):
+        for m in ancestors(info.module):
             s = stats.setdefault(m, Counter())
             if info.category == "params":
                 s["params"] += info.allocated
@@ -149,12 +112,6 @@ def _fold_repeats(rows: list) -> list:
     return out
 
 
-def _ancestors(module: str):
-    from .flops import _ancestors as ancestors
-
-    return ancestors(module)
-
-
 class ShapeLog:
     """Distinct input signatures of chosen ops, with counts; print for a table.
 
@@ -187,8 +144,6 @@ def shape_log(trace: Trace, ops=None) -> ShapeLog:
     aten.mm.default  f32[4, 4], f32[4, 4]            1
     aten.mm.default  f32[4, 4], f32[4, 4]{1, 4}      1
     """
-    from .flops import formula_for
-
     def chosen(call) -> bool:
         if ops is None:
             return formula_for(call.func) is not None

@@ -31,7 +31,7 @@ import torch
 
 from .. import _compat
 from .router import data_dependent_error
-from .tensor import MetaTensor
+from .tensor import MetaTensor, value_of
 
 __all__ = ["acquire", "release"]
 
@@ -52,8 +52,6 @@ def _tensor_split(self, indices, dim=0):
         f"one-dimensional tensor, but got a tensor with {indices.dim()} dims"))
     if indices.dim() == 0:
         return torch.tensor_split(self, indices.item(), dim)  # item() as in the C++ body
-    from .known import value_of
-
     value = value_of(indices)  # Note [Known values]
     if value is None:
         raise data_dependent_error(f"{op} (tensor indices)", (self, indices), {})

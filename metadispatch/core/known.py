@@ -34,7 +34,7 @@ import torch
 
 from .. import _compat
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
-from .tensor import MetaTensor
+from .tensor import MetaTensor, value_of
 
 __all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 
@@ -57,14 +57,6 @@ class _Cell:
 
     def __init__(self) -> None:
         self.valid = True
-
-
-def value_of(t) -> torch.Tensor | None:
-    """The real value of a MetaTensor, or None when it is not known."""
-    kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
-    if kv is None or not kv[1].valid:
-        return None
-    return kv[0]
 
 
 def know(t: MetaTensor, real: torch.Tensor, mode) -> None:

@@ -21,7 +21,7 @@ from ..errors import MetaDispatchError
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .record import Recorder
-from .tensor import Converter, MetaTensor, normalize_device
+from .tensor import WIRING, Converter, MetaTensor, normalize_device
 from ..ir.trace import Trace
 
 __all__ = ["MetaMode", "scratch_mode"]
@@ -145,3 +145,8 @@ def scratch_mode() -> MetaMode:
     if _SCRATCH.mode is None:
         _SCRATCH.mode = MetaMode(record=False)
     return _SCRATCH.mode
+
+
+# Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
+WIRING.dispatch = dispatch
+WIRING.scratch_mode = scratch_mode

@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 from .. import _compat
 from ..errors import MaterializeLimitError
 from .tensor import META, in_kernel, wrap
+from .tensor import value_of as known_value
 from ..ir.trace import TensorMeta
 
 __all__ = ["materialize", "run_real", "map_args", "flat", "diff", "meta_like", "to_meta_outputs", "nbytes",
@@ -82,7 +83,7 @@ def materialize(args, kwargs=None, *, limit: int | None = DEFAULT_LIMIT, seed: i
     ``limit`` bytes (``None``: no limit).
     """
     if value_of is None:
-        from .known import value_of
+        value_of = known_value
     need = nbytes(args, kwargs)
     if limit is not None and need > limit:
         raise MaterializeLimitError(

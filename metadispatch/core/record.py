@@ -92,7 +92,7 @@ class BackwardModules:
 
 _SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
 
-_GENERATOR = "<generator>"
+GENERATOR = "<generator>"
 
 
 class Recorder:
@@ -178,7 +178,7 @@ class Recorder:
         if type(x) in (list, tuple):
             return tuple(self.encode(y) for y in x)
         if isinstance(x, torch.Generator):
-            return _GENERATOR
+            return GENERATOR
         return x
 
     def encode_inputs(self, args: tuple, kwargs: dict):

@@ -15,7 +15,8 @@ import torch
 from .. import _compat
 from . import registry
 from ..errors import DataDependentError, UnsupportedOpError
-from .tensor import MetaTensor, in_kernel, wrap
+from ..ir.records import type_str
+from .tensor import WIRING, MetaTensor, in_kernel, wrap
 
 __all__ = ["route", "run_nested", "describe_inputs", "data_dependent_error"]
 
@@ -63,9 +64,7 @@ _NO_NATIVE: set = set()  # ops whose meta kernel turned out to be missing
 def run_nested(mode, fn, args, kwargs):
     """Run ``fn`` with metadispatch active but not recording."""
     if mode is None:
-        from .mode import scratch_mode
-
-        mode = scratch_mode()
+        mode = WIRING.scratch_mode()  # Note [Wiring] in tensor.py
     mode._depth += 1
     _compat.push_mode(mode)
     try:
@@ -86,14 +85,12 @@ def _wrap_all(out, device):
 
 
 def describe_inputs(args, kwargs) -> str:
-    from ..ir.trace import dtype_abbr
-
     parts = []
 
     def visit(x):
         if isinstance(x, torch.Tensor):
             dev = x._md_device if isinstance(x, MetaTensor) else x.device
-            parts.append(f"{dtype_abbr(x.dtype)}[{', '.join(map(str, x.shape))}]@{dev}")
+            parts.append(type_str(x.dtype, x.shape, device=dev, show_cpu=True))
         elif type(x) in (list, tuple):
             for y in x:
                 visit(y)

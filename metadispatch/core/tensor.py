@@ -26,8 +26,9 @@ import torch
 
 from .. import _compat
 from ..errors import DataDependentError
+from ..ir.records import type_str
 
-__all__ = ["MetaTensor", "Converter", "in_kernel"]
+__all__ = ["MetaTensor", "Converter", "in_kernel", "value_of", "WIRING"]
 
 META = torch.device("meta")
 
@@ -80,8 +81,6 @@ def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) 
 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
-        from .known import value_of
-
         value = value_of(self)  # Note [Known values] in known.py
         if value is not None:
             return getattr(value, what)(*args, **kwargs)
@@ -93,12 +92,42 @@ def _data_error(what: str):
 
 
 def _describe(t: torch.Tensor) -> str:
-    from ..ir.trace import dtype_abbr
-
     try:
-        return f"{dtype_abbr(t.dtype)}[{', '.join(map(str, t.shape))}]@{t._md_device}"
+        return type_str(t.dtype, t.shape, device=t._md_device, show_cpu=True)
     except Exception:  # repr-path helper: must never raise
         return "<MetaTensor>"
+
+
+def value_of(t) -> torch.Tensor | None:
+    """The real value of a MetaTensor, or None when it is not known (Note [Known values] in known.py)."""
+    kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
+    if kv is None or not kv[1].valid:
+        return None
+    return kv[0]
+
+
+# Note [Wiring]
+# ~~~~~~~~~~~~~
+# MetaTensor is the bottom of core: the dispatcher, the router, the cache
+# and known values all build on it.  Yet a MetaTensor needs two things from
+# above: ``__torch_dispatch__`` must reach the dispatcher (dispatch.py), and
+# ``.to()`` and the router must run nested calls under a non-recording mode
+# (mode.py).  Rather than import them inside functions (an import cycle
+# hidden from import time, and ~1.4 us a call on the hot path), mode.py,
+# the top of core, hands both down once when the package is imported.  They
+# are attributes of this module's object, not global torch state.
+class _Wiring:
+    __slots__ = ("dispatch", "scratch_mode")
+
+    def __init__(self) -> None:
+        self.dispatch = self.scratch_mode = _unwired
+
+
+def _unwired(*args, **kwargs):
+    raise RuntimeError("metadispatch.core was imported partially: import metadispatch")
+
+
+WIRING = _Wiring()
 
 
 class MetaTensor(torch.Tensor):
@@ -117,9 +146,7 @@ class MetaTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .dispatch import dispatch
-
-        return dispatch(func, args, kwargs or {}, None)
+        return WIRING.dispatch(func, args, kwargs or {}, None)  # Note [Wiring]
 
     # -- the logical device (Note [Logical device])
     @property
@@ -186,9 +213,7 @@ class MetaTensor(torch.Tensor):
             # Outside any MetaMode torch's binding would initialise CUDA for
             # the target first (Note [Logical CUDA without CUDA]): convert
             # under a non-recording mode, which spares that.
-            from .mode import scratch_mode
-
-            with scratch_mode():
+            with WIRING.scratch_mode():
                 return super().to(**target)
         if device is None or device.type != "meta":
             return super().to(**target)

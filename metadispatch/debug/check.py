@@ -21,6 +21,7 @@ from ..core import known
 from ..core.realrun import DEFAULT_LIMIT, materialize, run_real, to_meta_outputs
 from ..errors import DataDependentError, MaterializeLimitError
 from ..core.mode import MetaMode
+from ..tracing.tracer import run_traced
 from .recheck import recheck
 from .report import Answer, Report
 from ..core.schema import facts
@@ -40,7 +41,6 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
     (``None``: no bound); ``recheck_calls=False`` skips the CPU re-check.
     """
     def run(fn: Callable, *args, **kwargs) -> Report:
-        from ..tracing.tracer import _run
 
         mode = MetaMode(device=device, stack=True, known_limit=known_limit)
         answers: dict = {}
@@ -48,7 +48,7 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
         mode.fallback = _fallback(mode, limit, answers, refused)
         error = None
         try:
-            _run(mode, fn, args, kwargs)
+            run_traced(mode, fn, args, kwargs)
         except Exception as e:  # the report says where and why it stopped
             error = e
         trace = mode.trace

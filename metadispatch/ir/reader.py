@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import base64
 from itertools import chain, repeat
+from typing import TYPE_CHECKING
 
 import torch
 
 from .decode import TAGS, resolve_op
 from ..errors import TraceFormatError
-from .trace import Leaf, OpCall, TensorMeta, Trace
+from .calls import OpCall
+from .records import Leaf, TensorMeta
+
+if TYPE_CHECKING:  # type-only: trace.py is above this module
+    from .trace import Trace
 
 __all__ = ["Reader"]
 
@@ -56,8 +61,8 @@ class Reader:
             self.fail(f"{where}.{key}", f"expected {_names(types)}, got {type(v).__name__}")
         return v
 
-    def trace(self, doc: dict) -> Trace:
-        t = Trace()
+    def trace(self, doc: dict, t: Trace) -> Trace:
+        """Fill the empty trace ``t`` from ``doc``."""
         self.strings = self.field(doc, "strings", "file", list)
         if not set(map(type, self.strings)) <= {str}:
             self.first_bad(self.strings, "strings", lambda s: type(s) is str, "expected a string")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .trace import TensorMeta, _tensor_metas
+from .records import TensorMeta, tensor_metas
 
 __all__ = ["repro"]
 
@@ -73,7 +73,7 @@ def repro(call, device="cpu") -> str:
     kwargs = "".join(f", {k}={_src(v)}" for k, v in call.kwargs.items())
     ns, name, overload = call.op.split(".")
     lines.append(f"result = torch.ops.{ns}.{name}.{overload}({args}{kwargs})")
-    outs = list(_tensor_metas(call.outputs))
+    outs = list(tensor_metas(call.outputs))
     lines.append("outputs = tensors(result)")
     lines.append("expected = [" + ", ".join(
         f"({m.shape!r}, {m.dtype}, {m.stride!r}, {m.storage_offset})" for m in outs) + "]")

@@ -34,13 +34,18 @@ import json
 import math
 import os
 import zlib
+from typing import TYPE_CHECKING
 
 import orjson
 import torch
 
 from ..errors import TraceFormatError
 from .reader import Reader
-from .trace import OpCall, TensorMeta, Trace
+from .calls import OpCall
+from .records import TensorMeta
+
+if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
+    from .trace import Trace
 
 __all__ = ["save", "load", "FORMAT", "VERSION"]
 
@@ -203,13 +208,17 @@ def _dtype_name(d: torch.dtype) -> str:
 
 # -- reading
 
-def load(path) -> Trace:
-    """Read a trace written by :func:`save`; raise TraceFormatError if it is not one."""
+def load(path, trace_cls: type[Trace]) -> Trace:
+    """Read a trace written by :func:`save` into a new ``trace_cls``.
+
+    Raises TraceFormatError if the file is not one.  The class is passed in
+    because :class:`Trace` owns ``save``/``load`` and so sits above this module.
+    """
     name = os.path.basename(str(path))
     with open(path, "rb") as f:
         data = f.read()
     doc = _parse(data, name)
-    return Reader(name).trace(doc)
+    return Reader(name).trace(doc, trace_cls())
 
 
 def _parse(data: bytes, name: str) -> dict:

@@ -19,171 +19,16 @@ placeholders, constants, the intended device) is all here.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import torch
 
+from .calls import OpCall
+from .records import Leaf, TensorMeta, dtype_abbr
+from .serialize import load, save
+from .text import render
+
 __all__ = ["TensorMeta", "OpCall", "Leaf", "Trace", "dtype_abbr"]
-
-_DTYPE_ABBR = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
-    torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32",
-    torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "b8",
-    torch.complex64: "c64", torch.complex128: "c128", torch.complex32: "c32",
-    torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
-    torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
-}
-
-
-def dtype_abbr(dtype: torch.dtype) -> str:
-    return _DTYPE_ABBR.get(dtype) or str(dtype).replace("torch.", "")
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
-
-
-class TensorMeta(NamedTuple):
-    """What a real tensor would report, at one point of the trace."""
-
-    id: int
-    shape: tuple
-    dtype: torch.dtype
-    stride: tuple
-    storage_offset: int
-    device: torch.device
-    requires_grad: bool
-    storage: int  # equal for tensors that share a storage (views, in-place)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    def type_str(self) -> str:
-        """``f32[2, 4]``, plus strides when not contiguous, offset and device."""
-        s = f"{dtype_abbr(self.dtype)}[{', '.join(map(str, self.shape))}]"
-        if self.shape and self.stride != _contiguous_strides(self.shape):
-            s += "{" + ", ".join(map(str, self.stride)) + "}"
-        if self.storage_offset:
-            s += f"+{self.storage_offset}"
-        if self.device.type != "cpu":
-            s += f"@{self.device}"
-        return s
-
-    def __str__(self) -> str:
-        return f"${self.id}"
-
-
-class Leaf(NamedTuple):
-    """A tensor that came from outside the trace."""
-
-    meta: TensorMeta
-    kind: str  # "arg", "param", "buffer", "const" or "input"
-    name: str
-    value: Any = None  # a small real tensor for constants, else None
-
-    def describe(self) -> str:
-        """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``."""
-        text = f"{self.kind} {self.name}".rstrip()
-        if self.value is not None and self.value.numel() <= 8:
-            text += f" {self.value.tolist()}"
-        return text
-
-
-_NO_KWARGS: dict = {}
-
-
-class OpCall:
-    """One recorded aten call.  Immutable by convention; ``__slots__`` keep it small."""
-
-    __slots__ = ("index", "func", "op", "args", "kwargs", "outputs", "module",
-                 "phase", "rule", "source", "note")
-
-    def __init__(self, index, func, op, args, kwargs, outputs, module, phase, rule,
-                 source=None, note=None):
-        self.index = index
-        self.func = func  # the OpOverload
-        self.op = op  # its name, "aten.mm.default"
-        self.args = args  # tensors appear as TensorMeta
-        self.kwargs = kwargs or _NO_KWARGS
-        self.outputs = outputs  # tuple of TensorMeta / plain values, one per return
-        self.module = module
-        self.phase = phase  # "forward", "backward" or "optimizer" (in optimizer.step)
-        self.rule = rule  # "user", "builtin", "meta", "decomp" (router stage)
-        self.source = source  # "file.py:12 in fn" when MetaMode(stack=True)
-        self.note = note  # set by later stages (keep-going, known values)
-
-    @property
-    def inputs(self) -> tuple:
-        return tuple(_tensor_metas((self.args, tuple(self.kwargs.values()))))
-
-    @property
-    def output_metas(self) -> tuple:
-        return tuple(_tensor_metas(self.outputs))
-
-    def __repr__(self) -> str:
-        return f"<OpCall #{self.index} {self.format()}>"
-
-    def repro(self, device="cpu") -> str:
-        """A standalone Python snippet that runs this call for real and checks it."""
-        from .repro import repro
-
-        return repro(self, device)
-
-    def format(self) -> str:
-        outs = ", ".join(_fmt_out(o) for o in self.outputs) or "_"
-        parts = [_fmt_arg(a) for a in self.args]
-        parts += [f"{k}={_fmt_arg(v)}" for k, v in self.kwargs.items()]
-        line = f"{outs} = {self.op}({', '.join(parts)})"
-        comment = []
-        if self.module:
-            comment.append(self.module)
-        if self.phase != "forward":
-            comment.append("(bw)" if self.phase == "backward" else "(opt)")
-        if self.rule not in ("meta", "builtin"):
-            comment.append(f"[{self.rule}]")
-        if self.note:
-            comment.append(f"<{self.note}>")
-        if comment:
-            line += "  # " + " ".join(comment)
-        return line
-
-
-def _tensor_metas(x) -> Iterator[TensorMeta]:
-    if isinstance(x, TensorMeta):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _tensor_metas(y)
-
-
-def _fmt_out(o) -> str:
-    if isinstance(o, TensorMeta):
-        return f"${o.id}: {o.type_str()}"
-    if isinstance(o, (tuple, list)):
-        return "[" + ", ".join(_fmt_out(x) for x in o) + "]"
-    return repr(o)
-
-
-def _fmt_arg(a) -> str:
-    if isinstance(a, TensorMeta):
-        return f"${a.id}"
-    if isinstance(a, (tuple, list)):
-        return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
-    if isinstance(a, torch.dtype):
-        return dtype_abbr(a)
-    if isinstance(a, torch.device):
-        return f"'{a}'"
-    if isinstance(a, float):
-        return repr(a)
-    return str(a) if isinstance(a, (torch.layout, torch.memory_format)) else repr(a)
 
 
 class Trace:
@@ -225,16 +70,12 @@ class Trace:
     # -- files (see docs/trace-format.md)
     def save(self, path) -> None:
         """Write this trace to ``path`` as versioned JSON (gzipped if it ends in ``.gz``)."""
-        from .serialize import save
-
         save(self, path)
 
     @classmethod
     def load(cls, path) -> "Trace":
         """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file."""
-        from .serialize import load
-
-        return load(path)
+        return load(path, cls)
 
     # -- printed forms
     def lines(self, *, leaf_text=Leaf.describe, call_text=OpCall.format) -> list[str]:
@@ -275,8 +116,6 @@ class Trace:
 
 
 def _table(title: str, counts: Counter, top: int) -> list[str]:
-    from ..analysis.tables import render  # tables imports this module
-
     rows = [(k, v) for k, v in counts.most_common(top)]
     if len(counts) > top:
         rows.append((f"({len(counts) - top} more)", sum(counts.values()) - sum(v for _, v in rows)))

@@ -27,7 +27,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..ir.trace import TensorMeta, Trace, _tensor_metas
+from ..ir.records import TensorMeta, arg_name, tensor_metas
+from ..ir.trace import Trace
 
 __all__ = ["bind_leaves", "index_bounds", "written_storages", "make_tensor"]
 
@@ -62,12 +63,11 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
 
 def _given(args, kwargs, module) -> dict:
     """(kind, name) -> tensor, named as ``md.trace`` named them."""
-    from ..tracing.tracer import _path_name
 
     named, modules = {}, [module] if module is not None else []
     for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs))[0]:
         if isinstance(v, torch.Tensor):
-            named[("arg", _path_name(path))] = v
+            named[("arg", arg_name(path))] = v
         elif isinstance(v, nn.Module):
             modules.append(v)
     for mod in modules:
@@ -126,7 +126,7 @@ def _written_storages(trace: Trace) -> set:
         for w in write_positions(call.func, call.op):
             a = call.kwargs.get(w) if isinstance(w, str) else (
                 call.args[w] if w < len(call.args) else None)
-            for m in _tensor_metas(a):
+            for m in tensor_metas(a):
                 out.add(m.storage)
     return out
 

@@ -37,7 +37,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..ir.trace import TensorMeta, Trace, _tensor_metas
+from ..ir.records import TensorMeta, tensor_metas
+from ..ir.trace import Trace
 
 __all__ = ["Program", "program"]
 
@@ -87,7 +88,7 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
 
 def _last_uses(trace: Trace) -> dict:
     """Call index -> ids whose last use is that call (Note [Freeing early])."""
-    keep = {m.id for m in _tensor_metas(pytree.tree_leaves(
+    keep = {m.id for m in tensor_metas(pytree.tree_leaves(
         trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))}
     keep.update(m.id for m in trace.grads.values())
     keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")

@@ -54,7 +54,7 @@ def _mode_options(request) -> dict:
 @pytest.fixture
 def meta_mode(request):
     """A MetaMode active for the test's body; see the module docstring."""
-    from metadispatch import MetaMode
+    from ..core.mode import MetaMode
 
     with MetaMode(**_mode_options(request)) as mode:
         yield mode

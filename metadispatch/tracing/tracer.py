@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 from ..core.mode import MetaMode
 from .standins import StandIns
 from ..core.tensor import Converter, MetaTensor
+from ..ir.records import arg_name
 from ..ir.trace import Trace
 
 __all__ = ["to_meta", "trace", "tracer"]
@@ -50,7 +51,7 @@ def tracer(device=None, *, stack: bool = False, mode_factory=None) -> Callable[.
     """``md.trace`` with options: ``md.tracer(device="cuda", stack=True)(fn, x)``."""
     def run(fn: Callable, *args, **kwargs) -> Trace:
         mode = mode_factory() if mode_factory is not None else MetaMode(device=device, stack=stack)
-        return _run(mode, fn, args, kwargs)
+        return run_traced(mode, fn, args, kwargs)
 
     return run
 
@@ -70,10 +71,10 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
     >>> sorted(t.grads), model.weight.grad is None
     (['bias', 'weight'], True)
     """
-    return _run(MetaMode(), fn, args, kwargs)
+    return run_traced(MetaMode(), fn, args, kwargs)
 
 
-def _run(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace:
+def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace:
     standins = StandIns(mode)
     with standins:
         if isinstance(fn, nn.Module):
@@ -99,14 +100,7 @@ def _convert_args(mode, standins, args, kwargs):
         elif isinstance(v, torch.Tensor):
             m = mode.from_tensor(v)
             if "_md_name" not in m.__dict__:
-                m._md_name = ("arg", _path_name(path))
+                m._md_name = ("arg", arg_name(path))
             v = m
         out.append(v)
     return pytree.tree_unflatten(out, spec)
-
-
-def _path_name(path) -> str:
-    head, rest = path[0].idx, path[1:]
-    if head == 0:
-        return f"args[{rest[0].idx}]" + pytree.keystr(rest[1:])
-    return f"{rest[0].key}" + pytree.keystr(rest[1:])

@@ -1,0 +1,88 @@
+"""One recorded aten call, :class:`OpCall`, and its printed line."""
+
+from __future__ import annotations
+
+import torch
+
+from .records import TensorMeta, dtype_abbr, tensor_metas
+from .repro import repro
+
+__all__ = ["OpCall"]
+
+_NO_KWARGS: dict = {}
+
+
+class OpCall:
+    """One recorded aten call.  Immutable by convention; ``__slots__`` keep it small."""
+
+    __slots__ = ("index", "func", "op", "args", "kwargs", "outputs", "module",
+                 "phase", "rule", "source", "note")
+
+    def __init__(self, index, func, op, args, kwargs, outputs, module, phase, rule,
+                 source=None, note=None):
+        self.index = index
+        self.func = func  # the OpOverload
+        self.op = op  # its name, "aten.mm.default"
+        self.args = args  # tensors appear as TensorMeta
+        self.kwargs = kwargs or _NO_KWARGS
+        self.outputs = outputs  # tuple of TensorMeta / plain values, one per return
+        self.module = module
+        self.phase = phase  # "forward", "backward" or "optimizer" (in optimizer.step)
+        self.rule = rule  # "user", "builtin", "meta", "decomp" (router stage)
+        self.source = source  # "file.py:12 in fn" when MetaMode(stack=True)
+        self.note = note  # set by later stages (keep-going, known values)
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(tensor_metas((self.args, tuple(self.kwargs.values()))))
+
+    @property
+    def output_metas(self) -> tuple:
+        return tuple(tensor_metas(self.outputs))
+
+    def __repr__(self) -> str:
+        return f"<OpCall #{self.index} {self.format()}>"
+
+    def repro(self, device="cpu") -> str:
+        """A standalone Python snippet that runs this call for real and checks it."""
+        return repro(self, device)
+
+    def format(self) -> str:
+        outs = ", ".join(_fmt_out(o) for o in self.outputs) or "_"
+        parts = [_fmt_arg(a) for a in self.args]
+        parts += [f"{k}={_fmt_arg(v)}" for k, v in self.kwargs.items()]
+        line = f"{outs} = {self.op}({', '.join(parts)})"
+        comment = []
+        if self.module:
+            comment.append(self.module)
+        if self.phase != "forward":
+            comment.append("(bw)" if self.phase == "backward" else "(opt)")
+        if self.rule not in ("meta", "builtin"):
+            comment.append(f"[{self.rule}]")
+        if self.note:
+            comment.append(f"<{self.note}>")
+        if comment:
+            line += "  # " + " ".join(comment)
+        return line
+
+
+def _fmt_out(o) -> str:
+    if isinstance(o, TensorMeta):
+        return f"${o.id}: {o.type_str()}"
+    if isinstance(o, (tuple, list)):
+        return "[" + ", ".join(_fmt_out(x) for x in o) + "]"
+    return repr(o)
+
+
+def _fmt_arg(a) -> str:
+    if isinstance(a, TensorMeta):
+        return f"${a.id}"
+    if isinstance(a, (tuple, list)):
+        return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
+    if isinstance(a, torch.dtype):
+        return dtype_abbr(a)
+    if isinstance(a, torch.device):
+        return f"'{a}'"
+    if isinstance(a, float):
+        return repr(a)
+    return str(a) if isinstance(a, (torch.layout, torch.memory_format)) else repr(a)

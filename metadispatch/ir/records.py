@@ -1,0 +1,116 @@
+"""Tensor records: what a tensor reported at one point of a trace, and leaves.
+
+:class:`TensorMeta` is the one description of a tensor's metadata in the
+package, and :func:`type_str` its one printed form (``f32[2, 4]{1, 2}+3@cuda:0``),
+used for records, live MetaTensors and error messages alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, NamedTuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _compat
+
+__all__ = ["TensorMeta", "Leaf", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
+
+_DTYPE_ABBR = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
+    torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32",
+    torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "b8",
+    torch.complex64: "c64", torch.complex128: "c128", torch.complex32: "c32",
+    torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
+    torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
+}
+
+
+def dtype_abbr(dtype: torch.dtype) -> str:
+    return _DTYPE_ABBR.get(dtype) or str(dtype).replace("torch.", "")
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def type_str(dtype: torch.dtype, shape, stride=None, storage_offset: int = 0, device=None,
+             show_cpu: bool = False) -> str:
+    """``f32[2, 4]``; strides in braces when given and not contiguous, ``+offset``,
+    ``@device`` when not CPU (or always, with ``show_cpu``: error messages about devices).
+
+    >>> type_str(torch.float32, (2, 3), (1, 2), 0, torch.device("cuda", 1))
+    'f32[2, 3]{1, 2}@cuda:1'
+    """
+    shape = tuple(shape)
+    s = f"{dtype_abbr(dtype)}[{', '.join(map(str, shape))}]"
+    if stride is not None and shape and tuple(stride) != contiguous_strides(shape):
+        s += "{" + ", ".join(map(str, stride)) + "}"
+    if storage_offset:
+        s += f"+{storage_offset}"
+    if device is not None and (show_cpu or torch.device(device).type != "cpu"):
+        s += f"@{device}"
+    return s
+
+
+class TensorMeta(NamedTuple):
+    """What a real tensor would report, at one point of the trace."""
+
+    id: int
+    shape: tuple
+    dtype: torch.dtype
+    stride: tuple
+    storage_offset: int
+    device: torch.device
+    requires_grad: bool
+    storage: int  # equal for tensors that share a storage (views, in-place)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def type_str(self) -> str:
+        """``f32[2, 4]``, plus strides when not contiguous, offset and device."""
+        return type_str(self.dtype, self.shape, self.stride, self.storage_offset, self.device)
+
+    def __str__(self) -> str:
+        return f"${self.id}"
+
+
+class Leaf(NamedTuple):
+    """A tensor that came from outside the trace."""
+
+    meta: TensorMeta
+    kind: str  # "arg", "param", "buffer", "const" or "input"
+    name: str
+    value: Any = None  # a small real tensor for constants, else None
+
+    def describe(self) -> str:
+        """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``."""
+        text = f"{self.kind} {self.name}".rstrip()
+        if self.value is not None and self.value.numel() <= 8:
+            text += f" {self.value.tolist()}"
+        return text
+
+
+def tensor_metas(x) -> Iterator[TensorMeta]:
+    if isinstance(x, TensorMeta):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            yield from tensor_metas(y)
+
+
+def arg_name(path) -> str:
+    """The leaf name of an argument at a pytree key path: ``args[0]``, ``args[1]['mask']``, ``x``."""
+    head, rest = path[0].idx, path[1:]
+    if head == 0:
+        return f"args[{rest[0].idx}]" + pytree.keystr(rest[1:])
+    return f"{rest[0].key}" + pytree.keystr(rest[1:])
