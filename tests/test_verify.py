@@ -76,3 +76,12 @@ def test_verify_rule_reports_unusable_samples():
 
 def test_verify_rule_builtin_rule_passes():
     assert md.verify_rule(aten.index.Tensor, samples=[(torch.randn(4, 3), [torch.tensor([0, 2])])]).ok
+
+
+def test_verify_rule_truth_value_is_ok(rule):
+    rule("mdverifytest::rowsum", lambda x: torch.empty_like(x))  # wrong strides on sample 1
+    check = md.verify_rule("mdverifytest::rowsum")
+    assert check.disagreements and bool(check) is False
+    with pytest.raises(AssertionError, match="strides"):
+        assert check, str(check)
+    assert bool(md.verify_rule(aten.index.Tensor, samples=[(torch.randn(4, 3), [torch.tensor([0, 2])])]))

@@ -37,7 +37,11 @@ class Disagreement(NamedTuple):
 
 
 class RuleCheck:
-    """The outcome of :func:`verify_rule`; ``ok`` when nothing disagreed."""
+    """The outcome of :func:`verify_rule`; ``ok`` when nothing disagreed.
+
+    Its truth value is ``ok``, so ``assert md.verify_rule(op)`` fails, and
+    prints the disagreements, when the rule is wrong.
+    """
 
     def __init__(self, op: str, stages: dict, tried: int, disagreements: list, unusable: list):
         self.op, self.stages, self.tried = op, stages, tried
@@ -46,6 +50,9 @@ class RuleCheck:
     @property
     def ok(self) -> bool:
         return not self.disagreements and self.tried > len(self.unusable)
+
+    def __bool__(self) -> bool:
+        return self.ok
 
     def __repr__(self) -> str:
         return (f"<RuleCheck {self.op}: {self.tried} samples, {len(self.disagreements)} "
