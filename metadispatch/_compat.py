@@ -35,6 +35,7 @@ __all__ = [
     "set_only_lift_cpu_tensors",
     "storage_key",
     "op_callable",
+    "data_dependent_errors",
 ]
 
 make_subclass = torch.Tensor._make_subclass
@@ -186,3 +187,11 @@ class frozen_heap:
             if cls._users == 0 and cls._ours:
                 gc.unfreeze()
                 cls._ours = False
+
+
+def data_dependent_errors() -> tuple:
+    """The exceptions torch's fake machinery raises for a size that depends on data."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)

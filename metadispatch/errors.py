@@ -15,6 +15,8 @@ __all__ = [
     "TraceFormatError",
     "UnsupportedFeatureError",
     "MaterializeLimitError",
+    "mark_call",
+    "raised_in",
 ]
 
 
@@ -62,3 +64,21 @@ class MaterializeLimitError(MetaDispatchError, MemoryError):
         super().__init__(message)
         self.need = need
         self.limit = limit
+
+
+def mark_call(error: BaseException, op: str, where: str | None) -> None:
+    """Note on ``error`` the innermost aten call it came out of, once.
+
+    The note reads ``metadispatch: while running OP at WHERE`` in the
+    traceback; :func:`raised_in` gives ``(op, where)`` back to ``md.check``.
+    """
+    if getattr(error, "_md_call", None) is not None:
+        return
+    error._md_call = (op, where)  # type: ignore[attr-defined]
+    if where:
+        error.add_note(f"metadispatch: while running {op} at {where}")
+
+
+def raised_in(error: BaseException) -> tuple:
+    """``(op, where)`` of the aten call ``error`` came out of, or ``(None, None)``."""
+    return getattr(error, "_md_call", None) or (None, None)

@@ -129,9 +129,66 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, 
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
+# Note [Packed sequences]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# ``lstm``/``gru`` on a PackedSequence call ``aten.lstm.data``, whose C++ body
+# reads ``batch_sizes`` through a data pointer: on a MetaTensor, "data is not
+# allocated yet".  ``batch_sizes`` comes from ``pack_padded_sequence``; when
+# its value is known (built from constants, or kept by md.check from the
+# real kernel's answer) torch's decomposition runs on that list of sizes.
+
+
+def _rnn_data(name: str):
+    op = getattr(aten, name).data
+
+    def impl(data, batch_sizes, *rest):
+        if not isinstance(batch_sizes, MetaTensor):
+            return op.decompose(data, batch_sizes, *rest)
+        value = value_of(batch_sizes)  # Note [Known values]
+        if value is None:
+            raise data_dependent_error(f"{op} (the batch sizes of a PackedSequence)", (data, batch_sizes), {})
+        return _compat.decomposition_table()[op](data, value.tolist(), *rest)
+
+    return impl
+
+
+def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length):
+    """``_pad_packed_sequence``'s C++ body (PackedSequence.cpp), on the known batch sizes."""
+    op = aten._pad_packed_sequence.default
+    if not isinstance(batch_sizes, MetaTensor):
+        return op.decompose(data, batch_sizes, batch_first, padding_value, total_length)
+    value = value_of(batch_sizes)  # Note [Packed sequences]
+    if value is None:
+        raise data_dependent_error(f"{op} (the batch sizes of a PackedSequence)", (data, batch_sizes), {})
+    sizes = value.tolist()
+    steps, max_batch = len(sizes), sizes[0]
+    if total_length != -1:
+        torch._check(total_length >= steps, lambda: (
+            f"Expected total_length to be at least the length of the longest sequence, "
+            f"but got total_length={total_length} and max sequence length being {steps}"))
+    rest = tuple(data.shape[1:])
+    output = data.new_full((max(total_length, steps), max_batch) + rest, padding_value)
+    lengths = [0] * max_batch
+    offset, previous, previous_i = 0, max_batch, 0
+    for i in range(steps + 1):
+        batch = sizes[i] if i != steps else 0
+        if batch != previous:
+            n = previous * (i - previous_i)
+            chunk = data.narrow(0, offset, n).view((i - previous_i, previous) + rest)
+            output.narrow(0, previous_i, i - previous_i).narrow(1, 0, previous).copy_(chunk)
+            offset, previous_i = offset + n, i
+        for j in range(batch, previous):
+            lengths[j] = i
+        previous = batch
+    return (output.transpose(0, 1) if batch_first else output), torch.tensor(lengths, dtype=torch.int64)
+
+
 OVERRIDES = {
+    "_pad_packed_sequence": _pad_packed_sequence,
     "tensor_split.tensor_indices_or_sections": _tensor_split,
     "scaled_dot_product_attention": _sdpa,
+    "lstm.data": _rnn_data("lstm"),
+    "gru.data": _rnn_data("gru"),
 }
 
 _LOCK = threading.Lock()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from . import known, registry
-from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError
+from . import bounds, known, registry
+from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, mark_call
 from .cache import UNCACHABLE, MetaCache
 from .router import route
 from .schema import facts
@@ -27,6 +27,10 @@ _CROSS_DEVICE = {
     "aten._index_put_impl_.default", "aten.lift_fresh.default",
     "aten.lift_fresh_copy.default",
 }
+
+# What a meta kernel or fake impl raises when it refuses a call (torch._check
+# raises the first four; custom ops' fake impls raise anything).
+_REFUSALS = (RuntimeError, NotImplementedError, ValueError, IndexError, TypeError)
 
 
 def dispatch(func, args, kwargs, mode):
@@ -59,15 +63,21 @@ def dispatch(func, args, kwargs, mode):
                 raise
             else:
                 out, stage = mode.fallback(func, args, kwargs, device, e), "real"
-    except (MetaDispatchError, RuntimeError, NotImplementedError) as e:
-        where = user_frame()
-        if where and not getattr(e, "_md_noted", False):
-            e.add_note(f"metadispatch: while running {f.name} at {where}")
-            e._md_noted = True
+        except _REFUSALS as e:
+            # Under md.check, whatever else a meta kernel or fake impl raises
+            # -- a dynamic output size, a dtype or an index device the real
+            # kernel accepts -- is the real kernel's to judge (check.py).
+            if mode is None or mode.fallback is None or mode._depth:
+                raise
+            out, stage = mode.fallback(func, args, kwargs, device, e), "real"
+    except (MetaDispatchError, *_REFUSALS) as e:
+        mark_call(e, f.name, user_frame())
         raise
     result = _wrap_outputs(f, out, args, kwargs, device)
-    if note is None and (mode is None or not mode._depth) and known.concerns(f, tensors):
-        known.propagate(func, f, tensors, args, kwargs, result, mode)
+    if mode is None or not mode._depth:
+        bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
+        if note is None and known.concerns(f, tensors):
+            known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
         mode._recorder.record(func, f, pending, result, stage, note)
     return result

@@ -61,6 +61,9 @@ class MetaMode(_compat.TorchDispatchMode):
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
         # Constants up to this many elements carry their real value (known.py).
         self.known_limit = known_limit
+        # The innermost module running when an exception left the mode ("" at
+        # top level); None when none did.  md.check's report names it.
+        self.stopped_in: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
@@ -126,6 +129,10 @@ class MetaMode(_compat.TorchDispatchMode):
             _compat.set_only_lift_cpu_tensors(lift)
             self._recorder.modules = modules
             if tracker is not None:
+                if exc_type is not None:
+                    # A forward that raised never ran its post-hook: the
+                    # modules it was in are still the tracker's parents.
+                    self.stopped_in = tracker.current()
                 tracker.__exit__(None, None, None)
                 self.trace.modules.update(tracker.classes)
             if outer is not None:

@@ -17,8 +17,9 @@ Floating inputs are filled with seeded normal values and booleans with True.
 Integers get ``ints``: 1 when answering a data-dependent op (with True
 masks, every element selected: an upper bound for the sizes that follow),
 0 when re-checking (always a valid index, so gathers and embeddings run even
-on dimensions of size 1).  Any size that depends on these values is an
-assumption, and callers say so.
+on dimensions of size 1).  A tensor whose values have known bounds gets data
+inside them (Note [Value bounds] in bounds.py).  Any size that depends on
+these values is an assumption, and callers say so.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _compat
 from ..errors import MaterializeLimitError
+from .bounds import bounds_of, fill_within
 from .tensor import META, in_kernel, wrap
 from .tensor import value_of as known_value
 from ..ir.trace import TensorMeta
@@ -104,6 +106,8 @@ def materialize(args, kwargs=None, *, limit: int | None = DEFAULT_LIMIT, seed: i
         value = value_of(t)
         if value is not None:
             real.copy_(value)
+        elif bounds_of(t) is not None:
+            fill_within(real, bounds_of(t), gen, ints)  # Note [Value bounds]
         return real
 
     with torch.no_grad(), _compat.no_python_dispatch():

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-__all__ = ["user_frame"]
+__all__ = ["user_frame", "traceback_frame"]
 
 # The whole metadispatch package (this file is in its core/ subpackage).
 _PACKAGE = os.path.dirname(os.path.dirname(__file__))
@@ -25,8 +25,26 @@ def user_frame(skip: tuple = ()) -> str | None:
     frame = sys._getframe(1)
     prefixes = _SKIP + tuple(skip)
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(prefixes) and not filename.startswith("<frozen"):
-            return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if _is_user(frame.f_code.co_filename, prefixes):
+            return _describe(frame.f_code, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+def traceback_frame(tb) -> str | None:
+    """``"model.py:12 in forward"`` for the innermost user frame of a traceback, or None."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _is_user(code.co_filename, _SKIP):
+            found = _describe(code, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _is_user(filename: str, prefixes: tuple) -> bool:
+    return not filename.startswith(prefixes) and not filename.startswith("<frozen")
+
+
+def _describe(code, line: int) -> str:
+    return f"{os.path.basename(code.co_filename)}:{line} in {code.co_name}"

@@ -1,10 +1,12 @@
 """``md.Report``: what ``md.check`` found, as data and as a readable table.
 
-Three lists, each grouped by op: ops with no rule (answered by the real
-kernel, or refused above the size limit), data-dependent ops (answered from
-made-up data: their sizes are assumptions), and calls whose metadata differ
-from the real CPU kernel's.  ``str(report)`` prints them with a skeleton
-``@md.register_meta`` rule for each op with no rule.
+Four lists, each grouped by op: ops with no rule (answered by the real
+kernel, or refused above the size limit), ops whose meta kernel refused what
+the real kernel accepts, data-dependent ops (answered from made-up data:
+their sizes are assumptions), and calls whose metadata differ from the real
+CPU kernel's.  Then every made-up value, one :class:`Assumption` each, and
+where the run stopped, if it did (:class:`Stop`).  ``str(report)`` prints them
+with a skeleton ``@md.register_meta`` rule for each op with no rule.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import NamedTuple
 
 from ..core.registry import rule_skeleton
 
-__all__ = ["Report", "Answer", "OpIssue"]
+__all__ = ["Report", "Answer", "OpIssue", "Assumption", "Stop"]
 
 
 class Answer(NamedTuple):
@@ -21,10 +23,45 @@ class Answer(NamedTuple):
 
     op: str
     func: object  # the OpOverload
-    kind: str  # "unsupported" or "data-dependent"
+    kind: str  # "unsupported", "refused" (by the meta kernel) or "data-dependent"
     module: str
     source: str | None
     note: str  # the trace note, or why it was refused
+    reason: str = ""  # the first line of what the meta kernel or router raised
+
+
+class Assumption(NamedTuple):
+    """A value ``md.check`` made up (or was given) for one call."""
+
+    index: int  # of the call in the trace
+    op: str
+    module: str
+    source: str | None
+    value: str  # "3", or the outputs' types, "i64[10, 2]"
+    basis: str  # "a value in [0, 5] from uniform_(0.0, 5.0)", "given by values="
+
+    def __str__(self) -> str:
+        return (f"call #{self.index} {self.op} at {self.source or '?'} ({self.module or '<top>'}): "
+                f"assumed {self.value}, {self.basis}")
+
+
+class Stop(NamedTuple):
+    """Where and why the run stopped."""
+
+    error: BaseException
+    op: str | None  # the aten call it came out of, if any
+    module: str  # "" at top level
+    source: str | None  # the user's line that raised (or called the op that did)
+    after: Assumption | None  # the last made-up value before it, if any
+
+    def __str__(self) -> str:
+        message = (str(self.error).strip().splitlines() or [""])[0]
+        where = ", ".join(([f"in {self.op}"] if self.op else [])
+                          + [f"module {self.module or '<top>'}", f"at {self.source or '?'}"])
+        line = f"Stopped: {type(self.error).__name__}: {message} ({where})"
+        if self.after is not None:
+            line += f"\n  after a made-up value: {self.after}"
+        return line
 
 
 class OpIssue(NamedTuple):
@@ -37,6 +74,7 @@ class OpIssue(NamedTuple):
     source: str | None  # the first user line that called it
     refused: str | None  # why it was not run for real, if it was not
     outputs: tuple  # the first call's output types, e.g. ("i64[3, 1]",)
+    reason: str = ""  # what the meta kernel said when it refused
 
     def skeleton(self) -> str:
         return rule_skeleton(self.func)
@@ -48,7 +86,7 @@ def _group(answers, refused, kind, trace) -> list[OpIssue]:
         if a.kind != kind:
             continue
         g = groups.setdefault(a.op, {"func": a.func, "count": 0, "modules": [], "source": None,
-                                     "refused": None, "outputs": ()})
+                                     "refused": None, "outputs": (), "reason": a.reason})
         g["count"] += 1
         if a.module not in g["modules"]:
             g["modules"].append(a.module)
@@ -58,51 +96,69 @@ def _group(answers, refused, kind, trace) -> list[OpIssue]:
         elif not g["outputs"] and index < len(trace.calls):
             g["outputs"] = tuple(m.type_str() for m in trace.calls[index].output_metas)
     return [OpIssue(op, g["func"], g["count"], tuple(g["modules"]), g["source"], g["refused"],
-                    g["outputs"]) for op, g in groups.items()]
+                    g["outputs"], g["reason"]) for op, g in groups.items()]
 
 
 class Report:
     """What ``md.check`` found.
 
-    ``unsupported`` and ``data_dependent`` are lists of :class:`OpIssue`,
-    ``mismatches`` a list of ``recheck.Mismatch``, ``skipped`` the calls the
-    CPU re-check could not run, ``error`` the exception that stopped the run
-    (None when it ran to the end), ``trace`` everything recorded.
+    ``unsupported``, ``meta_refused`` and ``data_dependent`` are lists of
+    :class:`OpIssue`, ``assumptions`` of :class:`Assumption`, ``mismatches``
+    of ``recheck.Mismatch``; ``skipped`` the calls the CPU re-check could not
+    run, ``error`` the exception that stopped the run (None when it ran to
+    the end) and ``stop`` where it stopped, ``trace`` everything recorded.
     """
 
-    def __init__(self, trace, answers, refused, mismatches, skipped, error) -> None:
+    def __init__(self, trace, answers, refused, mismatches, skipped, error,
+                 assumptions=(), stop: Stop | None = None) -> None:
         self.trace = trace
         self.unsupported = _group(answers, refused, "unsupported", trace)
+        self.meta_refused = _group(answers, refused, "refused", trace)
         self.data_dependent = _group(answers, refused, "data-dependent", trace)
+        self.assumptions = list(assumptions)
         self.mismatches = mismatches
         self.skipped = skipped
         self.error = error
+        self.stop = stop
 
     @property
     def ok(self) -> bool:
         """True when every call was answered from metadata and re-checked equal."""
-        return not (self.unsupported or self.data_dependent or self.mismatches or self.error)
+        return not (self.unsupported or self.meta_refused or self.data_dependent or self.mismatches
+                    or self.error)
 
     def __repr__(self) -> str:
-        return (f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, "
+        refused = f"{len(self.meta_refused)} refused by meta kernels, " if self.meta_refused else ""
+        return (f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, {refused}"
                 f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
                 f"{', stopped' if self.error else ''}>")
 
     def __str__(self) -> str:
         lines = [repr(self)[1:-1].replace("Report: ", "md.check: ")]
         if self.error is not None:
-            lines += ["", f"Stopped: {type(self.error).__name__}: "
-                      + str(self.error).strip().splitlines()[0]]
+            stop = self.stop or Stop(self.error, None, "", None, None)
+            lines += [""] + str(stop).splitlines()
         cols = ("op", "calls", "modules", "first called at")
         if self.unsupported:
             lines += ["", "Ops with no rule (answered by the real CPU kernel)"]
             lines += _table(cols + ("",), [_row(i) + (f"REFUSED: {i.refused}" if i.refused else "",)
                                            for i in self.unsupported])
+        if self.meta_refused:
+            lines += ["", "Ops whose meta kernel refused what the real kernel accepts (answered by the real "
+                      "CPU kernel)"]
+            lines += _table(cols + ("the meta kernel said",),
+                            [_row(i) + (f"REFUSED: {i.refused}" if i.refused else i.reason[:100],)
+                             for i in self.meta_refused])
         if self.data_dependent:
             lines += ["", "Data-dependent ops (answered from made-up data: sizes are assumptions)"]
             lines += _table(cols + ("assumed",), [_row(i) + (i.refused and "REFUSED: " + i.refused
                                                             or ", ".join(i.outputs),)
                                                   for i in self.data_dependent])
+        if self.assumptions:
+            lines += ["", "Made-up values (assumptions: what follows them depends on them)"]
+            lines += _table(("call", "op", "assumed", "because", "at"),
+                            [(f"#{a.index}", a.op, a.value, a.basis, a.source or "?")
+                             for a in self.assumptions])
         if self.mismatches:
             lines += ["", "Metadata that differ from the real CPU kernel (recorded != real)"]
             lines += _table(("call", "op", "module", "rule", "problem"),
