@@ -4,7 +4,11 @@
 training step and prints what it would do: ops, FLOPs, peak memory and a
 per-module table.  ``summary``, ``replay`` and ``check`` work on saved traces
 and models with the tools other modules provide.  Tables fit the terminal;
-a progress line shows on a terminal only.
+a progress line shows on a terminal only, once building or tracing takes
+more than a second.
+
+Every error is one line on stderr (and a hint where one helps); ``--debug``
+adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
 """
 
 from __future__ import annotations
@@ -14,23 +18,37 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 
 import torch
 
 from . import targets
+from .targets import UsageError
 
-__all__ = ["main"]
+__all__ = ["main", "EXIT_CODES"]
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  findings: replay mismatches, check problems
+  2  usage errors: a bad argument, option or --config key
+  3  failures to run: a missing, unreadable or corrupt file, an unknown module,
+     a model that raised, an --out/--perfetto/--plot file that could not be written"""
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 class _Progress:
-    """``label: N calls`` redrawn on stderr while a trace grows, if a terminal."""
+    """``label: N calls`` redrawn on stderr while a model builds or a trace
+    grows; on a terminal only, and only after the first second."""
 
-    def __init__(self, label: str, count) -> None:
+    DELAY = 1.0
+
+    def __init__(self, label: str, count=None, stream=None) -> None:
         self.label, self.count = label, count
-        self.on = sys.stderr.isatty()
+        self.stream = stream or sys.stderr
+        self.on = self.stream.isatty()
         self._stop = threading.Event()
+        self._shown = False
 
     def __enter__(self):
         if self.on:
@@ -39,15 +57,23 @@ class _Progress:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            sys.stderr.write(f"\r{self.label}: {self.count()} calls")
-            sys.stderr.flush()
+        if self._stop.wait(self.DELAY):
+            return
+        while True:
+            text = self.label + (f": {self.count()} calls" if self.count is not None else "...")
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self._shown = True
+            if self._stop.wait(0.1):
+                return
 
     def __exit__(self, *exc) -> None:
         if self.on:
             self._stop.set()
             self._thread.join()
-            sys.stderr.write("\r\033[K")
+            if self._shown:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
 
 
 def _width() -> int:
@@ -81,17 +107,22 @@ def _cmd_trace(args) -> int:
 
     device = args.device
     dtype = _DTYPES[args.dtype] if args.dtype else None
-    if args.hf:
-        t = targets.hf_target(args.hf, targets.parse_overrides(args.config), device,
-                              not args.forward_only, args.batch, args.seq or 128, dtype)
-    elif args.target:
-        t = targets.callable_target(args.target, device, not args.forward_only)
-    else:
-        t = targets.default_target(device, not args.forward_only, args.batch, args.seq or 2048)
+    if args.config and not args.hf:
+        raise UsageError("--config needs --hf")
+    with _Progress("building the model"), _stage("building the model"):
+        if args.hf:
+            seq = args.seq if args.seq is not None else 128
+            t = targets.hf_target(args.hf, targets.parse_overrides(args.config), device,
+                                  not args.forward_only, args.batch, seq, dtype)
+        elif args.target:
+            t = targets.callable_target(args.target, device, not args.forward_only)
+        else:
+            seq = args.seq if args.seq is not None else 2048
+            t = targets.default_target(device, not args.forward_only, args.batch, seq)
     modes: list = []  # the mode, so that the progress line can count its calls
     run = tracer(mode_factory=lambda: modes.append(MetaMode(device=device)) or modes[-1])
     start = time.perf_counter()
-    with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0):
+    with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), _stage("the model raised while tracing"):
         trace = run(t.step, t.model, *t.inputs)
     seconds = time.perf_counter() - start
     what = "forward" if args.forward_only else "forward and backward"
@@ -101,41 +132,49 @@ def _cmd_trace(args) -> int:
 
 
 def _exports(trace, args) -> int:
-    if args.perfetto:
-        from ..analysis.export import save_perfetto
+    from ..analysis.export import save_perfetto, save_plot
 
-        save_perfetto(trace, args.perfetto)
-        print(f"wrote {args.perfetto} (open in https://ui.perfetto.dev)")
-    if args.plot:
-        from ..analysis.export import save_plot
-
-        save_plot(trace, args.plot)
-        print(f"wrote {args.plot}")
-    if args.out:
-        if not hasattr(trace, "save"):
-            return _missing("--out", "Trace.save (saving traces)")
-        trace.save(args.out)
-        print(f"wrote {args.out}")
+    for path, save, label in ((args.perfetto, save_perfetto, " (open in https://ui.perfetto.dev)"),
+                              (args.plot, save_plot, ""), (args.out, lambda t, p: t.save(p), "")):
+        if path:
+            with _stage(f"could not write {path}"):
+                save(trace, path)
+            print(f"wrote {path}{label}")
     return 0
 
 
-def _missing(what: str, needs: str) -> int:
-    print(f"metadispatch: {what} needs {needs}, which this build of metadispatch does not have",
-          file=sys.stderr)
-    return 2
+class _Failure(Exception):
+    """A failure to run (exit 3): what was being done, and the exception."""
+
+    def __init__(self, doing: str, error: BaseException) -> None:
+        super().__init__(doing)
+        self.doing, self.error = doing, error
+
+
+class _stage:
+    """Turn any exception but a usage error into a :class:`_Failure` saying what was being done."""
+
+    def __init__(self, doing: str) -> None:
+        self.doing = doing
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, (UsageError, _Failure, KeyboardInterrupt)) or not isinstance(exc, Exception):
+            return False
+        raise _Failure(self.doing, exc) from exc
 
 
 def _load(path):
     import metadispatch as md
 
-    load = getattr(md, "load", None) or getattr(md.Trace, "load", None)
-    return load(path) if load is not None else None
+    with _stage(f"could not read {path}"):
+        return md.Trace.load(path)
 
 
 def _cmd_summary(args) -> int:
     trace = _load(args.file)
-    if trace is None:
-        return _missing("summary", "md.load (loading saved traces)")
     print(report(trace, top=args.top, depth=args.depth, width=_width()))
     return 0
 
@@ -143,13 +182,11 @@ def _cmd_summary(args) -> int:
 def _cmd_replay(args) -> int:
     import metadispatch as md
 
-    replay = getattr(md, "replay", None)
-    if replay is None:
-        return _missing("replay", "md.replay")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device here; replay on --device cpu")
     trace = _load(args.file)
-    if trace is None:
-        return _missing("replay", "md.load (loading saved traces)")
-    result = replay(trace, device=args.device)
+    with _stage("replay failed"):
+        result = md.replay(trace, device=args.device)
     print(result)
     return 0 if result.ok else 1
 
@@ -158,7 +195,15 @@ def _cmd_check(args) -> int:
     from ..debug.check import checker
     from ..core.realrun import DEFAULT_LIMIT
 
-    model, inputs = targets.load_callable(args.target)()
+    if args.device is not None and torch.device(args.device).type != "cpu" and not args.no_recheck:
+        raise UsageError(f"--device {args.device}: check re-runs every call on the CPU, which is no "
+                         f"reference for {args.device}; add --no-recheck to trace on logical "
+                         f"{args.device} without re-checking")
+    with _stage("building the model"):
+        built = targets.load_callable(args.target)()
+        if not (isinstance(built, tuple) and len(built) == 2):
+            raise UsageError(f"{args.target} must return (model, example inputs)")
+    model, inputs = built
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     limit = args.limit if args.limit is not None else DEFAULT_LIMIT
     report = checker(args.device, limit=limit, recheck_calls=not args.no_recheck)(model, *inputs)
@@ -166,38 +211,72 @@ def _cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def _at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _device(text: str) -> str:
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (e.g. cpu, cuda, cuda:1)")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with one line (and a hint) for a usage error instead of the usage text."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n  (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="metadispatch", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("trace", help="trace a model's training step and print what it costs",
+    p = _Parser(prog="metadispatch", description=__doc__.split("\n\n")[0], epilog=EXIT_CODES,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    kw = {"parents": [common], "epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    t = sub.add_parser("trace", **kw, help="trace a model's training step and print what it costs",
                        description="Trace a model (default: built-in LLaMA-7B) without running it; "
                                    "print ops, FLOPs, peak memory and a per-module table.")
     t.add_argument("target", nargs="?", help="MODULE:CALLABLE returning (model, example inputs)")
     t.add_argument("--hf", metavar="ARCH", help="a transformers model type built from its config, e.g. llama")
     t.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides for --hf")
-    t.add_argument("--device", default="cuda", help="logical device (default: cuda)")
+    t.add_argument("--device", type=_device, default="cuda", help="logical device (default: cuda)")
     t.add_argument("--dtype", choices=sorted(_DTYPES), help="cast the --hf model to this dtype")
-    t.add_argument("--batch", type=int, default=1, help="batch size (built-in and --hf)")
-    t.add_argument("--seq", type=int, help="sequence length (default 2048 built-in, 128 --hf)")
+    t.add_argument("--batch", type=_at_least(1), default=1, help="batch size (built-in and --hf)")
+    t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
-    for q in (t, s := sub.add_parser("summary", help="print the report of a saved trace",
+    for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
                                       description="Print ops, FLOPs, memory and modules of a saved trace.")):
-        q.add_argument("--top", type=int, default=10, help="ops to list (default 10)")
-        q.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+        q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")
+        q.add_argument("--depth", type=_at_least(0), default=2, help="module tree depth (default 2)")
     s.add_argument("file", help="a saved trace")
-    r = sub.add_parser("replay", help="run a saved trace for real and verify it",
+    r = sub.add_parser("replay", **kw, help="run a saved trace for real and verify it",
                        description="Replay a saved trace on a real device and check every result.")
     r.add_argument("file", help="a saved trace")
     r.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
-    c = sub.add_parser("check", help="trace past unsupported ops and compare with the real kernels",
+    c = sub.add_parser("check", **kw, help="trace past unsupported ops and compare with the real kernels",
                        description="Run md.check on MODULE:CALLABLE's (model, inputs) and print the "
                                    "report; exit 1 when it finds anything.")
     c.add_argument("target", help="MODULE:CALLABLE returning (model, example inputs)")
-    c.add_argument("--device", default=None, help="logical device for factories (e.g. cuda)")
-    c.add_argument("--limit", type=int, default=None,
+    c.add_argument("--device", type=_device, default=None, help="logical device for factories (e.g. cuda)")
+    c.add_argument("--limit", type=_at_least(0), default=None,
                    help="bytes of real inputs one call may materialise (default 1 GiB)")
     c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
     t.set_defaults(run=_cmd_trace)
@@ -208,6 +287,33 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command line; returns the exit code (see ``EXIT_CODES``)."""
     args = _parser().parse_args(argv)
-    return args.run(args)
+    prog = f"metadispatch {args.command}"
+    try:
+        return args.run(args)
+    except UsageError as e:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"{prog}: error: {e}\n  (see {prog} --help)", file=sys.stderr)
+        return 2
+    except Exception as e:  # a failure to run: one line, the traceback only with --debug
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        doing, error = (e.doing, e.error) if isinstance(e, _Failure) else ("failed", e)
+        print(f"{prog}: {doing}: {_one_line(error)}", file=sys.stderr)
+        if not getattr(args, "debug", False):
+            print("  (run with --debug for the traceback)", file=sys.stderr)
+        return 3
 
+
+def _one_line(error: BaseException) -> str:
+    """``FileNotFoundError: No such file or directory``, and where the user's code raised it."""
+    from ..core.source import traceback_frame
+
+    if isinstance(error, OSError) and error.strerror:
+        text = f"{type(error).__name__}: {error.strerror}"
+    else:
+        text = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+    where = None if isinstance(error, ImportError) else traceback_frame(error.__traceback__)
+    return text + (f" (at {where})" if where else "")

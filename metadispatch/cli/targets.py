@@ -20,7 +20,12 @@ import torch
 
 from ..core.mode import MetaMode
 
-__all__ = ["Target", "default_target", "callable_target", "hf_target", "load_callable", "parse_overrides"]
+__all__ = ["Target", "default_target", "callable_target", "hf_target", "load_callable", "parse_overrides",
+           "check_overrides", "UsageError", "SUPPORTED_HF"]
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot work; the CLI exits 2 with its message."""
 
 
 class Target(NamedTuple):
@@ -64,7 +69,7 @@ def load_callable(spec: str) -> Callable:
     """``package.module:fn`` or ``path/to/file.py:fn``."""
     mod_name, sep, attr = spec.rpartition(":")
     if not sep or not mod_name or not attr:
-        raise ValueError(f"expected MODULE:CALLABLE, got {spec!r}")
+        raise UsageError(f"expected MODULE:CALLABLE, got {spec!r}")
     if mod_name.endswith(".py") or "/" in mod_name:
         path = Path(mod_name)
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -92,36 +97,84 @@ def parse_overrides(pairs: list) -> dict:
     out = {}
     for pair in pairs or ():
         key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--config expects key=value, got {pair!r}")
+        if not sep or not key.strip():
+            raise UsageError(f"--config expects KEY=VALUE, got {pair!r}")
         try:
-            out[key] = ast.literal_eval(value)
+            out[key.strip()] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            out[key] = value
+            out[key.strip()] = value
     return out
+
+
+def check_overrides(config, overrides: dict) -> None:
+    """Refuse keys the config class does not have, and counts or sizes below 1."""
+    name = type(config).__name__
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise UsageError(f"--config {key}: {name} has no such key")
+        default = getattr(config, key)
+        is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1
+        if is_count and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"--config {key}={value!r}: must be an integer of at least 1 "
+                             f"({name}'s default is {default})")
+
+
+SUPPORTED_HF = ("decoder-only language models (llama, gpt2, ...), encoder-decoder language models "
+                "(bart, t5, ...), speech encoder-decoders (whisper) and image classifiers (vit, resnet, ...)")
 
 
 def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128,
               dtype=None) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
-    as ``llama`` or ``gpt2``) from its default config with ``overrides``."""
+    as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
+    with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``)."""
     try:
         import transformers
+        from transformers.models.auto import modeling_auto as auto
     except ImportError as e:
-        raise ImportError("--hf needs transformers: pip install metadispatch[hf]") from e
+        raise UsageError("--hf needs transformers: pip install metadispatch[hf]") from e
+    try:
+        config = transformers.AutoConfig.for_model(arch)
+    except ValueError:
+        raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)")
+    check_overrides(config, overrides)
     config = transformers.AutoConfig.for_model(arch, **overrides)
+    if arch in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        kind, auto_class = "speech", transformers.AutoModelForSpeechSeq2Seq
+    elif getattr(config, "is_encoder_decoder", False) and arch in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        kind, auto_class = "seq2seq", transformers.AutoModelForSeq2SeqLM
+    elif arch in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        kind, auto_class = "image", transformers.AutoModelForImageClassification
+    elif arch in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "is_encoder_decoder", False):
+        kind, auto_class = "causal", transformers.AutoModelForCausalLM
+    else:
+        raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
     with MetaMode(device=device, record=False):
-        try:
-            model = transformers.AutoModelForCausalLM.from_config(config)
-            causal = True
-        except ValueError:
-            model, causal = transformers.AutoModel.from_config(config), False
+        model = auto_class.from_config(config)
         if dtype is not None:
             model = model.to(dtype)
-        ids = torch.randint(0, getattr(config, "vocab_size", 1000), (batch, seq))
+        inputs = _hf_inputs(kind, config, batch, seq, dtype)
+    names = tuple(inputs)
 
-    def call(model, ids):
-        return model(input_ids=ids, labels=ids) if causal else model(input_ids=ids)
+    def call(model, *values):
+        return model(**dict(zip(names, values)))
 
-    return Target(f"transformers {type(model).__name__} (batch {batch} x {seq} tokens)", model,
-                  (ids,), _train_step(backward, call))
+    shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
+    return Target(f"transformers {type(model).__name__} ({shape})", model, tuple(inputs.values()),
+                  _train_step(backward, call))
+
+
+def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:
+    """Example inputs (with labels, so that the model returns a loss) for one kind of model."""
+    vocab = getattr(config, "vocab_size", 1000)
+    if kind == "image":
+        vision = getattr(config, "vision_config", None) or config  # CLIP-style configs nest it
+        size = getattr(vision, "image_size", 224)
+        size = size if isinstance(size, int) else size[0]
+        pixels = torch.randn(batch, getattr(vision, "num_channels", 3), size, size, dtype=dtype)
+        return {"pixel_values": pixels, "labels": torch.randint(0, config.num_labels, (batch,))}
+    ids = torch.randint(0, vocab, (batch, seq))
+    if kind == "speech":
+        frames = 2 * config.max_source_positions  # the encoder's two strided convolutions halve it
+        return {"input_features": torch.randn(batch, config.num_mel_bins, frames, dtype=dtype), "labels": ids}
+    return {"input_ids": ids, "labels": ids}

@@ -1,0 +1,210 @@
+"""The command line's errors: one line on stderr, an exit code per class, a traceback only with --debug."""
+
+import io
+import textwrap
+import time
+
+import pytest
+import torch
+
+from metadispatch.cli.main import EXIT_CODES, _Progress, main
+
+USAGE, FAILURE = 2, 3
+
+
+def _run(argv, capsys):
+    """(exit code, stderr) of main(argv), whether it returns or argparse exits."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def _assert_one_line(err: str, message: str):
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) <= 2 and message in lines[0], err  # the error, and a hint
+    if len(lines) == 2:
+        assert lines[1].startswith("  (")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trace", "--seq", "0"], "argument --seq: must be at least 1, got 0"),
+    (["trace", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
+    (["trace", "--batch", "-1"], "argument --batch: must be at least 1, got -1"),
+    (["trace", "--batch", "two"], "argument --batch: expected an integer, got 'two'"),
+    (["summary", "t.json", "--top", "-1"], "argument --top: must be at least 1, got -1"),
+    (["summary", "t.json", "--depth", "-5"], "argument --depth: must be at least 0, got -5"),
+    (["trace", "--top", "0"], "argument --top: must be at least 1, got 0"),
+    (["check", "m:f", "--limit", "-1"], "argument --limit: must be at least 0, got -1"),
+    (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
+    (["trace", "--config", "n_layer=2"], "--config needs --hf"),
+    (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+])
+def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
+    code, err = _run(argv, capsys)
+    assert code == USAGE
+    _assert_one_line(err, message)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("bogus_key=5", "--config bogus_key: GPT2Config has no such key"),
+    ("=1", "--config expects KEY=VALUE, got '=1'"),
+    ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
+    ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
+])
+def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "gpt2", "--config", config], capsys)
+    assert code == USAGE
+    _assert_one_line(err, message)
+
+
+def test_cli_hf_unknown_type_is_a_usage_error(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "no_such_model"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--hf no_such_model: not a transformers model type")
+
+
+def test_cli_hf_refuses_kinds_it_cannot_feed_naming_what_it_supports(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "bert", "--config", "num_hidden_layers=1"], capsys)
+    assert code == 0  # bert has a causal-LM head: fed token ids
+    code, err = _run(["trace", "--hf", "wav2vec2"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--hf wav2vec2: no inputs known for this kind of model; --hf supports decoder-only")
+
+
+_SMALL_SEQ2SEQ = ["--config", "d_model=32", "--config", "encoder_layers=1", "--config", "decoder_layers=1",
+                  "--config", "encoder_attention_heads=2", "--config", "decoder_attention_heads=2",
+                  "--config", "encoder_ffn_dim=64", "--config", "decoder_ffn_dim=64", "--seq", "8"]
+
+
+@pytest.mark.parametrize("arch, extra, model, inputs", [
+    ("bart", ["--config", "vocab_size=100"], "BartForConditionalGeneration", ("input_ids", "labels")),
+    ("whisper", ["--config", "max_source_positions=16", "--config", "num_mel_bins=8"],
+     "WhisperForConditionalGeneration", ("input_features", "labels")),
+])
+def test_cli_hf_builds_encoder_decoders_with_fitting_inputs(arch, extra, model, inputs, capsys):
+    pytest.importorskip("transformers")
+    from metadispatch.cli import targets
+
+    code, _ = _run(["trace", "--hf", arch, "--forward-only", "--top", "2"] + _SMALL_SEQ2SEQ + extra, capsys)
+    assert code == 0
+    overrides = targets.parse_overrides([a for a in _SMALL_SEQ2SEQ + extra if "=" in a])
+    t = targets.hf_target(arch, overrides, "cpu", False, 1, 8)
+    assert t.name.startswith(f"transformers {model}")
+    assert len(t.inputs) == len(inputs)
+    if arch == "whisper":  # 2 x max_source_positions mel frames: what the encoder's convolutions expect
+        assert tuple(t.inputs[0].shape) == (1, 8, 32)
+
+
+def test_cli_hf_builds_vision_models_with_pixel_inputs(capsys):
+    pytest.importorskip("transformers")
+    code, _ = _run(["trace", "--hf", "clip", "--forward-only", "--config",
+                    "vision_config={'image_size': 32, 'patch_size': 8, 'hidden_size': 32, 'intermediate_size': 64,"
+                    " 'num_hidden_layers': 1, 'num_attention_heads': 2}"], capsys)
+    assert code == 0
+    code, _ = _run(["trace", "--hf", "resnet", "--forward-only", "--config", "depths=[1, 1, 1, 1]"], capsys)
+    assert code == 0
+
+
+def test_cli_missing_file_is_a_failure_to_run(tmp_path, capsys):
+    code, err = _run(["summary", str(tmp_path / "nope.json.gz")], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, f"could not read {tmp_path / 'nope.json.gz'}: FileNotFoundError")
+
+
+def test_cli_directory_is_a_failure_to_run(tmp_path, capsys):
+    code, err = _run(["replay", str(tmp_path)], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, f"could not read {tmp_path}: IsADirectoryError")
+
+
+def test_cli_corrupt_trace_is_a_failure_to_run(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    path.write_text('{"format": "metadispatch-trace", "version": 1, "calls": [')
+    code, err = _run(["summary", str(path)], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, f"could not read {path}: ")
+
+
+def test_cli_unknown_module_is_a_failure_to_run(capsys):
+    code, err = _run(["trace", "no_such_module_xyz:build"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "building the model: ModuleNotFoundError: No module named 'no_such_module_xyz'")
+    code, err = _run(["check", "tests.models:no_such_fn"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "building the model: AttributeError")
+
+
+@pytest.fixture
+def raising_model(tmp_path):
+    script = tmp_path / "raising.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+
+        class Bad(torch.nn.Module):
+            def forward(self, x):
+                raise ValueError("this model is broken")
+
+        def build():
+            return Bad(), torch.ones(2)
+    """))
+    return f"{script}:build"
+
+
+def test_cli_model_that_raises_is_a_failure_to_run(raising_model, capsys):
+    code, err = _run(["trace", raising_model, "--device", "cpu"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "the model raised while tracing: ValueError: this model is broken (at raising.py:6 in forward)")
+
+
+def test_cli_debug_shows_the_traceback(raising_model, capsys):
+    code, err = _run(["trace", raising_model, "--device", "cpu", "--debug"], capsys)
+    assert code == FAILURE and "Traceback (most recent call last)" in err
+    code, err = _run(["--debug", "summary", "/no/such/file.json"], capsys)
+    assert code == FAILURE and "Traceback (most recent call last)" in err
+
+
+@pytest.mark.parametrize("option", ["--out", "--perfetto"])
+def test_cli_output_that_cannot_be_written_is_a_failure_to_run(option, tmp_path, capsys):
+    target = tmp_path / "no_such_dir" / "t.json"
+    code, err = _run(["trace", "tests.models:mlp", "--device", "cpu", option, str(target)], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, f"could not write {target}: FileNotFoundError")
+
+
+def test_cli_check_on_logical_cuda_refuses_to_recheck_on_cpu(capsys):
+    code, err = _run(["check", "tests.models:mlp", "--device", "cuda"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--device cuda: check re-runs every call on the CPU")
+    code, _ = _run(["check", "tests.models:mlp", "--device", "cuda", "--no-recheck"], capsys)
+    assert code == 0
+
+
+def test_cli_exit_codes_are_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    out = capsys.readouterr().out
+    assert EXIT_CODES.splitlines()[1] in out and "3  failures to run" in out
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_cli_progress_shows_after_a_second_only(monkeypatch):
+    monkeypatch.setattr(_Progress, "DELAY", 0.05)
+    stream = _Terminal()
+    with _Progress("building the model", stream=stream):
+        time.sleep(0.3)
+    assert "building the model..." in stream.getvalue()
+    quick = _Terminal()
+    monkeypatch.setattr(_Progress, "DELAY", 5.0)
+    with _Progress("tracing", lambda: 3, stream=quick):
+        pass
+    assert quick.getvalue() == ""
