@@ -1,0 +1,65 @@
+"""GPU profiles: the registry, the default, user profiles, and the datasheet figures' sanity."""
+
+import dataclasses
+
+import pytest
+
+import metadispatch as md
+from metadispatch.core import profiles
+
+BUILT_IN = ["h100", "h200", "a100-80gb", "a100-40gb", "l4", "b200"]
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_profile_built_in_figures_are_consistent(name):
+    p = md.gpu_profile(name)
+    assert p.name == name
+    assert set(p.flops) >= {"fp64", "fp32", "tf32", "bf16", "fp16", "int8"}
+    # tensor cores: each narrower dtype is at least as fast as the wider one
+    assert p.flops["fp32"] <= p.flops["tf32"] <= p.flops["bf16"] == p.flops["fp16"] <= p.flops["int8"]
+    # the reported total is below the marketing size in GB (decimal) and above 90% of it
+    marketed = int(p.title.split()[1]) * 10 ** 9
+    assert 0.9 * marketed < p.memory <= marketed * 1.075  # GiB-sized parts report up to 1.074x
+    assert p.bandwidth > 1e11 and p.l2_bytes > 0 and p.interconnect > 0
+
+
+def test_profile_default_is_h100():
+    assert md.gpu_profile() is md.gpu_profile("H100") is md.gpu_profile("h100")
+
+
+def test_profile_passes_a_profile_through():
+    p = md.gpu_profile("l4")
+    assert md.gpu_profile(p) is p
+
+
+def test_profile_unknown_name_lists_known():
+    with pytest.raises(md.MetaDispatchError, match="h100"):
+        md.gpu_profile("v100")
+
+
+def test_profile_user_defined_registers_and_refuses_duplicates():
+    mine = dataclasses.replace(md.gpu_profile("a100-40gb"), name="test-a100-small", memory=10 * 2 ** 30)
+    try:
+        assert md.register_gpu(mine) is mine
+        assert md.gpu_profile("test-a100-small").memory == 10 * 2 ** 30
+        with pytest.raises(md.MetaDispatchError, match="registered already"):
+            md.register_gpu(mine)
+        md.register_gpu(dataclasses.replace(mine, memory=1), override=True)
+        assert md.gpu_profile("test-a100-small").memory == 1
+    finally:
+        profiles._PROFILES.pop("test-a100-small", None)
+
+
+def test_profile_is_frozen_and_its_flops_read_only():
+    p = md.gpu_profile("h100")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.memory = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        p.flops["bf16"] = 1  # type: ignore[index]
+
+
+def test_profile_peak_falls_back_to_a_wider_dtype():
+    a100 = md.gpu_profile("a100-80gb")
+    assert "fp8" not in a100.flops
+    assert a100.peak("fp8") == a100.flops["fp16"]
+    assert md.gpu_profile("h100").peak("fp8") == 2 * md.gpu_profile("h100").peak("bf16")
