@@ -36,8 +36,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from .. import _compat
-from ..ir.text import render
+from ..ir.text import fmt_bytes, render
+from ..core.profiles import GPUProfile, gpu_profile
 from ..ir.trace import TensorMeta, Trace
+from .allocconfig import AllocatorConfig
+from .reserved import CudaMemory
 
 __all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tensor_bytes"]
 
@@ -177,24 +180,30 @@ def _running(deltas: list) -> list:
     return out
 
 
-def memory(trace: Trace) -> Memory:
-    """The memory timeline of a trace.
+def memory(trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | None = None,
+           capacity: int | None = None, **conf) -> Memory | CudaMemory:
+    """The memory timeline of a trace; with ``allocator="cuda"``, as the caching allocator holds it.
 
     >>> import torch, metadispatch as md
     >>> t = md.trace(lambda x: (x * 2).view(-1).sum(), torch.ones(256))
     >>> m = md.memory(t)  # x, then x * 2 and its view (once), then the sum
     >>> m.peak, m.timeline, m.by_category["other"], m.by_category["activations"]
     (2052, [2048, 2048, 2052], 1024, 1028)
+    >>> r = md.memory(t, allocator="cuda", gpu="h100")  # three blocks in one 2 MiB segment
+    >>> r.peak == m.peak, r.reserved_peak, r.segments
+    (True, 2097152, 1)
+
+    ``gpu`` names a profile (default ``h100``) whose memory is the capacity
+    unless ``capacity`` (bytes) is given; ``conf`` are the
+    ``PYTORCH_CUDA_ALLOC_CONF`` options (``expandable_segments=True``,
+    ``max_split_size_mb=128``, ``roundup_power2_divisions=4``,
+    ``garbage_collection_threshold=0.8``); see ``analysis/allocator.py``.
     """
-    return Memory(trace)
-
-
-def fmt_bytes(n: float) -> str:
-    """``1536`` -> ``1.5KiB``."""
-    for div, suffix in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{suffix}"
-    return f"{int(n)}B"
+    if allocator is None and not conf and gpu is None and capacity is None:
+        return Memory(trace)
+    if allocator not in (None, "cuda"):
+        raise ValueError(f"allocator={allocator!r}: only 'cuda' is simulated")
+    return CudaMemory(Memory(trace), gpu_profile(gpu), AllocatorConfig(**conf), capacity)
 
 
 def _pct(n: int, total: int) -> str:

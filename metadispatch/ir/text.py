@@ -5,7 +5,7 @@ Deterministic and free of addresses, so tables can be golden-tested.
 
 from __future__ import annotations
 
-__all__ = ["render"]
+__all__ = ["render", "fmt_bytes"]
 
 
 def render(headers: tuple, rows: list, align: str = "", width: int | None = None) -> list[str]:
@@ -41,3 +41,11 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
         return "  ".join(out).rstrip()
 
     return ["", line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def fmt_bytes(n: float) -> str:
+    """``1536`` -> ``1.5KiB``."""
+    for div, suffix in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suffix}"
+    return f"{int(n)}B"
