@@ -22,6 +22,9 @@ import traceback
 
 import torch
 
+from ..analysis.fit import fits
+from ..core.profiles import gpu_profile
+from ..errors import MetaDispatchError
 from . import targets
 from .targets import UsageError
 
@@ -128,6 +131,8 @@ def _cmd_trace(args) -> int:
     what = "forward" if args.forward_only else "forward and backward"
     print(f"{t.name}: {what} on {device}, traced in {seconds:.1f} s")
     print(report(trace, top=args.top, depth=args.depth, width=_width()))
+    if args.gpu:
+        print(fits(trace, gpu=args.gpu))
     return _exports(trace, args)
 
 
@@ -211,6 +216,14 @@ def _cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
+def _gpu(text: str) -> str:
+    # Checked before anything is built: an unknown name is a usage error (exit 2).
+    try:
+        return gpu_profile(text).name
+    except MetaDispatchError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
 def _at_least(low: int):
     def parse(text: str) -> int:
         try:
@@ -262,6 +275,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
+    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="say whether the step fits on this GPU (h100, a100-80gb, ...)")
     for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
                                       description="Print ops, FLOPs, memory and modules of a saved trace.")):
         q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")
