@@ -21,7 +21,7 @@ setup(
     extras_require={
         "hf": ["transformers>=4.45"],
         "plot": ["matplotlib"],
-        "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45", "matplotlib"],
+        "test": ["pytest>=7", "expecttest>=0.2", "transformers>=4.45", "matplotlib", "hypothesis>=6"],
     },
     entry_points={
         "console_scripts": ["metadispatch = metadispatch.cli.main:main"],

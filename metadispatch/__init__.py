@@ -16,8 +16,8 @@ from . import testing
 from .tracing.tracer import to_meta, trace, tracer
 from .debug.check import check, checker
 from .debug.diff import diff
-from .errors import (DataDependentError, MaterializeLimitError, MetaDispatchError, TraceFormatError,
-                     UnsupportedFeatureError, UnsupportedOpError)
+from .errors import (BudgetExceededError, DataDependentError, MaterializeLimitError, MetaDispatchError,
+                     ReplayError, TraceFormatError, UnsupportedFeatureError, UnsupportedOpError)
 from .analysis.flops import flops, register_flops, unregister_flops
 from .analysis.memory import LiveStorages, memory
 from .analysis.fit import fits
@@ -25,6 +25,7 @@ from .core.mode import MetaMode
 from .core.profiles import GPUProfile, gpu_profile, register_gpu
 from .core.registry import register_meta, unregister_meta
 from .runtime.materialize import materialize
+from .runtime.budget import Budget
 from .runtime.replay import Mismatch, Replay, replay
 from .debug.report import Report
 from .debug.verify import RuleCheck, verify_rule
@@ -39,8 +40,8 @@ __all__ = [
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
     "flops", "register_flops", "unregister_flops", "memory", "fits", "LiveStorages", "module_table", "shape_log",
     "GPUProfile", "gpu_profile", "register_gpu",
-    "replay", "Replay", "Mismatch", "materialize",
+    "replay", "Replay", "Mismatch", "materialize", "Budget",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
-    "UnsupportedFeatureError",
+    "UnsupportedFeatureError", "ReplayError", "BudgetExceededError",
     "check", "checker", "Report", "MaterializeLimitError", "verify_rule", "RuleCheck",
 ]

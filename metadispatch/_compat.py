@@ -36,6 +36,7 @@ __all__ = [
     "storage_key",
     "op_callable",
     "data_dependent_errors",
+    "registered_op_names",
 ]
 
 make_subclass = torch.Tensor._make_subclass
@@ -126,6 +127,12 @@ def op_callable(func):
 
 next_sequence_nr = torch._C._autograd._get_sequence_nr
 current_autograd_node = torch._C._current_autograd_node
+
+
+def registered_op_names() -> frozenset:
+    """``ns::op.overload`` (``ns::op`` for a default overload) of every operator
+    the dispatcher knows now: a lookup that creates nothing and imports nothing."""
+    return frozenset(torch._C._dispatch_get_all_op_names())
 
 
 def storage_key(t: torch.Tensor) -> int:

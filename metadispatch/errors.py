@@ -17,6 +17,9 @@ __all__ = [
     "MaterializeLimitError",
     "mark_call",
     "raised_in",
+    "ReplayError",
+    "ReplayInputError",
+    "BudgetExceededError",
 ]
 
 
@@ -82,3 +85,34 @@ def mark_call(error: BaseException, op: str, where: str | None) -> None:
 def raised_in(error: BaseException) -> tuple:
     """``(op, where)`` of the aten call ``error`` came out of, or ``(None, None)``."""
     return getattr(error, "_md_call", None) or (None, None)
+
+
+class ReplayError(MetaDispatchError, RuntimeError):
+    """Replay refused a trace, or a call of it failed on the real kernel.
+
+    ``call`` is the position of the call in the trace (None when the refusal
+    is about the trace as a whole); the message names it and its op.  A
+    kernel's own exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, call: int | None = None) -> None:
+        super().__init__(message)
+        self.call = call
+
+
+class ReplayInputError(ReplayError, ValueError):
+    """A tensor handed to replay does not match the leaf the trace recorded."""
+
+
+class BudgetExceededError(ReplayError):
+    """Replaying the trace would allocate more bytes or run more FLOPs than allowed.
+
+    ``what`` is ``"bytes"`` or ``"flops"``, ``need`` the running total at
+    call ``call`` (the first to cross), ``limit`` the budget.
+    """
+
+    def __init__(self, message: str, *, call: int, what: str, need: int, limit: int) -> None:
+        super().__init__(message, call=call)
+        self.what = what
+        self.need = need
+        self.limit = limit

@@ -25,6 +25,7 @@ import torch
 from ..analysis.fit import fits
 from ..core.profiles import gpu_profile
 from ..errors import MetaDispatchError
+from ..ir.text import printable
 from . import targets
 from .targets import UsageError
 
@@ -79,6 +80,12 @@ class _Progress:
                 self.stream.flush()
 
 
+def _out(text) -> None:
+    """Print ``text`` with control characters escaped: a trace file's strings
+    (module names) may hold terminal escape codes."""
+    print(printable(str(text), keep="\n"))
+
+
 def _width() -> int:
     return shutil.get_terminal_size((100, 24)).columns
 
@@ -130,9 +137,9 @@ def _cmd_trace(args) -> int:
     seconds = time.perf_counter() - start
     what = "forward" if args.forward_only else "forward and backward"
     print(f"{t.name}: {what} on {device}, traced in {seconds:.1f} s")
-    print(report(trace, top=args.top, depth=args.depth, width=_width()))
+    _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     if args.gpu:
-        print(fits(trace, gpu=args.gpu))
+        _out(fits(trace, gpu=args.gpu))
     return _exports(trace, args)
 
 
@@ -180,7 +187,7 @@ def _load(path):
 
 def _cmd_summary(args) -> int:
     trace = _load(args.file)
-    print(report(trace, top=args.top, depth=args.depth, width=_width()))
+    _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     return 0
 
 
@@ -192,7 +199,7 @@ def _cmd_replay(args) -> int:
     trace = _load(args.file)
     with _stage("replay failed"):
         result = md.replay(trace, device=args.device)
-    print(result)
+    _out(result)
     return 0 if result.ok else 1
 
 

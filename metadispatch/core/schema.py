@@ -5,6 +5,18 @@ argument, is its output a view, where is its ``device`` argument, does its
 output size depend on data); answering them from ``func._schema`` each time
 would cost more than the meta kernel.  ``facts(func)`` memoises the answers
 per ``OpOverload``.
+
+Note [What an op writes and aliases]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Replay must know, before it runs, which tensors a call may write and which
+of its outputs share memory with which arguments (Note [Replay never writes
+its inputs] in replay.py).  The schema says most of it: ``Tensor(a!)`` is
+written, a ``Tensor(a)`` return aliases the argument marked ``(a)``.  Where
+the schema is silent the real kernel is not: ``native_batch_norm`` updates
+its running statistics, ``_unsafe_view`` returns a view, and ``set_`` makes
+``self`` share ``source``'s storage from then on.  ``writes``, ``aliases``
+and ``joins`` add those; each names an argument as ``(position, name)``, so
+it is found whether a call passed it by position or by keyword.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ import torch
 
 from .. import _compat
 
-__all__ = ["OpFacts", "facts", "op_name"]
+__all__ = ["OpFacts", "facts", "op_name", "arg_value"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,10 @@ class OpFacts:
     mutates: bool
     cacheable: bool  # see cache.py, Note [What the key must hold]
     passthrough: bool  # profiler annotations: run as they are, never recorded
+    # Note [What an op writes and aliases]; arguments as (position, name).
+    writes: tuple = ()  # arguments the op writes in place
+    aliases: tuple = ()  # per return, the arguments it may share memory with
+    joins: tuple = ()  # (argument, argument whose memory it shares afterwards)
 
 
 _CACHE: dict = {}
@@ -49,6 +65,52 @@ def op_name(func) -> str:
     ns, _, rest = func.name().partition("::")
     base, _, overload = rest.partition(".")
     return f"{ns}.{base}.{overload or 'default'}"
+
+
+def arg_value(call, arg: tuple):
+    """The value ``call`` passed for ``arg`` (``(position, name)``), by position or keyword."""
+    pos, name = arg
+    return call.args[pos] if pos < len(call.args) else call.kwargs.get(name)
+
+
+# Note [What an op writes and aliases]: what the schemas leave out.
+_UNANNOTATED_WRITES = {  # hence torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``
+    "aten::native_batch_norm": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+}
+_UNANNOTATED_VIEWS = {"aten::_unsafe_view": 0, "aten::_reshape_alias": 0}
+_SET_SOURCE = "source"  # set_.source_Tensor*: self shares source's storage afterwards
+
+
+def _writes_and_aliases(func) -> tuple:
+    schema = func._schema
+    args = schema.arguments
+    ref = [(i, a.name) for i, a in enumerate(args)]
+    writes = [ref[i] for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+    writes += [ref[i] for i in _UNANNOTATED_WRITES.get(func.name(), ())]
+    by_set: dict = {}
+    for i, a in enumerate(args):
+        for s in (a.alias_info.before_set if a.alias_info is not None else ()):
+            by_set.setdefault(s, []).append(ref[i])
+    marked = [ref[i] for i, a in enumerate(args) if a.alias_info is not None]
+    aliases = []
+    for r in schema.returns:
+        if r.alias_info is None:
+            aliases.append(())
+        else:  # ``Tensor(a)[]`` returns show an empty set: any marked argument
+            found = [x for s in r.alias_info.before_set for x in by_set.get(s, ())]
+            aliases.append(tuple(found or marked))
+    view_of = _UNANNOTATED_VIEWS.get(func.name())
+    if view_of is not None:
+        aliases = [(ref[view_of],)] * len(schema.returns)
+    joins = ()
+    if func.name().startswith("aten::set_") and any(a.name == _SET_SOURCE and "Tensor" in str(a.type)
+                                                    for a in args):
+        source = next(x for x in ref if x[1] == _SET_SOURCE)
+        joins = ((ref[0], source),)
+        aliases = [tuple(a) + (source,) for a in aliases]
+    return tuple(writes), tuple(aliases), joins
 
 
 def facts(func) -> OpFacts:
@@ -102,6 +164,7 @@ def _compute(func) -> OpFacts:
     )
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args)
     cacheable = not data_dependent and torch.Tag.inplace_view not in tags
+    writes, aliases, joins = _writes_and_aliases(func)
     return OpFacts(
         name=op_name(func),
         returns_write=tuple(returns_write),
@@ -115,4 +178,7 @@ def _compute(func) -> OpFacts:
         mutates=mutates,
         cacheable=cacheable,
         passthrough=name.startswith("profiler::"),
+        writes=writes,
+        aliases=aliases,
+        joins=joins,
     )

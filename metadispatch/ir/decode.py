@@ -3,17 +3,36 @@
 A trace file is data (Note [Tables, not trees] in serialize.py): what JSON
 cannot say -- non-finite floats, integers beyond 64 bits, complex numbers,
 dtypes, layouts, memory formats, devices -- is a one-key tagged object, and
-ops are named ``ns.op.overload``.  Each is decoded here by lookup or by a
-number parser: a name must be an attribute torch defines with the right
-type, an op an existing ``OpOverload``.  ``reader.py`` turns a raised
-``TypeError``/``ValueError`` into a :class:`TraceFormatError` with the path.
+ops are named ``ns.op.overload``.  Each is decoded here by lookup in a fixed
+table or by a number parser, never by ``getattr`` on a name from the file:
+``getattr(torch, "onnx")`` imports a package.  The enum tables are read from
+``vars(torch)`` once (what torch defines, without its lazy ``__getattr__``),
+and an op name must be in the dispatcher's registry before anything is looked
+up.  ``reader.py`` turns a raised ``TypeError``/``ValueError`` into a
+:class:`TraceFormatError` with the path.
+
+Note [Ops a file may name]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+Replay runs every op the file names, so an op with effects outside its tensor
+arguments would let a file act on the machine: ``aten.from_file(path,
+shared=True)`` maps a file of its choosing for writing, ``aten._print``
+writes to the terminal, ``aten._backward`` runs autograd, ``profiler::`` ops
+and other namespaces do what their library does.  :func:`refusal` says why
+an op may not be loaded: outside ``aten``/``prims``; named in ``_EFFECTS``;
+returning nothing and writing no argument (so it exists for its effect:
+asserts, ``_print``, cache control); taking a file name, a storage, a stream
+or a script object.  A caller names further ops to allow (``allow_ops=``).
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
 
-__all__ = ["TAGS", "resolve_op"]
+from .. import _compat
+
+__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "DTYPES"]
 
 
 def _decode_float(v):
@@ -23,23 +42,55 @@ def _decode_float(v):
 
 
 def _decode_int(v: str) -> int:
-    # int() alone would also take " 12", "1_000" and non-ASCII digits.
-    if not (isinstance(v, str) and v.isascii() and v.removeprefix("-").isdigit()):
+    # int() alone would also take " 12", "1_000" and non-ASCII digits; the
+    # length cap keeps int() linear (CPython refuses 4300+ digits anyway).
+    if not (isinstance(v, str) and len(v) <= 400 and v.isascii() and v.removeprefix("-").isdigit()):
         raise ValueError(v)
     return int(v)
 
 
-def _decode_complex(real: str, imag: str) -> complex:
-    return complex(float(real), float(imag))  # float() parses numbers only
+def _decode_number(v) -> float:
+    if not isinstance(v, str) or len(v) > 64:
+        raise ValueError(v)
+    return float(v)  # float() parses numbers only
+
+
+def _decode_complex(v) -> complex:
+    if not isinstance(v, list) or len(v) != 2:
+        raise ValueError(v)
+    return complex(_decode_number(v[0]), _decode_number(v[1]))
+
+
+def _table(kind) -> dict:
+    return {n: v for n, v in vars(torch).items() if isinstance(v, kind) and not n.startswith("_")}
+
+
+DTYPES = _table(torch.dtype)  # "float32" -> torch.float32, "float" too
+_ENUMS = {kind: _table(kind) for kind in (torch.dtype, torch.layout, torch.memory_format)}
 
 
 def _enum(kind):
+    table = _ENUMS[kind]
+
     def decode(name):
-        v = getattr(torch, name, None) if isinstance(name, str) and not name.startswith("_") else None
-        if not isinstance(v, kind):
+        v = table.get(name) if isinstance(name, str) else None
+        if v is None:
             raise ValueError(name)
         return v
     return decode
+
+
+# Device types a trace may name; str(torch.device) spells them so.
+_DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|hpu|mtia|xla|lazy|ipu|maia|privateuseone)"
+                     r"(?::(0|[1-9][0-9]{0,3}))?")
+
+
+def decode_device(name) -> torch.device:
+    """``"cuda:1"`` as a device, from a fixed set of types and a small index."""
+    m = _DEVICE.fullmatch(name) if isinstance(name, str) else None
+    if m is None:
+        raise ValueError(name)
+    return torch.device(m[1]) if m[2] is None else torch.device(m[1], int(m[2]))
 
 
 TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
@@ -48,28 +99,65 @@ TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "dtype": _enum(torch.dtype),
     "layout": _enum(torch.layout),
     "memory_format": _enum(torch.memory_format),
-    "device": torch.device,
-    "complex": lambda v: _decode_complex(*v),
+    "device": decode_device,
+    "complex": _decode_complex,
 }
+
+_OP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
+_registered: frozenset = frozenset()
 
 
 def resolve_op(name: str):
     """The OpOverload called ``ns.op.overload``, or None; never runs anything else.
+
+    The name must be in the dispatcher's registry before any attribute is
+    looked up, so a file cannot create namespaces or reach ``torch.ops``'s
+    own methods.
 
     >>> resolve_op("aten.mm.default")
     <OpOverload(op='aten.mm', overload='default')>
     >>> resolve_op("os.system.default") is None
     True
     """
-    parts = name.split(".")
-    if len(parts) != 3 or not all(p.isidentifier() and not p.startswith("__") for p in parts):
+    global _registered
+    m = _OP_NAME.fullmatch(name) if isinstance(name, str) and len(name) <= 256 else None
+    if m is None or m[1].startswith("__") or m[2].startswith("__"):
         return None
-    ns, op, overload = parts
+    ns, op, overload = m.groups()
+    qualified = f"{ns}::{op}" if overload == "default" else f"{ns}::{op}.{overload}"
+    if qualified not in _registered:
+        _registered = _compat.registered_op_names()  # ops registered since
+        if qualified not in _registered:
+            return None
     try:
-        packet = getattr(getattr(torch.ops, ns), op)
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
     except (AttributeError, RuntimeError):
         return None
-    if not isinstance(packet, torch._ops.OpOverloadPacket) or overload not in packet.overloads():
-        return None
-    func = getattr(packet, overload)
     return func if isinstance(func, torch._ops.OpOverload) else None
+
+
+_EFFECTS = {  # aten ops whose effects reach past their tensors (Note [Ops a file may name])
+    "aten::from_file", "aten::from_file.out", "aten::_print", "aten::_backward",
+    "aten::record_stream", "aten::_cufft_clear_plan_cache", "aten::_cufft_set_plan_cache_max_size",
+}
+_OPAQUE_TYPES = ("Storage", "Stream", "ScriptObject", "Any", "__torch__", "Capsule")
+_FILE_ARGS = {"filename", "file", "path", "f"}
+
+
+def refusal(func) -> str | None:
+    """Why replay must not run ``func`` (Note [Ops a file may name]), or None."""
+    schema = func._schema
+    name = func.name()
+    if name.partition("::")[0] not in ("aten", "prims"):
+        return "it is not an aten or prims op"
+    if name in _EFFECTS:
+        return "it acts outside its tensor arguments (files, printing, autograd, streams)"
+    args = schema.arguments
+    if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write
+                                      for a in args):
+        return "it returns nothing and writes no argument, so it runs for an effect"
+    for a in args:
+        t = str(a.type)
+        if any(k in t for k in _OPAQUE_TYPES) or (a.name in _FILE_ARGS and t.startswith("str")):
+            return f"its argument {a.name!r} ({t}) reaches outside tensors"
+    return None

@@ -1,10 +1,17 @@
 """Decoding a parsed trace document, checking every value as it goes.
 
 Nothing in the document is executed.  Op names are looked up in torch's
-operator registry and must name an existing overload; dtypes, layouts and
-memory formats must be values torch defines; constants are raw bytes.  Every
-problem raises :class:`TraceFormatError` naming the file and the JSON path of
-the bad value, so a bad file fails at load time, before replay runs anything.
+operator registry and must name an existing overload that replay may run
+(Note [Ops a file may name] in decode.py); keyword names must be parameters
+of the op's schema; dtypes, layouts, memory formats and devices come from
+fixed tables; constants are raw bytes.  Every problem raises
+:class:`TraceFormatError` naming the file and the JSON path of the bad value,
+so a bad file fails at load time, before replay runs anything.
+
+The file is untrusted (docs/trace-format.md, "Threat model"): nesting is
+capped at ``MAX_DEPTH``, strings at ``MAX_STRING`` characters, sizes,
+strides and offsets below 2**63, and checking is linear in the document's
+size -- nothing is searched per distinct value.
 
 The tables (strings, ops, tensor records) are checked once each, a column at
 a time (Note [Tables, not trees] in serialize.py): a column passes a few
@@ -16,20 +23,25 @@ JSON paths are built only then, too.
 from __future__ import annotations
 
 import base64
+import math
 from itertools import chain, repeat
 from typing import TYPE_CHECKING
 
 import torch
 
-from .decode import TAGS, resolve_op
 from ..errors import TraceFormatError
 from .calls import OpCall
+from .decode import TAGS, decode_device, refusal, resolve_op
 from .records import Leaf, TensorMeta
 
 if TYPE_CHECKING:  # type-only: trace.py is above this module
     from .trace import Trace
 
-__all__ = ["Reader"]
+__all__ = ["Reader", "MAX_DEPTH", "MAX_STRING"]
+
+MAX_DEPTH = 32  # nesting of values: HF outputs (tuples of tuples) need about 5
+MAX_STRING = 1 << 16  # characters in any string but constant data
+_SIZE_LIMIT = 1 << 63  # sizes, strides, offsets, ids: what an int64 holds
 
 _KINDS = {"arg", "param", "buffer", "const", "input"}
 _PHASES = {"forward", "backward", "optimizer"}
@@ -44,8 +56,9 @@ _CALL_COLUMNS = ("op", "args", "kwargs", "outputs", "module", "phase", "rule", "
 class Reader:
     """Decodes a parsed document, checking every value against what it may be."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, allow_ops=()) -> None:
         self.name = name
+        self.allow_ops = {str(op) for op in allow_ops}  # "mylib.op.default" or "mylib::op"
         self.defined: set = set()  # tensor ids seen so far (leaves, outputs)
         self.strings: list = []
         self.tensors: list = []  # TensorMeta, by index in the tensors table
@@ -64,8 +77,9 @@ class Reader:
     def trace(self, doc: dict, t: Trace) -> Trace:
         """Fill the empty trace ``t`` from ``doc``."""
         self.strings = self.field(doc, "strings", "file", list)
-        if not set(map(type, self.strings)) <= {str}:
-            self.first_bad(self.strings, "strings", lambda s: type(s) is str, "expected a string")
+        if not set(map(type, self.strings)) <= {str} or (
+                self.strings and max(map(len, self.strings)) > MAX_STRING):
+            self.first_bad(self.strings, "strings", _is_short_str, "expected a string")
         ops = [self.op(name, f"ops[{i}]") for i, name in enumerate(self.field(doc, "ops", "file", list))]
         self.tensors = self.tensor_table(self.columns(doc, "tensors", _TENSOR_COLUMNS))
         for leaf in self.leaves(self.columns(doc, "leaves", _LEAF_COLUMNS)):
@@ -73,10 +87,15 @@ class Reader:
         t.calls = self.calls(self.columns(doc, "calls", _CALL_COLUMNS), ops)
         t.output_meta = self.value(doc.get("output"), "output", _PLAIN_REF)
         for k, i in self.field(doc, "grads", "file", dict).items():
-            t.grads[k] = self.ref(i, f"grads.{k}", _USE)
-        t.modules = {str(k): str(v) for k, v in self.field(doc, "modules", "file", dict).items()}
+            self.text(k, "grads")
+            t.grads[k] = self.ref(i, ("grads", k), _USE)
+        modules = self.field(doc, "modules", "file", dict)
+        for k, v in modules.items():
+            self.text(k, "modules")
+            self.text(v, ("modules", k))
+        t.modules = dict(modules)
         rng = doc.get("rng_state")
-        t.rng_state = self.bytes_tensor(rng, "rng_state") if rng is not None else None
+        t.rng_state = self.bytes_tensor(rng, "rng_state", _RNG_BYTES) if rng is not None else None
         deaths = doc.get("deaths")
         if deaths is not None:
             storages, calls = self.columns(doc, "deaths", ("storage", "call"))
@@ -100,13 +119,19 @@ class Reader:
         """Fail naming the first entry of ``col`` that ``ok`` rejects."""
         for i, v in enumerate(col):
             if not ok(v):
-                self.fail(f"{where}[{i}]", f"{what}, got {v!r}")
+                self.fail(f"{where}[{i}]", f"{what}, got {_short(v)}")
         raise AssertionError(f"{where}: a column check failed but no entry is bad")
 
     def counts(self, col: list, where: str) -> None:
-        """Every entry a non-negative integer."""
-        if not (set(map(type, col)) <= _INT and (not col or min(col) >= 0)):
+        """Every entry a non-negative integer below 2**63."""
+        if not (set(map(type, col)) <= _INT and (not col or (min(col) >= 0 and max(col) < _SIZE_LIMIT))):
             self.first_bad(col, where, _is_count, "expected a non-negative integer")
+
+    def text(self, v, where) -> str:
+        """``v``, which must be a string of at most MAX_STRING characters."""
+        if not _is_short_str(v):
+            self.fail(where, f"expected a string of at most {MAX_STRING} characters, got {_short(v)}")
+        return v
 
     def indexes(self, col: list, n: int, where: str, what: str, nullable: bool = False) -> None:
         """Every entry an index into a table of ``n`` (or null, where ``nullable``)."""
@@ -127,19 +152,24 @@ class Reader:
         """Every entry a list of non-negative integers (a shape or strides)."""
         if set(map(type, col)) <= {list}:
             flat = list(chain.from_iterable(col))
-            if set(map(type, flat)) <= _INT and (not flat or min(flat) >= 0):
+            if set(map(type, flat)) <= _INT and (not flat or (min(flat) >= 0 and max(flat) < _SIZE_LIMIT)):
                 return
         for i, seq in enumerate(col):
             if not isinstance(seq, list) or not all(type(s) is int for s in seq):
-                self.fail(f"{where}[{i}]", f"{what}s must be a list of integers, got {seq!r}")
+                self.fail(f"{where}[{i}]", f"{what}s must be a list of integers, got {_short(seq)}")
             if seq and min(seq) < 0:
-                self.fail(f"{where}[{i}]", f"negative {what} in {seq}")
+                self.fail(f"{where}[{i}]", f"negative {what} in {_short(seq)}")
+            if seq and max(seq) >= _SIZE_LIMIT:
+                self.fail(f"{where}[{i}]", f"{what} of 2**63 or more in {_short(seq)}")
 
     def tensor_table(self, cols: list) -> list:
         ids, shapes, dtypes, strides, offsets, devices, rgs, storages = cols
         self.counts(ids, "tensors.id")
         self.sizes(shapes, "tensors.shape", "size")
         self.sizes(strides, "tensors.stride", "stride")
+        if shapes and max(map(math.prod, shapes)) >= _SIZE_LIMIT:
+            self.first_bad(shapes, "tensors.shape", lambda s: math.prod(s) < _SIZE_LIMIT,
+                           "2**63 or more elements")
         if list(map(len, shapes)) != list(map(len, strides)):
             self.first_bad(list(zip(shapes, strides)), "tensors.stride",
                            lambda p: len(p[0]) == len(p[1]), "(shape, stride) differ in length")
@@ -150,8 +180,10 @@ class Reader:
                            "expected true or false")
         dtypes = self.strs(dtypes, "tensors.dtype")
         devices = self.strs(devices, "tensors.device")
-        by_dtype = {n: self.dtype(n, f"tensors.dtype[{dtypes.index(n)}]") for n in set(dtypes)}
-        by_device = {n: self.device(n, f"tensors.device[{devices.index(n)}]") for n in set(devices)}
+        # A bad name is located only when one fails: searching the column for
+        # every distinct name would be quadratic in the number of names.
+        by_dtype = {n: self.dtype(n, _Lazy(dtypes, n, "tensors.dtype")) for n in set(dtypes)}
+        by_device = {n: self.device(n, _Lazy(devices, n, "tensors.device")) for n in set(devices)}
         # tuple.__new__ on rows from zip: the NamedTuple's own __new__ is
         # Python code, and this table has a row per tensor record.
         return list(map(tuple.__new__, repeat(TensorMeta), zip(
@@ -184,70 +216,92 @@ class Reader:
         sources, notes = self.strs(cols[7], "calls.source", True), self.strs(cols[8], "calls.note", True)
         calls, value, seq = [], self.value, self.seq
         for i, (oi, args, kwargs, outputs) in enumerate(zip(op_col, args_col, kwargs_col, outputs_col)):
-            func, name, n_args, n_returns = ops[oi]
-            if type(args) is not list or len(args) > n_args:
-                self.fail(("calls.args", i), _misfit("arguments", args, name, n_args))
+            func, name, params, n_positional, n_returns = ops[oi]
+            if type(args) is not list or len(args) > n_positional:
+                self.fail(("calls.args", i), _misfit("arguments", args, name, n_positional))
             if type(outputs) is not list or len(outputs) > n_returns:
                 self.fail(("calls.outputs", i), _misfit("outputs", outputs, name, n_returns))
             if type(kwargs) is not dict:
                 self.fail(("calls.kwargs", i), f"expected an object, got {type(kwargs).__name__}")
             args = seq(args, ("calls.args", i), _USE)
             if kwargs:
+                self.keywords(kwargs, params, len(args), ("calls.kwargs", i), name)
                 kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
             outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
             calls.append(OpCall(i, func, name, args, kwargs or None, outputs, modules[i], phases[i],
                                 rules[i], sources[i], notes[i]))
         return calls
 
+    def keywords(self, kwargs: dict, params: tuple, n_args: int, where, op: str) -> None:
+        """Keyword names must be parameters of the schema not already given by position."""
+        for k in kwargs:
+            if k not in params:
+                self.fail((where, _short(k)), f"{op} has no parameter {_short(k)} "
+                          f"(its schema has {', '.join(params) or 'none'})")
+            if params.index(k) < n_args:
+                self.fail((where, k), f"{op}'s parameter {k!r} is also given by position")
+
     def op(self, name, where: str) -> tuple:
-        """``(OpOverload, name, number of arguments, number of returns)``."""
+        """``(OpOverload, name, parameter names, number of positional ones, number of returns)``."""
         func = resolve_op(name) if isinstance(name, str) else None
         if func is None:
-            self.fail(where, f"unknown op {name!r}: this torch ({torch.__version__}) "
+            self.fail(where, f"unknown op {_short(name)}: this torch ({torch.__version__}) "
                       "has no such operator overload")
-        return func, name, len(func._schema.arguments), len(func._schema.returns)
+        why = refusal(func)
+        if why is not None and name not in self.allow_ops and func.name() not in self.allow_ops:
+            self.fail(where, f"replay will not run {name}: {why}; a trace you trust can "
+                      f"allow it with load(..., allow_ops=[{name!r}])")
+        schema = func._schema
+        params = tuple(a.name for a in schema.arguments)
+        return func, name, params, sum(not a.kwarg_only for a in schema.arguments), len(schema.returns)
 
     # -- values
 
-    def value(self, x, where, mode: int):
+    def value(self, x, where, mode: int, depth: int = 0):
         t = type(x)
+        if t is str:
+            return x if len(x) <= MAX_STRING else self.text(x, where)
+        if t in _PLAIN:
+            return x
+        if depth >= MAX_DEPTH:
+            self.fail(where, f"values nested deeper than {MAX_DEPTH} levels")
         if t is dict:
             if len(x) == 1 and "t" in x:
                 return self.ref(x["t"], where, mode)
-            return self.tagged(x, where, mode)
+            return self.tagged(x, where, mode, depth + 1)
         if t is list:
-            return self.seq(x, where, mode)
-        if t in _PLAIN:
-            return x
+            return self.seq(x, where, mode, depth + 1)
         self.fail(where, "expected a value or a one-key tagged object")
 
-    def seq(self, xs: list, where, mode: int) -> tuple:
+    def seq(self, xs: list, where, mode: int, depth: int = 0) -> tuple:
         """``value`` of each of ``xs``, with tensor references (most arguments) taken first."""
-        if set(map(type, xs)) <= _PLAIN:  # [1, 0], shapes, scalars
+        if set(map(type, xs)) <= _NUMBERS:  # [1, 0], shapes, scalars
             return tuple(xs)
         ref, value = self.ref, self.value
         return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
-                      else value(x, (where, k), mode) for k, x in enumerate(xs)])
+                      else value(x, (where, k), mode, depth) for k, x in enumerate(xs)])
 
-    def tagged(self, x: dict, where, mode: int):
+    def tagged(self, x: dict, where, mode: int, depth: int):
         if len(x) != 1:
             self.fail(where, "expected a value or a one-key tagged object")
         (tag, v), = x.items()
         if tag == "dict":
             if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
                 self.fail(where, "a dict must be a list of [key, value] pairs")
-            try:
-                return {self.value(k, where, _PLAIN_REF): self.value(val, (where, str(k)), mode)
-                        for k, val in v}
-            except TypeError:  # a key that decodes to a dict
-                self.fail(where, "a dict key must be a plain value")
+            out = {}
+            for k, val in v:
+                k = self.value(k, where, _PLAIN_REF, depth)
+                if type(k) not in _PLAIN:
+                    self.fail(where, "a dict key must be a plain value")
+                out[k] = self.value(val, (where, _short(k)), mode, depth)
+            return out
         decode = TAGS.get(tag)
         if decode is None:
-            self.fail(where, f"unknown tag {tag!r}")
+            self.fail(where, f"unknown tag {_short(tag)}")
         try:
             return decode(v)
         except (TypeError, ValueError, AttributeError, RuntimeError):
-            self.fail(where, f"bad {tag} value {v!r}")
+            self.fail(where, f"bad {tag} value {_short(v)}")
 
     def ref(self, i, where, mode: int) -> TensorMeta:
         """The tensor record at index ``i``; a use must follow its definition."""
@@ -265,13 +319,13 @@ class Reader:
         try:
             return TAGS["dtype"](name)
         except ValueError:
-            self.fail(where, f"unknown dtype {name!r}")
+            self.fail(where, f"unknown dtype {_short(name)}")
 
     def device(self, name, where: str) -> torch.device:
         try:
-            return torch.device(name)
-        except (TypeError, RuntimeError):
-            self.fail(where, f"bad device {name!r}")
+            return decode_device(name)
+        except ValueError:
+            self.fail(where, f"bad device {_short(name)}")
 
     def const(self, d, meta: TensorMeta, where: str) -> torch.Tensor:
         dtype = self.dtype(self.field(d, "dtype", where, str), where)
@@ -279,12 +333,14 @@ class Reader:
         if tuple(shape) != meta.shape or dtype != meta.dtype:
             self.fail(where, f"value {dtype}{shape} does not match its leaf "
                       f"{meta.dtype}{list(meta.shape)}")
-        t = self.bytes_tensor(self.field(d, "data", where, str), where)
+        t = self.bytes_tensor(self.field(d, "data", where, str), where, meta.numel * dtype.itemsize)
         if t.numel() != meta.numel * dtype.itemsize:
             self.fail(where, f"{t.numel()} bytes of data for {meta.numel} elements of {dtype}")
         return t.view(dtype).reshape(meta.shape).clone()
 
-    def bytes_tensor(self, s, where: str) -> torch.Tensor:
+    def bytes_tensor(self, s, where: str, limit: int) -> torch.Tensor:
+        if not isinstance(s, str) or len(s) > 4 * (limit // 3 + 1):
+            self.fail(where, f"expected base64 text of at most {limit} bytes")
         try:
             raw = base64.b64decode(s, validate=True)
         except (TypeError, ValueError):
@@ -296,6 +352,28 @@ class Reader:
 # What a tensor reference means where it appears: a use (its id must be
 # defined already), a definition (a call's output), or neither (trace output).
 _PLAIN_REF, _USE, _DEFINE = 0, 1, 2
+_NUMBERS = {type(None), bool, int, float}
+_RNG_BYTES = 1 << 16  # torch.get_rng_state() is 5056 bytes
+
+
+class _Lazy:
+    """``where[i]`` for the first ``i`` holding ``name``, found only when printed."""
+
+    def __init__(self, col: list, name, where: str) -> None:
+        self.col, self.name, self.where = col, name, where
+
+    def __str__(self) -> str:
+        return f"{self.where}[{self.col.index(self.name)}]"
+
+
+def _short(v, n: int = 80) -> str:
+    """``repr(v)`` cut to ``n`` characters, for messages about hostile values."""
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _is_short_str(v) -> bool:
+    return type(v) is str and len(v) <= MAX_STRING
 
 
 def _path(where) -> str:
@@ -313,7 +391,7 @@ def _misfit(what: str, v, op: str, n: int) -> str:
 
 
 def _is_count(v) -> bool:
-    return type(v) is int and v >= 0
+    return type(v) is int and 0 <= v < _SIZE_LIMIT
 
 
 def _tuple(t):

@@ -6,6 +6,11 @@ normal floats, zero integers -- always valid indices -- and true booleans),
 runs the op on a real device, and compares every tensor output with the
 metadata the trace recorded, printing what differs.
 
+Nothing from the trace is pasted as text (the trace may come from a file
+anyone wrote): the op is written from its registry name, keyword names must
+be parameters of its schema, values are ``repr``-escaped literals, and the
+comment quoting the call has every non-printable character escaped.
+
 Limits: inputs that shared a storage in the trace are rebuilt separately
 (the same id is the same tensor), and values are not the traced ones.
 """
@@ -14,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import MetaDispatchError
 from .records import TensorMeta, tensor_metas
+from .text import printable
 
 __all__ = ["repro"]
 
@@ -61,18 +68,24 @@ def repro(call, device="cpu") -> str:
     """
     lines = [_HEADER.format(device=str(device))]
     where = f" in {call.module}" if call.module else ""
-    lines.append(f"# call #{call.index}{where} ({call.phase}), metadata from rule "
-                 f"{call.rule!r}:\n#   {call.format()}")
+    lines.append(printable(f"# call #{call.index}{where} ({call.phase}), metadata from rule "
+                           f"{call.rule!r}:"))
+    lines.append(printable(f"#   {call.format()}"))
     seen = set()
     for m in call.inputs:
         if m.id not in seen:
             seen.add(m.id)
             lines.append(f"t{m.id} = make({m.shape!r}, {m.dtype}, {m.stride!r}, "
                          f"{m.storage_offset})")
-    args = ", ".join(_src(a) for a in call.args)
-    kwargs = "".join(f", {k}={_src(v)}" for k, v in call.kwargs.items())
-    ns, name, overload = call.op.split(".")
-    lines.append(f"result = torch.ops.{ns}.{name}.{overload}({args}{kwargs})")
+    args = [_src(a) for a in call.args]
+    params = {a.name for a in call.func._schema.arguments}
+    for k in call.kwargs:
+        if k not in params or not k.isidentifier():
+            raise MetaDispatchError(f"repro: call #{call.index} {call.op} has no parameter {k!r}")
+    args = ", ".join(args + [f"{k}={_src(v)}" for k, v in call.kwargs.items()])
+    ns, _, rest = call.func.name().partition("::")
+    name, _, overload = rest.partition(".")
+    lines.append(f"result = torch.ops.{ns}.{name}.{overload or 'default'}({args})")
     outs = list(tensor_metas(call.outputs))
     lines.append("outputs = tensors(result)")
     lines.append("expected = [" + ", ".join(

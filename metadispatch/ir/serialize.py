@@ -33,15 +33,17 @@ import gzip
 import json
 import math
 import os
+import stat
 import zlib
+
 from typing import TYPE_CHECKING
 
 import orjson
 import torch
 
 from ..errors import TraceFormatError
-from .reader import Reader
 from .calls import OpCall
+from .reader import Reader
 from .records import TensorMeta
 
 if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
@@ -208,27 +210,68 @@ def _dtype_name(d: torch.dtype) -> str:
 
 # -- reading
 
-def load(path, trace_cls: type[Trace]) -> Trace:
+MAX_SIZE = 1 << 28  # bytes of JSON text (after gunzip) load reads by default: 256 MiB
+
+
+def load(path, trace_cls: type[Trace], *, max_size: int = MAX_SIZE, allow_ops=()) -> Trace:
     """Read a trace written by :func:`save` into a new ``trace_cls``.
 
     Raises TraceFormatError if the file is not one.  The class is passed in
     because :class:`Trace` owns ``save``/``load`` and so sits above this module.
+
+    The file is treated as untrusted (docs/trace-format.md, "Threat model"):
+    only a regular file is read, at most ``max_size`` bytes of JSON text
+    (decompressed), and ops replay may not run are refused unless named in
+    ``allow_ops`` (``"mylib.fused.default"`` or ``"mylib::fused"``).
     """
     name = os.path.basename(str(path))
-    with open(path, "rb") as f:
-        data = f.read()
-    doc = _parse(data, name)
-    return Reader(name).trace(doc, trace_cls())
+    doc = _parse(_read(path, name, max_size), name, max_size)
+    trace = Reader(name, allow_ops).trace(doc, trace_cls())
+    trace.untrusted = True
+    return trace
 
 
-def _parse(data: bytes, name: str) -> dict:
+def _read(path, name: str, max_size: int) -> bytes:
+    """The bytes of a regular file; a FIFO or device is refused without blocking."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TraceFormatError(f"{name}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_size + 1)
+    if len(data) > max_size:
+        raise TraceFormatError(f"{name}: larger than {max_size} bytes (load(..., max_size=N) reads more)")
+    return data
+
+
+def _gunzip(data: bytes, name: str, max_size: int) -> bytes:
+    """Decompress every gzip member, refusing more than ``max_size`` bytes of output."""
+    out: list = []
+    size = 0
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            chunk = d.decompress(data, max_size + 1 - size)
+        except zlib.error as e:
+            raise TraceFormatError(f"{name}: broken gzip data (truncated?): {e}") from None
+        size += len(chunk)
+        out.append(chunk)
+        if size > max_size or d.unconsumed_tail:
+            raise TraceFormatError(f"{name}: decompresses to more than {max_size} bytes "
+                                   "(load(..., max_size=N) reads more)")
+        if not d.eof:
+            raise TraceFormatError(f"{name}: broken gzip data (truncated?)")
+        data = d.unused_data
+        if data and data[:2] != b"\x1f\x8b":
+            raise TraceFormatError(f"{name}: broken gzip data (trailing garbage)")
+    return b"".join(out)
+
+
+def _parse(data: bytes, name: str, max_size: int = MAX_SIZE) -> dict:
     if not data:
         raise TraceFormatError(f"{name}: the file is empty")
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as e:
-            raise TraceFormatError(f"{name}: broken gzip data (truncated?): {e}") from None
+        data = _gunzip(data, name, max_size)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -256,6 +299,8 @@ def _parse_exactly(text: str, name: str) -> dict:
         raise TraceFormatError(
             f"{name}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
             "truncated or not a trace?") from None
+    except RecursionError:
+        raise TraceFormatError(f"{name}: JSON nested too deeply to be a trace") from None
 
 
 def _no_constant(c: str):

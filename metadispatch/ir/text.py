@@ -1,11 +1,12 @@
-"""Plain-text tables: the one renderer every printed table in the package uses.
+"""Plain text: the one table renderer every printed table in the package uses,
+and the escaping of strings from a trace file before they reach a terminal.
 
 Deterministic and free of addresses, so tables can be golden-tested.
 """
 
 from __future__ import annotations
 
-__all__ = ["render", "fmt_bytes"]
+__all__ = ["render", "fmt_bytes", "printable"]
 
 
 def render(headers: tuple, rows: list, align: str = "", width: int | None = None) -> list[str]:
@@ -49,3 +50,18 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{suffix}"
     return f"{int(n)}B"
+
+
+def printable(text: str, keep: str = "") -> str:
+    r"""``text`` with every non-printable character escaped (``\x1b``, ``\n``).
+
+    Strings from a trace file (module names, notes) can hold terminal escape
+    codes or newlines; anything printed to a terminal or pasted into a
+    comment passes through here.  Characters in ``keep`` are left alone.
+
+    >>> print(printable("fc1" + chr(27) + "[2J" + chr(10) + "import os"))
+    fc1\x1b[2J\nimport os
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)

@@ -56,6 +56,9 @@ class Trace:
         # The CPU generator's state when the recording mode was first entered,
         # so that md.materialize can replay construction with eager's numbers.
         self.rng_state: torch.Tensor | None = None
+        # Loaded from a file: replay re-derives what the file claims about
+        # sizes before trusting it (Note [Budgets] in runtime/budget.py).
+        self.untrusted = False
 
     # -- sequence protocol
     def __len__(self) -> int:
@@ -73,9 +76,12 @@ class Trace:
         save(self, path)
 
     @classmethod
-    def load(cls, path) -> "Trace":
-        """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file."""
-        return load(path, cls)
+    def load(cls, path, **options) -> "Trace":
+        """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file.
+
+        ``options``: ``max_size`` and ``allow_ops`` of :func:`metadispatch.ir.serialize.load`.
+        """
+        return load(path, cls, **options)
 
     # -- printed forms
     def lines(self, *, leaf_text=Leaf.describe, call_text=OpCall.format) -> list[str]:

@@ -20,28 +20,31 @@ choice for attention masks); floats are standard normal, buffers uniform in
 
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..ir.records import TensorMeta, arg_name, tensor_metas
+from ..errors import ReplayInputError
+from ..ir.records import TensorMeta, arg_name
 from ..ir.trace import Trace
+from .writes import written_leaves
 
-__all__ = ["bind_leaves", "index_bounds", "written_storages", "make_tensor"]
+__all__ = ["bind_leaves", "caller_tensors", "leaf_bytes", "index_bounds", "make_tensor"]
 
 
 def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
     """id -> real tensor on ``device`` for every leaf; see the module docstring.
 
-    Leaves whose storage the trace writes are copies (Note [Replay never
-    writes its inputs] in replay.py); aliasing between them is kept.
+    Leaves the trace may write are copies, and so is every leaf whose real
+    tensor shares a storage with one of them (Note [Replay never writes its
+    inputs] in replay.py, writes.py); aliasing between them is kept.
     """
     given = _given(args, kwargs or {}, module)
-    written = written_storages(trace)
+    written = written_leaves(trace)
     copies: dict = {}  # storage key of a given tensor -> its copy's storage
+    shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
     out, missing = {}, []
     for tid, leaf in trace.leaves.items():
         t = leaf.value if leaf.kind == "const" else given.get((leaf.kind, leaf.name))
@@ -50,20 +53,43 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
             continue
         m = leaf.meta
         if tuple(t.shape) != m.shape or t.dtype != m.dtype:
-            raise ValueError(
+            raise ReplayInputError(
                 f"replay: {leaf.kind} {leaf.name or f'${tid}'} is {t.dtype}{list(t.shape)}, "
                 f"the trace recorded {m.dtype}{list(m.shape)}")
-        t = t.detach().to(device)
-        if m.storage in written:
-            t = _copy_keeping_aliases(t, copies)
-        out[tid] = t
+        moved = t.detach().to(device)
+        if moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
+            shared.setdefault(_compat.storage_key(t), []).append(tid)
+        out[tid] = moved
+    for tids in shared.values():
+        if not written.isdisjoint(tids):
+            for tid in tids:
+                out[tid] = _copy_keeping_aliases(out[tid], copies)
     out.update(_made_up(trace, missing, device, seed))
     return out
 
 
+def leaf_bytes(trace: Trace, args, kwargs, module) -> int:
+    """Bytes ``bind_leaves`` will allocate: made-up leaves, and copies of written ones."""
+    given = _given(args, kwargs or {}, module)
+    written = written_leaves(trace)
+    total = 0
+    for tid, leaf in trace.leaves.items():
+        t = leaf.value if leaf.kind == "const" else given.get((leaf.kind, leaf.name))
+        if t is None:
+            total += _extent(leaf.meta) * leaf.meta.dtype.itemsize
+        elif tid in written:
+            total += t.untyped_storage().nbytes() if t.layout == torch.strided else 0
+    return total
+
+
+def caller_tensors(trace: Trace, args, kwargs, module) -> list:
+    """The tensors replay must not write: the caller's and the trace's constants."""
+    consts = [leaf.value for leaf in trace.leaves.values() if leaf.value is not None]
+    return list(_given(args, kwargs or {}, module).values()) + consts
+
+
 def _given(args, kwargs, module) -> dict:
     """(kind, name) -> tensor, named as ``md.trace`` named them."""
-
     named, modules = {}, [module] if module is not None else []
     for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs))[0]:
         if isinstance(v, torch.Tensor):
@@ -85,50 +111,6 @@ def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
         storage = copies[key] = t.untyped_storage().clone()
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(
         storage, t.storage_offset(), t.size(), t.stride())
-
-
-# Ops that update running statistics in place although their schemas do not
-# say so (hence torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``).
-_UNANNOTATED_WRITES = {
-    "aten.native_batch_norm.default": (3, 4),
-    "aten.cudnn_batch_norm.default": (3, 4),
-    "aten.miopen_batch_norm.default": (3, 4),
-}
-_WRITES: dict = dict(_UNANNOTATED_WRITES)  # op name -> arguments it writes
-
-
-def write_positions(func, name: str) -> tuple:
-    """Positions (or keyword names) of the arguments ``func`` writes in place."""
-    # Keyed by name: OpOverload.__hash__ is Python code, too slow per call.
-    hit = _WRITES.get(name)
-    if hit is None:
-        hit = _WRITES[name] = tuple(
-            a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write)
-    return hit
-
-
-_WRITTEN = WeakKeyDictionary()  # trace -> (number of calls, written storages)
-
-
-def written_storages(trace: Trace) -> set:
-    """Storage numbers that some call in ``trace`` writes in place."""
-    n, out = _WRITTEN.get(trace, (None, None))
-    if n != len(trace.calls):  # a trace still recording may have grown
-        out = _written_storages(trace)
-        _WRITTEN[trace] = (len(trace.calls), out)
-    return out
-
-
-def _written_storages(trace: Trace) -> set:
-    out = set()
-    for call in trace.calls:
-        for w in write_positions(call.func, call.op):
-            a = call.kwargs.get(w) if isinstance(w, str) else (
-                call.args[w] if w < len(call.args) else None)
-            for m in tensor_metas(a):
-                out.add(m.storage)
-    return out
 
 
 # -- made-up leaves

@@ -10,6 +10,9 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
     ck and same(12, t7)
     del t5
 
+and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
+of writes.py.
+
 Tensor ids become local variables and constants are bound once; checking
 stays with ``replay.py``, which passes it in.  (Checks written inline, as
 one expression per call, ran no faster and tripled the time ``compile``
@@ -25,11 +28,23 @@ size the extra allocations (fresh pages, not reused blocks) cost more time
 than the kernels.  So the program drops the ids no later call reads, except
 those the result needs: outputs, gradients and buffers -- and, when the trace
 recorded storage deaths, no earlier than the traced run freed them.
+
+Note [Generated code from untrusted traces]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A trace may come from a file anyone wrote, so nothing from it is pasted into
+the source as text: locals are ``t`` plus an integer id, op and constant
+names are made here (``k3``, ``mm_default``, a dtype's own name), and the
+only literals are ``repr`` of None, bools and ints.  A keyword argument's
+name is written as ``name=`` only when it is a parameter of the op's schema
+(the reader refuses others at load; this checks again for traces built in
+memory).
 """
 
 from __future__ import annotations
 
 import bisect
+import keyword
+import re
 from typing import Any, NamedTuple
 from weakref import WeakKeyDictionary
 
@@ -37,21 +52,24 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import _compat
+from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.trace import Trace
+from .writes import written_args
 
-__all__ = ["Program", "program"]
+__all__ = ["Program", "program", "free_points"]
 
 _FILENAME = "<metadispatch replay>"
 
 
 class Program(NamedTuple):
-    """``run(env, gen, ck, chk, same)`` executes every call of the trace.
+    """``run(env, gen, ck, chk, same, wr)`` executes every call of the trace.
 
     ``env`` maps ids to real tensors: it holds the leaves on entry and the
     tensors that outlive the program on exit; ``gen`` is the generator for
     RNG ops.  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
+    ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs.
     """
 
     run: Any
@@ -81,12 +99,12 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
     per_trace = _PROGRAMS.setdefault(trace, {})
     key = (device, len(trace.calls), keep_all)
     if key not in per_trace:
-        free = {} if keep_all else _last_uses(trace)
+        free = {} if keep_all else free_points(trace)
         per_trace[key] = _Writer(device).write(trace.calls, free)
     return per_trace[key]
 
 
-def _last_uses(trace: Trace) -> dict:
+def free_points(trace: Trace) -> dict:
     """Call index -> ids whose last use is that call (Note [Freeing early])."""
     keep = {m.id for m in tensor_metas(pytree.tree_leaves(
         trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))}
@@ -125,7 +143,7 @@ class _Writer:
         self.names: dict = {"dev": device}  # the program's globals
         self.ops: dict = {}  # op -> global name
         self.bound: set = set()  # ids that are local variables by now
-        self.lines: list = ["def run(env, gen, ck, chk, same):"]
+        self.lines: list = ["def run(env, gen, ck, chk, same, wr):"]
 
     def write(self, calls: list, free: dict) -> Program:
         starts, singles, freed = [], [], set()
@@ -147,8 +165,11 @@ class _Writer:
 
     def _call(self, n: int, call, single: TensorMeta | None) -> None:
         args = ", ".join([self._arg(a) for a in call.args] +
-                         [f"{k}={self._arg(v)}" for k, v in call.kwargs.items()])
+                         [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()])
         op = self._op(call.func)
+        written = written_args(call)
+        if written:
+            self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
         if single is not None:
             t = self._define(single.id)
             self.lines.append(f"    {t} = {op}({args})")
@@ -195,7 +216,7 @@ class _Writer:
         name = f"k{len(self.names)}"
         if isinstance(v, torch.dtype):  # ``dtype=float32`` reads best
             named = str(v).removeprefix("torch.")
-            if self.names.get(named, v) is v:
+            if named.isidentifier() and self.names.get(named, v) is v:
                 name = named
         self.names[name] = v
         return name
@@ -203,9 +224,20 @@ class _Writer:
     def _op(self, func) -> str:
         """``mm_default`` for aten.mm.default; a number added if that is taken."""
         if func not in self.ops:
-            base = name = "_".join(str(func).split(".")[-2:]).replace("-", "_")
+            base = name = re.sub(r"\W", "_", "_".join(str(func).split(".")[-2:]), flags=re.ASCII)
+            if not base.isidentifier() or keyword.iskeyword(base):
+                base = name = "op"
             while name in self.names:
                 name = f"{base}{len(self.names)}"
             self.ops[func] = name
             self.names[name] = _compat.op_callable(func)
         return self.ops[func]
+
+
+def _keyword(call, name) -> str:
+    """``name`` if it is a parameter of the op's schema (Note [Generated code from untrusted traces])."""
+    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+            and any(a.name == name for a in call.func._schema.arguments)):
+        raise ReplayError(f"call #{call.index} {call.op}: {name!r} is not a parameter of its "
+                          "schema; replay does not pass it", call=call.index)
+    return name

@@ -15,9 +15,13 @@ Note [Replay never writes its inputs]
 Tensors handed to replay -- arguments, a module's parameters and buffers, the
 constants stored in the trace -- must come out unchanged, yet the trace may
 update them in place (batch-norm running statistics, ``x.add_(1)``).  Before
-running, we find every storage that some call writes (from the ops' schemas,
-``Tensor(a!)``) and bind the leaves on those storages to copies.  Copies are
-made per storage, not per tensor, so two leaves that alias keep aliasing.
+running, we find every leaf that some call may write, following the trace's
+variables through each op's schema (writes.py) -- never the trace's storage
+numbers, which a file can forge -- and bind those leaves, and every leaf
+whose real tensor shares their storage, to copies.  Copies are made per
+storage, not per tensor, so two leaves that alias keep aliasing.  While
+running, a call about to write a tensor whose storage is the caller's is
+refused (:class:`~metadispatch.errors.ReplayError`) before it runs.
 
 Note [In-place ops and views in replay]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -43,12 +47,16 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from .leaves import bind_leaves
-from .program import program
 from ..core.tensor import normalize_device
+from ..errors import ReplayError
+from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
+from .budget import Budget, check_budget, default_budget
+from .leaves import bind_leaves, caller_tensors, leaf_bytes
+from .program import program
+from .writes import write_guard
 
-__all__ = ["replay", "Replay", "Mismatch", "execute", "compare"]
+__all__ = ["replay", "Replay", "Mismatch", "execute", "compare", "Budget"]
 
 
 class Mismatch(NamedTuple):
@@ -96,8 +104,15 @@ class Replay:
 
 
 def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
-           check: bool = True) -> Replay:
+           check: bool = True, budget: Budget | None = None) -> Replay:
     """Run ``trace`` for real on ``device`` and check each call's metadata.
+
+    ``budget`` (:class:`~metadispatch.runtime.budget.Budget`) caps the peak bytes
+    replay allocates and the FLOPs it runs, checked before anything runs
+    (Note [Budgets] in budget.py); the default is half the memory free on
+    ``device`` and 10**12 FLOPs on a CPU.  Replay never changes the tensors
+    it is given (Note [Replay never writes its inputs]); a call of a kernel
+    that fails raises :class:`~metadispatch.errors.ReplayError` naming it.
 
     >>> import torch, metadispatch as md
     >>> lin = torch.nn.Linear(3, 2)
@@ -109,7 +124,10 @@ def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", see
     """
     device = normalize_device(device)
     env, mismatches = execute(trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed),
-                              device, check, seed=seed)
+                              device, check, seed=seed,
+                              protect=caller_tensors(trace, args, kwargs, module),
+                              budget=budget or default_budget(device),
+                              leaf_bytes=leaf_bytes(trace, args, kwargs, module))
     out = pytree.tree_map(lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
                           trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
     grads = {name: env[m.id] for name, m in trace.grads.items()}
@@ -118,17 +136,23 @@ def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", see
 
 
 def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state=None,
-            keep_all: bool = False):
+            keep_all: bool = False, protect=(), budget: Budget | None = None, leaf_bytes: int = 0):
     """Run every call; return (id -> real tensor, mismatches).
 
     ``bind()`` gives the leaves.  The returned map holds outputs, gradients
     and buffers, or every tensor with ``keep_all``.  The default generators start from ``seed``
     (or from ``rng_state``), and the caller's generator state is restored
-    afterwards.
+    afterwards.  No call may write the tensors in ``protect``; with a
+    ``budget``, the trace's costs (plus ``leaf_bytes`` for binding) are
+    checked before anything, binding included, runs.
     """
     if _compat.dispatch_mode_stack():
         raise RuntimeError("md.replay runs real kernels and cannot run while a dispatch "
                            "mode (such as MetaMode) is active; leave the mode first")
+    if budget is not None:
+        check_budget(trace, budget, leaf_bytes, keep_all)
+    prog = program(trace, device, keep_all)
+    guard = write_guard(protect, prog.calls)
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         env = bind()
@@ -141,11 +165,11 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state
         if device.type == "cuda":
             torch.cuda.manual_seed(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
-        mismatches = _run(program(trace, device, keep_all), env, gen, device, check)
+        mismatches = _run(prog, env, gen, device, check, guard)
     return env, mismatches
 
 
-def _run(prog, env: dict, gen, device, check: bool) -> list:
+def _run(prog, env: dict, gen, device, check: bool, guard) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
@@ -158,12 +182,17 @@ def _run(prog, env: dict, gen, device, check: bool) -> list:
             _check(calls[n], (t,), device, mismatches, wrong)
 
     try:
-        prog.run(env, gen, check, chk, same)
+        prog.run(env, gen, check, chk, same, guard)
+    except ReplayError:
+        raise
     except Exception as e:
         n = prog.call_index(e.__traceback__)
-        if n is not None:
-            e.add_note(f"metadispatch: while replaying call #{calls[n].index}: {calls[n].format()}")
-        raise
+        if n is None:
+            raise
+        call = calls[n]
+        raise ReplayError(f"replay: call #{call.index} {printable(call.format())} failed: "
+                          f"{type(e).__name__}: {printable(str(e), keep=chr(10))}",
+                          call=call.index) from e
     return mismatches
 
 

@@ -1,0 +1,114 @@
+"""What replay may write: the leaves a trace writes, and a guard for the rest.
+
+Note [Replay never writes its inputs] (replay.py) promises that tensors
+handed to replay come out unchanged.  Two halves keep it, neither trusting
+what a trace (perhaps a file anyone wrote) says about storages:
+
+- Before running, :func:`written_leaves` follows the trace's own variables
+  -- the ids the generated program binds -- through every call, with what
+  each op writes and aliases taken from its schema (Note [What an op writes
+  and aliases] in schema.py).  A leaf is written if some call writes a
+  variable that may share its memory.  ``bind_leaves`` copies those, and
+  with them every leaf whose *real* tensor shares a storage with one.
+- While running, :func:`write_guard` checks the tensors a writing call is
+  handed against the storages of the caller's tensors, and refuses the call
+  before it runs if one is the caller's.  It catches what the schema does
+  not say (a composite that returns its input itself); a trace recorded by
+  ``md.trace`` never trips it.
+
+Storage numbers and argument positions in the trace are never consulted.
+"""
+
+from __future__ import annotations
+
+from weakref import WeakKeyDictionary
+
+import torch
+
+from .. import _compat
+from ..core.schema import arg_value, facts
+from ..errors import ReplayError
+from ..ir.records import tensor_metas
+from ..ir.trace import Trace
+
+__all__ = ["written_leaves", "write_guard", "written_args"]
+
+_WRITTEN = WeakKeyDictionary()  # trace -> (number of calls, written leaf ids)
+_NONE: frozenset = frozenset()
+
+
+def written_leaves(trace: Trace) -> frozenset:
+    """Ids of the leaves whose memory some call in ``trace`` may write."""
+    n, out = _WRITTEN.get(trace, (None, None))
+    if n != len(trace.calls):  # a trace still recording may have grown
+        out = _written_leaves(trace)
+        _WRITTEN[trace] = (len(trace.calls), out)
+    return out
+
+
+def _written_leaves(trace: Trace) -> frozenset:
+    # origins[id]: the leaves the variable for ``id`` may share memory with.
+    origins: dict = {tid: frozenset((tid,)) for tid in trace.leaves}
+    written: set = set()
+
+    def of(value) -> frozenset:
+        found = [origins.get(m.id, _NONE) for m in tensor_metas(value)]
+        return frozenset().union(*found) if len(found) != 1 else found[0]
+
+    for call in trace.calls:
+        f = facts(call.func)
+        for arg in f.writes:
+            written.update(of(arg_value(call, arg)))
+        for target, source in f.joins:  # set_: self shares source's memory from now on
+            extra = of(arg_value(call, source))
+            for m in tensor_metas(arg_value(call, target)):
+                origins[m.id] = origins.get(m.id, _NONE) | extra
+        for k, out in enumerate(call.outputs):
+            shared = f.aliases[k] if k < len(f.aliases) else ()
+            o = frozenset().union(*(of(arg_value(call, a)) for a in shared)) if shared else _NONE
+            for m in tensor_metas(out):
+                origins[m.id] = o
+    return frozenset(written)
+
+
+def written_args(call) -> list:
+    """The tensor records ``call`` passes where its op writes."""
+    return [m for arg in facts(call.func).writes for m in tensor_metas(arg_value(call, arg))]
+
+
+def write_guard(protected, calls: list):
+    """``guard(n, *tensors)``: refuse call ``n`` if it would write a protected tensor.
+
+    ``protected`` holds the caller's tensors; a guard with nothing to protect
+    does nothing.
+    """
+    keys = set()
+    for t in protected:
+        key = _key(t)
+        if key is not None:
+            keys.add(key)
+    if not keys:
+        return _nothing
+
+    def guard(n: int, *tensors) -> None:
+        for t in tensors:
+            if _key(t) in keys:
+                call = calls[n]
+                raise ReplayError(
+                    f"replay refused call #{call.index} {call.op}: it would write memory of a "
+                    "tensor you passed in (an argument, parameter, buffer or the trace's "
+                    "constant), which replay never changes", call=call.index)
+    return guard
+
+
+def _nothing(n: int, *tensors) -> None:
+    return None
+
+
+def _key(t) -> int | None:
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+        return None
+    try:
+        return _compat.storage_key(t)
+    except (RuntimeError, NotImplementedError):
+        return None
