@@ -120,7 +120,8 @@ def test_cli_missing_file_is_a_failure_to_run(tmp_path, capsys):
 def test_cli_directory_is_a_failure_to_run(tmp_path, capsys):
     code, err = _run(["replay", str(tmp_path)], capsys)
     assert code == FAILURE
-    _assert_one_line(err, f"could not read {tmp_path}: IsADirectoryError")
+    _assert_one_line(err, f"could not read {tmp_path}: TraceFormatError")
+    assert "not a regular file" in err  # refused before it is opened as a file (issue 11)
 
 
 def test_cli_corrupt_trace_is_a_failure_to_run(tmp_path, capsys):
