@@ -39,7 +39,43 @@ __all__ = [
     "registered_op_names",
 ]
 
-make_subclass = torch.Tensor._make_subclass
+# Note [Backend keys of a logical CPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Everything torch's C++ decides from a tensor's device or dispatch keys --
+# autocast (``AutocastCPU`` sits above Python dispatch and casts only tensors
+# whose ``is_cpu()`` holds), composite kernels that pick a backend
+# (``lstm`` -> ``mkldnn_rnn_layer``, SDPA's fused-kernel choice, convolution),
+# device checks in composites (``stft``'s window), tensors a composite builds
+# from ``self.options()`` (list indexing) -- takes the meta branch on a meta
+# tensor.  So a MetaTensor on a logical CPU is built as FakeTensor builds its
+# tensors: the C++ tensor keeps its meta storage but gets CPU's dispatch keys
+# (``device_for_backend_keys``) and asks Python for its device
+# (``dispatch_device``, answered by ``MetaTensor.device`` through
+# ``prim::device``).  C++ then makes CPU's choices itself, whatever the torch
+# version.  While a meta kernel runs, Meta is added to the thread's included
+# keys, which outranks CPU, and ``device`` answers meta (``in_kernel``).
+# Other logical devices keep plain meta keys: a CUDA key set on a host
+# without CUDA would make autograd ask for a CUDA device guard and abort
+# (Note [Logical device]).
+_make_subclass = torch.Tensor._make_subclass
+_CPU = torch.device("cpu")
+
+
+def make_subclass(cls, elem: torch.Tensor, requires_grad: bool, device: torch.device):
+    """``elem`` (a meta tensor) as a ``cls``; Note [Backend keys of a logical CPU].
+
+    On a logical CPU the C++ tensor carries CPU's dispatch keys and asks
+    Python for its device, as a FakeTensor does; on any other logical device
+    it stays a plain meta tensor (Note [Logical device]).
+    """
+    if device.type == "cpu":
+        return _make_subclass(cls, elem, requires_grad, dispatch_device=True,
+                              device_for_backend_keys=_CPU)
+    return _make_subclass(cls, elem, requires_grad)
+
+
+meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
+set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 # Excludes the Python dispatch keys for the duration: kernels called inside
 # run on the meta backend directly and never re-enter a mode or subclass.
 no_python_dispatch = torch._C._DisableTorchDispatch
@@ -72,11 +108,6 @@ def decomposition_table() -> dict:
 def library(ns: str, kind: str):
     """A ``torch.library.Library`` whose registrations ``_destroy()`` removes."""
     return torch.library.Library(ns, kind)
-
-
-def sdp_backends_enabled() -> tuple[bool, bool]:
-    """``(flash, math)``: the global switches ``sdpa_kernel`` sets, read by C++'s backend choice."""
-    return torch._C._get_flash_sdp_enabled(), torch._C._get_math_sdp_enabled()
 
 
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:

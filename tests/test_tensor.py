@@ -113,9 +113,19 @@ def test_tensor_integer_indexing_is_not_data_dependent():
 
 
 def test_tensor_data_setter_keeps_logical_device():
-    p = torch.nn.Parameter(md.to_meta(torch.ones(2), device="cpu"))
+    p = torch.nn.Parameter(md.to_meta(torch.ones(2), device="cuda:0"))
     p.data = md.to_meta(torch.ones(3), device="cuda:2")
     assert p.device == torch.device("cuda:2") and p.shape == (3,)
+
+
+def test_tensor_data_setter_across_backends_refused_like_real():
+    # torch refuses ``cpu_param.data = other_backend_tensor``; a logical-CPU
+    # MetaTensor has CPU's backend keys (Note [Backend keys of a logical CPU]).
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        torch.nn.Parameter(torch.ones(2)).data = torch.ones(3, device="meta")
+    p = torch.nn.Parameter(md.to_meta(torch.ones(2), device="cpu"))
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        p.data = md.to_meta(torch.ones(3), device="cuda:2")
 
 
 def test_tensor_to_same_device_returns_self_like_real():

@@ -9,14 +9,16 @@ device it finds ``meta`` (Note [Logical device]) and fails where the real
 device would not: ``tensor_split expected tensor_indices_or_sections to be
 on cpu, but it's on meta``.
 
-For such ops a Python kernel is registered at the ``AutogradMeta`` key, the
-slot the composite fills for meta tensors, while at least one MetaMode is
+For such ops a Python kernel is registered at the ``AutogradMeta`` and
+``AutogradCPU`` keys, the slots the composite fills for MetaTensors, while at least one MetaMode is
 entered (reference-counted, removed on the last exit, also on exceptions).
 It answers for MetaTensors and hands anything else to the composite
 (``OpOverload.decompose``).  Nothing is registered at import time.
 
-The same slot serves a composite that reads the C++ device to choose what
-to call (Note [SDPA backend on a logical CPU]).
+A logical-CPU MetaTensor reports ``cpu`` to C++ (Note [Backend keys of a
+logical CPU]), so composites that only *check* the device, or choose a kernel
+by it (SDPA's backend, an RNN's ``mkldnn_rnn_layer``), need no override there;
+what remains are composites that read tensor *values* through a data pointer.
 
 Limits: MetaTensors used without a mode, and calls under
 ``torch.inference_mode()`` (which skips autograd keys; torch refuses a Meta
@@ -56,77 +58,6 @@ def _tensor_split(self, indices, dim=0):
     if value is None:
         raise data_dependent_error(f"{op} (tensor indices)", (self, indices), {})
     return torch.tensor_split(self, value.tolist(), dim)
-
-
-# Note [SDPA backend on a logical CPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# ``scaled_dot_product_attention`` asks a per-device stub for its backend; meta
-# has none, so on MetaTensors it always takes the math decomposition, while a
-# real CPU run mostly calls ``_scaled_dot_product_flash_attention_for_cpu``
-# (and that op's backward).  For MetaTensors on a logical CPU device we redo
-# CPU's choice, ``use_flash_attention_cpp`` in torch's
-# ``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp``, and call the flash
-# op as ``scaled_dot_product_attention`` in ``attention.cpp`` does, converting
-# a bool mask to an additive one first.  The choice is conservative: whatever
-# is unsure (a mix of devices or dtypes, a real tensor among the arguments,
-# other logical devices -- CUDA's choice depends on the GPU, which we cannot
-# check) goes to the composite, which is the math path, as before.
-# ``test_composites_sdpa_*`` compare the ops and metadata against real CPU runs.
-
-_FLASH_CPU_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-def _cpu_flash_heads_ok(q, k, v, enable_gqa: bool) -> bool:
-    # check_batch_size_and_num_heads_dense<supports_gqa=true>
-    if not q.size(0) == k.size(0) == v.size(0):
-        return False
-    hq, hk, hv = q.size(-3), k.size(-3), v.size(-3)
-    if enable_gqa:
-        return hk == hv and hq % hk == 0
-    return hq == hk == hv
-
-
-def _cpu_flash_mask_ok(q, k, mask) -> bool:
-    # check_attn_mask_shape; the mask's stride is not checked on CPU
-    if mask is None:
-        return True
-    if mask.requires_grad or mask.dim() not in (2, 4):
-        return False
-    if mask.size(-2) not in (q.size(2), 1) or mask.size(-1) not in (k.size(2), 1):
-        return False
-    return mask.dim() == 2 or (mask.size(0) in (1, q.size(0)) and mask.size(1) in (1, q.size(1)))
-
-
-def _uses_cpu_flash(q, k, v, mask, dropout_p, enable_gqa) -> bool:
-    """Whether a real CPU run of these arguments takes the flash kernel."""
-    tensors = (q, k, v) if mask is None else (q, k, v, mask)
-    if not all(isinstance(t, MetaTensor) and not t.is_nested for t in tensors):
-        return False
-    if any(t._md_device.type != "cpu" or t._md_device != q._md_device for t in tensors):
-        return False
-    if mask is not None and mask.dtype not in (torch.bool, q.dtype):
-        return False  # the composite raises the real error
-    flash_on, _ = _compat.sdp_backends_enabled()
-    return (flash_on and dropout_p <= 0.0
-            and q.dim() == k.dim() == v.dim() == 4
-            and _cpu_flash_heads_ok(q, k, v, enable_gqa)
-            and _cpu_flash_mask_ok(q, k, mask)
-            and q.size(-1) == k.size(-1) == v.size(-1)
-            and q.size(-2) != 0 and k.size(-2) != 0
-            and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-            and q.dtype == k.dtype == v.dtype and q.dtype in _FLASH_CPU_DTYPES)
-
-
-def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
-          enable_gqa=False):
-    if not _uses_cpu_flash(query, key, value, attn_mask, dropout_p, enable_gqa):
-        return aten.scaled_dot_product_attention.default.decompose(
-            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:  # convert_boolean_attn_mask
-        neg_inf = torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=attn_mask.device)
-        attn_mask = torch.where(attn_mask, 0.0, neg_inf)
-    return aten._scaled_dot_product_flash_attention_for_cpu.default(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
 
 
 # Note [Packed sequences]
@@ -186,10 +117,12 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
 OVERRIDES = {
     "_pad_packed_sequence": _pad_packed_sequence,
     "tensor_split.tensor_indices_or_sections": _tensor_split,
-    "scaled_dot_product_attention": _sdpa,
     "lstm.data": _rnn_data("lstm"),
     "gru.data": _rnn_data("gru"),
 }
+# The slots a composite fills for MetaTensors: meta's, and CPU's for a logical
+# CPU (Note [Backend keys of a logical CPU] in _compat.py).
+_KEYS = ("AutogradMeta", "AutogradCPU")
 
 _LOCK = threading.Lock()
 _STATE = {"count": 0, "lib": None}
@@ -201,7 +134,8 @@ def acquire() -> None:
         if _STATE["count"] == 0:
             lib = _compat.library("aten", "IMPL")
             for name, fn in OVERRIDES.items():
-                lib.impl(name, fn, "AutogradMeta")
+                for key in _KEYS:
+                    lib.impl(name, fn, key)
             _STATE["lib"] = lib
         _STATE["count"] += 1
 

@@ -33,7 +33,14 @@ _CROSS_DEVICE = {
 _REFUSALS = (RuntimeError, NotImplementedError, ValueError, IndexError, TypeError)
 
 
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
 def dispatch(func, args, kwargs, mode):
+    if func is _PRIM_DEVICE:
+        # C++ asking a logical-CPU MetaTensor for its device
+        # (Note [Backend keys of a logical CPU]).
+        return args[0].device
     f = facts(func)
     if f.passthrough:
         # torch.profiler.record_function ranges (optimizers open one per

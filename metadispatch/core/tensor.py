@@ -12,7 +12,12 @@ cuda" without CUDA).  While a meta kernel runs, ``device`` answers ``meta``,
 so torch's Python meta registrations, which read ``t.device``, build their
 outputs on meta; see ``in_kernel``.
 
-Because the C++ tensor is an ordinary meta tensor, meta kernels run on it
+On a logical CPU the C++ tensor carries CPU's dispatch keys and reports
+``cpu`` to C++ as well, so torch's C++ makes CPU's choices (autocast, RNN and
+attention kernels) itself (Note [Backend keys of a logical CPU] in
+``_compat.py``).
+
+Because the C++ tensor's storage is an ordinary meta storage, meta kernels run on it
 directly: views share its storage, and in-place ops that change metadata
 (``resize_``, ``unsqueeze_``, ``t_``) change it in place, as on a real tensor.
 """
@@ -49,15 +54,20 @@ class in_kernel:
     that reaches a kernel, and this is several times cheaper.
     """
 
-    __slots__ = ("_prev", "_guard")
+    __slots__ = ("_prev", "_guard", "_meta")
 
     def __enter__(self):
         self._prev = STATE.in_kernel
         STATE.in_kernel = True
         self._guard = _compat.no_python_dispatch()
         self._guard.__enter__()
+        # A logical-CPU MetaTensor carries CPU's backend keys; Meta in the
+        # thread's included keys outranks them, so meta kernels run.
+        self._meta = _compat.meta_in_tls_dispatch_include()
+        _compat.set_meta_in_tls_dispatch_include(True)
 
     def __exit__(self, *exc):
+        _compat.set_meta_in_tls_dispatch_include(self._meta)
         self._guard.__exit__(*exc)
         STATE.in_kernel = self._prev
 
@@ -74,7 +84,7 @@ def normalize_device(device) -> torch.device:
 
 def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) -> "MetaTensor":
     """Make a MetaTensor sharing ``elem``'s (meta) storage and metadata."""
-    t = _compat.make_subclass(MetaTensor, elem, requires_grad)
+    t = _compat.make_subclass(MetaTensor, elem, requires_grad, device)
     t._md_device = device
     return t
 
