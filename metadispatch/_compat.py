@@ -110,6 +110,53 @@ def library(ns: str, kind: str):
     return torch.library.Library(ns, kind)
 
 
+def select_conv_backend(x, weight, bias, bias_sizes, stride, padding, dilation, transposed,
+                        output_padding, groups):
+    """The backend C++'s ``convolution`` would run for these arguments."""
+    if bias_sizes is None:
+        return torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
+                                             transposed, output_padding, groups)
+    return torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
+                                         transposed, output_padding, groups, bias_sizes)
+
+
+def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:
+    """The memory format ``backend`` gives a convolution's outputs."""
+    return torch._C._conv_determine_backend_memory_format(x, weight, backend)
+
+
+def legacy_tensor_type(t):
+    """The legacy tensor type (``torch.cuda.HalfTensor``) a class or its name means."""
+    names = {f"{c.__module__}.{c.__name__}": c for c in torch._tensor_classes}
+    cls = names.get(t) if isinstance(t, str) else (t if t in torch._tensor_classes else None)
+    if cls is None:
+        raise ValueError(f"invalid type: {t!r}")
+    return cls
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU).add(
+    torch._C.DispatchKey.AutocastCUDA)
+any_autocast_enabled = torch._C._is_any_autocast_enabled
+
+
+def autocast_state():
+    """What autocast would do to a call, as a hashable value; None when it is off."""
+    if not any_autocast_enabled():
+        return None
+    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
+
+
+def no_autocast():
+    """A guard under which ops skip autocast, as a kernel below the autocast key does."""
+    return torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS)
+
+
+def is_functorch_wrapped(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a functorch transform's wrapper (``grad``, ``vmap`` levels)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
     """``Tensor::suggest_memory_format()``: the layout C++ kernels keep."""
     from torch._prims_common import suggest_memory_format as suggest

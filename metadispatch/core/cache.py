@@ -10,7 +10,8 @@ and the rule registry's version -- to a *recipe* for the outputs.
 Note [What the key must hold]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Everything that can change the answer: a user rule registered between two
-calls (registry version), the mode's device override, the logical device
+calls (registry version), the mode's device override, autocast's state (a
+custom op's rule may follow it, as its kernel does), the logical device
 (a device-specific rule may answer differently), each tensor's shape,
 strides, storage offset, dtype, logical device and conj/neg bits, and the
 non-tensor arguments by value.  The entries are shared by every MetaMode in

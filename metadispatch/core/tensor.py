@@ -54,7 +54,7 @@ class in_kernel:
     that reaches a kernel, and this is several times cheaper.
     """
 
-    __slots__ = ("_prev", "_guard", "_meta")
+    __slots__ = ("_prev", "_guard", "_meta", "_autocast")
 
     def __enter__(self):
         self._prev = STATE.in_kernel
@@ -65,8 +65,15 @@ class in_kernel:
         # thread's included keys outranks them, so meta kernels run.
         self._meta = _compat.meta_in_tls_dispatch_include()
         _compat.set_meta_in_tls_dispatch_include(True)
+        # and below autocast, as kernels run: ops a Python meta kernel calls
+        # must not be cast again.
+        self._autocast = _compat.no_autocast() if _compat.any_autocast_enabled() else None
+        if self._autocast is not None:
+            self._autocast.__enter__()
 
     def __exit__(self, *exc):
+        if self._autocast is not None:
+            self._autocast.__exit__(*exc)
         _compat.set_meta_in_tls_dispatch_include(self._meta)
         self._guard.__exit__(*exc)
         STATE.in_kernel = self._prev
@@ -238,16 +245,20 @@ class MetaTensor(torch.Tensor):
 
     def type(self, dtype=None, non_blocking=False, **kwargs):
         """``"torch.cuda.FloatTensor"`` for the logical device (C++ would say
-        ``torch.meta...``); given a type name, convert as a real tensor would."""
-        cuda = self._md_device.type == "cuda"
+        ``torch.meta...`` off CPU); given a dtype or a tensor type (class or
+        name), convert as a real tensor would."""
         if dtype is None:
-            name = torch.Tensor.type(torch.empty(0, dtype=self.dtype))  # torch.FloatTensor
-            return name.replace("torch.", "torch.cuda.", 1) if cuda else name
-        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
-        to_cuda = ".cuda." in name
-        real_dtype = torch.empty(0).type(name.replace(".cuda.", ".")).dtype
-        device = (self._md_device if cuda else torch.device("cuda")) if to_cuda else torch.device("cpu")
-        return self.to(device, real_dtype, non_blocking=non_blocking)
+            name = torch.Tensor.type(self)
+            return name.replace("torch.meta.", f"torch.{self._md_device.type}.", 1) \
+                if self._md_device.type not in ("cpu", "meta") else name
+        if isinstance(dtype, torch.dtype):
+            return self.to(dtype, non_blocking=non_blocking)
+        cls = _compat.legacy_tensor_type(dtype)
+        if cls.is_sparse:
+            raise NotImplementedError("MetaTensor supports strided tensors only, got a sparse type")
+        on = "cuda" if cls.is_cuda else "cpu"
+        device = self._md_device if self._md_device.type == on else torch.device(on)
+        return self.to(device, cls.dtype, non_blocking=non_blocking)
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),

@@ -3,21 +3,50 @@
 Ops that always depend on data are found from torch's schema tags
 (``dynamic_output_shape``, ``data_dependent_output``; see ``schema.py``).
 ``index.Tensor`` carries the tag but depends on data only when an index is a
-boolean mask (``x[mask]``); integer indexing has a fine meta kernel.
+boolean mask (``x[mask]``); integer indexing has a fine meta kernel.  A mask
+with a known value (``x[:, [True, False, True]]``: a literal; Note [Known
+values]) is answered as the CPU kernel does it, by replacing the mask with
+the indices of its true elements.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _compat
+from ..core.known import value_of
 from ..core.registry import builtin_rule
 from ..core.router import data_dependent_error
 
 aten = torch.ops.aten
 
 
+def _is_mask(i) -> bool:
+    return i is not None and i.dtype in (torch.bool, torch.uint8)
+
+
+def _without_masks(indices):
+    """``indices`` with each known mask replaced by one long index per mask
+    dimension (``expandTensors`` in ATen); None if a mask's value is unknown."""
+    out = []
+    for i in indices:
+        if not _is_mask(i):
+            out.append(i)
+            continue
+        value = value_of(i)
+        if value is None:
+            return None
+        with _compat.no_python_dispatch():  # the real value, outside every mode
+            n = int(value.count_nonzero())
+        out.extend(i.new_empty((n,), dtype=torch.long) for _ in range(i.dim()))
+    return out
+
+
 @builtin_rule(aten.index.Tensor)
 def index_tensor(self, indices, *, fallback):
-    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices):
-        raise data_dependent_error("aten.index.Tensor (boolean-mask indexing)", (self, indices), {})
+    if any(_is_mask(i) for i in indices):
+        expanded = _without_masks(indices)
+        if expanded is None:
+            raise data_dependent_error("aten.index.Tensor (boolean-mask indexing)", (self, indices), {})
+        indices = expanded
     return fallback(self, indices)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from .. import _compat
 from ..core import known
 from ..core.tensor import MetaTensor
 
@@ -142,6 +143,10 @@ class StandIns:
                     if isinstance(t, MetaTensor):
                         if "_md_name" not in t.__dict__ and id(t) in names:
                             t._md_name = names[id(t)]
+                        continue
+                    if _compat.is_functorch_wrapped(t):
+                        # swapped in by functional_call under grad/vmap: a
+                        # value of the traced program, not a parameter to stand in for
                         continue
                     stand = self.mode.from_tensor(t)
                     if id(t) in names and "_md_name" not in stand.__dict__:
