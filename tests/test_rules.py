@@ -45,7 +45,31 @@ def _bag(mode):
     weight, indices, offsets = _x(10, 3), torch.tensor([1, 2, 4, 5, 4, 9]), torch.tensor([0, 2, 4])
     return (weight, indices, offsets, False, mode, False, None, False)
 
+def _conv(shape, fmt, weight_fmt=torch.contiguous_format, transposed=False, groups=1):
+    x = _x(*shape).contiguous(memory_format=fmt)
+    k = len(shape) - 2
+    cin = shape[1]
+    w_shape = (cin, 4 // groups) if transposed else (4, cin // groups)
+    w = _x(*w_shape, *([3] * k)).contiguous(memory_format=weight_fmt)
+    return (x, w, None, [1] * k, [0] * k, [1] * k, transposed, [0] * k, groups)
+
+
+_CONV = [_conv((2, 4, 7, 7), f, wf) for f in (torch.contiguous_format, _CL) for wf in (torch.contiguous_format, _CL)] \
+    + [_conv((2, 4, 5, 5, 5), torch.channels_last_3d), _conv((2, 4, 9), torch.contiguous_format),
+       _conv((2, 4, 7, 7), _CL, transposed=True), _conv((2, 4, 7, 7), _CL, groups=4)]
+
+
+def _conv_backward(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    out = aten.convolution.default(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+    return (torch.randn_like(out), x, w, [w.shape[1] if transposed else w.shape[0]], stride, padding,
+            dilation, transposed, output_padding, groups, [True, True, True])
+
+
 SAMPLES = {
+    # rules/convolution.py: the memory format C++'s backend choice gives
+    aten.convolution.default: _CONV,
+    aten._convolution.default: [c + (False, False, True, True) for c in _CONV],
+    aten.convolution_backward.default: [_conv_backward(*c) for c in _CONV],
     aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5)
                                      for d in _DT],
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],

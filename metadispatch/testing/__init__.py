@@ -27,14 +27,89 @@ call site, which ``EXPECTTEST_ACCEPT=1 pytest`` rewrites in place::
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import _compat
 from ..tracing.tracer import tracer
 from ..debug.diff import canonical, diff
 from ..core.mode import MetaMode
 from ..ir.trace import Trace
 
-__all__ = ["assert_same_ops", "assert_trace", "expected_form"]
+__all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
+           "trace_calls", "assert_matches_eager"]
+
+
+class Call(NamedTuple):
+    """One dispatched op and its outputs' metadata, comparable between a
+    real run and a trace: ``(shape, dtype, stride, storage offset, device)``."""
+
+    op: str
+    outputs: tuple
+
+
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
+class _EagerLog(_compat.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is _PRIM_DEVICE:  # a functorch wrapper asking for its device: not an op
+            return out
+        metas = tuple((tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.device)
+                      for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        self.calls.append(Call(str(func), metas))
+        return out
+
+
+def eager_calls(fn: Callable, *args, **kwargs) -> list[Call]:
+    """The ops a real run of ``fn`` dispatches, logged by a ``TorchDispatchMode``."""
+    with _EagerLog() as log:
+        fn(*args, **kwargs)
+    return log.calls
+
+
+def trace_calls(trace: Trace) -> list[Call]:
+    """A trace's calls in the form :func:`eager_calls` gives."""
+    return [Call(c.op, tuple((tuple(m.shape), m.dtype, m.stride, m.storage_offset, m.device)
+                             for m in c.output_metas))
+            for c in trace.calls]
+
+
+def _first_difference(real: list[Call], traced: list[Call]) -> str | None:
+    for i, (a, b) in enumerate(zip(real, traced)):
+        if a != b:
+            return f"call #{i}: real {a}\n{' ' * (len(str(i)) + 8)}traced {b}"
+    if len(real) != len(traced):
+        return f"real run has {len(real)} calls, the trace {len(traced)}"
+    return None
+
+
+def assert_matches_eager(fn: Callable, *args, **kwargs) -> Trace:
+    """Trace ``fn`` on a logical CPU, run it for real, and fail unless the
+    trace dispatches the same ops, in order, with the same output metadata.
+
+    The trace runs first: it leaves the user's modules untouched, while the
+    real run writes their ``.grad``.
+
+    >>> import torch, metadispatch as md
+    >>> conv = torch.nn.Conv2d(3, 8, 3)
+    >>> x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    >>> t = md.testing.assert_matches_eager(lambda x: conv(x).sum().backward(), x)
+    >>> t[0].outputs[0].stride   # channels-last, as oneDNN gives it
+    (288, 1, 48, 8)
+    """
+    trace = tracer()(fn, *args, **kwargs)
+    problem = _first_difference(eager_calls(fn, *args, **kwargs), trace_calls(trace))
+    if problem:
+        raise AssertionError("the trace differs from the real run:\n" + problem)
+    return trace
 
 
 def assert_same_ops(fn_a: Callable, fn_b: Callable, *args, device=None, modules: bool = False,

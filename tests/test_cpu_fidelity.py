@@ -1,0 +1,136 @@
+"""A logical-CPU trace is what a CPU runs (issue 15, item 1).
+
+Each case runs a step for real under a ``TorchDispatchMode`` log and traces it
+on a logical CPU; the op sequence and every output's shape, dtype, strides,
+offset and device must be equal (``md.testing.assert_matches_eager``).  The
+cases are the ones where the C++ device used to decide wrongly: autocast,
+RNN kernels, convolutions in each memory format, composites with device
+checks, list and boolean-list indexing, ``Tensor.type``, functorch transforms
+over ``functional_call`` (Note [Backend keys of a logical CPU]).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import metadispatch as md
+from metadispatch.testing import assert_matches_eager
+
+
+def _backward(module, prep=lambda x: x, autocast=False):
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = module(prep(x))
+        out = out[0] if isinstance(out, tuple) else out
+        out.float().sum().backward()
+    return step
+
+
+def _cl(x):
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _cl3d(x):
+    return x.contiguous(memory_format=torch.channels_last_3d)
+
+
+def _functional(transform):
+    m = nn.Linear(4, 2)
+    params = dict(m.named_parameters())
+    if transform == "grad":
+        return lambda x: torch.func.grad(
+            lambda p, x: torch.func.functional_call(m, p, (x,)).sum())(params, x)
+    if transform == "vmap":
+        return lambda x: torch.func.vmap(lambda r: torch.func.functional_call(m, params, (r,)))(x)
+    return lambda x: torch.func.jacrev(lambda r: torch.func.functional_call(m, params, (r,)))(x[0])
+
+
+def _self_attention():
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    return lambda x: mha(x, x, x)
+
+
+def _checkpointed(module):
+    return lambda x: torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)
+
+
+def _stft():
+    window = torch.hann_window(16)  # made outside the trace: a real CPU tensor
+    return lambda x: torch.stft(x, 16, window=window, return_complex=True)
+
+
+CASES = {
+    "autocast_linear": lambda: (_backward(nn.Linear(8, 8), autocast=True), (4, 8)),
+    "autocast_conv": lambda: (_backward(nn.Conv2d(3, 8, 3), autocast=True), (2, 3, 10, 10)),
+    "autocast_mha": lambda: (_backward(_self_attention(), autocast=True), (2, 5, 8)),
+    "gru": lambda: (_backward(nn.GRU(8, 16)), (5, 2, 8)),
+    "conv2d_channels_last": lambda: (_backward(nn.Conv2d(3, 8, 3), _cl), (2, 3, 10, 10)),
+    "conv2d_channels_last_weight": lambda: (_backward(nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)),
+                                            (2, 3, 10, 10)),
+    "conv3d_channels_last": lambda: (_backward(nn.Conv3d(3, 4, 3), _cl3d), (2, 3, 6, 6, 6)),
+    "conv1d": lambda: (_backward(nn.Conv1d(3, 4, 3)), (2, 3, 9)),
+    "conv_transpose_channels_last": lambda: (_backward(nn.ConvTranspose2d(3, 4, 3), _cl), (2, 3, 6, 6)),
+    "depthwise_channels_last": lambda: (_backward(nn.Conv2d(4, 4, 3, groups=4), _cl), (2, 4, 8, 8)),
+    "sdpa": lambda: (lambda x: F.scaled_dot_product_attention(x, x, x), (2, 2, 4, 8)),
+    "sdpa_3d": lambda: (lambda x: F.scaled_dot_product_attention(x, x, x), (2, 4, 8)),
+    "stft_window_from_outside": lambda: (_stft(), (64,)),
+    "list_index": lambda: (lambda x: x[:, [0, 2]] * 2, (3, 4)),
+    "bool_list_index": lambda: (lambda x: x[:, [True, False, True, False]] * 2, (3, 4)),
+    "type_dtype": lambda: (lambda x: x.type(torch.float32) + x.type(torch.float64), (3, 4)),
+    "type_legacy_class": lambda: (lambda x: x.type(torch.HalfTensor) + 1, (3, 4)),
+    "type_legacy_name": lambda: (lambda x: x.type("torch.DoubleTensor") + 1, (3, 4)),
+    "func_grad_functional_call": lambda: (_functional("grad"), (3, 4)),
+    "func_vmap_functional_call": lambda: (_functional("vmap"), (3, 4)),
+    "func_jacrev_functional_call": lambda: (_functional("jacrev"), (3, 4)),
+    "checkpoint": lambda: (_backward(_checkpointed(nn.Sequential(nn.Linear(8, 8), nn.GELU()))), (4, 8)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cpu_fidelity_trace_matches_real_dispatch(case):
+    torch.manual_seed(0)
+    fn, shape = CASES[case]()
+    assert_matches_eager(fn, torch.randn(*shape))
+
+
+def test_cpu_fidelity_lstm_records_mkldnn_rnn_layer_like_real():
+    torch.manual_seed(0)
+    fn = _backward(nn.LSTM(8, 16, num_layers=2))
+    x = torch.randn(5, 2, 8)
+    real = md.testing.eager_calls(fn, x)
+    traced = md.testing.trace_calls(md.trace(fn, x))
+    assert [c.op for c in traced] == [c.op for c in real]
+    assert "aten.mkldnn_rnn_layer.default" in {c.op for c in traced}
+    # Every output's metadata is equal but the oneDNN workspace of a training
+    # step, whose size only oneDNN knows (torch's meta kernel, and so
+    # FakeTensorMode, say 0 bytes); test_cpu_fidelity_lstm_workspace below.
+    strip = [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs)
+             for c in traced]
+    assert strip == [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs)
+                     for c in real]
+
+
+@pytest.mark.xfail(strict=True, reason="oneDNN's LSTM workspace size is not modelled (meta says 0)")
+def test_cpu_fidelity_lstm_workspace():
+    fn = _backward(nn.LSTM(8, 16))
+    assert_matches_eager(fn, torch.randn(5, 2, 8))
+
+
+def test_cpu_fidelity_grads_match_real():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).to(memory_format=torch.channels_last)
+    fn = _backward(model, _cl)
+    x = torch.randn(2, 3, 10, 10)
+    trace = assert_matches_eager(fn, x)
+    for name, p in model.named_parameters():
+        g = trace.grads[name]
+        assert (g.shape, g.dtype, g.stride) == (tuple(p.grad.shape), p.grad.dtype, p.grad.stride()), name
+
+
+def test_cpu_fidelity_mismatch_is_reported():
+    # the comparison itself can fail: a logical cuda trace of a conv is not what a CPU runs
+    fn = _backward(nn.Conv2d(3, 8, 3), _cl)
+    real = md.testing.eager_calls(fn, torch.randn(2, 3, 10, 10))
+    traced = md.testing.trace_calls(md.tracer(device="cuda")(fn, torch.randn(2, 3, 10, 10)))
+    assert traced != real
