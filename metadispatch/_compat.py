@@ -134,24 +134,6 @@ def legacy_tensor_type(t):
     return cls
 
 
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-_AUTOCAST_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU).add(
-    torch._C.DispatchKey.AutocastCUDA)
-any_autocast_enabled = torch._C._is_any_autocast_enabled
-
-
-def autocast_state():
-    """What autocast would do to a call, as a hashable value; None when it is off."""
-    if not any_autocast_enabled():
-        return None
-    return tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES)
-
-
-def no_autocast():
-    """A guard under which ops skip autocast, as a kernel below the autocast key does."""
-    return torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_KEYS)
-
-
 def is_functorch_wrapped(t: torch.Tensor) -> bool:
     """Whether ``t`` is a functorch transform's wrapper (``grad``, ``vmap`` levels)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(t)

@@ -173,3 +173,40 @@ def test_cache_drops_its_oldest_entries_beyond_the_limit(monkeypatch):
     assert sizes == [(tuple, ((int, n),)) for n in (3, 4, 5)]
     md.core.cache.clear()
     assert not md.core.cache._SHARED
+
+
+def test_cache_autocast_and_plain_steps_share_the_cache():
+    # Each step traced with the other's answers in the shared cache, in
+    # both orders, must still be what a real CPU run dispatches.
+    lin = torch.nn.Linear(8, 8)
+
+    def step(autocast):
+        def run(x):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                y = lin(x).relu() @ lin.weight
+            y.float().sum().backward()
+        return run
+
+    for order in ((True, False), (False, True)):
+        md.core.cache.clear()
+        for autocast in order:
+            lin.zero_grad(set_to_none=True)  # the real run writes .grad
+            md.testing.assert_matches_eager(step(autocast), torch.randn(4, 8))
+
+
+def test_cache_dispatch_sees_autocast_off():
+    # Why autocast is not in the key (Note [What the key must hold]).
+    seen = []
+
+    @md.register_meta(aten.neg.default)
+    def neg(x):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return torch.empty_like(x)
+
+    try:
+        with md.MetaMode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.is_autocast_enabled("cpu")
+            torch.ones(2).neg()
+    finally:
+        md.unregister_meta(aten.neg.default)
+    assert seen == [False]

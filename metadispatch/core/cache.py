@@ -10,15 +10,18 @@ and the rule registry's version -- to a *recipe* for the outputs.
 Note [What the key must hold]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Everything that can change the answer: a user rule registered between two
-calls (registry version), the mode's device override, autocast's state (a
-custom op's rule may follow it, as its kernel does), the logical device
+calls (registry version), the mode's device override, the logical device
 (a device-specific rule may answer differently), each tensor's shape,
 strides, storage offset, dtype, logical device and conj/neg bits, and the
 non-tensor arguments by value.  The entries are shared by every MetaMode in
 the process, as FakeTensorMode's are, so tracing a model a second time (the
 next test, the next step) runs no meta kernel at all; unlike FakeTensorMode's,
 the key holds the mode option that changes answers (its device), so one mode
-is never served what another computed differently.  Rules must be pure
+is never served what another computed differently.  Autocast needs no place
+in the key: it acts above Python dispatch (its casts are calls of their own,
+and a call reaches us with its inputs already cast), and torch turns it off
+while a dispatch mode or subclass handles a call, so no answer here can
+depend on it (``test_cache_autocast_and_plain_steps_share_the_cache``).  Rules must be pure
 functions of their arguments -- ``MetaMode(cache=False)`` for those that are
 not.  At most :data:`LIMIT` entries are kept, the oldest dropped first.
 

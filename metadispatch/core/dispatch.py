@@ -95,8 +95,7 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
     cache = mode.cache if mode is not None else None
     if cache is None or not f.cacheable:
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
-    # Note [What the key must hold] in cache.py: autocast's state too.
-    extra = (registry.version(), mode.device, _compat.autocast_state())
+    extra = (registry.version(), mode.device)
     if encoded is not None:
         key = cache.key_from_encoded(func, encoded[0], encoded[1], device, extra)
     else:

@@ -68,12 +68,7 @@ def run_nested(mode, fn, args, kwargs):
     mode._depth += 1
     _compat.push_mode(mode)
     try:
-        if not _compat.any_autocast_enabled():
-            return fn(*args, **kwargs)
-        # A rule or decomposition stands for a kernel, which runs below
-        # autocast: the ops it calls must not be cast again.
-        with _compat.no_autocast():
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
     finally:
         _compat.pop_mode()
         mode._depth -= 1

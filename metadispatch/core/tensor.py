@@ -54,7 +54,7 @@ class in_kernel:
     that reaches a kernel, and this is several times cheaper.
     """
 
-    __slots__ = ("_prev", "_guard", "_meta", "_autocast")
+    __slots__ = ("_prev", "_guard", "_meta")
 
     def __enter__(self):
         self._prev = STATE.in_kernel
@@ -65,15 +65,8 @@ class in_kernel:
         # thread's included keys outranks them, so meta kernels run.
         self._meta = _compat.meta_in_tls_dispatch_include()
         _compat.set_meta_in_tls_dispatch_include(True)
-        # and below autocast, as kernels run: ops a Python meta kernel calls
-        # must not be cast again.
-        self._autocast = _compat.no_autocast() if _compat.any_autocast_enabled() else None
-        if self._autocast is not None:
-            self._autocast.__enter__()
 
     def __exit__(self, *exc):
-        if self._autocast is not None:
-            self._autocast.__exit__(*exc)
         _compat.set_meta_in_tls_dispatch_include(self._meta)
         self._guard.__exit__(*exc)
         STATE.in_kernel = self._prev
