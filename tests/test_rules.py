@@ -71,13 +71,15 @@ SAMPLES = {
     aten._convolution.default: [c + (False, False, True, True) for c in _CONV],
     aten.convolution_backward.default: [_conv_backward(*c) for c in _CONV],
     aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5)
-                                     for d in _DT],
+                                     for d in _DT]
+    + [(_x(3, 4, 5, dtype=d), [5], _x(5), _x(5), 1e-5) for d in _DT[1:]],  # mixed: autocast
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit_functional.default: [_bn(d, True) for d in _DT],
     # (eval mode without running stats crashes the real CPU kernel)
     aten._native_batch_norm_legit.no_stats: [_bn(d, True)[:3] + (True, 0.1, 1e-5) for d in _DT],
-    aten._batch_norm_with_update.default: [_bn(d, True)[:5] + (0.1, 1e-5) for d in _DT],
+    aten._batch_norm_with_update.default: [_bn(d, True)[:5] + (0.1, 1e-5) for d in _DT]
+    + [(_x(3, 4, 5, dtype=d),) + _bn(torch.float32, True)[1:5] + (0.1, 1e-5) for d in _DT[1:]],
     # Note [Device-hinted meta kernels] (rules/device_hinted.py)
     aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
     aten._fft_r2c.default: [(_x(5, 6, 7), [0, 1, 2], 0, True), (_x(5, 6, 7), [0, 2], 0, False),

@@ -19,8 +19,12 @@ aten = torch.ops.aten
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
-def _stats_in_input_dtype(out, x, training=True):
+def _stats_in_input_dtype(out, x, training=True, weight=None):
     if x.device.type != "cpu" or (training and x.dtype not in _REDUCED):
+        return out
+    if training and weight is not None and weight.dtype != x.dtype:
+        # A mixed-type call (bf16 input, fp32 weight: autocast) saves its
+        # statistics in float on CPU too (``is_mixed_type`` in ATen).
         return out
     out = list(out)
     for i in (1, 2):
@@ -34,15 +38,20 @@ def _stats_in_input_dtype(out, x, training=True):
 
 
 @builtin_rule(aten.native_layer_norm.default)
+def layer_norm(x, normalized_shape, weight, *args, fallback, **kwargs):
+    out = fallback(x, normalized_shape, weight, *args, **kwargs)
+    return _stats_in_input_dtype(out, x, weight=weight)
+
+
 @builtin_rule(aten._batch_norm_with_update.default)
-def norm_with_saved_stats(x, *args, fallback, **kwargs):
-    return _stats_in_input_dtype(fallback(x, *args, **kwargs), x)
+def batch_norm_with_update(x, weight, *args, fallback, **kwargs):
+    return _stats_in_input_dtype(fallback(x, weight, *args, **kwargs), x, weight=weight)
 
 
 @builtin_rule(aten._native_batch_norm_legit_functional.default)
 def batch_norm_functional(x, weight, bias, running_mean, running_var, training, *args, fallback):
     out = fallback(x, weight, bias, running_mean, running_var, training, *args)
-    out = _stats_in_input_dtype(out, x, training)
+    out = _stats_in_input_dtype(out, x, training, weight)
     if x.device.type != "cpu":
         return out
     # outputs 3 and 4 are the updated running stats, in their own dtype on CPU
@@ -55,9 +64,9 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
 def batch_norm_with_running_stats(x, weight, bias, running_mean, running_var, training,
                                   *args, fallback):
     out = fallback(x, weight, bias, running_mean, running_var, training, *args)
-    return _stats_in_input_dtype(out, x, training)
+    return _stats_in_input_dtype(out, x, training, weight)
 
 
 @builtin_rule(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(x, weight, bias, training, *args, fallback):
-    return _stats_in_input_dtype(fallback(x, weight, bias, training, *args), x, training)
+    return _stats_in_input_dtype(fallback(x, weight, bias, training, *args), x, training, weight)

@@ -1,0 +1,294 @@
+"""Real-model conformance: a logical-CPU trace against the real CPU run of the same step.
+
+Beside ``opdb_conformance.py`` (one op at a time), this runs whole training
+steps -- forward, backward -- of real model setups and checks, per
+configuration:
+
+* ``traces``: ``md.trace`` on a logical CPU completes;
+* ``ops``: the recorded op sequence (names, in order) equals what a real CPU
+  run dispatches, logged by a ``TorchDispatchMode`` (``md.testing.eager_calls``);
+* ``meta``: every output's shape, dtype, strides, offset and device equal the
+  real run's, and so do the parameters' gradients;
+* ``flops``: ``md.flops`` equals ``FlopCounterMode`` on the real run;
+* ``memory``: ``md.memory``'s peak equals the real run's (``md.LiveStorages``);
+* ``fake``: the same step traces under ``FakeTensorMode`` (for comparison).
+
+A configuration whose library is not installed (torchvision, timm, diffusers,
+transformers) is skipped.  ``tests/test_model_conformance.py`` runs a quick
+subset; the table in ``docs/model-conformance.md`` comes from::
+
+    python tools/model_conformance.py            # every configuration
+    python tools/model_conformance.py lstm gpt2  # some
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import sys
+from typing import Callable, NamedTuple
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import metadispatch as md  # noqa: E402
+from metadispatch.testing import eager_calls, trace_calls  # noqa: E402
+
+
+class Config(NamedTuple):
+    build: Callable  # () -> (model, inputs)
+    needs: str = ""  # a library that must be installed
+    autocast: bool = False
+    channels_last: bool = False
+
+
+def _step(config: Config):
+    def step(model, *inputs):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast):
+            out = model(*inputs)
+        out = _first_tensor(out)
+        out.float().sum().backward()
+    return step
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "to_tuple"):  # transformers / diffusers outputs
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    return next(t for t in (_first_tensor(o) if not isinstance(o, torch.Tensor) else o
+                            for o in out if o is not None) if t is not None)
+
+
+# -- configurations ---------------------------------------------------------
+
+def _seq(*layers):
+    return nn.Sequential(*layers)
+
+
+class _Apply(nn.Module):
+    def __init__(self, fn, *mods):
+        super().__init__()
+        self.mods = nn.ModuleList(mods)
+        self.fn = fn
+
+    def forward(self, *x):
+        return self.fn(self.mods, *x)
+
+
+def _nn(name):
+    t = torch.randn
+    return {
+        "nn.lstm": lambda: (nn.LSTM(16, 32, num_layers=2, batch_first=True), (t(4, 7, 16),)),
+        "nn.gru": lambda: (nn.GRU(16, 32, bidirectional=True), (t(7, 4, 16),)),
+        "nn.mha": lambda: (_Apply(lambda m, x: m[0](x, x, x)[0], nn.MultiheadAttention(32, 4, batch_first=True)),
+                           (t(2, 9, 32),)),
+        "nn.transformer": lambda: (nn.Transformer(32, 4, 2, 2, 64, batch_first=True), (t(2, 7, 32), t(2, 5, 32))),
+        "nn.conv3d": lambda: (_seq(nn.Conv3d(3, 8, 3), nn.BatchNorm3d(8), nn.ReLU(), nn.Conv3d(8, 4, 3)),
+                              (t(2, 3, 8, 8, 8),)),
+        "nn.embedding_bag": lambda: (nn.EmbeddingBag(50, 16, mode="mean"), (torch.randint(0, 50, (4, 6)),)),
+        "nn.ctc": lambda: (_Apply(lambda m, x: nn.functional.ctc_loss(
+            m[0](x).log_softmax(2), torch.tensor([[1, 2, 2], [1, 3, 4]]), torch.tensor([6, 6]),
+            torch.tensor([3, 3])), nn.Linear(8, 5)), (t(6, 2, 8),)),
+        "nn.convnet_channels_last": lambda: (
+            _seq(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 8, 3, groups=8)
+                 ).to(memory_format=torch.channels_last),
+            (t(2, 3, 16, 16).contiguous(memory_format=torch.channels_last),)),
+        "nn.checkpoint": lambda: (_Apply(lambda m, x: torch.utils.checkpoint.checkpoint(m[0], x, use_reentrant=False),
+                                         _seq(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))), (t(4, 16),)),
+        "nn.autocast_mlp": lambda: (_seq(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)), (t(4, 16),)),
+        "nn.autocast_convnet": lambda: (_seq(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)),
+                                        (t(2, 3, 12, 12),)),
+        "nn.autocast_lstm": lambda: (nn.LSTM(16, 32), (t(7, 4, 16),)),
+    }[name]
+
+
+def _hf(kind):
+    def build():
+        import transformers as tf
+
+        ids = torch.randint(0, 100, (2, 12))
+        small = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2)
+        if kind == "llama":
+            return tf.LlamaForCausalLM(tf.LlamaConfig(**small)), (ids,)
+        if kind == "gpt2":
+            return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4)), (ids,)
+        if kind == "t5":
+            cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+            return tf.T5ForConditionalGeneration(cfg), (ids, None, ids)
+        if kind == "bert":
+            cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=64)
+            return tf.BertModel(cfg), (ids,)
+        if kind == "vit":
+            cfg = tf.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=64)
+            return tf.ViTModel(cfg), (torch.randn(2, 3, 32, 32),)
+        if kind == "qwen3_moe":
+            cfg = tf.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    head_dim=8)
+            return tf.Qwen3MoeForCausalLM(cfg), (ids,)
+        if kind == "mamba":
+            cfg = tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=8)
+            return tf.MambaForCausalLM(cfg), (ids,)
+        if kind == "whisper":
+            cfg = tf.WhisperConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                   decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
+                                   max_target_positions=16, pad_token_id=1, bos_token_id=2,
+                                   eos_token_id=2, decoder_start_token_id=2)
+            return tf.WhisperModel(cfg), (torch.randn(2, 16, 32), None, ids[:, :4])
+        raise KeyError(kind)
+    return build
+
+
+def _tv(name, shape=(2, 3, 64, 64), channels_last=False, **kwargs):
+    def build():
+        import torchvision
+
+        model = torchvision.models.get_model(name, weights=None, **kwargs)
+        x = torch.randn(*shape)
+        if channels_last:
+            model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+        return model, (x,)
+    return build
+
+
+def _timm(name):
+    def build():
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=10), (torch.randn(2, 3, 64, 64),)
+    return build
+
+
+CONFIGS: dict[str, Config] = {
+    **{n: Config(_nn_builder) for n, _nn_builder in
+       ((n, (lambda n=n: _nn(n)())) for n in (
+           "nn.lstm", "nn.gru", "nn.mha", "nn.transformer", "nn.conv3d", "nn.embedding_bag", "nn.ctc",
+           "nn.convnet_channels_last", "nn.checkpoint"))},
+    **{n: Config(lambda n=n: _nn(n)(), autocast=True)
+       for n in ("nn.autocast_mlp", "nn.autocast_convnet", "nn.autocast_lstm")},
+    **{f"hf.{k}": Config(_hf(k), needs="transformers")
+       for k in ("llama", "gpt2", "t5", "bert", "vit", "qwen3_moe", "mamba", "whisper")},
+    "hf.llama_autocast": Config(_hf("llama"), needs="transformers", autocast=True),
+    "tv.resnet18": Config(_tv("resnet18"), needs="torchvision"),
+    "tv.resnet18_channels_last": Config(_tv("resnet18", channels_last=True), needs="torchvision"),
+    "tv.convnext_tiny": Config(_tv("convnext_tiny"), needs="torchvision"),
+    "tv.vit_b_16": Config(_tv("vit_b_16", shape=(1, 3, 224, 224)), needs="torchvision"),
+    "tv.mobilenet_v3_small": Config(_tv("mobilenet_v3_small"), needs="torchvision"),
+    "tv.fcn_resnet50": Config(_tv("fcn_resnet50", num_classes=4, weights_backbone=None), needs="torchvision"),
+    "tv.r3d_18": Config(_tv("r3d_18", shape=(1, 3, 4, 32, 32)), needs="torchvision"),
+    "timm.resnet18": Config(_timm("resnet18"), needs="timm"),
+    "timm.convnext_atto": Config(_timm("convnext_atto"), needs="timm"),
+    "timm.vit_tiny": Config(_timm("vit_tiny_patch16_224.augreg_in21k"), needs="timm"),
+}
+
+
+# -- the checks -------------------------------------------------------------
+
+def _ok(fn) -> tuple[str, str]:
+    try:
+        return ("yes" if fn() else "no"), ""
+    except Exception as e:  # a column's failure is a result, not a crash of the tool
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+def _grads_meta(model) -> dict:
+    return {n: (tuple(p.grad.shape), p.grad.dtype, p.grad.stride())
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def check(name: str) -> dict:
+    """One row: each column's result ("yes"/"no"/"error"/"skipped") and notes."""
+    config = CONFIGS[name]
+    if config.needs and importlib.util.find_spec(config.needs) is None:
+        return {"config": name, "skipped": f"{config.needs} not installed"}
+    torch.manual_seed(0)
+    try:
+        model, inputs = config.build()
+    except Exception as e:
+        return {"config": name, "skipped": f"cannot build: {type(e).__name__}: {str(e)[:80]}"}
+    step = _step(config)
+    row, notes = {"config": name}, []
+    try:
+        trace = md.trace(step, model, *inputs)
+        row["traces"] = "yes"
+    except Exception as e:
+        row["traces"] = "error"
+        notes.append(f"trace: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        trace = None
+    real_model = copy.deepcopy(model)
+    try:
+        real = eager_calls(step, real_model, *inputs)
+    except Exception as e:
+        return {"config": name, "skipped": f"the real run fails: {type(e).__name__}: {str(e)[:80]}"}
+    if trace is not None:
+        traced = trace_calls(trace)
+        row["ops"] = "yes" if [c.op for c in traced] == [c.op for c in real] else \
+            f"no ({len(traced)} vs {len(real)} calls)"
+        grads = {n: (tuple(g.shape), g.dtype, g.stride) for n, g in trace.grads.items()}
+        row["meta"] = "yes" if traced == real and grads == _grads_meta(real_model) else "no"
+        with FlopCounterMode(display=False) as counter:
+            step(copy.deepcopy(model), *inputs)
+        row["flops"], note = _ok(lambda: md.flops(trace).total == counter.get_total_flops())
+        real_model = copy.deepcopy(model)
+        with md.LiveStorages(real_model, *inputs) as live:
+            step(real_model, *inputs)
+        peak = md.memory(trace).peak
+        row["memory"] = "yes" if peak == live.peak else f"no ({peak - live.peak:+,} B of {live.peak:,})"
+    row["fake"], note = _ok(lambda: _fake_step(step, model, inputs))
+    if note:
+        notes.append(f"fake: {note}")
+    row["notes"] = "; ".join(notes)
+    return row
+
+
+def _fake_step(step, model, inputs) -> bool:
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fmodel = copy.deepcopy(model)
+    for mod in fmodel.modules():
+        for table in (mod._parameters, mod._buffers):
+            for k, t in table.items():
+                if t is not None:
+                    fake = mode.from_tensor(t)
+                    table[k] = nn.Parameter(fake, t.requires_grad) if table is mod._parameters else fake
+    with mode:
+        step(fmodel, *(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs))
+    return True
+
+
+COLUMNS = ("config", "traces", "ops", "meta", "flops", "memory", "fake", "notes")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['config']} | skipped: {r['skipped']} |" + " |" * (len(COLUMNS) - 2))
+        else:
+            lines.append("| " + " | ".join(str(r.get(c, "-")) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    names = [n for n in CONFIGS if not argv or any(a in n for a in argv)]
+    torch.set_num_threads(1)
+    rows = []
+    for n in names:
+        rows.append(check(n))
+        print(rows[-1], file=sys.stderr, flush=True)
+    print(f"torch {torch.__version__}\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
