@@ -134,3 +134,27 @@ def test_cpu_fidelity_mismatch_is_reported():
     real = md.testing.eager_calls(fn, torch.randn(2, 3, 10, 10))
     traced = md.testing.trace_calls(md.tracer(device="cuda")(fn, torch.randn(2, 3, 10, 10)))
     assert traced != real
+
+
+_NO_MODE = {
+    "matrix_rank": lambda x: torch.linalg.matrix_rank(x),
+    "cov": lambda x: torch.cov(x),
+    "list_index": lambda x: x[:, [0, 2]],
+    "tensor_split_real_indices": lambda x: torch.tensor_split(x, torch.tensor([1, 3]), 1)[1],
+    "stft_window_from_outside": lambda x: torch.stft(x.flatten(), 8, window=torch.hann_window(8),
+                                                     return_complex=True),
+    "type_legacy_class": lambda x: x.type(torch.HalfTensor),
+    "lstm": lambda x: torch.nn.LSTM(4, 4)(x.view(2, 2, 4))[0],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_NO_MODE))
+def test_cpu_fidelity_without_a_mode_same_answers_and_no_plain_meta(case):
+    # Issue 15 item 5: no mode entered; C++ composites see the logical CPU.
+    x = torch.randn(4, 4)
+    torch.manual_seed(0)
+    real = _NO_MODE[case](x)
+    torch.manual_seed(0)
+    got = _NO_MODE[case](md.to_meta(x))
+    assert isinstance(got, md.MetaTensor) and got.device == real.device
+    assert (got.shape, got.dtype, got.stride()) == (real.shape, real.dtype, real.stride())
