@@ -44,13 +44,21 @@ __all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_ca
 
 class Call(NamedTuple):
     """One dispatched op and its outputs' metadata, comparable between a
-    real run and a trace: ``(shape, dtype, stride, storage offset, device)``."""
+    real run and a trace: ``(shape, dtype, stride, storage offset, device)``.
+    Strides are the significant ones: a dimension of size 1 has none (its
+    stride never addresses memory; kernels leave arbitrary values there), as
+    in ``torch._prims_common.check_significant_strides``."""
 
     op: str
     outputs: tuple
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def _meta(shape, dtype, stride, offset, device) -> tuple:
+    significant = tuple(st if n > 1 else None for n, st in zip(shape, stride))
+    return shape, dtype, significant, offset, device
 
 
 class _EagerLog(_compat.TorchDispatchMode):
@@ -62,7 +70,7 @@ class _EagerLog(_compat.TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func is _PRIM_DEVICE:  # a functorch wrapper asking for its device: not an op
             return out
-        metas = tuple((tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.device)
+        metas = tuple(_meta(tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.device)
                       for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
         self.calls.append(Call(str(func), metas))
         return out
@@ -77,7 +85,7 @@ def eager_calls(fn: Callable, *args, **kwargs) -> list[Call]:
 
 def trace_calls(trace: Trace) -> list[Call]:
     """A trace's calls in the form :func:`eager_calls` gives."""
-    return [Call(c.op, tuple((tuple(m.shape), m.dtype, m.stride, m.storage_offset, m.device)
+    return [Call(c.op, tuple(_meta(tuple(m.shape), m.dtype, m.stride, m.storage_offset, m.device)
                              for m in c.output_metas))
             for c in trace.calls]
 
