@@ -163,6 +163,29 @@ def _tv(name, shape=(2, 3, 64, 64), channels_last=False, **kwargs):
     return build
 
 
+def _diffusers(kind):
+    def build():
+        import diffusers as df
+
+        if kind == "unet":
+            model = df.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                   block_out_channels=(16, 32), norm_num_groups=8,
+                                   down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                   up_block_types=("AttnUpBlock2D", "UpBlock2D"))
+            return model, (torch.randn(2, 3, 16, 16), torch.tensor([10, 20]))
+        if kind == "vae":
+            model = df.AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(16, 32), norm_num_groups=8,
+                                     down_block_types=("DownEncoderBlock2D",) * 2,
+                                     up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4)
+            return model, (torch.randn(2, 3, 16, 16),)
+        if kind == "dit":
+            model = df.DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                             num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10)
+            return model, (torch.randn(2, 4, 8, 8), torch.tensor([1, 2]), torch.tensor([0, 3]))
+        raise KeyError(kind)
+    return build
+
+
 def _timm(name, **kwargs):
     def build():
         import timm
@@ -189,6 +212,7 @@ CONFIGS: dict[str, Config] = {
     "tv.mobilenet_v3_small": Config(_tv("mobilenet_v3_small"), needs="torchvision"),
     "tv.fcn_resnet50": Config(_tv("fcn_resnet50", num_classes=4, weights_backbone=None), needs="torchvision"),
     "tv.r3d_18": Config(_tv("r3d_18", shape=(1, 3, 4, 32, 32)), needs="torchvision"),
+    **{f"diffusers.{k}": Config(_diffusers(k), needs="diffusers") for k in ("unet", "vae", "dit")},
     "timm.resnet18": Config(_timm("resnet18"), needs="timm"),
     "timm.convnext_atto": Config(_timm("convnext_atto"), needs="timm"),
     "timm.vit_tiny": Config(_timm("vit_tiny_patch16_224", img_size=64), needs="timm"),
