@@ -37,6 +37,8 @@ __all__ = [
     "op_callable",
     "data_dependent_errors",
     "registered_op_names",
+    "autocast_state",
+    "sdp_switches",
 ]
 
 # Note [Backend keys of a logical CPU]
@@ -137,6 +139,24 @@ def legacy_tensor_type(t):
 def is_functorch_wrapped(t: torch.Tensor) -> bool:
     """Whether ``t`` is a functorch transform's wrapper (``grad``, ``vmap`` levels)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def sdp_switches() -> tuple[bool, bool, bool, bool]:
+    """``(flash, mem_efficient, math, cudnn)``: every switch C++'s attention backend choice reads."""
+    return (torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
+            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled())
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+def autocast_state() -> tuple | None:
+    """None outside autocast (the common case, one C call); else, per device
+    type, whether autocast is on and its dtype, and whether casts are cached."""
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in _AUTOCAST_DEVICES) + (torch.is_autocast_cache_enabled(),)
 
 
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:

@@ -8,35 +8,56 @@ non-tensor argument, the logical device of the outputs, the mode's device
 and the rule registry's version -- to a *recipe* for the outputs.
 
 Note [What the key must hold]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Everything that can change the answer: a user rule registered between two
-calls (registry version), the mode's device override, the logical device
-(a device-specific rule may answer differently), each tensor's shape,
-strides, storage offset, dtype, logical device and conj/neg bits, and the
-non-tensor arguments by value.  The entries are shared by every MetaMode in
-the process, as FakeTensorMode's are, so tracing a model a second time (the
-next test, the next step) runs no meta kernel at all; unlike FakeTensorMode's,
-the key holds the mode option that changes answers (its device), so one mode
-is never served what another computed differently.  Autocast needs no place
-in the key: it acts above Python dispatch (its casts are calls of their own,
-and a call reaches us with its inputs already cast), and torch turns it off
-while a dispatch mode or subclass handles a call, so no answer here can
-depend on it (``test_cache_autocast_and_plain_steps_share_the_cache``).  Rules must be pure
-functions of their arguments -- ``MetaMode(cache=False)`` for those that are
-not.  At most :data:`LIMIT` entries are kept, the oldest dropped first.
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The cache may make a call faster; it may never change its answer.  So the
+key holds everything that can change the answer, or the call is not cached:
+
+* each tensor argument's shape, strides, storage offset, dtype, logical
+  device, conj/neg bits and ``requires_grad`` (attention backends look at
+  it), and which tensor arguments share a storage (in-place overlap checks
+  and view recipes depend on it);
+* every non-tensor argument by value, the device arguments as resolved --
+  also those that arrive as meta from C++ ``options()``
+  (Note [Meta from options] in dispatch.py) -- and the logical device of
+  the outputs;
+* :func:`context`: what answers and under which global state -- the torch
+  version, the rule registry's version (user and built-in rules), the mode's
+  device, its device profile (none yet: the slot for a ``gpu=`` profile),
+  its known-value limit (a nested data-dependent call may be answered from a
+  known value or raise), the default dtype (factories without a dtype), grad
+  mode, inference mode and the autocast state, plus the scaled-dot-product
+  backend switches for attention ops.
+
+The entries are shared by every MetaMode in the process, as FakeTensorMode's
+are, so tracing a model a second time (the next test, the next step) runs no
+meta kernel at all; because the key holds all of the above, one mode is never
+served what another computed differently.  Rules must be pure functions of
+their arguments -- ``MetaMode(cache=False)`` for those that are not.  At most
+:data:`LIMIT` entries are kept, the oldest dropped first.
 
 Not cached at all: ops whose output depends on data (they raise, or are
 answered by a real kernel under ``md.check``), ops that change their
 argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
 views that change dtype, calls with a ``torch.Generator`` argument or any
-argument we cannot hash, and calls whose inputs carry known values.
+argument we cannot hash, calls whose inputs carry known values (a rule or
+decomposition may read them; Note [Known values] in known.py), complex
+tensors met through the recorder (it keeps no conj/neg bits), and calls
+whose fresh outputs share a storage with each other.
+
+Nothing in an entry belongs to the call that filled it: a recipe names its
+inputs by position, its outputs' devices are a function of the key, and
+plain values are immutable.
 
 Note [Recipes]
 ~~~~~~~~~~~~~~
-Per output: a fresh tensor (``empty_strided`` on meta), a view of input
-``i`` (``as_strided`` on that input's storage, so storage sharing and
-offsets are exact), the very input object ``i`` (in-place, ``out=``,
-``lift_fresh``), or a plain value (``_fused_sdp_choice`` returns an int).
+Per output: a fresh tensor (``empty_strided`` on meta, or on a storage of
+the recorded size where the answer's storage was larger than its extent), a
+view of input ``i`` (``as_strided`` on that input's storage, so storage
+sharing and offsets are exact), the very input object ``i`` (in-place,
+``out=``, ``lift_fresh``), or a plain value (``_fused_sdp_choice`` returns an
+int).  Fresh tensors and views record their logical device where the answer
+put them somewhere other than the call's device (a rule returning a CPU
+seed for a CUDA call).
 """
 
 from __future__ import annotations
@@ -46,10 +67,11 @@ import threading
 import torch
 
 from .. import _compat
+from . import registry
 from .tensor import META, MetaTensor, wrap
 from ..ir.trace import TensorMeta
 
-__all__ = ["MetaCache", "UNCACHABLE", "clear", "LIMIT"]
+__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT"]
 
 UNCACHABLE = object()
 LIMIT = 16384  # entries in the shared cache, a few hundred bytes each: ~150 per model
@@ -57,6 +79,19 @@ _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
 _STORE_LOCK = threading.Lock()
 _HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
              torch.memory_format)
+
+
+_TORCH = torch.__version__
+
+
+def context(mode, f) -> tuple:
+    """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
+    state = (_TORCH, registry.version(), mode.device, mode.device_profile, mode.known_limit,
+             torch.get_default_dtype(), torch.is_grad_enabled(),
+             torch.is_inference_mode_enabled(), _compat.autocast_state())
+    if f.reads_sdp_switches:
+        state += _compat.sdp_switches()
+    return state
 
 
 def clear() -> None:
@@ -75,14 +110,14 @@ class MetaCache:
 
     # -- keys
     @staticmethod
-    def key(func, args, kwargs, device, extra):
+    def key(func, args, kwargs, device, ctx):
         """The key from the call's own arguments (MetaTensors)."""
-        return _call_key(func, args, kwargs, device, extra, _tensor_key)
+        return _call_key(func, args, kwargs, device, ctx, _tensor_key)
 
     @staticmethod
-    def key_from_encoded(func, enc_args, enc_kwargs, device, extra):
+    def key_from_encoded(func, enc_args, enc_kwargs, device, ctx):
         """The same key, from the TensorMeta records the recorder already made."""
-        return _call_key(func, enc_args, enc_kwargs, device, extra, _meta_key)
+        return _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
 
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
@@ -105,25 +140,31 @@ class MetaCache:
         return _build(recipe, tensors, device)
 
 
-def _call_key(func, args, kwargs, device, extra, tensor_key):
-    parts = [func, device, extra]
+def _call_key(func, args, kwargs, device, ctx, tensor_key):
+    storages: list = []  # one per tensor argument, in order: for the aliasing pattern
+    parts = [func, device, ctx]
     for a in args:
-        k = _value_key(a, tensor_key)
+        k = _value_key(a, tensor_key, storages)
         if k is UNCACHABLE:
             return None
         parts.append(k)
     if kwargs:
         for name, v in kwargs.items():
-            k = _value_key(v, tensor_key)
+            k = _value_key(v, tensor_key, storages)
             if k is UNCACHABLE:
                 return None
             parts.append(name)
             parts.append(k)
+    if len(storages) > 1:
+        first: dict = {}
+        pattern = tuple([first.setdefault(s, i) for i, s in enumerate(storages)])
+        if len(first) < len(storages):
+            parts.append(("aliasing", pattern))
     return tuple(parts)
 
 
-def _value_key(a, tensor_key):
-    k = tensor_key(a)
+def _value_key(a, tensor_key, storages):
+    k = tensor_key(a, storages)
     if k is not None:
         return k
     if isinstance(a, _HASHABLE):
@@ -131,7 +172,7 @@ def _value_key(a, tensor_key):
     if type(a) in (list, tuple):
         parts = []
         for x in a:
-            k = _value_key(x, tensor_key)
+            k = _value_key(x, tensor_key, storages)
             if k is UNCACHABLE:
                 return UNCACHABLE
             parts.append(k)
@@ -139,49 +180,58 @@ def _value_key(a, tensor_key):
     return UNCACHABLE
 
 
-def _tensor_key(a):
+def _tensor_key(a, storages):
     """A MetaTensor's metadata, or None for anything else."""
     if isinstance(a, MetaTensor):
+        storages.append(_compat.storage_key(a))
         return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a._md_device,
-                a.is_conj(), a.is_neg())
+                a.requires_grad, a.is_conj(), a.is_neg())
     return None
 
 
-def _meta_key(a):
+def _meta_key(a, storages):
     """A TensorMeta's metadata, or None for anything else."""
     if type(a) is TensorMeta:
-        # shape, dtype, stride, offset, device; conj/neg bits are not in a
-        # TensorMeta, and only complex tensors can have them.
-        return UNCACHABLE if a.dtype.is_complex else a[1:6]
+        storages.append(a.storage)
+        # shape, dtype, stride, offset, device, requires_grad; conj/neg bits
+        # are not in a TensorMeta, and only complex tensors can have them.
+        return UNCACHABLE if a.dtype.is_complex else a[1:7]
     return None
 
 
 def _recipe(f, inputs, result):
+    fresh: list = []  # storages of the fresh outputs so far
     if len(f.returns_write) == 1:
-        return _recipe_one(result, inputs)
+        return _recipe_one(result, inputs, fresh)
     if not f.returns_write:
         return ("value", result)
-    parts = tuple(_recipe_one(r, inputs) for r in result)
+    parts = tuple(_recipe_one(r, inputs, fresh) for r in result)
     if any(p is UNCACHABLE for p in parts):
         return UNCACHABLE
     return ("tuple", parts)
 
 
-def _recipe_one(out, inputs):
+def _recipe_one(out, inputs, fresh):
     if isinstance(out, torch.Tensor):
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
-        meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype)
+        # None: the call's device (a native kernel's plain meta output).
+        device = out._md_device if isinstance(out, MetaTensor) else None
+        meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
         key = _compat.storage_key(out)
         for i, t in enumerate(inputs):
             if _compat.storage_key(t) == key:
                 if t.dtype != out.dtype:
                     return UNCACHABLE
                 return ("view", i) + meta
-        return ("fresh",) + meta
+        if key in fresh:
+            return UNCACHABLE  # two outputs sharing a new storage: rare, and not worth a recipe
+        fresh.append(key)
+        nbytes = out.untyped_storage().nbytes()
+        return ("fresh",) + meta + (None if nbytes == _strided_nbytes(out) else nbytes,)
     if type(out) in (list, tuple):
-        parts = tuple(_recipe_one(o, inputs) for o in out)
+        parts = tuple(_recipe_one(o, inputs, fresh) for o in out)
         if any(p is UNCACHABLE for p in parts):
             return UNCACHABLE
         return ("list", type(out), parts)
@@ -190,21 +240,32 @@ def _recipe_one(out, inputs):
     return UNCACHABLE
 
 
+def _strided_nbytes(t) -> int:
+    """The storage ``empty_strided`` gives a tensor of ``t``'s shape and strides."""
+    if 0 in t.shape:
+        return 0
+    return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _build(recipe, inputs, device):
     kind = recipe[0]
     if kind == "fresh":
         # No mode is on the stack while a dispatch handler runs, and no
         # MetaTensor is involved: a plain meta factory call.
-        _, shape, stride, offset, dtype = recipe
-        elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
-        if offset:
-            elem = elem.as_strided(shape, stride, offset)
-        return wrap(elem, device)
+        _, shape, stride, offset, dtype, where, nbytes = recipe
+        if nbytes is None:
+            elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
+            if offset:
+                elem = elem.as_strided(shape, stride, offset)
+        else:
+            elem = torch.empty(0, dtype=dtype, device=META)
+            elem.set_(torch.UntypedStorage(nbytes, device=META), offset, shape, stride)
+        return wrap(elem, where or device)
     if kind == "view":
-        _, i, shape, stride, offset, dtype = recipe
+        _, i, shape, stride, offset, dtype, where = recipe
         with _compat.no_python_dispatch():  # the base is a MetaTensor
             elem = torch.as_strided(inputs[i], shape, stride, offset)
-        return wrap(elem, device)
+        return wrap(elem, where or device)
     if kind == "same":
         return inputs[recipe[1]]
     if kind == "list":

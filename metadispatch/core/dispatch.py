@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from . import bounds, known, registry
+from . import bounds, known
 from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, mark_call
-from .cache import UNCACHABLE, MetaCache
+from .cache import UNCACHABLE, MetaCache, context
 from .router import route
 from .schema import facts
 from .source import user_frame
@@ -95,12 +95,12 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
     cache = mode.cache if mode is not None else None
     if cache is None or not f.cacheable:
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
-    extra = (registry.version(), mode.device)
+    ctx = context(mode, f)
     if encoded is not None:
-        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, extra)
+        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, ctx)
     else:
-        key = cache.key(func, args, kwargs, device, extra)
-    if key is None:
+        key = cache.key(func, args, kwargs, device, ctx)
+    if key is None or _has_known(tensors):
         cache.bypasses += 1
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
     hit = cache.entries.get(key)
@@ -117,6 +117,15 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
     else:
         cache.remember(key, f, tensors, out, stage)
     return out, stage
+
+
+def _has_known(tensors) -> bool:
+    # A rule or decomposition may read a known value (Note [Known values]):
+    # such a call's answer is not a function of the key.
+    for t in tensors:
+        if "_md_known" in t.__dict__:
+            return True
+    return False
 
 
 def _written_keys(f, args, kwargs):

@@ -21,10 +21,12 @@ from ..errors import MetaDispatchError
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .record import Recorder
-from .tensor import WIRING, Converter, MetaTensor, normalize_device
+from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
 from ..ir.trace import Trace
 
 __all__ = ["MetaMode", "scratch_mode"]
+
+_CPU = torch.device("cpu")
 
 
 class MetaMode(_compat.TorchDispatchMode):
@@ -64,6 +66,10 @@ class MetaMode(_compat.TorchDispatchMode):
         # The innermost module running when an exception left the mode ("" at
         # top level); None when none did.  md.check's report names it.
         self.stopped_in: str | None = None
+        # The GPU whose answers a rule gives where torch's depend on the
+        # hardware; None: torch's own meta answers.  Part of the cache key
+        # (cache.context); a ``gpu=`` option will set it.
+        self.device_profile = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
@@ -113,16 +119,21 @@ class MetaMode(_compat.TorchDispatchMode):
             if outer is not None:
                 _compat.set_infra_mode(outer)
             raise
-        self._saved.append((tracker, self._recorder.modules, lift, outer, heap))
+        # The device C++ composites' factories fall back on (Note [Meta from
+        # options] in dispatch.py) starts afresh with each mode: a device left
+        # by an earlier mode must not leak into this one's answers.
+        ambient, STATE.ambient = STATE.ambient, self.device or _CPU
+        self._saved.append((tracker, self._recorder.modules, lift, outer, heap, ambient))
         if tracker is not None:
             self._recorder.modules = tracker
         return result
 
     def __exit__(self, exc_type, exc, tb):
-        tracker, modules, lift, outer, heap = self._saved.pop()
+        tracker, modules, lift, outer, heap, ambient = self._saved.pop()
         try:
             super().__exit__(exc_type, exc, tb)
         finally:
+            STATE.ambient = ambient
             composites.release()
             if heap is not None:
                 heap.__exit__(None, None, None)  # Note [Garbage collection during tracing]

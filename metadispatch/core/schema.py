@@ -46,6 +46,7 @@ class OpFacts:
     has_meta_kernel: bool
     mutates: bool
     cacheable: bool  # see cache.py, Note [What the key must hold]
+    reads_sdp_switches: bool  # attention ops: C++ picks a backend from global switches
     passthrough: bool  # profiler annotations: run as they are, never recorded
     # Note [What an op writes and aliases]; arguments as (position, name).
     writes: tuple = ()  # arguments the op writes in place
@@ -177,6 +178,7 @@ def _compute(func) -> OpFacts:
         has_meta_kernel=_compat.has_meta_kernel(name),
         mutates=mutates,
         cacheable=cacheable,
+        reads_sdp_switches="scaled_dot_product" in name or "_fused_sdp_choice" in name,
         passthrough=name.startswith("profiler::"),
         writes=writes,
         aliases=aliases,
