@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.core.known import value_of
+from metadispatch.core.known import DEFAULT_LIMIT, value_of
 
 
 def _trace_value(fn, *args, mode=None):
@@ -106,3 +106,50 @@ def test_known_zeros_like_of_user_data_is_known():
     with md.MetaMode() as mode:
         t = torch.zeros_like(mode.from_tensor(user)) + 1
         assert value_of(t).tolist() == [1.0, 1.0, 1.0]
+
+
+def _same_views(got, real):
+    return [(tuple(t.shape), t.stride(), t.storage_offset()) for t in got] == \
+        [(tuple(t.shape), t.stride(), t.storage_offset()) for t in real]
+
+
+@pytest.mark.parametrize("indices", [[1, 4], [2, 3], [0, 6, 6]])
+def test_known_user_scope_index_tensor_splits_as_eager(indices):
+    x, idx = torch.randn(3, 7), torch.tensor(indices)  # idx reaches the trace from this scope
+    real = torch.tensor_split(x, idx, dim=1)
+    t = md.trace(lambda x: torch.tensor_split(x, idx, dim=1), x)
+    assert _same_views(t.output, real)
+    assert t.leaves[0].kind == "const" and t.leaves[0].value.tolist() == indices
+
+
+def test_known_user_scope_masks_index_as_eager():
+    # Two masks of one shape: the answer read from the first is not served
+    # for the second (the cache never keeps an answer computed from a value).
+    x = torch.randn(4, 3, 5)
+    masks = [torch.tensor([True, False, True, True]), torch.tensor([False, False, True, False]),
+             torch.tensor([[True, False, True]] * 4)]
+
+    def fn(x):
+        return [x[masks[0]], x[masks[1]], x[masks[2]], x[:, masks[0][:3]]]
+
+    t = md.trace(fn, x)
+    assert [o.shape for o in t.output] == [o.shape for o in fn(x)] == [(3, 3, 5), (1, 3, 5), (8, 5), (4, 2, 5)]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.tensor([1, 4], dtype=torch.float32, requires_grad=True),  # needs grad: data
+    lambda: torch.arange(DEFAULT_LIMIT + 1),  # too large
+])
+def test_known_user_scope_tensors_that_stay_unknown(make):
+    real = make()
+    with md.MetaMode():
+        with pytest.raises(md.DataDependentError):
+            (real * 1).sum().item()
+
+
+def test_known_trace_arguments_are_data_not_constants():
+    # md.trace's arguments are what the trace is generic over: its ops may
+    # not depend on their values, even where the example input has them.
+    x, idx = torch.randn(3, 7), torch.tensor([1, 4])
+    with pytest.raises(md.DataDependentError):
+        md.trace(lambda x, idx: torch.tensor_split(x, idx, dim=1), x, idx)

@@ -39,10 +39,11 @@ Not cached at all: ops whose output depends on data (they raise, or are
 answered by a real kernel under ``md.check``), ops that change their
 argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
 views that change dtype, calls with a ``torch.Generator`` argument or any
-argument we cannot hash, calls whose inputs carry known values (a rule or
-decomposition may read them; Note [Known values] in known.py), complex
-tensors met through the recorder (it keeps no conj/neg bits), and calls
-whose fresh outputs share a storage with each other.
+argument we cannot hash, calls whose answer was computed from a known value
+(a rule or decomposition read it: ``value_reads()`` moved; calls on known
+inputs that read none are cached as any other), complex tensors met
+through the recorder (it keeps no conj/neg bits), and calls whose fresh
+outputs share a storage with each other.
 
 Nothing in an entry belongs to the call that filled it: a recipe names its
 inputs by position, its outputs' devices are a function of the key, and

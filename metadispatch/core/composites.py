@@ -33,7 +33,7 @@ import torch
 
 from .. import _compat
 from .router import data_dependent_error
-from .tensor import MetaTensor, value_of
+from .tensor import MetaTensor, read_value
 
 __all__ = ["acquire", "release"]
 
@@ -54,7 +54,7 @@ def _tensor_split(self, indices, dim=0):
         f"one-dimensional tensor, but got a tensor with {indices.dim()} dims"))
     if indices.dim() == 0:
         return torch.tensor_split(self, indices.item(), dim)  # item() as in the C++ body
-    value = value_of(indices)  # Note [Known values]
+    value = read_value(indices)  # Note [Known values]
     if value is None:
         raise data_dependent_error(f"{op} (tensor indices)", (self, indices), {})
     return torch.tensor_split(self, value.tolist(), dim)

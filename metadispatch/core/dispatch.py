@@ -15,7 +15,7 @@ from .cache import UNCACHABLE, MetaCache, context
 from .router import route
 from .schema import facts
 from .source import user_frame
-from .tensor import META, STATE, Converter, MetaTensor, normalize_device, wrap
+from .tensor import META, STATE, Converter, MetaTensor, normalize_device, value_reads, wrap
 
 __all__ = ["dispatch"]
 
@@ -100,7 +100,7 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
         key = cache.key_from_encoded(func, encoded[0], encoded[1], device, ctx)
     else:
         key = cache.key(func, args, kwargs, device, ctx)
-    if key is None or _has_known(tensors):
+    if key is None:
         cache.bypasses += 1
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
     hit = cache.entries.get(key)
@@ -110,22 +110,16 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
             return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
         return cache.replay(hit[0], tensors, device), hit[1]
     before = _written_keys(f, args, kwargs) if f.mutates else None
+    reads = value_reads()
     out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
     cache.misses += 1
     if before is not None and before != _written_keys(f, args, kwargs):
         cache.store(key, UNCACHABLE, stage)  # it changed its argument's metadata
+    elif value_reads() != reads:
+        cache.store(key, UNCACHABLE, stage)  # computed from a value (Note [Known values])
     else:
         cache.remember(key, f, tensors, out, stage)
     return out, stage
-
-
-def _has_known(tensors) -> bool:
-    # A rule or decomposition may read a known value (Note [Known values]):
-    # such a call's answer is not a function of the key.
-    for t in tensors:
-        if "_md_known" in t.__dict__:
-            return True
-    return False
 
 
 def _written_keys(f, args, kwargs):
@@ -177,7 +171,8 @@ def _convert_items(items, convert, tensors: list, nested: bool):
 
 
 class _Lazy:
-    """The converter for real tensors, made on first need (rare outside a mode)."""
+    """The converter for real tensors reaching an op, made on first need (rare
+    outside a mode): under a mode, they come from the user's scope."""
 
     __slots__ = ("mode", "made")
 
@@ -187,7 +182,7 @@ class _Lazy:
 
     def __call__(self):
         if self.made is None:
-            self.made = self.mode.from_tensor if self.mode is not None else Converter()
+            self.made = self.mode.from_scope if self.mode is not None else Converter()
         return self.made
 
 

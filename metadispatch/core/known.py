@@ -16,11 +16,19 @@ its real CPU value, ``_md_known = (value, cell)``, while it has at most
   their input's;
 * every op whose tensor inputs are all known runs for real on the values
   too, so results of small ops on constants are known;
-* user inputs and parameters are never known, and neither is anything
-  computed from them;
+* real tensors that reach an op from the user's scope -- a closure, a
+  global, an index tensor -- are constants too (``MetaMode.from_scope``),
+  so ``tensor_split(x, idx)`` or ``x[idx]`` with a real ``idx`` is answered
+  as without a mode; tensors the user converts (``mode.from_tensor``,
+  ``md.trace``'s arguments), parameters and tensors that need grad are
+  data, never known, and neither is anything computed from them;
 * a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is
   answered by the real kernel (the dispatcher calls :func:`answer`), and the
   trace marks the call with ``<known value>``.
+
+The metadata cache may serve a call on known inputs, but never an answer
+whose computation read a value (``value_reads`` in tensor.py; Note [What
+the key must hold] in cache.py).
 
 Views share their base's value storage and its ``cell``; an in-place op
 whose inputs are not all known invalidates the cell, and so the value of the
@@ -34,7 +42,7 @@ import torch
 
 from .. import _compat
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
-from .tensor import MetaTensor, value_of
+from .tensor import MetaTensor, note_value_read, value_of
 
 __all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 
@@ -110,6 +118,7 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     reals = _values(f, tensors, mode)
     if reals is None:
         return None
+    note_value_read()
     real_args, real_kwargs = _substitute(args, kwargs, reals)
     real_out = run_real(func, real_args, real_kwargs)
     out = to_meta_outputs(real_out, device)

@@ -89,6 +89,16 @@ class MetaMode(_compat.TorchDispatchMode):
             self._recorder.real_of[id(meta)] = t
         return meta
 
+    def from_scope(self, t: torch.Tensor) -> MetaTensor:
+        """The stand-in for a real tensor that reached an op from the user's
+        scope (a closure, a global, an index): :meth:`from_tensor`, knowing
+        its value while small, as a constant's (Note [Known values])."""
+        meta = self.from_tensor(t)
+        if (meta is not t and not t.requires_grad and "_md_known" not in meta.__dict__
+                and "_md_name" not in meta.__dict__):
+            known.know(meta, t, self)
+        return meta
+
     def __enter__(self):
         outer = _compat.unset_infra_mode(_compat.mode_key)
         if outer is not None and not isinstance(outer, MetaMode):

@@ -33,7 +33,8 @@ from .. import _compat
 from ..errors import DataDependentError
 from ..ir.records import type_str
 
-__all__ = ["MetaTensor", "Converter", "in_kernel", "value_of", "WIRING"]
+__all__ = ["MetaTensor", "Converter", "in_kernel", "value_of", "read_value", "note_value_read",
+           "value_reads", "WIRING"]
 
 META = torch.device("meta")
 
@@ -91,7 +92,7 @@ def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) 
 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
-        value = value_of(self)  # Note [Known values] in known.py
+        value = read_value(self)  # Note [Known values] in known.py
         if value is not None:
             return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
@@ -114,6 +115,36 @@ def value_of(t) -> torch.Tensor | None:
     if kv is None or not kv[1].valid:
         return None
     return kv[0]
+
+
+class _Reads(threading.local):
+    count = 0
+
+
+_READS = _Reads()
+
+
+def value_reads() -> int:
+    """How many answers on this thread were computed from a known value so far.
+
+    The cache compares it before and after routing a call: an answer that
+    read a value is not a function of the metadata, and is not cached
+    (Note [What the key must hold] in cache.py).
+    """
+    return _READS.count
+
+
+def note_value_read() -> None:
+    """Count an answer computed from known values (see :func:`value_reads`)."""
+    _READS.count += 1
+
+
+def read_value(t) -> torch.Tensor | None:
+    """:func:`value_of`, for code that computes an answer from the value."""
+    value = value_of(t)
+    if value is not None:
+        _READS.count += 1
+    return value
 
 
 # Note [Wiring]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..core.known import value_of
+from ..core.tensor import read_value
 from ..core.registry import builtin_rule
 from ..core.router import data_dependent_error
 
@@ -33,7 +33,7 @@ def _without_masks(indices):
         if not _is_mask(i):
             out.append(i)
             continue
-        value = value_of(i)
+        value = read_value(i)  # counted: the cache keeps no answer read from a value
         if value is None:
             return None
         with _compat.no_python_dispatch():  # the real value, outside every mode
