@@ -20,12 +20,21 @@ The full run (all ops, all dtypes; about an hour on 2 cores, use ``-j``)::
 
 prints the pass rate of each and the failing ops.  ``tests/test_opdb.py``
 runs a quick subset with the same code.
+
+``--cache-diff`` checks instead that the metadata cache never changes an
+answer: every sample is traced with ``md.trace`` three ways -- cache off; cache
+on in a fresh cache; cache on, interleaved in a shuffled (seeded) order with
+the same call on other logical devices, dtypes and under ``no_grad`` -- and
+the three traces must be identical (``str(trace)`` and every ``TensorMeta``)
+or raise the same error.  ``tests/test_cache_differential.py`` runs it on a
+sample, and on the test suite's models.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import warnings
 from collections import Counter, defaultdict
@@ -122,6 +131,88 @@ def _meta(opinfo, s):
 STANDINS = {"ours": _ours, "fake": _fake, "meta": _meta}
 
 
+def _outcome(run, cache: bool):
+    """What a caller can see of ``run(cache)``: the whole trace, or the error."""
+    try:
+        t = run(cache)
+    except Exception as e:
+        return ("raised", type(e).__name__, (str(e).splitlines() or [""])[0])
+    calls = [(c.op, c.args, c.kwargs, c.outputs, c.rule, c.note, c.phase) for c in t]
+    leaves = sorted((i, leaf.meta, leaf.kind, leaf.name) for i, leaf in t.leaves.items())
+    return ("trace", str(t), repr(calls), repr(leaves), repr(t.output_meta), repr(t.grads))
+
+
+def cache_differential(run, distractors, seed: int = 0) -> str | None:
+    """None when ``run(cache)`` (a trace) is the same three ways, else what differed.
+
+    Cache off; on, in a fresh cache; on, twice among ``distractors`` (calls
+    run with the cache on, errors ignored) in a shuffled order.
+    """
+    off = _outcome(run, False)
+    md.cache.clear()
+    fresh = _outcome(run, True)
+    md.cache.clear()
+    jobs = list(distractors) + [None, None]
+    random.Random(seed).shuffle(jobs)
+    mixed = []
+    for job in jobs:
+        if job is None:
+            mixed.append(_outcome(run, True))
+            continue
+        try:
+            job()
+        except Exception:
+            pass
+    for name, got in [("fresh cache", fresh), ("interleaved", mixed[0]), ("interleaved, again", mixed[1])]:
+        if got != off:
+            where = next(i for i, (a, b) in enumerate(zip(got, off)) if a != b) if len(got) == len(off) else 0
+            return f"{name}: {str(got[where])[:200]} != cache off: {str(off[where])[:200]}"
+    return None
+
+
+_OTHER_FLOAT = {torch.float32: torch.float64, torch.float64: torch.float32,
+                torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _cast(x):
+    return x.to(_OTHER_FLOAT[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FLOAT else x
+
+
+def cache_variants(fn, args, devices=("cuda", "cuda:1")):
+    """``run`` and the distractors for :func:`cache_differential`: ``fn(*args)``
+    traced, and the same on other logical devices, other float dtypes, and
+    under ``no_grad``."""
+    def traced(device=None, cache=True, args=args):
+        return md.tracer(mode_factory=lambda: md.MetaMode(device=device, cache=cache))(fn, *args)
+
+    def no_grad():
+        with torch.no_grad():
+            traced()
+
+    others = [lambda d=d: traced(device=d) for d in devices]
+    others.append(lambda: traced(args=pytree.tree_map(_cast, args)))
+    others.append(no_grad)
+    return (lambda cache: traced(cache=cache)), others
+
+
+def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0) -> dict:
+    """The --cache-diff check for one OpInfo: {"op", "counts", "failures"}."""
+    counts, failures, n = Counter(), [], 0
+    for dtype, s in samples(opinfo, dtypes):
+        if max_samples is not None and n >= max_samples:
+            break
+        n += 1
+        run, others = cache_variants(lambda inp, a, k: opinfo.op(inp, *a, **k),
+                                     (s.input, s.args, s.kwargs))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            problem = cache_differential(run, others, seed + n)
+        counts[PASS if problem is None else FAIL] += 1
+        if problem is not None and len(failures) < 3:
+            failures.append(f"{dtype}: {problem}")
+    return {"op": op_id(opinfo), "counts": {"cache": dict(counts)}, "failures": {"cache": failures}}
+
+
 def run_sample(opinfo, s, standins=("ours",)) -> dict:
     """{standin: (status, detail)} for one sample; empty when the real kernel rejects it."""
     try:
@@ -175,6 +266,8 @@ def run_op(opinfo, standins=("ours",), dtypes=None, max_samples=None) -> dict:
 
 def _run_op_by_index(job):
     i, standins, dtypes, max_samples = job
+    if standins == ("cache",):
+        return run_cache_diff(op_db()[i], dtypes, max_samples)
     return run_op(op_db()[i], standins, dtypes, max_samples)
 
 
@@ -201,9 +294,11 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", action="store_true", help="also measure FakeTensorMode and meta")
     p.add_argument("--ops", nargs="*", help="only these OpInfo names (name or name.variant)")
     p.add_argument("--max-samples", type=int, default=None, help="per op, over all dtypes")
+    p.add_argument("--cache-diff", action="store_true",
+                   help="check instead that the metadata cache never changes a trace")
     p.add_argument("-j", "--jobs", type=int, default=1)
     ns = p.parse_args(argv)
-    standins = ("ours", "fake", "meta") if ns.anchors else ("ours",)
+    standins = ("cache",) if ns.cache_diff else ("ours", "fake", "meta") if ns.anchors else ("ours",)
     db = op_db()
     idx = [i for i, o in enumerate(db) if not ns.ops or op_id(o) in ns.ops or o.name in ns.ops]
     jobs = [(i, standins, None, ns.max_samples) for i in idx]

@@ -94,8 +94,8 @@ class MetaMode(_compat.TorchDispatchMode):
         scope (a closure, a global, an index): :meth:`from_tensor`, knowing
         its value while small, as a constant's (Note [Known values])."""
         meta = self.from_tensor(t)
-        if (meta is not t and not t.requires_grad and "_md_known" not in meta.__dict__
-                and "_md_name" not in meta.__dict__):
+        if (meta is not t and not t.requires_grad and t.device.type != "meta"
+                and "_md_known" not in meta.__dict__ and "_md_name" not in meta.__dict__):
             known.know(meta, t, self)
         return meta
 

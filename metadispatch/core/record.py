@@ -138,7 +138,9 @@ class Recorder:
         kind, name = t.__dict__.get("_md_name") or ("input", "")
         value = None
         real = self.real_of.get(id(t))
-        if real is not None and kind == "input":
+        # A tensor C++ built on meta from a MetaTensor's options (a list index,
+        # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
+        if real is not None and kind == "input" and real.device.type != "meta":
             kind = "const"
             if real.numel() <= self.const_limit:
                 value = real.detach().clone()
