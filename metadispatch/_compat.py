@@ -38,6 +38,7 @@ __all__ = [
     "data_dependent_errors",
     "registered_op_names",
     "autocast_state",
+    "any_autocast",
     "sdp_switches",
 ]
 
@@ -148,6 +149,9 @@ def sdp_switches() -> tuple[bool, bool, bool, bool]:
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+any_autocast = torch._C._is_any_autocast_enabled
 
 
 def autocast_state() -> tuple | None:

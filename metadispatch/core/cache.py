@@ -88,8 +88,8 @@ _TORCH = torch.__version__
 def context(mode, f) -> tuple:
     """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
     state = (_TORCH, registry.version(), mode.device, mode.device_profile, mode.known_limit,
-             torch.get_default_dtype(), torch.is_grad_enabled(),
-             torch.is_inference_mode_enabled(), _compat.autocast_state())
+             torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+             _compat.autocast_state() if _compat.any_autocast() else None)
     if f.reads_sdp_switches:
         state += _compat.sdp_switches()
     return state
@@ -156,11 +156,9 @@ def _call_key(func, args, kwargs, device, ctx, tensor_key):
                 return None
             parts.append(name)
             parts.append(k)
-    if len(storages) > 1:
+    if len(storages) > 1 and len(set(storages)) < len(storages):
         first: dict = {}
-        pattern = tuple([first.setdefault(s, i) for i, s in enumerate(storages)])
-        if len(first) < len(storages):
-            parts.append(("aliasing", pattern))
+        parts.append(("aliasing", tuple([first.setdefault(s, i) for i, s in enumerate(storages)])))
     return tuple(parts)
 
 
