@@ -149,9 +149,9 @@ def cache_differential(run, distractors, seed: int = 0) -> str | None:
     run with the cache on, errors ignored) in a shuffled order.
     """
     off = _outcome(run, False)
-    md.cache.clear()
+    md.core.cache.clear()
     fresh = _outcome(run, True)
-    md.cache.clear()
+    md.core.cache.clear()
     jobs = list(distractors) + [None, None]
     random.Random(seed).shuffle(jobs)
     mixed = []
