@@ -75,7 +75,7 @@ def _rnn_data(name: str):
     def impl(data, batch_sizes, *rest):
         if not isinstance(batch_sizes, MetaTensor):
             return op.decompose(data, batch_sizes, *rest)
-        value = value_of(batch_sizes)  # Note [Known values]
+        value = read_value(batch_sizes)  # Note [Known values]
         if value is None:
             raise data_dependent_error(f"{op} (the batch sizes of a PackedSequence)", (data, batch_sizes), {})
         return _compat.decomposition_table()[op](data, value.tolist(), *rest)
@@ -88,7 +88,7 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
     op = aten._pad_packed_sequence.default
     if not isinstance(batch_sizes, MetaTensor):
         return op.decompose(data, batch_sizes, batch_first, padding_value, total_length)
-    value = value_of(batch_sizes)  # Note [Packed sequences]
+    value = read_value(batch_sizes)  # Note [Packed sequences]
     if value is None:
         raise data_dependent_error(f"{op} (the batch sizes of a PackedSequence)", (data, batch_sizes), {})
     sizes = value.tolist()
