@@ -11,15 +11,19 @@ import gc
 import threading
 
 import torch
+import torch.utils._python_dispatch as _python_dispatch
 import torch.utils.checkpoint
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "TorchDispatchMode",
+    "TorchFunctionMode",
     "WeakIdKeyDictionary",
     "make_subclass",
     "no_python_dispatch",
+    "no_torch_function",
     "push_mode",
     "pop_mode",
     "dispatch_mode_stack",
@@ -82,6 +86,9 @@ set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 # Excludes the Python dispatch keys for the duration: kernels called inside
 # run on the meta backend directly and never re-enter a mode or subclass.
 no_python_dispatch = torch._C._DisableTorchDispatch
+# Turns torch-function modes off for the duration: code that reads a real
+# tensor under a MetaMode (conversion, hooks) sees it, not its stand-in.
+no_torch_function = torch._C.DisableTorchFunction
 push_mode = torch._C._push_on_torch_dispatch_stack
 disabled_torch_function = torch._C._disabled_torch_function_impl
 only_lift_cpu_tensors = torch._C._only_lift_cpu_tensors
@@ -256,28 +263,111 @@ set_infra_mode = torch._C._set_dispatch_mode
 # among the frozen objects waits for the exit.  We never touch a process that
 # froze objects itself (``gc.get_freeze_count()`` is not zero).
 class frozen_heap:
-    """Counted across threads: the first entry freezes, the last exit unfreezes."""
+    """Counted across threads: the first entry freezes, the last exit unfreezes.
+
+    Each instance counts once, however often its ``__exit__`` runs, and every
+    line leaves the counters consistent (Note [Interrupts in mode entry and
+    exit] in mode.py): a retried exit finishes what an interrupted one began.
+    """
 
     _lock = threading.Lock()
     _users = 0
     _ours = False
 
+    def __init__(self) -> None:
+        self._in = False
+
     def __enter__(self):
         cls = frozen_heap
         with cls._lock:
             if cls._users == 0 and gc.get_freeze_count() == 0:
-                gc.freeze()
-                cls._ours = True
-            cls._users += 1
+                gc.freeze(); cls._ours = True  # noqa: E702 (one line: see the docstring)
+            if not self._in:
+                cls._users += 1; self._in = True  # noqa: E702
         return self
 
     def __exit__(self, *exc):
         cls = frozen_heap
         with cls._lock:
-            cls._users -= 1
+            if self._in:
+                cls._users -= 1; self._in = False  # noqa: E702
             if cls._users == 0 and cls._ours:
-                gc.unfreeze()
-                cls._ours = False
+                gc.unfreeze(); cls._ours = False  # noqa: E702
+
+
+# Note [What a mode entry changes in torch]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Entering a dispatch mode sets three flags in torch.utils._python_dispatch
+# besides the mode slot; MetaMode sets and restores them itself so that modes
+# left out of order leave them as they were before the first one.
+_MODE_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
+               "_is_in_any_mode_without_ignore_compile_internals")
+
+
+def dispatch_mode_flags() -> tuple:
+    return tuple(getattr(_python_dispatch, name) for name in _MODE_FLAGS)
+
+
+def set_dispatch_mode_flags(flags: tuple) -> None:
+    for name, value in zip(_MODE_FLAGS, flags):
+        setattr(_python_dispatch, name, value)
+    _python_dispatch.set_is_in_mode_without_ignore_compile_internals(flags[2])
+
+
+def function_mode_stack() -> list:
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
+def push_function_mode(mode) -> None:
+    torch._C._push_on_torch_function_stack(mode)
+
+
+def remove_function_mode(mode) -> None:
+    """Take ``mode`` off torch's function-mode stack, wherever it is (idempotent)."""
+    stack = function_mode_stack()
+    if all(m is not mode for m in stack):
+        return
+    above = []
+    while True:
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        torch._C._push_on_torch_function_stack(m)
+
+
+def is_functorch_wrapped(t: torch.Tensor) -> bool:
+    """A functorch wrapper (grad/vmap levels): a plain tensor to Python, with no storage."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def rng_states() -> tuple:
+    """The CPU generator's state, and each CUDA generator's once CUDA is initialised."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_states(states: tuple) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def set_version(t: torch.Tensor, version: int) -> None:
+    """Put back a tensor's version counter (autograd's in-place check reads it)."""
+    torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
+def module_global_hooks() -> tuple:
+    """torch's process-global module and optimizer hook tables, for tests of leaks."""
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+
+    return (module._global_forward_pre_hooks, module._global_forward_hooks,
+            module._global_backward_pre_hooks, module._global_backward_hooks,
+            optimizer._global_optimizer_pre_hooks, optimizer._global_optimizer_post_hooks)
 
 
 def data_dependent_errors() -> tuple:

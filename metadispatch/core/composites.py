@@ -35,7 +35,7 @@ from .. import _compat
 from .router import data_dependent_error
 from .tensor import MetaTensor, read_value
 
-__all__ = ["acquire", "release"]
+__all__ = ["Hold", "registered"]
 
 aten = torch.ops.aten
 
@@ -128,22 +128,33 @@ _LOCK = threading.Lock()
 _STATE = {"count": 0, "lib": None}
 
 
-def acquire() -> None:
-    """Register the overrides (first MetaMode entered)."""
-    with _LOCK:
-        if _STATE["count"] == 0:
-            lib = _compat.library("aten", "IMPL")
-            for name, fn in OVERRIDES.items():
-                for key in _KEYS:
-                    lib.impl(name, fn, key)
-            _STATE["lib"] = lib
-        _STATE["count"] += 1
+class Hold:
+    """One MetaMode entry's claim on the overrides: the first registers them,
+    the last release removes them.  Releasing twice is harmless, and every
+    line leaves the count consistent (Note [Interrupts in mode entry and exit]
+    in mode.py)."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def acquire(self) -> None:
+        with _LOCK:
+            if _STATE["lib"] is None:
+                _STATE["lib"] = lib = _compat.library("aten", "IMPL")
+                for name, fn in OVERRIDES.items():
+                    for key in _KEYS:
+                        lib.impl(name, fn, key)
+            if not self.held:
+                _STATE["count"] += 1; self.held = True  # noqa: E702
+
+    def release(self) -> None:
+        with _LOCK:
+            if self.held:
+                _STATE["count"] -= 1; self.held = False  # noqa: E702
+            if _STATE["count"] == 0 and _STATE["lib"] is not None:
+                _STATE["lib"]._destroy(); _STATE["lib"] = None  # noqa: E702
 
 
-def release() -> None:
-    """Remove them again (last MetaMode left)."""
-    with _LOCK:
-        _STATE["count"] -= 1
-        if _STATE["count"] == 0:
-            _STATE.pop("lib")._destroy()
-            _STATE["lib"] = None
+def registered() -> bool:
+    """Whether the overrides are registered now (tests of mode exit)."""
+    return _STATE["lib"] is not None

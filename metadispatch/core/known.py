@@ -161,7 +161,7 @@ def _values(f, tensors, mode) -> dict | None:
 def _literal(t, mode) -> dict | None:
     # lift_fresh receives the real tensor torch.tensor(...) built; the mode
     # converted it on the way in.  Named tensors are user arguments/params.
-    real = mode._recorder.real_of.get(id(t)) if mode is not None else None
+    real = mode._recorder.real_of(t) if mode is not None else None
     if real is None or "_md_name" in t.__dict__ or real.requires_grad or real.numel() > _limit(mode):
         return None
     return {id(t): real}

@@ -9,9 +9,12 @@ when an exception escapes.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
+from torch import nn
+from torch.utils import _pytree as pytree
 
 from .. import _compat
 from . import composites, known
@@ -58,7 +61,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self._converter = Converter(self.device)
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self.cache = MetaCache() if cache else None
-        self._saved: list = []  # per __enter__, what __exit__ restores
+        self._saved: list = []  # per __enter__, an _Entry: what __exit__ undoes
         self.fallback = None  # set by md.check: answers ops no stage can
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
         # Constants up to this many elements carry their real value (known.py).
@@ -81,12 +84,26 @@ class MetaMode(_compat.TorchDispatchMode):
         # MetaMode is meant to be compiled.
         return False
 
+    def stand_in(self, t: torch.Tensor) -> torch.Tensor:
+        """``from_tensor`` for plain real tensors and parameters; anything else as is.
+
+        A real ``.grad`` is mirrored on the stand-in, so code reading or
+        accumulating it sees its metadata; the real one is never replaced.
+        """
+        if type(t) is not torch.Tensor and type(t) is not nn.Parameter or _compat.is_functorch_wrapped(t):
+            return t
+        meta = self.from_scope(t)
+        grad = t.grad
+        if grad is not None and meta.grad is None and type(grad) is torch.Tensor:
+            meta.grad = self.from_tensor(grad)
+        return meta
+
     def from_tensor(self, t: torch.Tensor, **fake_options) -> MetaTensor:
         """The MetaTensor standing in for real tensor ``t`` (always the same one)."""
         check_from_tensor_options(fake_options)
         meta = self._converter(t)
         if meta is not t:
-            self._recorder.real_of[id(meta)] = t
+            self._recorder.note_real(meta, t)
         return meta
 
     def from_scope(self, t: torch.Tensor) -> MetaTensor:
@@ -99,66 +116,209 @@ class MetaMode(_compat.TorchDispatchMode):
             known.know(meta, t, self)
         return meta
 
+    def forget_reals(self) -> None:
+        """Drop every reference to the real tensors converted so far.
+
+        Note [No real tensor outlives the recording]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The converter and the recorder refer to real tensors only weakly, and
+        stand-ins are swapped in above autograd, so a trace's outputs and
+        their autograd graph never keep the user's weights alive.  ``md.trace``
+        also forgets the conversions when it is done: the same real tensor
+        converted later gets a new stand-in.
+        """
+        self._converter.forget()
+        self._recorder.forget_reals()
+
     def __enter__(self):
-        outer = _compat.unset_infra_mode(_compat.mode_key)
+        entry = _Entry()
+        try:
+            self._saved.append(entry)
+            self._install(entry)
+            return self
+        except BaseException:
+            self._leave(entry)
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        # Note [Interrupts in mode entry and exit]: the try's body shares its line.
+        try: self._note_stop(self._saved[-1], exc_type); self._leave(self._saved[-1])  # noqa: E701,E702
+        finally: self._leave_unfinished()  # noqa: E701
+
+    def _install(self, entry: _Entry) -> None:
+        outer = _compat.get_infra_mode(_compat.mode_key)
         if outer is not None and not isinstance(outer, MetaMode):
-            _compat.set_infra_mode(outer)
             raise MetaDispatchError(
                 f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
                 "FAKE dispatch-mode slot; leave that mode first")
         if self.trace.rng_state is None:
             self.trace.rng_state = torch.get_rng_state()
-        tracker = ModuleStack() if self.record else None
-        heap = _compat.frozen_heap().__enter__() if self.record else None
-        lift = _compat.only_lift_cpu_tensors()
-        # torch.tensor(..., device="cuda") builds on CPU first and then moves,
-        # so that no CUDA is needed; FakeTensorMode does the same.
-        _compat.set_only_lift_cpu_tensors(True)
-        composites.acquire()  # Note [Composite overrides]
-        try:
-            if tracker is not None:
-                tracker.__enter__()
-            result = super().__enter__()
-        except BaseException:
-            composites.release()
-            if heap is not None:
-                heap.__exit__(None, None, None)
-            _compat.set_only_lift_cpu_tensors(lift)
-            if tracker is not None:
-                tracker.__exit__(None, None, None)
-            if outer is not None:
-                _compat.set_infra_mode(outer)
-            raise
+        # Random ops that run for real (known values, md.check's fallback)
+        # must not move the user's generators.
+        entry.steps.append(functools.partial(_compat.set_rng_states, _compat.rng_states()))
+        entry.steps.append(entry.restore_generators)
+        if self.record:
+            tracker = entry.tracker = ModuleStack()
+            entry.steps.append(functools.partial(self.trace.modules.update, tracker.classes))
+            entry.steps.append(tracker.close)
+            tracker.__enter__()
+            entry.steps.append(functools.partial(setattr, self._recorder, "modules", self._recorder.modules))
+            self._recorder.modules = tracker
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
-        ambient, STATE.ambient = STATE.ambient, self.device or _CPU
-        self._saved.append((tracker, self._recorder.modules, lift, outer, heap, ambient))
-        if tracker is not None:
-            self._recorder.modules = tracker
-        return result
+        entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
+        STATE.ambient = self.device or _CPU
+        hold = composites.Hold()
+        entry.steps.append(hold.release)
+        hold.acquire()  # Note [Composite overrides]
+        entry.steps.append(functools.partial(_deactivate, entry))
+        _activate(self, entry)
 
-    def __exit__(self, exc_type, exc, tb):
-        tracker, modules, lift, outer, heap, ambient = self._saved.pop()
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            STATE.ambient = ambient
-            composites.release()
-            if heap is not None:
-                heap.__exit__(None, None, None)  # Note [Garbage collection during tracing]
-            _compat.set_only_lift_cpu_tensors(lift)
-            self._recorder.modules = modules
-            if tracker is not None:
-                if exc_type is not None:
-                    # A forward that raised never ran its post-hook: the
-                    # modules it was in are still the tracker's parents.
-                    self.stopped_in = tracker.current()
-                tracker.__exit__(None, None, None)
-                self.trace.modules.update(tracker.classes)
-            if outer is not None:
-                # A nested MetaMode replaces the outer one while it is active.
-                _compat.set_infra_mode(outer)
+    def _note_stop(self, entry: _Entry, exc_type) -> None:
+        if exc_type is not None and entry.tracker is not None:
+            # A forward that raised never ran its post-hook: the modules it
+            # was in are still the tracker's parents.
+            self.stopped_in = entry.tracker.current()
+
+    def _leave(self, entry: _Entry) -> None:
+        entry.leaving = True
+        self._leave_unfinished()
+
+    def _leave_unfinished(self) -> None:
+        """Finish every entry whose exit began (idempotent)."""
+        for entry in [e for e in self._saved if e.leaving]:
+            entry.undo()
+            if entry in self._saved:
+                self._saved.remove(entry)
+
+    def keep_generator(self, generator: torch.Generator) -> None:
+        """Restore ``generator`` on exit: a real kernel may draw from it."""
+        entries = [e for e in self._saved if not e.leaving]
+        if entries:
+            entries[-1].generators.setdefault(id(generator), (generator, generator.get_state()))
+
+
+# Note [Interrupts in mode entry and exit]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A KeyboardInterrupt can land between any two statements of __enter__ or
+# __exit__, and whatever entering installed -- the mode slot, torch's mode
+# flags, gc.freeze, the lift flag, hooks, the composite overrides -- must not
+# outlive the mode.  So each change is preceded by an undo step that is safe
+# to run whether or not the change happened, and safe to run twice:
+# __enter__ undoes its entry if anything escapes; __exit__ marks the entry as
+# leaving and runs its steps, and its ``finally`` runs whatever an interrupt
+# cut short.  The exit's ``try`` and its body share a line: Python raises an
+# interrupt at a line's first instruction, and a ``try:`` line of its own is
+# outside the protected range.  Statements that must not be separated share
+# a line for the same reason.
+#
+# Which MetaMode holds the slot is derived, not saved: a per-thread list of
+# active entries, in entry order.  Leaving one removes it wherever it is and
+# hands the slot to the newest remaining, so two modes left out of order
+# (two generators) leave nothing installed, as with torch's own modes.
+class _Entry:
+    """What one ``__enter__`` changed, as undo steps run newest first."""
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.leaving = False
+        self.tracker = None  # the ModuleStack this entry installed
+        self.generators: dict = {}  # id -> (generator, state before its first use)
+
+    def undo(self) -> None:
+        while self.steps:
+            self.steps[-1](); self.steps.pop()  # noqa: E702 (one line: Note above)
+
+    def restore_generators(self) -> None:
+        for generator, state in self.generators.values():
+            generator.set_state(state)
+
+
+class _Active(threading.local):
+    def __init__(self) -> None:
+        self.entries: list = []  # (mode, entry), oldest first
+        self.before = None  # what the first entry found: torch's flags, the lift flag, the heap
+
+
+_ACTIVE = _Active()
+
+
+def _activate(mode: MetaMode, entry: _Entry) -> None:
+    active = _ACTIVE
+    if not active.entries and active.before is None:
+        flags, lift, heap = _compat.dispatch_mode_flags(), _compat.only_lift_cpu_tensors(), _compat.frozen_heap()
+        active.before = (flags, lift, heap)
+        if mode.record:
+            heap.__enter__()  # Note [Garbage collection during tracing]
+        # torch.tensor(..., device="cuda") builds on CPU first and then moves,
+        # so that no CUDA is needed; FakeTensorMode does the same.
+        _compat.set_only_lift_cpu_tensors(True)
+        _compat.push_function_mode(_SWAP)
+    active.entries.append((mode, entry))
+    _compat.set_dispatch_mode_flags(
+        (True, active.before[0][1] or not mode.is_infra_mode(),
+         active.before[0][2] or not mode.ignore_compile_internals()))
+    _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(mode)  # noqa: E702
+
+
+def _deactivate(entry: _Entry) -> None:
+    active = _ACTIVE
+    active.entries[:] = [(m, e) for m, e in active.entries if e is not entry]
+    if active.entries:
+        # Out of order: the newest remaining entry holds the slot.
+        _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
+        return
+    _compat.unset_infra_mode(_compat.mode_key)
+    if active.before is not None:
+        flags, lift, heap = active.before
+        _compat.remove_function_mode(_SWAP)
+        _compat.set_only_lift_cpu_tensors(lift)
+        _compat.set_dispatch_mode_flags(flags)
+        heap.__exit__(None, None, None)
+        active.before = None
+
+
+class _SwapReal(_compat.TorchFunctionMode):
+    """Note [Swap above autograd], for real tensors outside modules.
+
+    A real tensor reaching a torch function under a MetaMode (a free
+    parameter, ``F.linear(x, m.weight)``, ``p.grad = None``, ``x.add_(1)``)
+    is replaced by its stand-in before autograd sees it: autograd then
+    records no real leaf (no MetaTensor ``.grad`` on a real tensor, no real
+    tensor kept alive by ``trace.output``'s graph), and ADInplaceOrView bumps
+    the stand-in's version counter, not the real one's.  The dispatch mode
+    still converts what reaches it another way.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        mode = _compat.get_infra_mode(_compat.mode_key)
+        if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
+            if _has_real(args) or (kwargs and _has_real(kwargs.values())):
+                args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
+            generator = kwargs.get("generator")
+            if generator is not None:
+                mode.keep_generator(generator)
+        return func(*args, **kwargs)
+
+
+# Dict keys and identities: a real tensor hashes as itself (optimizer state
+# is keyed by the real parameters).
+_BY_IDENTITY = {torch.Tensor.__hash__}
+
+
+def _has_real(values) -> bool:
+    for v in values:
+        t = type(v)
+        if t is torch.Tensor or t is nn.Parameter:
+            return True
+        if (t is list or t is tuple) and v and _has_real(v):
+            return True
+    return False
+
+
+_SWAP = _SwapReal()
 
 
 class _Scratch(threading.local):

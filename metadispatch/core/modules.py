@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.module_tracker import ModuleTracker
 
@@ -30,18 +31,24 @@ class ModuleStack(ModuleTracker):
         self._current = ""
         self.classes: dict = {}  # qualified name -> class name
         self.in_optimizer = False
-        self._opt_hooks: list = []
+        self._handles: list = []
 
+    # Each handle is kept on the line that registers it, and removal is
+    # idempotent: an interrupt anywhere leaves nothing that close() cannot
+    # remove (Note [Interrupts in mode entry and exit] in mode.py).
     def __enter__(self):
-        self._opt_hooks = [register_optimizer_step_pre_hook(self._opt_pre),
-                           register_optimizer_step_post_hook(self._opt_post)]
-        return super().__enter__()
+        self._handles.append(register_module_forward_pre_hook(self._fw_pre_hook))
+        self._handles.append(register_module_forward_hook(self._fw_post_hook))
+        self._handles.append(register_optimizer_step_pre_hook(self._opt_pre))
+        self._handles.append(register_optimizer_step_post_hook(self._opt_post))
+        return self
 
     def __exit__(self, *args):
-        for h in self._opt_hooks:
-            h.remove()
-        self._opt_hooks = []
-        return super().__exit__(*args)
+        self.close()
+
+    def close(self) -> None:
+        while self._handles:
+            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (one line: see above)
 
     def _opt_pre(self, *args):
         if self._mine():

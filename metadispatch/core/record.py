@@ -110,8 +110,19 @@ class Recorder:
         self._live: dict = {}  # storage key -> (number, weakref), storages alive now
         self._refs: dict = {}  # weakref -> (storage key, number)
         trace.deaths = {}  # Note [Storage numbers and deaths]
-        self.real_of: dict = {}  # id(meta) -> real tensor, for constants
+        self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
         self.backward_modules = BackwardModules()
+
+    # -- the real tensors stood in for (Note [No real tensor outlives the recording])
+    def note_real(self, meta: MetaTensor, real: torch.Tensor) -> None:
+        self._real_of[id(meta)] = weakref.ref(real)
+
+    def real_of(self, meta: MetaTensor) -> torch.Tensor | None:
+        ref = self._real_of.get(id(meta))
+        return ref() if ref is not None else None
+
+    def forget_reals(self) -> None:
+        self._real_of.clear()
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
@@ -137,13 +148,14 @@ class Recorder:
         t._md = (self.token, m, None)
         kind, name = t.__dict__.get("_md_name") or ("input", "")
         value = None
-        real = self.real_of.get(id(t))
+        real = self.real_of(t)
         # A tensor C++ built on meta from a MetaTensor's options (a list index,
         # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
         if real is not None and kind == "input" and real.device.type != "meta":
             kind = "const"
             if real.numel() <= self.const_limit:
-                value = real.detach().clone()
+                with _compat.no_torch_function():  # the real value, not its stand-in
+                    value = real.detach().clone()
         self.trace.leaves[m.id] = Leaf(m, kind, name, value)
         return m
 

@@ -25,7 +25,9 @@ directly: views share its storage, and in-place ops that change metadata
 from __future__ import annotations
 
 import copy
+import functools
 import threading
+import weakref
 
 import torch
 
@@ -94,7 +96,8 @@ def _data_error(what: str):
     def method(self, *args, **kwargs):
         value = read_value(self)  # Note [Known values] in known.py
         if value is not None:
-            return getattr(value, what)(*args, **kwargs)
+            with _compat.no_torch_function():  # the value is ours, not the user's
+                return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
             f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, "
             "which holds no data", op=what)
@@ -334,24 +337,30 @@ class Converter:
 
     The same real tensor always maps to the same MetaTensor, and real tensors
     that share a storage map to MetaTensors that share a meta storage.  The
-    real tensor is never written to; the converter keeps a reference to it
-    while it lives so that ids cannot be reused.
+    real tensor is never written to, and referred to weakly: an entry goes
+    when its real tensor (or storage) dies, so ids cannot be confused and the
+    user's tensors are not kept alive.
     """
 
     def __init__(self, device=None) -> None:
         self.device = normalize_device(device) if device is not None else None
-        self._memo: dict = {}  # id(real) -> (real, meta)
-        self._storages: dict = {}  # storage key -> (real storage, meta storage)
+        self._memo: dict = {}  # id(real) -> (weakref to real, meta)
+        self._storages: dict = {}  # storage key -> (weakref to real storage, meta storage)
 
     def __call__(self, t: torch.Tensor) -> MetaTensor:
         if isinstance(t, MetaTensor):
             return t
         hit = self._memo.get(id(t))
-        if hit is not None:
+        if hit is not None and hit[0]() is t:
             return hit[1]
-        meta = self._convert(t)
-        self._memo[id(t)] = (t, meta)
+        with _compat.no_torch_function():  # the real tensor's own metadata
+            meta = self._convert(t)
+        self._memo[id(t)] = (weakref.ref(t, functools.partial(_drop, self._memo, id(t))), meta)
         return meta
+
+    def forget(self) -> None:
+        self._memo.clear()
+        self._storages.clear()
 
     def _convert(self, t: torch.Tensor) -> MetaTensor:
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
@@ -374,7 +383,13 @@ class Converter:
         real = t.untyped_storage()
         key = _compat.storage_key(t) if t.device.type != "meta" else id(t)
         hit = self._storages.get(key)
-        if hit is None:
+        if hit is None or hit[0]() is not real:
             meta = torch.UntypedStorage(real.nbytes(), device=META)
-            hit = self._storages[key] = (real, meta)
+            hit = self._storages[key] = (weakref.ref(real, functools.partial(_drop, self._storages, key)), meta)
         return hit[1]
+
+
+def _drop(table: dict, key, ref) -> None:
+    entry = table.get(key)
+    if entry is not None and entry[0] is ref:
+        del table[key]

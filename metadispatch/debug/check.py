@@ -42,6 +42,7 @@ from .. import _compat
 from ..core import known
 from ..core.bounds import bounds_of
 from ..core.mode import MetaMode
+from ..core.reach import find
 from ..core.realrun import DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from ..core.schema import facts
 from ..core.source import traceback_frame, user_frame
@@ -75,15 +76,24 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
         state = _State(mode, limit, dict(values or {}))
         mode.fallback = state.fallback
         error = None
+        # Calls run for real draw from the global and the user's generators.
+        rng = _compat.rng_states()
+        generators = [(g, g.get_state()) for g in find(
+            {"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))]
         try:
-            run_traced(mode, fn, args, kwargs)
-        except Exception as e:  # the report says where and why it stopped
-            error = e
-        trace = mode.trace
-        for index, answer in state.answers.items():
-            if index < len(trace.calls):
-                trace.calls[index].note = answer.note
-        mismatches, skipped = recheck(trace, limit) if recheck_calls else ([], [])
+            try:
+                run_traced(mode, fn, args, kwargs)
+            except Exception as e:  # the report says where and why it stopped
+                error = e
+            trace = mode.trace
+            for index, answer in state.answers.items():
+                if index < len(trace.calls):
+                    trace.calls[index].note = answer.note
+            mismatches, skipped = recheck(trace, limit) if recheck_calls else ([], [])
+        finally:
+            _compat.set_rng_states(rng)
+            for g, state_ in generators:
+                g.set_state(state_)
         stop = _stop(error, mode, state.assumptions) if error is not None else None
         return Report(trace, state.answers, state.refused, mismatches, skipped, error,
                       state.assumptions, stop)

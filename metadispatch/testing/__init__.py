@@ -27,7 +27,8 @@ call site, which ``EXPECTTEST_ACCEPT=1 pytest`` rewrites in place::
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+import hashlib
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -36,10 +37,12 @@ from .. import _compat
 from ..tracing.tracer import tracer
 from ..debug.diff import canonical, diff
 from ..core.mode import MetaMode
+from ..core.reach import walk
+from ..core.tensor import MetaTensor
 from ..ir.trace import Trace
 
 __all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
-           "trace_calls", "assert_matches_eager"]
+           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot"]
 
 
 class Call(NamedTuple):
@@ -152,3 +155,101 @@ def assert_trace(trace: Trace | MetaMode | str, expected: str, *, skip: int = 0)
     import expecttest  # a test dependency only
 
     expecttest.assert_expected_inline(expected_form(trace), expected, skip=1 + skip)
+
+
+class Snapshot:
+    """Everything reachable from some roots, by path: identities, values, versions.
+
+    Compare two with ``==``; :meth:`diff` says what changed, one path a
+    line.  A snapshot keeps what it saw alive, so identities stay
+    meaningful.  ``metas`` lists the paths that hold a MetaTensor.
+    """
+
+    def __init__(self, entries: dict, metas: list, alive: list) -> None:
+        self.entries = entries
+        self.metas = metas
+        self._alive = alive
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Snapshot) and self.entries == other.entries
+
+    def __repr__(self) -> str:
+        return f"<Snapshot of {len(self.entries)} paths, {len(self.metas)} MetaTensors>"
+
+    def diff(self, other: "Snapshot") -> str:
+        """What differs from ``self`` (before) to ``other`` (after), a path a line; empty when equal."""
+        lines = []
+        for path in list(self.entries) + [p for p in other.entries if p not in self.entries]:
+            a, b = self.entries.get(path, "(absent)"), other.entries.get(path, "(absent)")
+            if a != b:
+                lines.append(f"{path}: {_show(a)} -> {_show(b)}")
+        return "\n".join(lines)
+
+
+def snapshot(*roots: Any, rng: bool = True, **named: Any) -> Snapshot:
+    """Snapshot what ``roots`` reach (see ``metadispatch/reach.py``), and the RNG states.
+
+    Roots are modules, optimizers, schedulers, tensors, containers,
+    generators, functions (their closures and the globals they name).  Take
+    it outside any MetaMode.
+
+    >>> import torch, metadispatch as md
+    >>> model = torch.nn.Linear(2, 2)
+    >>> before = md.testing.snapshot(model)
+    >>> with torch.no_grad():
+    ...     _ = model.weight.mul_(2)
+    >>> print(before.diff(md.testing.snapshot(model)))  # doctest: +ELLIPSIS
+    root0._parameters['weight']: Parameter id=0x... v1 sha1:... -> Parameter id=0x... v2 sha1:...
+    """
+    start = {f"root{i}": r for i, r in enumerate(roots)}
+    start.update(named)
+    entries, metas, alive = {}, [], []
+    with _compat.no_torch_function():
+        for path, obj, first in walk(start):
+            alive.append(obj)
+            if first is not None:
+                entries[path] = ("same object as", first)
+                continue
+            entries[path] = _describe(obj)
+            if isinstance(obj, MetaTensor):
+                metas.append(path)
+        if rng:
+            cpu, cuda = _compat.rng_states()
+            entries["<torch CPU generator>"] = ("state", _digest(cpu))
+            for i, state in enumerate(cuda or ()):
+                entries[f"<torch cuda:{i} generator>"] = ("state", _digest(state))
+    return Snapshot(entries, metas, alive)
+
+
+def _describe(obj) -> tuple:
+    if isinstance(obj, torch.Tensor):
+        kind = type(obj).__name__
+        data = "no data" if isinstance(obj, MetaTensor) or obj.is_meta else _digest(obj)
+        return (kind, id(obj), str(obj.dtype), tuple(obj.shape), obj.stride(), obj.storage_offset(),
+                str(obj.device), obj.requires_grad, f"v{obj._version}", data)
+    if isinstance(obj, torch.Generator):
+        return ("Generator", id(obj), _digest(obj.get_state()))
+    if isinstance(obj, (int, float, complex, bool, str, bytes, type(None))):
+        return (type(obj).__name__, repr(obj))
+    if isinstance(obj, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)):
+        return (type(obj).__name__, str(obj))
+    return (type(obj).__name__, id(obj))
+
+
+def _digest(t: torch.Tensor) -> str:
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj().resolve_neg())
+    raw = t.cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+    return "sha1:" + hashlib.sha1(raw.numpy().tobytes()).hexdigest()[:12]
+
+
+def _show(entry) -> str:
+    if isinstance(entry, str):
+        return entry
+    if entry and entry[0] == "same object as":
+        return f"same object as {entry[1]}"
+    parts = []
+    for x in entry:
+        parts.append(f"id={x:#x}" if isinstance(x, int) and x > 1 << 20 else str(x))
+    return " ".join(parts)

@@ -47,44 +47,45 @@ class StandIns:
         self.mode = mode
         self.roots: list[nn.Module] = []
         self._swapped: set = set()  # ids of modules already handled
-        self._undo: list = []
+        self._states: list = []  # a _ModuleState per module touched, restored on exit
         self._depth = 0
         self._thread = threading.get_ident()
         self._handles: list = []
         self._stand_of: dict = {}  # id(real tensor) -> its stand-in
-        self._grads: list = []  # (real parameter, its .grad before the trace)
         self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
 
     def __enter__(self):
-        self._handles = [
-            nn.modules.module.register_module_forward_pre_hook(self._pre),
-            nn.modules.module.register_module_forward_hook(self._post, always_call=True),
-            register_optimizer_step_pre_hook(self._step_pre),
-        ]
-        return self
+        try:
+            self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
+            self._handles.append(nn.modules.module.register_module_forward_hook(self._post, always_call=True))
+            self._handles.append(register_optimizer_step_pre_hook(self._step_pre))
+            return self
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for table, key, original in reversed(self._undo):
-            table[key] = original
-        self._undo.clear()
-        for opt, params, state in self._optimizers.values():
-            for group, original in zip(opt.param_groups, params):
-                group["params"] = original
-            opt.state = state
-        self._optimizers.clear()
-        for p, grad in self._grads:
-            if p.grad is not grad:
-                p.grad = grad  # zero_grad(set_to_none=True) reached a real parameter
-        self._grads.clear()
+        """Put everything back; idempotent, so a retry finishes an interrupted exit."""
+        while self._handles:
+            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+        with _compat.no_torch_function():
+            while self._states:
+                self._states[-1].restore(); self._states.pop()  # noqa: E702
+            while self._optimizers:
+                _, (opt, params, state) = self._optimizers.popitem()
+                for group, original in zip(opt.param_groups, params):
+                    group["params"] = original
+                opt.state = state
         self._stand_of.clear()
 
     def _step_pre(self, opt, args, kwargs) -> None:
         """Note [Optimizers built outside the trace]."""
         if threading.get_ident() != self._thread or id(opt) in self._optimizers:
             return
+        with _compat.no_torch_function():
+            self._swap_optimizer(opt)
+
+    def _swap_optimizer(self, opt) -> None:
         self._optimizers[id(opt)] = (opt, [g["params"] for g in opt.param_groups], opt.state)
         for group in opt.param_groups:
             group["params"] = [self._stand_of.get(id(p), p) for p in group["params"]]
@@ -107,7 +108,7 @@ class StandIns:
         # replay), and a step count read with .item() (Adam without
         # capturable) is a known value, as it would be had the optimizer been
         # made in the trace.
-        self.mode._recorder.real_of[id(meta)] = v
+        self.mode._recorder.note_real(meta, v)
         known.know(meta, v, self.mode)
         return meta
 
@@ -115,7 +116,8 @@ class StandIns:
         if threading.get_ident() != self._thread:
             return
         if self._depth == 0:
-            self.add_root(mod)
+            with _compat.no_torch_function():
+                self.add_root(mod)
         self._depth += 1
 
     def _post(self, mod, args, output):
@@ -123,39 +125,44 @@ class StandIns:
             self._depth = max(0, self._depth - 1)
 
     def add_root(self, root: nn.Module) -> None:
-        if id(root) in self._swapped:
-            return
+        """A module that runs: its gradients are the trace's; see :meth:`save`."""
         if all(r is not root for r in self.roots):
             self.roots.append(root)
+        self.save(root)
+
+    def save(self, root: nn.Module) -> None:
+        """Save the state of ``root``'s tree and swap its tensors for stand-ins."""
+        if id(root) in self._swapped:
+            return
         names = {}
         for name, p in root.named_parameters():
             names.setdefault(id(p), ("param", name))
         for name, b in root.named_buffers():
             names.setdefault(id(b), ("buffer", name))
         for mod in root.modules():
-            if id(mod) in self._swapped:
-                continue
-            self._swapped.add(id(mod))
-            for table in (mod._parameters, mod._buffers):
-                for key, t in list(table.items()):
-                    if t is None:
-                        continue
-                    if isinstance(t, MetaTensor):
-                        if "_md_name" not in t.__dict__ and id(t) in names:
-                            t._md_name = names[id(t)]
-                        continue
-                    if _compat.is_functorch_wrapped(t):
-                        # swapped in by functional_call under grad/vmap: a
-                        # value of the traced program, not a parameter to stand in for
-                        continue
-                    stand = self.mode.from_tensor(t)
-                    if id(t) in names and "_md_name" not in stand.__dict__:
-                        stand._md_name = names[id(t)]
-                    self._undo.append((table, key, t))
-                    table[key] = stand
-                    self._stand_of[id(t)] = stand
-                    if table is mod._parameters:
-                        self._grads.append((t, t.grad))
+            if id(mod) not in self._swapped:
+                self._swapped.add(id(mod))
+                self._states.append(_ModuleState(mod))
+                self._swap(mod, names)
+
+    def _swap(self, mod: nn.Module, names: dict) -> None:
+        for table in (mod._parameters, mod._buffers):
+            for key, t in list(table.items()):
+                if t is None or _uninitialized(t):
+                    continue
+                if isinstance(t, MetaTensor):
+                    if "_md_name" not in t.__dict__ and id(t) in names:
+                        t._md_name = names[id(t)]
+                    continue
+                if _compat.is_functorch_wrapped(t):
+                    # swapped in by functional_call under grad/vmap: a
+                    # value of the traced program, not a parameter to stand in for
+                    continue
+                stand = self.mode.from_tensor(t)
+                if id(t) in names and "_md_name" not in stand.__dict__:
+                    stand._md_name = names[id(t)]
+                table[key] = stand
+                self._stand_of[id(t)] = stand
 
     def grads(self, meta_of) -> dict:
         """Parameter name -> TensorMeta of its gradient, for every root that ran."""
@@ -166,3 +173,95 @@ class StandIns:
                 if isinstance(g, torch.Tensor) and name not in out:
                     out[name] = meta_of(g)
         return out
+
+
+def _uninitialized(t) -> bool:
+    # A lazy module's parameter before its first forward: it changes its own
+    # class when materialised, which _ModuleState puts back.
+    return isinstance(t, nn.parameter.UninitializedTensorMixin)
+
+
+class _ModuleState:
+    """One module as it was: its class, its attributes, and the contents of
+    the containers among them (``_parameters``, ``_buffers``, ``_modules``,
+    hook tables, and lists or dicts forward may cache tensors in), plus each
+    real tensor's version counter and ``.grad``, and a lazy parameter's class.
+
+    Note [Everything a forward can change]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Under a trace, whatever a forward stores on its module is a MetaTensor:
+    an anchor cache on a plain attribute (torchvision's detection models), a
+    buffer registered in forward, a rotary table re-assigned when the
+    sequence grows, ``self.train(False)`` or ``.to()`` inside the step.  Left
+    there, the next real forward silently computes with MetaTensors.  So
+    the whole attribute dictionary is put back, by identity, and every
+    container in it is refilled in place with what it held.
+    """
+
+    def __init__(self, mod: nn.Module) -> None:
+        self.mod = mod
+        self.cls = type(mod)
+        self.attrs = dict(mod.__dict__)
+        self.containers = [(c, _contents(c)) for c in _containers(self.attrs.values())]
+        self.tensors = [(t, t._version, t.grad, type(t), t.data if _uninitialized(t) else None)
+                        for t in _tensors(self.containers)]
+
+    def restore(self) -> None:
+        mod = self.mod
+        if type(mod) is not self.cls:
+            mod.__class__ = self.cls  # a lazy module becomes its cls_to_become
+        attrs = mod.__dict__
+        for key in [k for k in attrs if k not in self.attrs]:
+            del attrs[key]
+        for key, value in self.attrs.items():
+            if attrs.get(key, _MISSING) is not value:
+                attrs[key] = value
+        for container, contents in self.containers:
+            if _contents(container) != contents:
+                _refill(container, contents)
+        for t, version, grad, cls, data in self.tensors:
+            if type(t) is not cls:
+                t.__class__ = cls
+                t.data = data
+            if t._version != version:
+                _compat.set_version(t, version)
+            if t.grad is not grad:
+                t.grad = grad
+
+
+_MISSING = object()
+
+
+def _containers(values, depth: int = 0):
+    for v in values:
+        if type(v) in (list, dict, set) or isinstance(v, dict) and not isinstance(v, nn.Module):
+            yield v
+            if depth < 3:
+                yield from _containers(v.values() if isinstance(v, dict) else v, depth + 1)
+
+
+def _contents(c):
+    # by identity: values compared with ``is``, not ``==`` (tensors)
+    if isinstance(c, dict):
+        return [(k, id(v), v) for k, v in c.items()]
+    return [(id(v), v) for v in c]
+
+
+def _refill(c, contents) -> None:
+    c.clear()
+    if isinstance(c, dict):
+        c.update((k, v) for k, _, v in contents)
+    elif isinstance(c, list):
+        c.extend(v for _, v in contents)
+    else:
+        c.update(v for _, v in contents)
+
+
+def _tensors(containers):
+    seen = set()
+    for _, contents in containers:
+        for entry in contents:
+            v = entry[-1]
+            if isinstance(v, torch.Tensor) and not isinstance(v, MetaTensor) and id(v) not in seen:
+                seen.add(id(v))
+                yield v

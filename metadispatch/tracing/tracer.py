@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..core.mode import MetaMode
+from ..core.reach import find
 from .standins import StandIns
 from ..core.tensor import Converter, MetaTensor
 from ..ir.records import arg_name
@@ -76,18 +77,27 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
 
 def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace:
     standins = StandIns(mode)
-    with standins:
-        if isinstance(fn, nn.Module):
-            standins.add_root(fn)
-        margs, mkwargs = _convert_args(mode, standins, args, kwargs)
-        with mode:
-            out = fn(*margs, **mkwargs)
-        rec = mode._recorder
-        tr = mode.trace
-        tr.output = out
-        tr.output_meta = pytree.tree_map(
-            lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
-        tr.grads = standins.grads(rec.meta_of)
+    try:
+        with standins:
+            # Modules the function reaches through closures and globals are
+            # saved before it runs: it may change them (``.to()``, ``.train()``)
+            # before calling them, or without calling them at all.
+            for module in find({"fn": fn, "args": args, "kwargs": kwargs},
+                               lambda o: isinstance(o, nn.Module)):
+                standins.save(module)
+            if isinstance(fn, nn.Module):
+                standins.add_root(fn)
+            margs, mkwargs = _convert_args(mode, standins, args, kwargs)
+            with mode:
+                out = fn(*margs, **mkwargs)
+            rec = mode._recorder
+            tr = mode.trace
+            tr.output = out
+            tr.output_meta = pytree.tree_map(
+                lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
+            tr.grads = standins.grads(rec.meta_of)
+    finally:
+        mode.forget_reals()  # Note [No real tensor outlives the recording]
     return tr
 
 

@@ -1,0 +1,165 @@
+"""What a user's function can reach: modules, optimizers, tensors, generators.
+
+``md.trace(step)`` must leave everything ``step`` can touch as it was, and
+``md.testing.snapshot`` must compare all of it; both walk the same graph,
+from any roots (arguments, a function, a module), depth first:
+
+* a function: its closure cells, its defaults, and the globals its code
+  (and the code of functions nested in it) names; a bound method: its
+  ``__self__`` and function; a ``functools.partial``: its function and
+  arguments;
+* a module, optimizer, scheduler or other user object: its ``__dict__``
+  (for a module that holds ``_parameters``, ``_buffers``, ``_modules`` and the
+  plain attributes forward may have cached tensors on);
+* lists, tuples, dicts (keys and values), sets;
+* a tensor: its ``.grad``.
+
+Not walked: Python modules, classes, and objects defined by torch or the
+standard library other than modules, optimizers, schedulers and tensors --
+their state is not the user's.  Each object is visited once, under the first
+path that reaches it.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .. import _compat
+
+__all__ = ["walk", "find"]
+
+_ATOMS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device,
+          torch.layout, torch.memory_format, torch.Size)
+_SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
+_OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
+
+
+def walk(roots: dict[str, Any], max_depth: int = 64) -> Iterator[tuple[str, Any, str | None]]:
+    """Yield ``(path, object, first_path)`` for everything reachable from ``roots``.
+
+    ``first_path`` is None the first time an object is reached, else the
+    path it was first reached by (an identity: "the same object as").
+    """
+    seen: dict[int, str] = {}
+    stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
+    while stack:
+        path, obj, depth = stack.pop()
+        if isinstance(obj, _ATOMS) or isinstance(obj, _SKIP):
+            yield path, obj, None
+            continue
+        first = seen.get(id(obj))
+        if first is not None:
+            yield path, obj, first
+            continue
+        seen[id(obj)] = path
+        yield path, obj, None
+        if depth < max_depth:
+            children = list(_children(path, obj))
+            stack.extend((p, c, depth + 1) for p, c in reversed(children))
+
+
+def _children(path: str, obj) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, torch.Tensor):
+        with _compat.no_torch_function():  # the real .grad, also under a MetaMode
+            grad = obj.grad if obj.is_leaf else None
+        if grad is not None:
+            yield f"{path}.grad", grad
+        return
+    if type(obj) in (list, tuple) or isinstance(obj, (list, tuple)) and not hasattr(obj, "__dict__"):
+        for i, v in enumerate(obj):
+            yield f"{path}[{i}]", v
+        return
+    if isinstance(obj, dict):
+        for i, (k, v) in enumerate(list(obj.items())):
+            if isinstance(k, _ATOMS):
+                yield f"{path}[{k!r}]", v
+            else:  # a tensor key (optimizer state): the key by position, then its value
+                yield f"{path}.keys[{i}]", k
+                yield f"{path}.values[{i}]", v
+        return
+    if isinstance(obj, (set, frozenset)):
+        for i, v in enumerate(sorted(obj, key=repr)):
+            yield f"{path}{{{i}}}", v
+        return
+    if isinstance(obj, types.MethodType):
+        yield f"{path}.__self__", obj.__self__
+        yield f"{path}.__func__", obj.__func__
+        return
+    if isinstance(obj, functools.partial):
+        yield f"{path}.func", obj.func
+        yield f"{path}.args", obj.args
+        yield f"{path}.keywords", obj.keywords
+        return
+    if isinstance(obj, types.FunctionType):
+        yield from _function_children(path, obj)
+        return
+    if _walks_dict(obj):
+        for k, v in list(vars(obj).items()):
+            yield f"{path}.{k}", v
+
+
+def _function_children(path: str, fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
+    if _module_of(fn).startswith(("torch", "metadispatch")):
+        return
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            yield f"{path}.<closure {name}>", cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    if fn.__defaults__:
+        yield f"{path}.__defaults__", fn.__defaults__
+    if fn.__kwdefaults__:
+        yield f"{path}.__kwdefaults__", fn.__kwdefaults__
+    g = fn.__globals__
+    for name in sorted(_global_names(fn.__code__)):
+        if name in g and not isinstance(g[name], _SKIP) and not _library_callable(g[name]):
+            yield f"{path}.<global {name}>", g[name]
+
+
+def _global_names(code: types.CodeType) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _global_names(c)
+    return names
+
+
+def _library_callable(obj) -> bool:
+    """A function or object from torch or the standard library: not the user's state."""
+    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)):
+        return False
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        return False
+    module = _module_of(obj)
+    return callable(obj) and module.split(".")[0] in ("torch", "builtins", "functools", "math",
+                                                      "metadispatch", "numpy", "typing")
+
+
+def _module_of(obj) -> str:
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        module = getattr(type(obj), "__module__", "") or ""
+    return module
+
+
+def _walks_dict(obj) -> bool:
+    if not hasattr(obj, "__dict__") or isinstance(obj, (torch.Generator, torch.Tensor)):
+        return False
+    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+        return True
+    module = type(obj).__module__ or ""
+    return not module.split(".")[0] in ("torch", "builtins", "metadispatch", "numpy")
+
+
+def find(roots: dict[str, Any], keep: Callable[[Any], bool]) -> list:
+    """The objects reachable from ``roots`` for which ``keep`` holds, in walk order."""
+    out = []
+    for _, obj, first in walk(roots):
+        if first is None and keep(obj):
+            out.append(obj)
+    return out
