@@ -4,6 +4,7 @@
 ``registry``, ``source``, ``modules``, ``fakecompat`` beside it; then
 ``realrun`` (the real kernel on made-up inputs), ``known`` (known values),
 ``router`` and ``composites``, ``cache``, ``record`` (the recorder),
-``dispatch`` and, on top, ``mode`` (MetaMode).  May import ``ir``,
+``dispatch``, ``standins`` (the user's state swapped out and put back) and
+``reach`` (what a function can reach) and, on top, ``mode`` (MetaMode).  May import ``ir``,
 ``_compat`` and ``errors``; nothing above.
 """

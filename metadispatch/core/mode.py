@@ -24,6 +24,7 @@ from ..errors import MetaDispatchError
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .record import Recorder
+from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
 from ..ir.trace import Trace
 
@@ -169,6 +170,9 @@ class MetaMode(_compat.TorchDispatchMode):
         # by an earlier mode must not leak into this one's answers.
         entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
         STATE.ambient = self.device or _CPU
+        standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
+        entry.steps.append(standins.__exit__)
+        standins.__enter__()
         hold = composites.Hold()
         entry.steps.append(hold.release)
         hold.acquire()  # Note [Composite overrides]

@@ -222,6 +222,8 @@ def snapshot(*roots: Any, rng: bool = True, **named: Any) -> Snapshot:
 
 
 def _describe(obj) -> tuple:
+    if isinstance(obj, torch.nn.parameter.UninitializedTensorMixin):
+        return (type(obj).__name__, id(obj), "uninitialized")
     if isinstance(obj, torch.Tensor):
         kind = type(obj).__name__
         data = "no data" if isinstance(obj, MetaTensor) or obj.is_meta else _digest(obj)

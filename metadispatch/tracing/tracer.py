@@ -11,7 +11,7 @@ from torch.utils import _pytree as pytree
 
 from ..core.mode import MetaMode
 from ..core.reach import find
-from .standins import StandIns
+from ..core.standins import StandIns
 from ..core.tensor import Converter, MetaTensor
 from ..ir.records import arg_name
 from ..ir.trace import Trace
@@ -82,9 +82,8 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             # Modules the function reaches through closures and globals are
             # saved before it runs: it may change them (``.to()``, ``.train()``)
             # before calling them, or without calling them at all.
-            for module in find({"fn": fn, "args": args, "kwargs": kwargs},
-                               lambda o: isinstance(o, nn.Module)):
-                standins.save(module)
+            for obj in find({"fn": fn, "args": args, "kwargs": kwargs}, _saved_kind):
+                standins.save(obj) if isinstance(obj, nn.Module) else standins.save_object(obj)
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
             margs, mkwargs = _convert_args(mode, standins, args, kwargs)
@@ -99,6 +98,10 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
     return tr
+
+
+def _saved_kind(obj) -> bool:
+    return isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler))
 
 
 def _convert_args(mode, standins, args, kwargs):

@@ -36,10 +36,17 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _compat
-from ..core import known
-from ..core.tensor import MetaTensor
+from . import known
+from .tensor import MetaTensor
 
 __all__ = ["StandIns"]
+
+
+class _Active(threading.local):
+    standins = None
+
+
+_ACTIVE = _Active()
 
 
 class StandIns:
@@ -55,7 +62,12 @@ class StandIns:
         self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
 
     def __enter__(self):
+        # One set of stand-ins per thread: a MetaMode entered by md.trace uses
+        # md.trace's (which saved the modules the function reaches first).
+        if _ACTIVE.standins is not None:
+            return self
         try:
+            _ACTIVE.standins = self
             self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
             self._handles.append(nn.modules.module.register_module_forward_hook(self._post, always_call=True))
             self._handles.append(register_optimizer_step_pre_hook(self._step_pre))
@@ -68,6 +80,8 @@ class StandIns:
         """Put everything back; idempotent, so a retry finishes an interrupted exit."""
         while self._handles:
             self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+        if _ACTIVE.standins is self:
+            _ACTIVE.standins = None
         with _compat.no_torch_function():
             while self._states:
                 self._states[-1].restore(); self._states.pop()  # noqa: E702
@@ -85,7 +99,14 @@ class StandIns:
         with _compat.no_torch_function():
             self._swap_optimizer(opt)
 
+    def save_object(self, obj) -> None:
+        """Save an optimizer's or scheduler's attributes, restored on exit."""
+        if id(obj) not in self._swapped:
+            self._swapped.add(id(obj))
+            self._states.append(_ModuleState(obj))
+
     def _swap_optimizer(self, opt) -> None:
+        self.save_object(opt)
         self._optimizers[id(opt)] = (opt, [g["params"] for g in opt.param_groups], opt.state)
         for group in opt.param_groups:
             group["params"] = [self._stand_of.get(id(p), p) for p in group["params"]]
@@ -148,7 +169,12 @@ class StandIns:
     def _swap(self, mod: nn.Module, names: dict) -> None:
         for table in (mod._parameters, mod._buffers):
             for key, t in list(table.items()):
-                if t is None or _uninitialized(t):
+                if t is None:
+                    continue
+                if _uninitialized(t):
+                    # A lazy parameter materialises itself in place (its class
+                    # and data change): give it a fresh one on meta to do that to.
+                    table[key] = type(t)(t.requires_grad, device="meta", dtype=t.dtype)
                     continue
                 if isinstance(t, MetaTensor):
                     if "_md_name" not in t.__dict__ and id(t) in names:
@@ -198,7 +224,7 @@ class _ModuleState:
     container in it is refilled in place with what it held.
     """
 
-    def __init__(self, mod: nn.Module) -> None:
+    def __init__(self, mod) -> None:
         self.mod = mod
         self.cls = type(mod)
         self.attrs = dict(mod.__dict__)
@@ -234,7 +260,7 @@ _MISSING = object()
 
 def _containers(values, depth: int = 0):
     for v in values:
-        if type(v) in (list, dict, set) or isinstance(v, dict) and not isinstance(v, nn.Module):
+        if type(v) in (list, dict, set) or isinstance(v, dict):
             yield v
             if depth < 3:
                 yield from _containers(v.values() if isinstance(v, dict) else v, depth + 1)

@@ -1,0 +1,376 @@
+"""Tracing, checking and MetaMode leave everything the user can reach as it was.
+
+A mutation matrix: everyday training-step code (each scenario builds fresh
+objects and a step function that mutates them when run eagerly) x the ways
+of running it on meta x how the run ends.  Each case compares a full
+``md.testing.snapshot`` of what the step reaches -- arguments, closures,
+globals, modules, optimizers, schedulers, generators, RNG -- before and after.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import metadispatch as md
+
+GLOBAL_MODEL = nn.Linear(4, 4)  # reached by a step through its globals
+
+
+class AttrCache(nn.Module):
+    """Caches a tensor on a plain attribute in forward (anchor caches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cache = None
+        self.history = []
+        self.table = {}
+
+    def forward(self, x):
+        self.cache = torch.ones(x.shape[-1]) * 2
+        self.history.append(self.cache)
+        self.table["last"] = x.sum()
+        return self.lin(x) + self.cache
+
+
+class BufferInForward(nn.Module):
+    """Registers (or replaces) a buffer in forward (rotary and mask caches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("cos", torch.arange(4.0), persistent=False)
+
+    def forward(self, x):
+        self.register_buffer("mask", torch.ones(4), persistent=False)
+        self.cos = torch.cos(torch.arange(4.0) * 0.5)
+        return self.lin(x) * self.mask + self.cos
+
+
+def _x():
+    return torch.randn(2, 4)
+
+
+def _step(model, x):
+    out = model(x).pow(2).mean()
+    out.backward()
+    return out
+
+
+# Each scenario returns (step, args, roots to snapshot).
+def s_inplace_input():
+    x = _x()
+    return (lambda x: x.mul_(2).sum()), (x,), {}
+
+
+def s_inplace_input_slice():
+    x = _x()
+
+    def step(x):
+        x[0] = 1
+        return x.sum()
+    return step, (x,), {}
+
+
+def s_module_arg():
+    m = nn.Linear(4, 4)
+    return _step, (m, _x()), {}
+
+
+def s_closed_over_model():
+    m = nn.Linear(4, 4)
+    return (lambda x: _step(m, x)), (_x(),), {"m": m}
+
+
+def s_global_model():
+    return (lambda x: _step(GLOBAL_MODEL, x)), (_x(),), {"g": GLOBAL_MODEL}
+
+
+def s_double_inside():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        m.double()
+        return m(x.double()).sum()
+    return step, (_x(),), {"m": m}
+
+
+def s_to_inside():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        m.to(torch.float64)
+        return m(x.to(torch.float64)).sum()
+    return step, (_x(),), {"m": m}
+
+
+def s_train_eval_inside():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+
+    def step(x):
+        m.eval()
+        return m(x).sum()
+    return step, (_x(),), {"m": m}
+
+
+def s_zero_grad_top():
+    m = nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    _step(m, _x())  # real gradients exist before the trace
+
+    def step(x):
+        opt.zero_grad()
+        _step(m, x)
+        opt.step()
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+def s_free_parameter():
+    w = torch.randn(4, 4, requires_grad=True)
+
+    def step(x):
+        (x @ w).sum().backward()
+    return step, (_x(),), {"w": w}
+
+
+def s_functional_weights():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        F.linear(x, m.weight, m.bias).sum().backward()
+    return step, (_x(),), {"m": m}
+
+
+def s_attr_cache():
+    m = AttrCache()
+    return (lambda x: m(x).sum()), (_x(),), {"m": m}
+
+
+def s_buffer_in_forward():
+    m = BufferInForward()
+    return (lambda x: m(x).sum()), (_x(),), {"m": m}
+
+
+def s_batchnorm_stats():
+    m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    return (lambda x: m(x).sum()), (_x(),), {"m": m}
+
+
+def s_lazy_module():
+    m = nn.LazyLinear(3)
+    return (lambda x: m(x).sum()), (_x(),), {"m": m}
+
+
+def s_sgd_momentum_built_before():
+    m = nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    _step(m, _x())
+    opt.step()
+
+    def step(x):
+        opt.zero_grad()
+        _step(m, x)
+        opt.step()
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+def s_adam_built_before():
+    m = nn.Linear(4, 4)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    _step(m, _x())
+    opt.step()
+
+    def step(x):
+        opt.zero_grad()
+        _step(m, x)
+        opt.step()
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+def s_adamw_foreach():
+    m = nn.Linear(4, 4)
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1, foreach=True)
+
+    def step(x):
+        _step(m, x)
+        opt.step()
+        opt.zero_grad()
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+def s_scheduler():
+    m = nn.Linear(4, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+
+    def step(x):
+        _step(m, x)
+        opt.step()
+        sched.step()
+    return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
+
+
+def s_grad_accumulation():
+    m = nn.Linear(4, 4)
+    _step(m, _x())  # .grad holds a real gradient
+
+    def step(x):
+        _step(m, x)
+        _step(m, x)
+    return step, (_x(),), {"m": m}
+
+
+def s_rng_ops():
+    return (lambda x: (x + torch.randn(2, 4) + torch.rand(4)).sum()), (_x(),), {}
+
+
+def s_dropout():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    return (lambda x: m(x).sum()), (_x(),), {"m": m}
+
+
+def s_explicit_generator():
+    g = torch.Generator().manual_seed(3)
+    return (lambda x: (x + torch.randn(2, 4, generator=g)).sum()), (_x(),), {"g": g}
+
+
+def s_generator_arg():
+    g = torch.Generator().manual_seed(4)
+    return (lambda x, g: x.normal_(generator=g).sum()), (_x(), g), {}
+
+
+def s_requires_grad_toggle():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        m.weight.requires_grad_(False)
+        return m(x).sum()
+    return step, (_x(),), {"m": m}
+
+
+def s_param_data_assign():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        m.weight.data = torch.zeros(4, 4)
+        return m(x).sum()
+    return step, (_x(),), {"m": m}
+
+
+def s_tensor_in_list_and_dict():
+    state = {"xs": [torch.ones(3), torch.zeros(3)], "t": (torch.ones(2),)}
+
+    def step(x):
+        state["xs"][0].add_(1)
+        state["t"][0].mul_(3)
+        return x.sum()
+    return step, (_x(),), {"state": state}
+
+
+def s_nested_modules_shared():
+    shared = nn.Linear(4, 4)
+    m = nn.Sequential(shared, nn.ReLU(), shared)
+    return (lambda x: _step(m, x)), (_x(),), {"m": m}
+
+
+def s_no_grad_param_update():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        _step(m, x)
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= 0.1 * p.grad
+    return step, (_x(),), {"m": m}
+
+
+def s_clip_grad_norm():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        _step(m, x)
+        nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    return step, (_x(),), {"m": m}
+
+
+def s_kwargs_module():
+    m = nn.Linear(4, 4)
+    return (lambda model, x: _step(model, x)), (), {}, {"model": m, "x": _x()}
+
+
+def s_attribute_added():
+    m = nn.Linear(4, 4)
+
+    def step(x):
+        m.extra = torch.ones(2)
+        m.add_module("head", nn.Linear(4, 2))
+        return m.head(m(x)).sum()
+    return step, (_x(),), {"m": m}
+
+
+_BEFORE_FORWARD = {"attribute_added", "scheduler", "train_eval_inside"}
+
+SCENARIOS = {name[2:]: fn for name, fn in sorted(globals().items()) if name.startswith("s_")}
+
+
+def _run(verb, step, args, kwargs):
+    if verb == "trace":
+        md.trace(step, *args, **kwargs)
+    elif verb == "check":
+        md.check(step, *args, **kwargs)
+    else:
+        with md.MetaMode():
+            step(*args, **kwargs)
+
+
+def _ending(step, ending):
+    if ending == "returns":
+        return step
+
+    def ended(*args, **kwargs):
+        step(*args, **kwargs)
+        raise ValueError("the step fails") if ending == "raises" else KeyboardInterrupt
+    return ended
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises", "interrupted"])
+@pytest.mark.parametrize("verb", ["trace", "check", "MetaMode"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_untouched_after_running_on_meta(scenario, verb, ending):
+    if scenario == "lazy_module":
+        pytest.xfail("a lazy parameter cannot materialise on a MetaTensor (set_data refuses the subclass; md.check runs it for real)")
+    if verb == "MetaMode" and scenario in _BEFORE_FORWARD:
+        pytest.xfail("a bare MetaMode saves a module at its first forward; this step changes it "
+                     "before (or without) running it -- md.trace saves what the function reaches")
+    torch.manual_seed(0)
+    made = SCENARIOS[scenario]()
+    step, args, roots = made[:3]
+    kwargs = made[3] if len(made) > 3 else {}
+    run = _ending(step, ending)
+    before = md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots)
+    if ending == "returns" or verb == "check" and ending == "raises":
+        _run(verb, run, args, kwargs)  # md.check reports an exception rather than raising it
+    else:
+        with pytest.raises(ValueError if ending == "raises" else KeyboardInterrupt):
+            _run(verb, run, args, kwargs)
+    after = md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots)
+    assert not after.metas, after.metas
+    assert before == after, before.diff(after)
+
+
+def test_untouched_scenarios_mutate_when_run_eagerly():
+    """The matrix can fail: run eagerly, every scenario changes what it reaches."""
+    unchanged = []
+    for name, make in SCENARIOS.items():
+        torch.manual_seed(0)
+        made = make()
+        step, args, roots = made[:3]
+        kwargs = made[3] if len(made) > 3 else {}
+        before = md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots)
+        step(*args, **kwargs)
+        if md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots) == before:
+            unchanged.append(name)
+    assert unchanged == []
