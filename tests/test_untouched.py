@@ -164,30 +164,25 @@ def s_lazy_module():
     return (lambda x: m(x).sum()), (_x(),), {"m": m}
 
 
-def s_sgd_momentum_built_before():
+def _built_before(make_optimizer):
     m = nn.Linear(4, 4)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    opt = make_optimizer(m.parameters())
     _step(m, _x())
-    opt.step()
+    opt.step()  # state (momentum, moments, step counts) exists before the trace
 
     def step(x):
         opt.zero_grad()
         _step(m, x)
         opt.step()
     return step, (_x(),), {"m": m, "opt": opt}
+
+
+def s_sgd_momentum_built_before():
+    return _built_before(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
 
 
 def s_adam_built_before():
-    m = nn.Linear(4, 4)
-    opt = torch.optim.Adam(m.parameters(), lr=0.1)
-    _step(m, _x())
-    opt.step()
-
-    def step(x):
-        opt.zero_grad()
-        _step(m, x)
-        opt.step()
-    return step, (_x(),), {"m": m, "opt": opt}
+    return _built_before(lambda ps: torch.optim.Adam(ps, lr=0.1))
 
 
 def s_adamw_foreach():
