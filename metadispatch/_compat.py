@@ -262,6 +262,33 @@ set_infra_mode = torch._C._set_dispatch_mode
 # objects freed by reference counting go at once as always, cyclic garbage
 # among the frozen objects waits for the exit.  We never touch a process that
 # froze objects itself (``gc.get_freeze_count()`` is not zero).
+def call_locked(lock, fn, *args):
+    """``fn(*args)`` holding ``lock``, released whatever line an interrupt hits.
+
+    ``with lock:`` is not: Python reports the ``with`` line again before
+    calling ``__exit__``, and an interrupt raised there skips the release
+    (Note [Interrupts in mode entry and exit] in mode.py).
+    """
+    return _call_inside(lock.acquire, lock.release, fn, args)
+
+
+def call_without_torch_function(fn, *args):
+    """``fn(*args)`` with torch-function modes off, back on whatever line an interrupt hits."""
+    guard = no_torch_function()
+    return _call_inside(guard.__enter__, lambda: guard.__exit__(None, None, None), fn, args)
+
+
+def torch_function_enabled() -> bool:
+    return torch._C._is_torch_function_enabled()
+
+
+def _call_inside(enter, leave, fn, args):
+    enter()
+    try: result = fn(*args); leave()  # noqa: E701,E702
+    except BaseException: leave(); raise  # noqa: E701,E702
+    return result
+
+
 class frozen_heap:
     """Counted across threads: the first entry freezes, the last exit unfreezes.
 
@@ -278,21 +305,25 @@ class frozen_heap:
         self._in = False
 
     def __enter__(self):
-        cls = frozen_heap
-        with cls._lock:
-            if cls._users == 0 and gc.get_freeze_count() == 0:
-                gc.freeze(); cls._ours = True  # noqa: E702 (one line: see the docstring)
-            if not self._in:
-                cls._users += 1; self._in = True  # noqa: E702
+        call_locked(frozen_heap._lock, self._enter)
         return self
 
     def __exit__(self, *exc):
+        call_locked(frozen_heap._lock, self._exit)
+
+    def _enter(self) -> None:
         cls = frozen_heap
-        with cls._lock:
-            if self._in:
-                cls._users -= 1; self._in = False  # noqa: E702
-            if cls._users == 0 and cls._ours:
-                gc.unfreeze(); cls._ours = False  # noqa: E702
+        if cls._users == 0 and gc.get_freeze_count() == 0:
+            gc.freeze(); cls._ours = True  # noqa: E702 (one line: see the docstring)
+        if not self._in:
+            cls._users += 1; self._in = True  # noqa: E702
+
+    def _exit(self) -> None:
+        cls = frozen_heap
+        if self._in:
+            cls._users -= 1; self._in = False  # noqa: E702
+        if cls._users == 0 and cls._ours:
+            gc.unfreeze(); cls._ours = False  # noqa: E702
 
 
 # Note [What a mode entry changes in torch]

@@ -138,21 +138,25 @@ class Hold:
         self.held = False
 
     def acquire(self) -> None:
-        with _LOCK:
-            if _STATE["lib"] is None:
-                _STATE["lib"] = lib = _compat.library("aten", "IMPL")
-                for name, fn in OVERRIDES.items():
-                    for key in _KEYS:
-                        lib.impl(name, fn, key)
-            if not self.held:
-                _STATE["count"] += 1; self.held = True  # noqa: E702
+        _compat.call_locked(_LOCK, self._acquire)
 
     def release(self) -> None:
-        with _LOCK:
-            if self.held:
-                _STATE["count"] -= 1; self.held = False  # noqa: E702
-            if _STATE["count"] == 0 and _STATE["lib"] is not None:
-                _STATE["lib"]._destroy(); _STATE["lib"] = None  # noqa: E702
+        _compat.call_locked(_LOCK, self._release)
+
+    def _acquire(self) -> None:
+        if _STATE["lib"] is None:
+            _STATE["lib"] = lib = _compat.library("aten", "IMPL")
+            for name, fn in OVERRIDES.items():
+                for key in _KEYS:
+                    lib.impl(name, fn, key)
+        if not self.held:
+            _STATE["count"] += 1; self.held = True  # noqa: E702
+
+    def _release(self) -> None:
+        if self.held:
+            _STATE["count"] -= 1; self.held = False  # noqa: E702
+        if _STATE["count"] == 0 and _STATE["lib"] is not None:
+            _STATE["lib"]._destroy(); _STATE["lib"] = None  # noqa: E702
 
 
 def registered() -> bool:

@@ -142,9 +142,10 @@ class MetaMode(_compat.TorchDispatchMode):
             raise
 
     def __exit__(self, exc_type, exc, tb):
-        # Note [Interrupts in mode entry and exit]: the try's body shares its line.
-        try: self._note_stop(self._saved[-1], exc_type); self._leave(self._saved[-1])  # noqa: E701,E702
-        finally: self._leave_unfinished()  # noqa: E701
+        # Note [Interrupts in mode entry and exit]: the try's body shares its
+        # line; without ``entry`` an interrupt hit that line before it ran.
+        try: entry = self._saved[-1]; entry.leaving = True; self._note_stop(entry, exc_type); self._leave_unfinished()  # noqa: E501,E701,E702
+        finally: self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
 
     def _install(self, entry: _Entry) -> None:
         outer = _compat.get_infra_mode(_compat.mode_key)
@@ -215,7 +216,8 @@ class MetaMode(_compat.TorchDispatchMode):
 # cut short.  The exit's ``try`` and its body share a line: Python raises an
 # interrupt at a line's first instruction, and a ``try:`` line of its own is
 # outside the protected range.  Statements that must not be separated share
-# a line for the same reason.
+# a line for the same reason, and locks are taken with ``_compat.call_locked``
+# (a ``with lock:`` can be interrupted between its body and the release).
 #
 # Which MetaMode holds the slot is derived, not saved: a per-thread list of
 # active entries, in entry order.  Leaving one removes it wherever it is and

@@ -82,15 +82,17 @@ class StandIns:
             self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
         if _ACTIVE.standins is self:
             _ACTIVE.standins = None
-        with _compat.no_torch_function():
-            while self._states:
-                self._states[-1].restore(); self._states.pop()  # noqa: E702
-            while self._optimizers:
-                _, (opt, params, state) = self._optimizers.popitem()
-                for group, original in zip(opt.param_groups, params):
-                    group["params"] = original
-                opt.state = state
+        _compat.call_without_torch_function(self._restore)
         self._stand_of.clear()
+
+    def _restore(self) -> None:
+        while self._states:
+            self._states[-1].restore(); self._states.pop()  # noqa: E702
+        while self._optimizers:
+            _, (opt, params, state) = self._optimizers.popitem()
+            for group, original in zip(opt.param_groups, params):
+                group["params"] = original
+            opt.state = state
 
     def _step_pre(self, opt, args, kwargs) -> None:
         """Note [Optimizers built outside the trace]."""

@@ -1,0 +1,140 @@
+"""Mode entry and exit leave nothing installed, whatever line an interrupt hits.
+
+A ``sys.settrace`` hook raises KeyboardInterrupt at the k-th line run inside
+``MetaMode.__enter__``/``__exit__`` (and the metadispatch functions they
+call), for every k; afterwards torch's mode slot and stacks, its mode flags,
+the lift flag, gc's freeze state, the composite overrides and the global
+module and optimizer hooks must be as before.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import pytest
+import torch
+
+import metadispatch as md
+from metadispatch import _compat
+from metadispatch.core import composites, mode as mode_module
+
+_PACKAGE = os.path.dirname(md.__file__)
+_ENTRY_EXIT = {md.MetaMode.__enter__.__code__, md.MetaMode.__exit__.__code__}
+
+
+def _global_state() -> dict:
+    return {
+        "slot": _compat.get_infra_mode(_compat.mode_key),
+        "dispatch stack": len(_compat.dispatch_mode_stack()),
+        "function stack": _compat.function_mode_stack(),
+        "mode flags": _compat.dispatch_mode_flags(),
+        "lift": _compat.only_lift_cpu_tensors(),
+        "torch function": _compat.torch_function_enabled(),
+        "gc frozen": gc.get_freeze_count(),
+        "composites": composites.registered(),
+        "hooks": [len(h) for h in _compat.module_global_hooks()],
+        "active": list(mode_module._ACTIVE.entries),
+    }
+
+
+class _Inject:
+    """Raise KeyboardInterrupt at the ``at``-th line run inside mode entry or exit."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.lines = 0
+        self.fired = False
+
+    def __call__(self, frame, event, arg):
+        if not frame.f_code.co_filename.startswith(_PACKAGE):
+            return None
+        return self._line
+
+    def _line(self, frame, event, arg):
+        if event == "line" and not self.fired and _inside_entry_or_exit(frame):
+            self.lines += 1
+            if self.lines > self.at:
+                self.fired = True
+                raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
+        return self._line
+
+
+def _inside_entry_or_exit(frame) -> bool:
+    while frame is not None:
+        if frame.f_code in _ENTRY_EXIT:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _body_mode():
+    with md.MetaMode():
+        torch.ones(2) + 1
+
+
+def _body_trace():
+    model = torch.nn.Linear(3, 2)
+    md.trace(lambda x: model(x).sum().backward(), torch.ones(4, 3))
+
+
+def _body_nested():
+    with md.MetaMode():
+        with md.MetaMode():
+            torch.ones(2)
+
+
+@pytest.mark.parametrize("body", [_body_mode, _body_trace, _body_nested])
+def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body):
+    before = _global_state()
+    at, fired = 0, True
+    while fired:
+        inject = _Inject(at)
+        sys.settrace(inject)
+        try:
+            body()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        fired = inject.fired
+        assert _global_state() == before, f"interrupt at line {at} of entry/exit"
+        at += 1
+    assert at > 20  # the injection did reach the lines of entry and exit
+    assert torch.ones(1).device.type == "cpu" and not isinstance(torch.ones(1), md.MetaTensor)
+
+
+def test_mode_faults_modes_left_out_of_order_leave_nothing_installed():
+    before = _global_state()
+
+    def gen():
+        with md.MetaMode():
+            yield
+
+    a, b = gen(), gen()
+    next(a)
+    next(b)
+    assert isinstance(torch.ones(1), md.MetaTensor)
+    a.close()  # a first, although b was entered later
+    assert isinstance(torch.ones(1), md.MetaTensor)  # b is still active
+    b.close()
+    assert _global_state() == before
+    assert type(torch.ones(1)) is torch.Tensor
+
+
+def test_mode_faults_torch_modes_left_out_of_order_also_leave_nothing():
+    """The behaviour we match: torch's own modes tolerate the same order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def gen():
+        with TorchDispatchMode():
+            yield
+
+    depth = len(_compat.dispatch_mode_stack())
+    a, b = gen(), gen()
+    next(a)
+    next(b)
+    a.close()
+    b.close()
+    assert len(_compat.dispatch_mode_stack()) == depth
