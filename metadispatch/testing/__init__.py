@@ -187,7 +187,7 @@ class Snapshot:
 
 
 def snapshot(*roots: Any, rng: bool = True, **named: Any) -> Snapshot:
-    """Snapshot what ``roots`` reach (see ``metadispatch/reach.py``), and the RNG states.
+    """Snapshot what ``roots`` reach (see ``metadispatch/core/reach.py``), and the RNG states.
 
     Roots are modules, optimizers, schedulers, tensors, containers,
     generators, functions (their closures and the globals they name).  Take
