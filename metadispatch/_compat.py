@@ -368,11 +368,6 @@ def remove_function_mode(mode) -> None:
         torch._C._push_on_torch_function_stack(m)
 
 
-def is_functorch_wrapped(t: torch.Tensor) -> bool:
-    """A functorch wrapper (grad/vmap levels): a plain tensor to Python, with no storage."""
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)
-
-
 def rng_states() -> tuple:
     """The CPU generator's state, and each CUDA generator's once CUDA is initialised."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
