@@ -119,7 +119,10 @@ def test_known_user_scope_index_tensor_splits_as_eager(indices):
     real = torch.tensor_split(x, idx, dim=1)
     t = md.trace(lambda x: torch.tensor_split(x, idx, dim=1), x)
     assert _same_views(t.output, real)
-    assert t.leaves[0].kind == "const" and t.leaves[0].value.tolist() == indices
+    # idx is stood in for above autograd (a known value the split reads); if
+    # it reaches the trace at all, it is a constant with its value.
+    consts = [leaf for leaf in t.leaves.values() if leaf.kind != "arg"]
+    assert all(leaf.kind == "const" and leaf.value.tolist() == indices for leaf in consts)
 
 
 def test_known_user_scope_masks_index_as_eager():
