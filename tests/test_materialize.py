@@ -84,3 +84,76 @@ def test_materialize_does_not_disturb_the_callers_rng():
     after = torch.rand(2)
     torch.manual_seed(1)
     assert torch.equal(after, torch.rand(2))
+
+
+class _Caches(nn.Module):
+    """Tensors on plain attributes, in containers, beside a parameter: all built at construction."""
+
+    Pair = __import__("collections").namedtuple("Pair", "cos sin")
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        pos = torch.arange(8.0)
+        self.table = torch.outer(pos, torch.rand(4))
+        self.listed = [torch.randn(2), {"mask": torch.ones(3, 3).tril().bool()}]
+        self.pair = self.Pair(pos.cos(), pos.sin())
+        self.plain_tuple = (torch.randn(5), 7)
+
+
+def test_materialize_replaces_tensors_on_plain_attributes_and_in_containers():
+    torch.manual_seed(3)
+    with md.MetaMode():
+        meta = _Caches()
+    torch.manual_seed(3)
+    eager = _Caches()
+    md.materialize(meta)
+    assert type(meta.pair) is _Caches.Pair and meta.plain_tuple[1] == 7
+    got = md.testing.snapshot(meta, rng=False)
+    assert got.metas == [] and len(got.entries) == len(md.testing.snapshot(eager, rng=False).entries)
+    for a, b in [(meta.table, eager.table), (meta.listed[0], eager.listed[0]),
+                 (meta.listed[1]["mask"], eager.listed[1]["mask"]), (meta.pair.cos, eager.pair.cos),
+                 (meta.plain_tuple[0], eager.plain_tuple[0])]:
+        assert type(a) is torch.Tensor and a.dtype == b.dtype and torch.equal(a, b)
+
+
+class _CopiesIn(nn.Module):
+    def __init__(self, table):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("table", table.clone())
+
+
+def test_materialize_refuses_data_the_trace_did_not_keep_and_changes_nothing():
+    big = torch.randn(5000)  # above the default const_limit of 4096 elements
+    with md.MetaMode():
+        meta = _CopiesIn(big)
+    with pytest.raises(md.MetaDispatchError, match=r"table .*\$\d+: f32\[5000\].*const_limit"):
+        md.materialize(meta)
+    # all or nothing: not even the parameters were replaced
+    assert isinstance(meta.lin.weight, md.MetaTensor) and isinstance(meta.table, md.MetaTensor)
+
+
+def test_materialize_copies_in_data_kept_under_a_raised_const_limit():
+    big = torch.randn(5000)
+    torch.manual_seed(0)
+    with md.MetaMode(const_limit=10_000):
+        meta = _CopiesIn(big)
+    md.materialize(meta)
+    torch.manual_seed(0)
+    eager = _CopiesIn(big)
+    assert torch.equal(meta.table, big) and torch.equal(meta.lin.weight, eager.lin.weight)
+
+
+class _Holder:
+    def __init__(self, t):
+        self.t = t
+
+
+def test_materialize_names_tensors_it_cannot_replace():
+    with md.MetaMode():
+        meta = nn.Linear(2, 2)
+        meta.holder = _Holder(torch.zeros(3))
+    with pytest.raises(md.MetaDispatchError, match=r"cannot replace them .*holder\.t"):
+        md.materialize(meta)
+    assert isinstance(meta.weight, md.MetaTensor)

@@ -2,34 +2,49 @@
 
 Build a module under a recording :class:`~metadispatch.MetaMode` and every
 construction op -- ``torch.empty``, ``normal_``, the arithmetic that computes
-a rotary ``inv_freq`` -- is in the mode's trace, and every parameter and
-buffer carries the id of the tensor that trace built.  ``md.materialize``
-replays that trace on a real device, starting the CPU generator from the
-state it had when the mode was entered, and swaps each MetaTensor for its
-real value.  So a module built with seed *s* on meta equals, bit for bit, one
-built eagerly with seed *s* -- non-persistent buffers included, which is
-where ``module.to_empty()`` leaves garbage.
+a rotary ``inv_freq`` -- is in the mode's trace, and every tensor it built
+carries the id of its record in that trace.  ``md.materialize`` replays that
+trace on a real device, starting the CPU generator from the state it had when
+the mode was entered, and swaps each MetaTensor the module holds for its real
+value: parameters, buffers, their ``.grad``, and tensors kept on plain
+attributes (caches, tables), also inside lists, tuples and dicts.  So a
+module built with seed *s* on meta equals, bit for bit, one built eagerly with
+seed *s* -- non-persistent buffers included, which is where
+``module.to_empty()`` leaves garbage.
+
+Note [Materialise all or nothing]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Materialising is the one documented effect on the user's module, so it must
+be complete and must never invent data.  Before anything is replaced, every
+MetaTensor reachable from the module is found (the walk of ``core/reach.py``,
+as ``md.testing.snapshot`` does); it raises, naming each, when one sits
+where it cannot be replaced (inside an object that is not a module, list,
+tuple or dict), was not built under a recording mode (``md.to_meta``
+copies hold no values), or depends on data the trace did not keep (a real
+tensor above the mode's ``const_limit`` copied in during construction).
+Replay would otherwise fill such a leaf with made-up numbers.
 
 Limits: bit-exactness needs the same kernels, so materialise on the CPU (a
-CUDA generator draws different numbers); construction must not read tensors
-from outside the mode other than small constants, which the trace keeps.
+CUDA generator draws different numbers).
 """
 
 from __future__ import annotations
 
-import torch
+import re
+
 from torch import nn
 
+from ..core.reach import walk
+from ..core.tensor import MetaTensor, normalize_device
 from ..errors import MetaDispatchError
 from .leaves import bind_leaves
 from .replay import execute
-from ..core.tensor import MetaTensor, normalize_device
 
 __all__ = ["materialize"]
 
 
 def materialize(module: nn.Module, device="cpu") -> nn.Module:
-    """Replace every MetaTensor parameter and buffer of ``module`` by its real value.
+    """Replace every MetaTensor ``module`` holds by its real value, in place.
 
     >>> import torch, metadispatch as md
     >>> _ = torch.manual_seed(0)
@@ -42,35 +57,121 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     True
     """
     device = normalize_device(device)
-    slots = [(mod, table, key, t) for name, mod in module.named_modules(remove_duplicate=False)
-             for table in (mod._parameters, mod._buffers)
-             for key, t in table.items() if isinstance(t, MetaTensor)]
-    real = {}  # id(MetaTensor) -> real tensor: tied parameters stay tied
-    for rec, metas in _by_recorder(module, slots).items():
+    reachable = _reachable_metas(module)
+    replaceable = {id(t) for t in _swap_all(module, lambda t: t)}
+    stuck = [path for path, t in reachable.items() if id(t) not in replaceable]
+    if stuck:
+        raise MetaDispatchError(
+            "materialize: MetaTensors held where materialize cannot replace them (only "
+            "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck))
+    names = {id(t): path for path, t in reachable.items()}
+    real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
+    for rec, metas in _by_recorder(reachable, names).items():
         trace = rec.trace
+        _refuse_outside_data(trace, metas, names)
         env, _ = execute(trace, lambda: bind_leaves(trace, (), None, None, device, 0), device,
                          check=False, rng_state=trace.rng_state, keep_all=True)
         for t in metas:
             value = env[t.__dict__["_md"][1].id]
             real[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if isinstance(
                 t, nn.Parameter) or getattr(t, "_is_param", False) else value
-    for mod, table, key, t in slots:
-        table[key] = real[id(t)]
+    _swap_all(module, lambda t: real[id(t)])
     return module
 
 
-def _by_recorder(module: nn.Module, slots: list) -> dict:
+def _reachable_metas(module: nn.Module) -> dict:
+    """path -> MetaTensor, for each MetaTensor reachable from ``module`` (first path only)."""
+    # Tensors reached only through a function (its globals, closure,
+    # defaults) are not the module's to hold: another model in a global.
+    return {_attribute_path(path): obj for path, obj, first in walk({"module": module})
+            if first is None and isinstance(obj, MetaTensor) and not _through_function(path)}
+
+
+def _attribute_path(path: str) -> str:
+    """``module._modules['fc']._parameters['weight']`` -> ``fc.weight``."""
+    path = re.sub(r"\._(?:parameters|buffers|modules)\['([^']*)'\]", r".\1", path)
+    return path.removeprefix("module.") if path != "module" else path
+
+
+def _through_function(path: str) -> bool:
+    return any(s in path for s in (".<global ", ".<closure ", ".__defaults__", ".__kwdefaults__",
+                                   ".__func__", ".func", ".keywords"))
+
+
+def _by_recorder(reachable: dict, names: dict) -> dict:
     groups: dict = {}
-    names = {id(t): n for n, t in list(module.named_parameters(remove_duplicate=False))
-             + list(module.named_buffers(remove_duplicate=False))}
-    for _, _, _, t in slots:
+    for t in reachable.values():
         md = t.__dict__.get("_md")
         if md is None or getattr(md[0], "trace", None) is None:
             raise MetaDispatchError(
-                f"materialize: {names.get(id(t), 'a tensor')} was not built under a recording "
-                "MetaMode, so there is no construction to replay (md.to_meta copies hold "
-                "no values; use load_state_dict instead)")
-        group = groups.setdefault(md[0], [])
-        if all(x is not t for x in group):
-            group.append(t)
+                f"materialize: {names[id(t)]} was not built under a recording MetaMode, so "
+                "there is no construction to replay (md.to_meta copies hold no values; use "
+                "load_state_dict instead)")
+        groups.setdefault(md[0], []).append(t)
     return groups
+
+
+def _refuse_outside_data(trace, metas, names) -> None:
+    """Raise if the construction read tensors the trace holds no values for."""
+    outside = [leaf for leaf in trace.leaves.values() if leaf.value is None]
+    if outside:
+        what = ", ".join(f"${leaf.meta.id}: {leaf.meta.type_str()}" for leaf in outside[:8])
+        raise MetaDispatchError(
+            f"materialize: the construction of {names[id(metas[0])]} (and the rest of this "
+            f"mode's tensors) read real tensors from outside the mode that the trace keeps no "
+            f"values for ({what}; larger than the mode's const_limit); replaying would fill "
+            "them with made-up numbers. Build them inside the mode, raise "
+            "MetaMode(const_limit=...), or load them with load_state_dict after materialising")
+
+
+# -- finding and replacing every tensor a module holds
+
+def _swap_all(module: nn.Module, new) -> list:
+    """Apply ``new`` to every MetaTensor in ``module``'s modules; return those met.
+
+    With ``new`` the identity this only lists what would be replaced.
+    """
+    met: list = []
+    for mod in module.modules():
+        for table in (mod._parameters, mod._buffers):
+            for key, t in list(table.items()):
+                table[key] = _swap(t, new, met, 0)
+        for key, v in list(vars(mod).items()):
+            if key not in ("_parameters", "_buffers", "_modules"):
+                swapped = _swap(v, new, met, 0)
+                if swapped is not v:
+                    object.__setattr__(mod, key, swapped)
+    return met
+
+
+def _swap(v, new, met: list, depth: int):
+    if isinstance(v, MetaTensor):
+        met.append(v)
+        grad, out = _meta_grad(v), new(v)
+        if grad is not None:
+            met.append(grad)
+            real_grad = new(grad)
+            if out is not v:
+                out.grad = real_grad
+        return out
+    if depth > 16:
+        return v
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            v[i] = _swap(x, new, met, depth + 1)
+        return v
+    if isinstance(v, dict):
+        for k, x in list(v.items()):
+            v[k] = _swap(x, new, met, depth + 1)
+        return v
+    if isinstance(v, tuple) and not hasattr(v, "__dict__"):
+        items = [_swap(x, new, met, depth + 1) for x in v]
+        if all(a is b for a, b in zip(items, v)):
+            return v
+        return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+    return v
+
+
+def _meta_grad(t: MetaTensor):
+    g = t.grad if t.is_leaf else None
+    return g if isinstance(g, MetaTensor) else None
