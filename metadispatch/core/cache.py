@@ -33,7 +33,12 @@ are, so tracing a model a second time (the next test, the next step) runs no
 meta kernel at all; because the key holds all of the above, one mode is never
 served what another computed differently.  Rules must be pure functions of
 their arguments -- ``MetaMode(cache=False)`` for those that are not.  At most
-:data:`LIMIT` entries are kept, the oldest dropped first.
+:data:`LIMIT` entries and about :data:`LIMIT_BYTES` bytes of keys and recipes
+are kept, the oldest dropped first: a key holds every non-tensor argument, so
+one call with a long list (``cat`` of thousands of tensors, a shape list from
+data) weighs as much as thousands of ordinary ones, and an entry count alone
+would not bound the memory.  An entry heavier than an eighth of the byte
+limit is not kept at all.
 
 Not cached at all: ops whose output depends on data (they raise, or are
 answered by a real kernel under ``md.check``), ops that change their
@@ -63,6 +68,7 @@ seed for a CUDA call).
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -72,11 +78,14 @@ from . import registry
 from .tensor import META, MetaTensor, wrap
 from ..ir.trace import TensorMeta
 
-__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT"]
+__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes"]
 
 UNCACHABLE = object()
 LIMIT = 16384  # entries in the shared cache, a few hundred bytes each: ~150 per model
+LIMIT_BYTES = 64 << 20  # keys and recipes together, as sys.getsizeof counts them
 _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
+_WEIGHTS: dict = {}  # key -> its entry's bytes
+_TOTAL = [0]  # bytes of every entry in _SHARED
 _STORE_LOCK = threading.Lock()
 _HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
              torch.memory_format)
@@ -97,7 +106,15 @@ def context(mode, f) -> tuple:
 
 def clear() -> None:
     """Forget every cached answer (the next call of each op runs its rule again)."""
-    _SHARED.clear()
+    with _STORE_LOCK:
+        _SHARED.clear()
+        _WEIGHTS.clear()
+        _TOTAL[0] = 0
+
+
+def cached_bytes() -> int:
+    """Bytes the shared entries hold now (keys and recipes, by ``sys.getsizeof``)."""
+    return _TOTAL[0]
 
 
 class MetaCache:
@@ -128,17 +145,34 @@ class MetaCache:
     def store(self, key, recipe, stage) -> None:
         # Only misses get here; the lock keeps two tracing threads from
         # evicting at once (iterating a dict another thread resizes raises).
+        weight = _weight(key) + _weight(recipe)
+        if weight > LIMIT_BYTES // 8:
+            return
         with _STORE_LOCK:
             entries = self.entries
-            while len(entries) >= LIMIT:
-                del entries[next(iter(entries))]  # dicts keep insertion order
+            if key in entries:  # two threads missed on the same key
+                return
+            while entries and (len(entries) >= LIMIT or _TOTAL[0] + weight > LIMIT_BYTES):
+                old = next(iter(entries))  # dicts keep insertion order
+                del entries[old]
+                _TOTAL[0] -= _WEIGHTS.pop(old, 0)
             entries[key] = (recipe, stage)
+            _WEIGHTS[key] = weight
+            _TOTAL[0] += weight
 
     def replay(self, recipe, tensors, device):
         self.hits += 1
         if recipe[0] == "tuple":
             return tuple(_build(r, tensors, device) for r in recipe[1])
         return _build(recipe, tensors, device)
+
+
+def _weight(obj, depth: int = 0) -> int:
+    """Bytes of a key or recipe: containers and what they hold (shared atoms counted again)."""
+    size = sys.getsizeof(obj)
+    if type(obj) in (tuple, list) and depth < 32:
+        size += sum(_weight(x, depth + 1) for x in obj)
+    return size
 
 
 def _call_key(func, args, kwargs, device, ctx, tensor_key):
