@@ -256,12 +256,15 @@ set_infra_mode = torch._C._set_dispatch_mode
 # full collections come due while tracing -- and each one walks every object
 # in the process (torch, transformers, the model): 200-300 ms each with a
 # 32-layer LLaMA loaded, more than the trace itself.  While a MetaMode is
-# entered we move the objects that existed before it into the permanent
-# generation (``gc.freeze``), so collections only walk what the trace made,
-# and put them back on exit (``gc.unfreeze``).  Nothing is collected less:
-# objects freed by reference counting go at once as always, cyclic garbage
-# among the frozen objects waits for the exit.  We never touch a process that
-# froze objects itself (``gc.get_freeze_count()`` is not zero).
+# entered the oldest generation's threshold is raised out of reach, so only
+# the young generations are collected (what the trace made lately); on exit
+# the threshold is put back and a full collection comes due as it would have.
+# An earlier version moved the heap into the permanent generation instead
+# (``gc.freeze``), but ``gc.unfreeze`` returns everything to the oldest
+# generation without counting it as pending: objects alive at entry that died
+# later (the previous mode's trace) were never collected, and a loop of mode
+# entries grew ~6 KB an entry without bound.  A threshold the user changed
+# while the mode was entered is left as they set it.
 def call_locked(lock, fn, *args):
     """``fn(*args)`` holding ``lock``, released whatever line an interrupt hits.
 
@@ -289,41 +292,46 @@ def _call_inside(enter, leave, fn, args):
     return result
 
 
-class frozen_heap:
-    """Counted across threads: the first entry freezes, the last exit unfreezes.
+class deferred_full_gc:
+    """Counted across threads: the first entry raises the oldest generation's
+    threshold, the last exit restores it (Note [Garbage collection during tracing]).
 
     Each instance counts once, however often its ``__exit__`` runs, and every
     line leaves the counters consistent (Note [Interrupts in mode entry and
     exit] in mode.py): a retried exit finishes what an interrupted one began.
     """
 
+    OUT_OF_REACH = 1 << 30
     _lock = threading.Lock()
     _users = 0
-    _ours = False
+    _saved: tuple | None = None
 
     def __init__(self) -> None:
         self._in = False
 
     def __enter__(self):
-        call_locked(frozen_heap._lock, self._enter)
+        call_locked(deferred_full_gc._lock, self._enter)
         return self
 
     def __exit__(self, *exc):
-        call_locked(frozen_heap._lock, self._exit)
+        call_locked(deferred_full_gc._lock, self._exit)
 
     def _enter(self) -> None:
-        cls = frozen_heap
-        if cls._users == 0 and gc.get_freeze_count() == 0:
-            gc.freeze(); cls._ours = True  # noqa: E702 (one line: see the docstring)
+        cls = deferred_full_gc
+        if cls._users == 0 and cls._saved is None:
+            t = gc.get_threshold()
+            cls._saved = t; gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
         if not self._in:
             cls._users += 1; self._in = True  # noqa: E702
 
     def _exit(self) -> None:
-        cls = frozen_heap
+        cls = deferred_full_gc
         if self._in:
             cls._users -= 1; self._in = False  # noqa: E702
-        if cls._users == 0 and cls._ours:
-            gc.unfreeze(); cls._ours = False  # noqa: E702
+        if cls._users == 0 and cls._saved is not None:
+            if gc.get_threshold()[2] == cls.OUT_OF_REACH:
+                gc.set_threshold(*cls._saved)
+            cls._saved = None
 
 
 # Note [What a mode entry changes in torch]

@@ -3,7 +3,7 @@
 A ``sys.settrace`` hook raises KeyboardInterrupt at the k-th line run inside
 ``MetaMode.__enter__``/``__exit__`` (and the metadispatch functions they
 call), for every k; afterwards torch's mode slot and stacks, its mode flags,
-the lift flag, gc's freeze state, the composite overrides and the global
+the lift flag, the gc threshold, the composite overrides and the global
 module and optimizer hooks must be as before.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 import metadispatch as md
 from metadispatch import _compat
-from metadispatch.core import composites, mode as mode_module
+from metadispatch.core import mode as mode_module
 
 _PACKAGE = os.path.dirname(md.__file__)
 _ENTRY_EXIT = {md.MetaMode.__enter__.__code__, md.MetaMode.__exit__.__code__}
@@ -32,8 +32,7 @@ def _global_state() -> dict:
         "mode flags": _compat.dispatch_mode_flags(),
         "lift": _compat.only_lift_cpu_tensors(),
         "torch function": _compat.torch_function_enabled(),
-        "gc frozen": gc.get_freeze_count(),
-        "composites": composites.registered(),
+        "gc threshold": gc.get_threshold(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),
     }

@@ -9,25 +9,27 @@ device it finds ``meta`` (Note [Logical device]) and fails where the real
 device would not: ``tensor_split expected tensor_indices_or_sections to be
 on cpu, but it's on meta``.
 
-For such ops a Python kernel is registered at the ``AutogradMeta`` and
-``AutogradCPU`` keys, the slots the composite fills for MetaTensors, while at least one MetaMode is
-entered (reference-counted, removed on the last exit, also on exceptions).
-It answers for MetaTensors and hands anything else to the composite
-(``OpOverload.decompose``).  Nothing is registered at import time.
+For such ops the MetaMode's torch-function mode (``_SwapReal`` in mode.py,
+pushed while a MetaMode is entered in this thread) calls a Python version of
+the body instead, when a MetaTensor is among the arguments that matter; the
+Python version's own ops reach the dispatch as usual.  Nothing is registered
+with torch's dispatcher: an earlier version registered kernels at the
+``AutogradMeta`` and ``AutogradCPU`` keys on each first mode entry, which
+changed the op for every thread while registered and grew the process by
+~4 KB per mode entry (registering and removing kernels leaks in the
+dispatcher), unbounded in a loop of entries.
 
 A logical-CPU MetaTensor reports ``cpu`` to C++ (Note [Backend keys of a
 logical CPU]), so composites that only *check* the device, or choose a kernel
 by it (SDPA's backend, an RNN's ``mkldnn_rnn_layer``), need no override there;
 what remains are composites that read tensor *values* through a data pointer.
 
-Limits: MetaTensors used without a mode, and calls under
-``torch.inference_mode()`` (which skips autograd keys; torch refuses a Meta
-kernel for a composite), still run the C++ body.
+Limits: MetaTensors used without a mode, and calls that reach the C++ op
+without a torch function (from another C++ composite), still run the C++
+body.
 """
 
 from __future__ import annotations
-
-import threading
 
 import torch
 
@@ -35,7 +37,7 @@ from .. import _compat
 from .router import data_dependent_error
 from .tensor import MetaTensor, read_value
 
-__all__ = ["Hold", "registered"]
+__all__ = ["override_for", "OVERRIDES"]
 
 aten = torch.ops.aten
 
@@ -120,45 +122,34 @@ OVERRIDES = {
     "lstm.data": _rnn_data("lstm"),
     "gru.data": _rnn_data("gru"),
 }
-# The slots a composite fills for MetaTensors: meta's, and CPU's for a logical
-# CPU (Note [Backend keys of a logical CPU] in _compat.py).
-_KEYS = ("AutogradMeta", "AutogradCPU")
-
-_LOCK = threading.Lock()
-_STATE = {"count": 0, "lib": None}
+_VF = torch._C._VariableFunctions
 
 
-class Hold:
-    """One MetaMode entry's claim on the overrides: the first registers them,
-    the last release removes them.  Releasing twice is harmless, and every
-    line leaves the count consistent (Note [Interrupts in mode entry and exit]
-    in mode.py)."""
-
-    def __init__(self) -> None:
-        self.held = False
-
-    def acquire(self) -> None:
-        _compat.call_locked(_LOCK, self._acquire)
-
-    def release(self) -> None:
-        _compat.call_locked(_LOCK, self._release)
-
-    def _acquire(self) -> None:
-        if _STATE["lib"] is None:
-            _STATE["lib"] = lib = _compat.library("aten", "IMPL")
-            for name, fn in OVERRIDES.items():
-                for key in _KEYS:
-                    lib.impl(name, fn, key)
-        if not self.held:
-            _STATE["count"] += 1; self.held = True  # noqa: E702
-
-    def _release(self) -> None:
-        if self.held:
-            _STATE["count"] -= 1; self.held = False  # noqa: E702
-        if _STATE["count"] == 0 and _STATE["lib"] is not None:
-            _STATE["lib"]._destroy(); _STATE["lib"] = None  # noqa: E702
+def _tensor_indices(args, kwargs) -> bool:
+    return not kwargs.keys() - {"dim"} and len(args) > 1 and isinstance(args[1], torch.Tensor)
 
 
-def registered() -> bool:
-    """Whether the overrides are registered now (tests of mode exit)."""
-    return _STATE["lib"] is not None
+def _packed(args, kwargs) -> bool:
+    # (data, batch_sizes, hx, params, ...) rather than (input, hx, params, has_biases, ...)
+    return (not kwargs and len(args) > 3 and isinstance(args[1], torch.Tensor)
+            and isinstance(args[3], (list, tuple)))
+
+
+# torch function -> (override, whether a call is the overload it replaces)
+_BY_FUNCTION = {
+    _VF.tensor_split: (OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices),
+    torch.Tensor.tensor_split: (OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices),
+    _VF.lstm: (OVERRIDES["lstm.data"], _packed),
+    _VF.gru: (OVERRIDES["gru.data"], _packed),
+    _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
+}
+
+
+def override_for(func, args, kwargs):
+    """The override to call instead of ``func(*args, **kwargs)``, or None."""
+    entry = _BY_FUNCTION.get(func)
+    if entry is None or not entry[1](args, kwargs):
+        return None
+    if not any(isinstance(a, MetaTensor) for a in args[:2]):
+        return None
+    return entry[0]

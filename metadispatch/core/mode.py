@@ -174,9 +174,6 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
-        hold = composites.Hold()
-        entry.steps.append(hold.release)
-        hold.acquire()  # Note [Composite overrides]
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 
@@ -208,7 +205,7 @@ class MetaMode(_compat.TorchDispatchMode):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A KeyboardInterrupt can land between any two statements of __enter__ or
 # __exit__, and whatever entering installed -- the mode slot, torch's mode
-# flags, gc.freeze, the lift flag, hooks, the composite overrides -- must not
+# flags, the gc threshold, the lift flag, hooks, the function mode -- must not
 # outlive the mode.  So each change is preceded by an undo step that is safe
 # to run whether or not the change happened, and safe to run twice:
 # __enter__ undoes its entry if anything escapes; __exit__ marks the entry as
@@ -244,7 +241,7 @@ class _Entry:
 class _Active(threading.local):
     def __init__(self) -> None:
         self.entries: list = []  # (mode, entry), oldest first
-        self.before = None  # what the first entry found: torch's flags, the lift flag, the heap
+        self.before = None  # what the first entry found: torch's flags, the lift flag, the gc threshold
 
 
 _ACTIVE = _Active()
@@ -253,7 +250,7 @@ _ACTIVE = _Active()
 def _activate(mode: MetaMode, entry: _Entry) -> None:
     active = _ACTIVE
     if not active.entries and active.before is None:
-        flags, lift, heap = _compat.dispatch_mode_flags(), _compat.only_lift_cpu_tensors(), _compat.frozen_heap()
+        flags, lift, heap = _compat.dispatch_mode_flags(), _compat.only_lift_cpu_tensors(), _compat.deferred_full_gc()
         active.before = (flags, lift, heap)
         if mode.record:
             heap.__enter__()  # Note [Garbage collection during tracing]
@@ -306,6 +303,9 @@ class _SwapReal(_compat.TorchFunctionMode):
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
+            override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
+            if override is not None:
+                return override(*args, **kwargs)
         return func(*args, **kwargs)
 
 
