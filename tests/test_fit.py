@@ -81,5 +81,6 @@ def test_cli_trace_gpu_prints_whether_it_fits(tmp_path, capsys, monkeypatch):
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["trace", "fitmodel:build", "--gpu", "a100-40gb"]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("fits on A100 40 GB: yes, peak reserved 2 MiB of 39.6 GiB")
+    out = capsys.readouterr().out
+    assert "\nfits on A100 40 GB: yes, peak reserved 2 MiB of 39.6 GiB" in out
+    assert "\nestimated step time on A100 40 GB: " in out

@@ -22,7 +22,7 @@ from ..ir.trace import Trace
 __all__ = ["chrome_trace", "save_perfetto", "save_plot"]
 
 
-def _span(name: str, cat: str, ts: int, dur: int, args: dict | None = None) -> dict:
+def _span(name: str, cat: str, ts: float, dur: float, args: dict | None = None) -> dict:
     ev = {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": 0}
     if args:
         ev["args"] = args
@@ -34,8 +34,11 @@ def _nesting(call) -> list:
     return [call.phase] + [m for m in ancestors(call.module) if m]
 
 
-def chrome_trace(trace: Trace, flops=None, memory=None) -> dict:
+def chrome_trace(trace: Trace, flops=None, memory=None, clock=None) -> dict:
     """The trace as a Chrome trace-event dict (``json.dump`` it to a file).
+
+    Call ``i`` spans ``clock[i]`` to ``clock[i + 1]`` (one tick a call by
+    default; ``md.runtime`` passes estimated microseconds).
 
     >>> import torch, metadispatch as md
     >>> from metadispatch.analysis.export import chrome_trace
@@ -44,6 +47,7 @@ def chrome_trace(trace: Trace, flops=None, memory=None) -> dict:
     >>> [(e["name"], e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
     [('aten.t.default', 0, 1), ('aten.addmm.default', 1, 1), ('0', 0, 2), ('forward', 0, 2)]
     """
+    clock = clock if clock is not None else range(len(trace.calls) + 1)
     flops = flops if flops is not None else count_flops(trace)
     memory = memory if memory is not None else measure(trace)
     events: list = []
@@ -55,7 +59,7 @@ def chrome_trace(trace: Trace, flops=None, memory=None) -> dict:
             cat = "phase" if not open_spans else "module"
             label = name if cat == "phase" else name.rpartition(".")[2] or name
             args = {"module": name, "class": trace.modules.get(name, "")} if cat == "module" else None
-            events.append(_span(label, cat, start, end - start, args))
+            events.append(_span(label, cat, clock[start], clock[end] - clock[start], args))
 
     for i, call in enumerate(trace.calls):
         want = _nesting(call)
@@ -70,11 +74,11 @@ def chrome_trace(trace: Trace, flops=None, memory=None) -> dict:
                 "call": f"#{i}", "module": call.module, "rule": call.rule}
         if flops.per_call[i] is not None:
             args["flops"] = flops.per_call[i]
-        events.append(_span(call.op, "op", i, 1, args))
+        events.append(_span(call.op, "op", clock[i], clock[i + 1] - clock[i], args))
     close_to(0, len(trace.calls))
     for i in range(len(trace.calls)):
         bytes_ = {c: memory.by_category_timeline[c][i] for c in CATEGORIES}
-        events.append({"name": "live bytes", "ph": "C", "ts": i, "pid": 0, "args": bytes_})
+        events.append({"name": "live bytes", "ph": "C", "ts": clock[i], "pid": 0, "args": bytes_})
     meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "metadispatch trace"}},
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "calls"}}]
     return {"traceEvents": meta + events, "displayTimeUnit": "ns",

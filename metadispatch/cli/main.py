@@ -23,6 +23,7 @@ import traceback
 import torch
 
 from ..analysis.fit import fits
+from ..analysis.runtime import runtime as step_time
 from ..core.profiles import gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.text import printable
@@ -140,6 +141,7 @@ def _cmd_trace(args) -> int:
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     if args.gpu:
         _out(fits(trace, gpu=args.gpu))
+        _out(step_time(trace, gpu=args.gpu))
     return _exports(trace, args)
 
 
@@ -282,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
-    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="say whether the step fits on this GPU (h100, a100-80gb, ...)")
+    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="say whether the step fits on this GPU (h100, a100-80gb, ...) and estimate its time")
     for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
                                       description="Print ops, FLOPs, memory and modules of a saved trace.")):
         q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")
