@@ -410,3 +410,13 @@ def data_dependent_errors() -> tuple:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+
+
+# torch.nn.init's truncated-normal body, which every trunc_normal_ caller
+# reaches by module attribute (Note [Data-dependent initialisers] in ir/ownops.py).
+def trunc_normal_body():
+    return torch.nn.init._no_grad_trunc_normal_
+
+
+def set_trunc_normal_body(fn) -> None:
+    torch.nn.init._no_grad_trunc_normal_ = fn

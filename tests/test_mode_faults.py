@@ -33,6 +33,7 @@ def _global_state() -> dict:
         "lift": _compat.only_lift_cpu_tensors(),
         "torch function": _compat.torch_function_enabled(),
         "gc threshold": gc.get_threshold(),
+        "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),
     }

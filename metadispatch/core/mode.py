@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _compat
 from . import composites, known
+from .initializers import InitializerRoute
 from .dispatch import dispatch
 from .cache import MetaCache
 from ..errors import MetaDispatchError
@@ -174,6 +175,9 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
+        route = InitializerRoute()  # Note [Data-dependent initialisers] in ir/ownops.py
+        entry.steps.append(route.__exit__)
+        route.__enter__()
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 

@@ -14,7 +14,8 @@ up.  ``reader.py`` turns a raised ``TypeError``/``ValueError`` into a
 Note [Ops a file may name]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
 Replay runs every op the file names, so an op with effects outside its tensor
-arguments would let a file act on the machine: ``aten.from_file(path,
+arguments would let a file act on the machine (metadispatch's own ops, in
+``ownops.py``, are allowed: they write their tensor argument only): ``aten.from_file(path,
 shared=True)`` maps a file of its choosing for writing, ``aten._print``
 writes to the terminal, ``aten._backward`` runs autograd, ``profiler::`` ops
 and other namespaces do what their library does.  :func:`refusal` says why
@@ -31,6 +32,7 @@ import re
 import torch
 
 from .. import _compat
+from .ownops import OWN_OPS, ensure_defined
 
 __all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "DTYPES"]
 
@@ -125,6 +127,8 @@ def resolve_op(name: str):
         return None
     ns, op, overload = m.groups()
     qualified = f"{ns}::{op}" if overload == "default" else f"{ns}::{op}.{overload}"
+    if qualified in OWN_OPS:
+        ensure_defined()  # Note [Data-dependent initialisers] in ownops.py
     if qualified not in _registered:
         _registered = _compat.registered_op_names()  # ops registered since
         if qualified not in _registered:
@@ -148,7 +152,7 @@ def refusal(func) -> str | None:
     """Why replay must not run ``func`` (Note [Ops a file may name]), or None."""
     schema = func._schema
     name = func.name()
-    if name.partition("::")[0] not in ("aten", "prims"):
+    if name.partition("::")[0] not in ("aten", "prims") and name not in OWN_OPS:
         return "it is not an aten or prims op"
     if name in _EFFECTS:
         return "it acts outside its tensor arguments (files, printing, autograd, streams)"
