@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import metadispatch as md
 from metadispatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ import torch
 
 import metadispatch as md
 from metadispatch import _compat
-from metadispatch.core import composites, mode as mode_module
+from metadispatch.core import composites
+from metadispatch.core import mode as mode_module
 
 _PACKAGE = os.path.dirname(md.__file__)
 _ENTRY_EXIT = {md.MetaMode.__enter__.__code__, md.MetaMode.__exit__.__code__}

@@ -25,14 +25,14 @@ these values is an assumption, and callers say so.
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import MaterializeLimitError
+from ..ir.trace import TensorMeta
 from .bounds import bounds_of, fill_within
 from .tensor import META, in_kernel, wrap
 from .tensor import value_of as known_value
-from ..ir.trace import TensorMeta
 
 __all__ = ["materialize", "run_real", "map_args", "flat", "diff", "meta_like", "to_meta_outputs", "nbytes",
            "alias_pattern", "DEFAULT_LIMIT"]

@@ -34,7 +34,7 @@ fresh tensor).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -151,7 +151,7 @@ class _State:
                 # message, unless the meta kernel's is about anything but meta.
                 if "meta" in reason.lower() or isinstance(error, (DataDependentError, UnsupportedOpError)):
                     raise real_error from error
-                raise error
+                raise error  # noqa: B904  (the meta error is the answer; the real one stays its context)
             basis = _basis(made_up, name)
         metas = to_meta_outputs(out, device)
         self._keep_index_values(metas, out)

@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..core.realrun import diff, materialize, run_real
 from ..core.record import GENERATOR
 from ..core.schema import facts

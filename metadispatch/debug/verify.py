@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..core.realrun import alias_pattern, diff
 from ..core.registry import resolve_ops, rule_for
 from ..core.schema import op_name
@@ -127,7 +127,7 @@ def _compare(func, args, kwargs) -> list[str]:
         with torch.no_grad():
             real = func(*real_args, **real_kwargs)
     except Exception as e:
-        raise _Unusable(f"the real kernel raised {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        raise _Unusable(f"the real kernel raised {type(e).__name__}: {str(e).splitlines()[0][:100]}") from e
     try:
         with torch.no_grad():
             ours = func(*meta_args, **meta_kwargs)
@@ -159,7 +159,8 @@ def _sample(func, transposed: bool):
     def tensor():
         return torch.randn(4, 3).t() if transposed else torch.randn(3, 4)
 
-    args, kwargs = [], {}
+    args: list = []
+    kwargs: dict = {}
     for a in func._schema.arguments:
         t = str(a.type)
         if a.has_default_value():

@@ -17,13 +17,12 @@ from outside the mode other than small constants, which the trace keeps.
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from ..core.tensor import MetaTensor, normalize_device
 from ..errors import MetaDispatchError
 from .leaves import bind_leaves
 from .replay import execute
-from ..core.tensor import MetaTensor, normalize_device
 
 __all__ = ["materialize"]
 
@@ -48,13 +47,13 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     real = {}  # id(MetaTensor) -> real tensor: tied parameters stay tied
     for rec, metas in _by_recorder(module, slots).items():
         trace = rec.trace
-        env, _ = execute(trace, lambda: bind_leaves(trace, (), None, None, device, 0), device,
+        env, _ = execute(trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0), device,
                          check=False, rng_state=trace.rng_state, keep_all=True)
         for t in metas:
             value = env[t.__dict__["_md"][1].id]
             real[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if isinstance(
                 t, nn.Parameter) or getattr(t, "_is_param", False) else value
-    for mod, table, key, t in slots:
+    for _mod, table, key, t in slots:
         table[key] = real[id(t)]
     return module
 
