@@ -48,7 +48,7 @@ from ..core.schema import facts
 from ..core.source import traceback_frame, user_frame
 from ..core.tensor import MetaTensor
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
-from ..ir.records import dtype_abbr
+from ..ir.records import type_str
 from ..tracing.tracer import run_traced
 from .recheck import recheck
 from .report import Answer, Assumption, Report, Stop
@@ -221,8 +221,7 @@ def _basis(made_up: list, name: str) -> str:
 
 def _type(t) -> str:
     """``i64[4, 1]{1, 4}``: dtype, shape, and strides when not contiguous."""
-    text = f"{dtype_abbr(t.dtype)}[{', '.join(map(str, t.shape))}]"
-    return text if t.is_contiguous() or t.dim() < 2 else text + "{" + ", ".join(map(str, t.stride())) + "}"
+    return type_str(t.dtype, t.shape, t.stride())
 
 
 def _output_types(metas) -> str:
