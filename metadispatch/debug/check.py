@@ -220,8 +220,9 @@ def _basis(made_up: list, name: str) -> str:
 
 
 def _type(t) -> str:
-    """``i64[4, 1]{1, 4}``: dtype, shape, and strides when not contiguous."""
-    return type_str(t.dtype, t.shape, t.stride())
+    """``i64[4, 1]``: dtype, shape, and strides when ``t`` is not contiguous as
+    torch sees it (size-1 dimensions' strides do not count, unlike in traces)."""
+    return type_str(t.dtype, t.shape, None if t.is_contiguous() or t.dim() < 2 else t.stride())
 
 
 def _output_types(metas) -> str:

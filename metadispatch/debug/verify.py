@@ -22,10 +22,11 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core.realrun import alias_pattern, diff
+from ..core.realrun import alias_pattern
 from ..core.registry import resolve_ops, rule_for
 from ..core.schema import op_name
 from ..core.tensor import Converter
+from ..ir.compare import explain
 
 __all__ = ["verify_rule", "RuleCheck", "schema_samples"]
 
@@ -140,7 +141,7 @@ def _compare(func, args, kwargs) -> list[str]:
     problems = []
     for i, (r, m) in enumerate(zip(real_outs, our_outs)):
         where = f"output {i}: " if len(real_outs) > 1 else ""
-        problems += [where + p for p in diff(r, m, torch.device("cpu"))]
+        problems += [where + p for p in explain(m, r, torch.device("cpu"))]
     key = _compat.storage_key
     ins = pytree.tree_leaves((real_args, real_kwargs))
     want = alias_pattern(real_outs, ins, key)
