@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+# trace_hf_model.py builds a transformers model: slow (CONTRIBUTING.md, markers).
+_SCRIPTS = [pytest.param(p, marks=pytest.mark.slow) if p.name == "trace_hf_model.py" else p for p in EXAMPLES]
+
+
+@pytest.mark.parametrize("script", _SCRIPTS, ids=lambda p: p.name)
 def test_examples_script_runs(script):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     args = [sys.executable, str(script)] + (["2"] if script.name == "trace_hf_model.py" else [])

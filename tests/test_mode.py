@@ -138,6 +138,7 @@ def test_mode_stack_option_records_user_source_line():
     assert len(set(sources)) == 1
 
 
+@pytest.mark.slow
 def test_mode_importing_changes_nothing_global():
     import subprocess
     import sys

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 USES_FIXTURE_AND_MARKER = '''
@@ -69,6 +71,7 @@ def _write(folder: Path, source: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pytest_plugin_fixture_marker_and_golden_trace(tmp_path):
     # One file, three runs (each run imports torch, so they are few):
     # the golden string starts empty and fails, EXPECTTEST_ACCEPT=1 fills
