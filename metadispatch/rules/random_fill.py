@@ -26,45 +26,40 @@ from ..core.registry import builtin_rule
 aten = torch.ops.aten
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise RuntimeError(message)
-
-
-def _floating(x, what: str) -> None:
-    _check(x.is_floating_point(), f"{what} not implemented for {x.dtype}")
+def _fill(x, what: str, argument_ok: bool, refusal: str, dtype_ok: bool):
+    """``x``, after the CPU kernel's checks: its argument, then its dtype."""
+    if not argument_ok:
+        raise RuntimeError(refusal)
+    if not dtype_ok:
+        raise RuntimeError(f"{what} not implemented for {x.dtype}")
+    return x
 
 
 @builtin_rule(aten.normal_.default)
 def normal_(x, mean=0.0, std=1.0, *, generator=None):
-    _check(std >= 0.0, f"normal expects std >= 0.0, but found std {std}")
-    _check(x.is_floating_point() or x.is_complex(), f"normal_ not implemented for {x.dtype}")
-    return x
+    return _fill(x, "normal_", std >= 0.0, f"normal expects std >= 0.0, but found std {std}",
+                 x.is_floating_point() or x.is_complex())
 
 
 @builtin_rule(aten.cauchy_.default)
 def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
-    _check(sigma > 0.0, f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
-    _floating(x, "cauchy_")
-    return x
+    return _fill(x, "cauchy_", sigma > 0.0, f"cauchy_ expects sigma > 0.0, but found sigma={sigma}",
+                 x.is_floating_point())
 
 
 @builtin_rule(aten.exponential_.default)
 def exponential_(x, lambd=1.0, *, generator=None):
-    _check(lambd > 0.0, f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
-    _floating(x, "exponential_")
-    return x
+    return _fill(x, "exponential_", lambd > 0.0, f"exponential_ expects lambda > 0.0, but found lambda={lambd}",
+                 x.is_floating_point())
 
 
 @builtin_rule(aten.geometric_.default)
 def geometric_(x, p, *, generator=None):
-    _check(0 < p < 1, f"geometric_ expects p to be in (0, 1), but got p={p}")
-    _check(x.dtype != torch.bool and not x.is_complex(), f"geometric_ not implemented for {x.dtype}")
-    return x
+    return _fill(x, "geometric_", 0 < p < 1, f"geometric_ expects p to be in (0, 1), but got p={p}",
+                 x.dtype != torch.bool and not x.is_complex())
 
 
 @builtin_rule(aten.log_normal_.default)
 def log_normal_(x, mean=1.0, std=2.0, *, generator=None):
-    _check(std > 0.0, f"log_normal_ expects std > 0.0, but found std={std}")
-    _floating(x, "log_normal_")
-    return x
+    return _fill(x, "log_normal_", std > 0.0, f"log_normal_ expects std > 0.0, but found std={std}",
+                 x.is_floating_point())
