@@ -14,7 +14,6 @@ import gc
 import os
 import sys
 import tempfile
-import time
 import tracemalloc
 
 import torch

@@ -78,12 +78,12 @@ def micro(repeat: int = 200) -> list[tuple]:
     mode = md.MetaMode()
     ma, mb, mc, md_ = (mode.from_tensor(t) for t in (x, x, img, w))
     for name, op in ops.items():
-        def run_fake():
+        def run_fake(op=op):
             with fake:
                 for _ in range(repeat):
                     op(fa, fb, fc, fd)
 
-        def run_md():
+        def run_md(op=op):
             with md.MetaMode():
                 for _ in range(repeat):
                     op(ma, mb, mc, md_)
@@ -101,7 +101,7 @@ def scale(layers=(8, 16, 32), repeat: int = 3) -> list[tuple]:
         model, ids = build(LlamaForCausalLM, llama_config(n), md.MetaMode())
         step = train_step(model, True)
         calls = len(md.trace(step, ids))
-        t = best_of(lambda: md.trace(step, ids), repeat)
+        t = best_of(lambda step=step, ids=ids: md.trace(step, ids), repeat)
         rows.append((f"LLaMA {n}L/1024 fw+bw", calls, f"{t * 1e3:.0f} ms", f"{t / calls * 1e6:.1f} us"))
     return rows
 

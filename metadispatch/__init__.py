@@ -11,29 +11,43 @@ Importing this package changes nothing global: modes and hooks exist only
 while a ``MetaMode`` is entered or ``md.trace`` runs.
 """
 
+import importlib.metadata as _metadata
+
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
-from .tracing.tracer import to_meta, trace, tracer
-from .debug.check import check, checker
-from .debug.diff import diff
-from .errors import (BudgetExceededError, DataDependentError, MaterializeLimitError, MetaDispatchError,
-                     ReplayError, TraceFormatError, UnsupportedFeatureError, UnsupportedOpError)
+from .analysis.fit import fits
 from .analysis.flops import flops, register_flops, unregister_flops
 from .analysis.memory import LiveStorages, memory
-from .analysis.fit import fits
+from .analysis.tables import module_table, shape_log
 from .core.mode import MetaMode
 from .core.profiles import GPUProfile, gpu_profile, register_gpu
 from .core.registry import register_meta, unregister_meta
-from .runtime.materialize import materialize
-from .runtime.budget import Budget
-from .runtime.replay import Mismatch, Replay, replay
+from .core.tensor import MetaTensor
+from .debug.check import check, checker
+from .debug.diff import diff
 from .debug.report import Report
 from .debug.verify import RuleCheck, verify_rule
-from .core.tensor import MetaTensor
-from .analysis.tables import module_table, shape_log
+from .errors import (
+    BudgetExceededError,
+    DataDependentError,
+    MaterializeLimitError,
+    MetaDispatchError,
+    ReplayError,
+    TraceFormatError,
+    UnsupportedFeatureError,
+    UnsupportedOpError,
+)
 from .ir.trace import Leaf, OpCall, TensorMeta, Trace
+from .runtime.budget import Budget
+from .runtime.materialize import materialize
+from .runtime.replay import Mismatch, Replay, replay
+from .tracing.tracer import to_meta, trace, tracer
 
-__version__ = "0.1.0"
+# The version is written once, in pyproject.toml; an uninstalled checkout has none.
+try:
+    __version__ = _metadata.version("metadispatch")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"
 
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",

@@ -5,19 +5,26 @@ A torch upgrade that renames one of these should need a change here only.
 
 from __future__ import annotations
 
-import sys
-
 import gc
+import sys
 import threading
+from types import FrameType
 
 import torch
 import torch.utils._python_dispatch as _python_dispatch
 import torch.utils.checkpoint
+from torch._ops import OpOverload, OpOverloadPacket
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
+    "OpOverload",
+    "OpOverloadPacket",
+    "pytree",
+    "parse_to",
+    "variable_functions",
     "TorchDispatchMode",
     "TorchFunctionMode",
     "WeakIdKeyDictionary",
@@ -86,6 +93,11 @@ set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 # Excludes the Python dispatch keys for the duration: kernels called inside
 # run on the meta backend directly and never re-enter a mode or subclass.
 no_python_dispatch = torch._C._DisableTorchDispatch
+# Tensor.to's argument parser: (device, dtype, non_blocking, memory_format).
+parse_to = torch._C._nn._parse_to
+# torch's C++ functions (torch.tensor_split, torch._VF.lstm, ...): what a
+# torch-function mode sees as ``func`` for them.
+variable_functions = torch._C._VariableFunctions
 # Turns torch-function modes off for the duration: code that reads a real
 # tensor under a MetaMode (conversion, hooks) sees it, not its stand-in.
 no_torch_function = torch._C.DisableTorchFunction
@@ -204,7 +216,7 @@ def in_checkpoint_recompute() -> bool:
     """True while torch.utils.checkpoint recomputes a forward in backward."""
     if not torch.is_grad_enabled() or not in_backward():
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name in _RECOMPUTE_FRAMES and code.co_filename == _CHECKPOINT_FILE:

@@ -56,7 +56,7 @@ class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):
     """A FakeTensorMode feature that MetaMode deliberately does not offer.
 
     The message names the feature and what to use instead; the table of
-    differences is in the README (MetaMode in place of FakeTensorMode).
+    differences is in docs/fake-tensor-mode.md.
     """
 
 

@@ -269,7 +269,7 @@ def _writes(put, base) -> None:
             with_calls(lambda d, x, w, n, op=op: [
                 (op, [_t(x), _t(x) if "type_as" in op else [2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
                 ("aten.mul_.Tensor", [_t(d.tensor(n, [2, 4])), 3], {}, [_t(d.tensor(n, [2, 4]))])]))
-    for op, args, kwargs in [
+    for op, args, _kwargs in [
         ("aten.copy_.default", "x_from_w", {}),
         ("aten.add.out", "out", {}),
         ("aten.index_put_.default", "index_put", {}),
@@ -340,7 +340,7 @@ def _dos(put, base, directory) -> None:
     n = d.next_id()
     a = d.tensor(n, [4096, 4096])
     d.leaf("input", "a", a)
-    for r in range(200):
+    for _ in range(200):
         d.call("aten.mm.default", [_t(a), _t(a)], {}, [_t(d.tensor(n + 1, [4096, 4096]))])
     put("budget", "mm-many", d.d)
     d = Doc(base)
@@ -504,6 +504,7 @@ def check(directory: str, limit_bytes: int) -> None:
 
     resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     import torch
+
     import metadispatch as md
     from metadispatch.cli.main import report
     from metadispatch.ir.text import printable

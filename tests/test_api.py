@@ -41,3 +41,27 @@ def test_api_trace_of_meta_module_names_its_parameters():
     meta = md.to_meta(nn.Linear(3, 2))
     t = md.trace(meta, md.to_meta(torch.ones(1, 3)))
     assert sorted(leaf.name for leaf in t.leaves.values() if leaf.kind == "param") == ["bias", "weight"]
+
+
+# The public API before the subpackages came (CONTRIBUTING.md, "What is
+# public"): every name stays in __all__ and resolves, whatever moves inside.
+PUBLIC_BEFORE_THE_LAYOUT = [
+    "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
+    "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
+    "flops", "register_flops", "unregister_flops", "memory", "LiveStorages", "module_table", "shape_log",
+    "replay", "Replay", "Mismatch", "materialize",
+    "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",
+    "UnsupportedFeatureError", "check", "checker", "Report", "MaterializeLimitError", "verify_rule", "RuleCheck",
+]
+
+
+def test_api_all_keeps_every_public_name_and_each_resolves():
+    assert sorted(set(PUBLIC_BEFORE_THE_LAYOUT) - set(md.__all__)) == []
+    assert [name for name in md.__all__ if not hasattr(md, name)] == []
+    assert len(md.__all__) == len(set(md.__all__))
+
+
+def test_api_version_comes_from_the_package_metadata():
+    import importlib.metadata
+
+    assert md.__version__ == importlib.metadata.version("metadispatch")

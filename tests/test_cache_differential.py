@@ -11,7 +11,6 @@ leaves, outputs and gradients).  The full op_db run is
 import copy
 
 import pytest
-import torch
 
 from tests.models import MODELS, train_step
 from tests.test_opdb import DTYPES, SUBSET

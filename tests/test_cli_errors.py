@@ -5,7 +5,6 @@ import textwrap
 import time
 
 import pytest
-import torch
 
 from metadispatch.cli.main import EXIT_CODES, _Progress, main
 

@@ -20,7 +20,6 @@ def _tiny_llama():
     return transformers.LlamaForCausalLM(cfg)
 
 
-@pytest.mark.slow
 def test_llama_use_cache_false_forward_backward_traces_with_known_values():
     model = _tiny_llama()
     ids = torch.randint(0, 64, (2, 8))

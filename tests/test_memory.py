@@ -107,7 +107,6 @@ def test_memory_prints_peak_and_categories():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["hf_llama", "convnet"])
 def test_memory_peak_matches_cuda_allocator(name):
     model, inputs = MODELS[name]()

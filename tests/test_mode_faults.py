@@ -85,6 +85,7 @@ def _body_nested():
             torch.ones(2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body", [_body_mode, _body_trace, _body_nested])
 def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body):
     before = _global_state()

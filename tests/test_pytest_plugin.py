@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 USES_FIXTURE_AND_MARKER = '''
@@ -47,9 +49,9 @@ def test_golden(meta_mode, expect_trace):
 
 
 def _plugin_args() -> list:
-    installed = any(ep.value == "metadispatch.testing.plugin"
+    installed = any(ep.value == "metadispatch_pytest"
                     for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "metadispatch.testing.plugin"]
+    return [] if installed else ["-p", "metadispatch_pytest"]
 
 
 def _pytest(folder: Path, *, accept: bool = False) -> subprocess.CompletedProcess:
@@ -69,6 +71,7 @@ def _write(folder: Path, source: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pytest_plugin_fixture_marker_and_golden_trace(tmp_path):
     # One file, three runs (each run imports torch, so they are few):
     # the golden string starts empty and fails, EXPECTTEST_ACCEPT=1 fills
@@ -94,3 +97,43 @@ def test_pytest_plugin_fixture_marker_and_golden_trace(tmp_path):
     again = _pytest(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "5 passed" in again.stdout
+
+
+TORCH_FREE = '''
+import sys
+
+import pytest
+
+
+def test_nothing_heavy_is_imported():
+    assert [m for m in ("torch", "metadispatch") if m in sys.modules] == []
+
+
+@pytest.mark.metadispatch(device="cuda")
+def test_the_marker_alone_imports_nothing_either():
+    assert [m for m in ("torch", "metadispatch") if m in sys.modules] == []
+'''
+
+USES_FIXTURE = '''
+import sys
+
+
+def test_fixture_imports_on_first_use(meta_mode):
+    assert "metadispatch" in sys.modules and "torch" in sys.modules
+'''
+
+
+def test_pytest_plugin_loading_imports_neither_torch_nor_metadispatch(tmp_path):
+    # A torch-free project's suite, run with the plugin loaded (the entry
+    # point, or -p from a checkout): the plugin must cost it nothing.
+    _write(tmp_path, TORCH_FREE)
+    result = _pytest(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout
+
+
+def test_pytest_plugin_fixture_imports_metadispatch_when_used(tmp_path):
+    _write(tmp_path, USES_FIXTURE)
+    result = _pytest(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout

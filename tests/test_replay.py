@@ -14,7 +14,7 @@ import metadispatch as md
 from metadispatch.runtime.leaves import index_bounds
 from tests.replay_cases import CASES, VOCAB, build
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = pytest.mark.cuda  # skipped without a CUDA device (conftest.py)
 
 
 def _eager(model, fn, inputs, seed, device="cpu"):

@@ -7,6 +7,9 @@ A new rule in ``metadispatch/rules/`` needs an entry here (the last test
 enforces it).
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -116,7 +119,22 @@ SAMPLES = {
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
         (_x(4, 3, 5).transpose(0, 2), [torch.tensor([1]), None, torch.tensor([0])]),
     ],
+    # rules/random_fill.py: write self, return it (Note [Random fills without dynamo])
+    aten.normal_.default: [(_x(3, 4, dtype=d), 1.0, 0.5) for d in _DT] + [(_x(4, 3).mT,), (_c(2, 3),)],
+    aten.cauchy_.default: [(_x(3, 4, dtype=d),) for d in _DT] + [(_x(4, 3).mT, 1.0, 2.0)],
+    aten.exponential_.default: [(_x(3, 4, dtype=d), 2.0) for d in _DT],
+    aten.geometric_.default: [(_x(3, 4, dtype=d), 0.3) for d in _DT + (torch.int64, torch.uint8)],
+    aten.log_normal_.default: [(_x(3, 4, dtype=d),) for d in _DT] + [(_x(4, 3).mT, 0.0, 1.0)],
 }
+
+# Arguments and dtypes each real in-place random fill refuses.
+_REFUSED_FILLS = [
+    (aten.normal_.default, (-1.0,), torch.float32), (aten.normal_.default, (), torch.int64),
+    (aten.cauchy_.default, (0.0, 0.0), torch.float32), (aten.cauchy_.default, (), torch.complex64),
+    (aten.exponential_.default, (0.0,), torch.float32), (aten.exponential_.default, (), torch.int32),
+    (aten.geometric_.default, (1.0,), torch.float32), (aten.geometric_.default, (0.5,), torch.bool),
+    (aten.log_normal_.default, (1.0, 0.0), torch.float32), (aten.log_normal_.default, (), torch.uint8),
+]
 
 
 @pytest.mark.parametrize("op", list(SAMPLES), ids=op_name)
@@ -142,6 +160,16 @@ def test_rules_index_boolean_mask_is_data_dependent():
         x[md.to_meta(torch.ones(4, dtype=torch.bool))]
 
 
+@pytest.mark.parametrize("op, args, dtype", _REFUSED_FILLS, ids=lambda v: op_name(v) if isinstance(v, torch._ops.OpOverload) else str(v))
+def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
+    if op is aten.normal_.default and args:
+        args = (0.0,) + args  # mean, std
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        op(torch.zeros(3, dtype=dtype), *args)
+    with pytest.raises(RuntimeError):
+        op(md.to_meta(torch.zeros(3, dtype=dtype)), *args)
+
+
 def test_rules_every_builtin_rule_has_a_differential_test():
     assert set(registry._BUILTIN) <= set(SAMPLES)
 
@@ -150,3 +178,15 @@ def test_rules_histogram_has_no_kernel_off_cpu():
     # The real histogram kernels exist on CPU only.
     with pytest.raises(md.UnsupportedOpError):
         torch.histogram(md.to_meta(torch.randn(8), device="cuda"), bins=4)
+
+
+def test_rules_random_fill_building_a_model_does_not_import_dynamo():
+    # Note [Random fills without dynamo]: nn.init's normal_ under MetaMode
+    # used to import torch._dynamo (about 1.5 s) through torch's reference.
+    code = ("import sys, torch, metadispatch as md\n"
+            "with md.MetaMode(device='cuda'):\n"
+            "    torch.nn.Embedding(10, 8); torch.empty(4).geometric_(0.5)\n"
+            "    torch.empty(4).exponential_(); torch.empty(4).log_normal_(); torch.empty(4).cauchy_()\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

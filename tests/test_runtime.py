@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metadispatch as md
 from metadispatch.analysis.runtime import DEFAULT_EFFICIENCY, Efficiency, roofline, runtime

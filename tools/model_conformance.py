@@ -28,7 +28,8 @@ import copy
 import importlib.util
 import os
 import sys
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn

@@ -46,7 +46,6 @@ from torch.utils import _pytree as pytree
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import metadispatch as md  # noqa: E402
-from metadispatch.core.tensor import Converter  # noqa: E402
 
 PASS, DATA, FAIL, SKIP = "pass", "data-dependent", "fail", "skip"
 

@@ -36,8 +36,16 @@ from __future__ import annotations
 
 import bisect
 
-from .allocconfig import (LARGE_BUFFER, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE, AllocatorConfig,
-                          round_size, segment_size)
+from .allocconfig import (
+    LARGE_BUFFER,
+    MIN_BLOCK,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    AllocatorConfig,
+    round_size,
+    segment_size,
+)
 
 __all__ = ["CachingAllocator", "Block", "Segment"]
 
@@ -137,6 +145,7 @@ class CachingAllocator:
             self.capacity, cap = None, self.capacity
             b = self._new_block(size, small)
             self.capacity = cap
+        assert b is not None  # an unlimited capacity always has room
         return self._take(b, size, nbytes)
 
     def _take(self, b: Block, size: int, nbytes: int) -> Block:

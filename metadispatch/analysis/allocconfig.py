@@ -34,7 +34,7 @@ garbage_collection_threshold=0.0)
     garbage_collection_threshold: float = 0.0
 
     @classmethod
-    def parse(cls, conf: str) -> "AllocatorConfig":
+    def parse(cls, conf: str) -> AllocatorConfig:
         """From the environment variable's ``key:value,key:value`` form."""
         kw: dict = {}
         for item in filter(None, conf.split(",")):

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 
-from .flops import ancestors, flops as count_flops
-from .memory import CATEGORIES, memory as measure
 from ..ir.trace import Trace
+from .flops import ancestors
+from .flops import flops as count_flops
+from .memory import CATEGORIES
+from .memory import memory as measure
 
 __all__ = ["chrome_trace", "save_perfetto", "save_plot"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..core.profiles import GPUProfile, gpu_profile
+from ..ir.records import type_str
 from ..ir.text import fmt_bytes
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
@@ -70,7 +71,7 @@ def _metas(trace: Trace) -> dict:
 def _shape(m: TensorMeta | None) -> str:
     if m is None:
         return "tensor"
-    return f"{str(m.dtype).replace('torch.', '')}[{', '.join(map(str, m.shape))}]"
+    return type_str(m.dtype, m.shape)
 
 
 class Fit:

@@ -22,7 +22,7 @@ module and every enclosing one, so ``.by_module[""]`` is the total.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import flop_registry as _torch_formulas

@@ -33,11 +33,11 @@ from collections import Counter
 from functools import partial
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from .. import _compat
-from ..ir.text import fmt_bytes, render
+from .._compat import pytree
 from ..core.profiles import GPUProfile, gpu_profile
+from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
@@ -112,7 +112,7 @@ def _deaths(trace: Trace, infos: dict) -> None:
         for s, info in infos.items():
             info.died = trace.deaths.get(s)
         return
-    kept = {m.storage for m in tree_leaves(trace.output_meta) if isinstance(m, TensorMeta)}
+    kept = {m.storage for m in pytree.tree_leaves(trace.output_meta) if isinstance(m, TensorMeta)}
     kept |= {g.storage for g in trace.grads.values()}
     for s, info in infos.items():
         if info.born >= 0 and s not in kept:
@@ -257,7 +257,7 @@ class LiveStorages(_compat.TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves((args, kwargs, out)):
+        for t in pytree.tree_leaves((args, kwargs, out)):
             if isinstance(t, torch.Tensor):
                 self._see(t)
         self.peak = max(self.peak, self.live)

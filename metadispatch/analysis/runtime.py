@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
@@ -192,6 +192,13 @@ def _call_time(call, flops, profile: GPUProfile, eff: Efficiency) -> tuple[float
     return t, ("compute" if t == compute else "memory" if t == memory else "launch")
 
 
+Seconds = dict  # name -> seconds
+
+
+def _largest(d: dict) -> list:
+    return sorted(d.items(), key=lambda kv: -kv[1])
+
+
 @dataclass
 class Runtime:
     """Estimated time of a traced step on one GPU; print it for a summary.
@@ -206,10 +213,10 @@ class Runtime:
     per_call: list
     bound: list
     flops: int
-    by_op: Counter = field(default_factory=Counter)
-    by_phase: Counter = field(default_factory=Counter)
-    by_module: Counter = field(default_factory=Counter)
-    by_bound: Counter = field(default_factory=Counter)
+    by_op: Seconds = field(default_factory=dict)
+    by_phase: Seconds = field(default_factory=dict)
+    by_module: Seconds = field(default_factory=dict)
+    by_bound: Seconds = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -229,13 +236,13 @@ class Runtime:
     def __str__(self) -> str:
         head = (f"estimated step time on {self.gpu.title}: {self.total * 1e3:.1f} ms "
                 f"({fmt_count(self.flops)} FLOPs, MFU {self.mfu:.0%} of {self.main_dtype} peak; "
-                + ", ".join(f"{b} {t * 1e3:.1f} ms" for b, t in self.by_bound.most_common() if t)
+                + ", ".join(f"{b} {t * 1e3:.1f} ms" for b, t in _largest(self.by_bound) if t)
                 + ")" + ("" if self.efficiency is not DEFAULT_EFFICIENCY else
                          " -- uncalibrated efficiency table"))
         phases = [(p, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-")
                   for p, t in sorted(self.by_phase.items())]
         ops = [(op, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-")
-               for op, t in self.by_op.most_common(8)]
+               for op, t in _largest(self.by_op)[:8]]
         return "\n".join([head] + render(("phase", "ms", "share"), phases, align="<>>")
                          + render(("op", "ms", "share"), ops, align="<>>"))
 
@@ -269,7 +276,11 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None,
     profile = gpu_profile(gpu if gpu is not None else getattr(trace, "gpu", None))
     eff = efficiency or efficiency_for(profile)
     per_call, bounds, total_flops = [], [], 0
-    by_op, by_phase, by_module, by_bound, by_dtype = Counter(), Counter(), Counter(), Counter(), Counter()
+    by_op: Seconds = defaultdict(float)
+    by_phase: Seconds = defaultdict(float)
+    by_module: Seconds = defaultdict(float)
+    by_bound: Seconds = defaultdict(float)
+    by_dtype: dict[str, int] = defaultdict(int)
     for call in trace.calls:
         flops = call_flops(call)
         t, bound = _call_time(call, flops, profile, eff)
@@ -283,6 +294,6 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None,
         by_bound[bound] += t
         for m in ancestors(call.module):
             by_module[m] += t
-    main = by_dtype.most_common(1)[0][0] if by_dtype else "fp32"
+    main = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "fp32"
     return Runtime(profile, eff, per_call, bounds, total_flops, by_op, by_phase, by_module, by_bound,
                    main_dtype=main)

@@ -11,8 +11,10 @@ from collections import Counter
 
 from ..ir.text import render
 from ..ir.trace import Trace
-from .flops import ancestors, flops as count_flops, fmt_count, formula_for
-from .memory import fmt_bytes, memory as measure
+from .flops import ancestors, fmt_count, formula_for
+from .flops import flops as count_flops
+from .memory import fmt_bytes
+from .memory import memory as measure
 
 __all__ = ["render", "module_table", "shape_log", "ShapeLog"]
 

@@ -36,7 +36,7 @@ class LlamaConfig:
     rope_theta: float = 10000.0
 
     @classmethod
-    def tiny(cls) -> "LlamaConfig":
+    def tiny(cls) -> LlamaConfig:
         return cls(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48)
 
 

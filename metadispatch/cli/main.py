@@ -113,8 +113,8 @@ def report(trace, *, top: int = 10, depth: int = 2, width: int | None = None) ->
 
 
 def _cmd_trace(args) -> int:
-    from ..tracing.tracer import tracer
     from ..core.mode import MetaMode
+    from ..tracing.tracer import tracer
 
     device = args.device
     dtype = _DTYPES[args.dtype] if args.dtype else None
@@ -206,8 +206,8 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    from ..debug.check import checker
     from ..core.realrun import DEFAULT_LIMIT
+    from ..debug.check import checker
 
     if args.device is not None and torch.device(args.device).type != "cpu" and not args.no_recheck:
         raise UsageError(f"--device {args.device}: check re-runs every call on the CPU, which is no "
@@ -230,7 +230,7 @@ def _gpu(text: str) -> str:
     try:
         return gpu_profile(text).name
     except MetaDispatchError as e:
-        raise argparse.ArgumentTypeError(str(e))
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _at_least(low: int):
@@ -238,7 +238,7 @@ def _at_least(low: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
@@ -249,7 +249,7 @@ def _device(text: str) -> str:
     try:
         torch.device(text)
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"not a device: {text!r} (e.g. cpu, cuda, cuda:1)")
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (e.g. cpu, cuda, cuda:1)") from None
     return text
 
 

@@ -13,8 +13,9 @@ import ast
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -136,7 +137,7 @@ def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1,
     try:
         config = transformers.AutoConfig.for_model(arch)
     except ValueError:
-        raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)")
+        raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)") from None
     check_overrides(config, overrides)
     config = transformers.AutoConfig.for_model(arch, **overrides)
     if arch in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:

@@ -28,7 +28,8 @@ lookups per call on the listed ops, nothing on the others.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

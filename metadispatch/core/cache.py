@@ -74,9 +74,9 @@ import threading
 import torch
 
 from .. import _compat
+from ..ir.trace import TensorMeta
 from . import registry
 from .tensor import META, MetaTensor, wrap
-from ..ir.trace import TensorMeta
 
 __all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes"]
 
@@ -96,7 +96,7 @@ _TORCH = torch.__version__
 
 def context(mode, f) -> tuple:
     """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
-    state = (_TORCH, registry.version(), mode.device, mode.device_profile, mode.known_limit,
+    state: tuple = (_TORCH, registry.version(), mode.device, mode.device_profile, mode.known_limit,
              torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
              _compat.autocast_state() if _compat.any_autocast() else None)
     if f.reads_sdp_switches:

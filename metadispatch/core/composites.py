@@ -122,7 +122,7 @@ OVERRIDES = {
     "lstm.data": _rnn_data("lstm"),
     "gru.data": _rnn_data("gru"),
 }
-_VF = torch._C._VariableFunctions
+_VF = _compat.variable_functions
 
 
 def _tensor_indices(args, kwargs) -> bool:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from . import bounds, known
 from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, mark_call
+from . import bounds, known
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
 from .schema import facts

@@ -14,7 +14,7 @@ True
 >>> md.MetaMode(static_shapes=False)
 Traceback (most recent call last):
   ...
-metadispatch.errors.UnsupportedFeatureError: MetaMode(static_shapes=False) is not supported: MetaMode traces static shapes only (no SymInts, no ShapeEnv); see the README (MetaMode in place of FakeTensorMode)
+metadispatch.errors.UnsupportedFeatureError: MetaMode(static_shapes=False) is not supported: MetaMode traces static shapes only (no SymInts, no ShapeEnv); see docs/fake-tensor-mode.md
 """
 
 from __future__ import annotations
@@ -60,4 +60,4 @@ def _check(where: str, table: dict, options: dict) -> None:
         if accepted is not _ANY and not any(value is a or value == a for a in accepted):
             raise UnsupportedFeatureError(
                 f"{where}({name}={value!r}) is not supported: {why}; "
-                "see the README (MetaMode in place of FakeTensorMode)")
+                "see docs/fake-tensor-mode.md")

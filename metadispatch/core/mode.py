@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from .. import _compat
-from . import composites, known
-from .initializers import InitializerRoute
-from .dispatch import dispatch
-from .cache import MetaCache
+from .._compat import pytree
 from ..errors import MetaDispatchError
+from ..ir.trace import Trace
+from . import composites, known
+from .cache import MetaCache
+from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
+from .initializers import InitializerRoute
 from .modules import ModuleStack
 from .record import Recorder
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
-from ..ir.trace import Trace
 
 __all__ = ["MetaMode", "scratch_mode"]
 
@@ -64,7 +65,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self.cache = MetaCache() if cache else None
         self._saved: list = []  # per __enter__, an _Entry: what __exit__ undoes
-        self.fallback = None  # set by md.check: answers ops no stage can
+        self.fallback: Callable | None = None  # set by md.check: answers ops no stage can
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
         # Constants up to this many elements carry their real value (known.py).
         self.known_limit = known_limit
@@ -230,7 +231,7 @@ class _Entry:
     def __init__(self) -> None:
         self.steps: list = []
         self.leaving = False
-        self.tracker = None  # the ModuleStack this entry installed
+        self.tracker: ModuleStack | None = None  # the ModuleStack this entry installed
         self.generators: dict = {}  # id -> (generator, state before its first use)
 
     def undo(self) -> None:
@@ -245,7 +246,7 @@ class _Entry:
 class _Active(threading.local):
     def __init__(self) -> None:
         self.entries: list = []  # (mode, entry), oldest first
-        self.before = None  # what the first entry found: torch's flags, the lift flag, the gc threshold
+        self.before: tuple | None = None  # what the first entry found: torch's flags, the lift flag, the gc threshold
 
 
 _ACTIVE = _Active()
@@ -332,7 +333,7 @@ _SWAP = _SwapReal()
 
 
 class _Scratch(threading.local):
-    mode = None
+    mode: MetaMode | None = None
 
 
 _SCRATCH = _Scratch()
@@ -340,9 +341,10 @@ _SCRATCH = _Scratch()
 
 def scratch_mode() -> MetaMode:
     """A non-recording mode for running rules on MetaTensors outside any mode."""
-    if _SCRATCH.mode is None:
-        _SCRATCH.mode = MetaMode(record=False)
-    return _SCRATCH.mode
+    mode = _SCRATCH.mode
+    if mode is None:
+        mode = _SCRATCH.mode = MetaMode(record=False)
+    return mode
 
 
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.

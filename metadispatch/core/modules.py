@@ -27,7 +27,7 @@ class ModuleStack(ModuleTracker):
     def __init__(self) -> None:
         super().__init__()
         self._thread = threading.get_ident()
-        self._for = None  # the parents set the cache was computed from
+        self._for: set | None = None  # the parents set the cache was computed from
         self._current = ""
         self.classes: dict = {}  # qualified name -> class name
         self.in_optimizer = False

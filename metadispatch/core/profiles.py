@@ -16,9 +16,9 @@ absent from ``flops``; a caller falls back to the nearest wider dtype.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 from ..errors import MetaDispatchError
 

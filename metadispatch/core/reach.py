@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -153,7 +154,7 @@ def _walks_dict(obj) -> bool:
     if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
         return True
     module = type(obj).__module__ or ""
-    return not module.split(".")[0] in ("torch", "builtins", "metadispatch", "numpy")
+    return module.split(".")[0] not in ("torch", "builtins", "metadispatch", "numpy")
 
 
 def find(roots: dict[str, Any], keep: Callable[[Any], bool]) -> list:

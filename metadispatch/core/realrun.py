@@ -8,8 +8,7 @@ Used by ``md.check`` (answering ops no rule can, re-checking every call),
   storage), filled with made-up data -- or with the real value when the
   tensor has a known value (see ``known.py``).  Bounded by a byte limit.
 * ``run_real``: call an op on materialised arguments, devices moved to CPU.
-* ``diff``: what a MetaTensor (or recorded TensorMeta) reports that the real
-  output does not -- shape, dtype, device, storage offset, significant strides.
+* comparing what was recorded with a real output is ``ir/compare.py``'s job.
 
 Note [Made-up data]
 ~~~~~~~~~~~~~~~~~~~
@@ -25,16 +24,16 @@ these values is an assumption, and callers say so.
 from __future__ import annotations
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import MaterializeLimitError
+from ..ir.trace import TensorMeta
 from .bounds import bounds_of, fill_within
 from .tensor import META, in_kernel, wrap
 from .tensor import value_of as known_value
-from ..ir.trace import TensorMeta
 
-__all__ = ["materialize", "run_real", "map_args", "flat", "diff", "meta_like", "to_meta_outputs", "nbytes",
+__all__ = ["materialize", "run_real", "map_args", "flat", "meta_like", "to_meta_outputs", "nbytes",
            "alias_pattern", "DEFAULT_LIMIT"]
 
 DEFAULT_LIMIT = 1 << 30  # bytes of real inputs md.check may allocate for one call
@@ -165,36 +164,6 @@ def to_meta_outputs(out, device):
     """Real outputs -> MetaTensors on the logical ``device`` (plain values pass)."""
     return pytree.tree_map(
         lambda o: wrap(meta_like(o), device) if isinstance(o, torch.Tensor) else o, out)
-
-
-def diff(expected: torch.Tensor, actual, device=None) -> list[str]:
-    """How ``actual`` (MetaTensor or TensorMeta) differs from a real tensor.
-
-    Strides are compared on dimensions of size > 1 only, and not at all for
-    empty tensors, as ``torch._prims_common.check_significant_strides`` does.
-    """
-    out = []
-    shape, stride = tuple(actual.shape), tuple(actual.stride if isinstance(actual.stride, tuple)
-                                               else actual.stride())
-    offset = actual.storage_offset if isinstance(actual.storage_offset, int) else actual.storage_offset()
-    if tuple(expected.shape) != shape:
-        return [f"shape {_t(shape)} != {_t(expected.shape)}"]
-    if expected.dtype != actual.dtype:
-        out.append(f"dtype {actual.dtype} != {expected.dtype}")
-    got_device = getattr(actual, "_md_device", None) or actual.device
-    if device is not None and got_device != device:
-        out.append(f"device {got_device} != {device}")
-    if expected.numel() > 0:
-        bad = [i for i, s in enumerate(shape) if s > 1 and stride[i] != expected.stride(i)]
-        if bad:
-            out.append(f"strides {_t(stride)} != {_t(expected.stride())}")
-        if offset != expected.storage_offset():
-            out.append(f"storage offset {offset} != {expected.storage_offset()}")
-    return out
-
-
-def _t(x) -> str:
-    return "(" + ", ".join(map(str, x)) + ")"
 
 
 def alias_pattern(outputs, inputs, key) -> tuple:

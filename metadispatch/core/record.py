@@ -33,9 +33,9 @@ import weakref
 import torch
 
 from .. import _compat
+from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
 from .source import user_frame
 from .tensor import MetaTensor
-from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
 
 __all__ = ["Recorder", "BackwardModules"]
 
@@ -63,7 +63,7 @@ class BackwardModules:
     def __init__(self) -> None:
         self.seqs: list = []  # first sequence number of each run of nodes...
         self.modules: list = []  # ...and the module whose forward ops made them
-        self.last = None
+        self.last: str | None = None
         self._next = _compat.next_sequence_nr()
 
     def note(self, module: str) -> None:

@@ -19,10 +19,11 @@ Registering the same op twice raises unless ``override=True``; a packet
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from .. import _compat
 from .schema import op_name
 
 __all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for",
@@ -42,9 +43,9 @@ def resolve_ops(op) -> list:
     """OpOverload, OpOverloadPacket, or "ns::name[.overload]" -> overloads."""
     if isinstance(op, (list, tuple)):
         return [o for x in op for o in resolve_ops(x)]
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, _compat.OpOverload):
         return [op]
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if isinstance(op, _compat.OpOverloadPacket):
         return [getattr(op, name) for name in op.overloads()]
     if isinstance(op, str):
         ns, sep, rest = op.partition("::")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from . import registry
 from ..errors import DataDependentError, UnsupportedOpError
 from ..ir.records import type_str
+from . import registry
 from .tensor import WIRING, MetaTensor, in_kernel, wrap
 
 __all__ = ["route", "run_nested", "describe_inputs", "data_dependent_error"]

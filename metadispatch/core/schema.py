@@ -95,7 +95,7 @@ def _writes_and_aliases(func) -> tuple:
         for s in (a.alias_info.before_set if a.alias_info is not None else ()):
             by_set.setdefault(s, []).append(ref[i])
     marked = [ref[i] for i, a in enumerate(args) if a.alias_info is not None]
-    aliases = []
+    aliases: list = []
     for r in schema.returns:
         if r.alias_info is None:
             aliases.append(())
@@ -105,7 +105,7 @@ def _writes_and_aliases(func) -> tuple:
     view_of = _UNANNOTATED_VIEWS.get(func.name())
     if view_of is not None:
         aliases = [(ref[view_of],)] * len(schema.returns)
-    joins = ()
+    joins: tuple = ()
     if func.name().startswith("aten::set_") and any(a.name == _SET_SOURCE and "Tensor" in str(a.type)
                                                     for a in args):
         source = next(x for x in ref if x[1] == _SET_SOURCE)
@@ -132,7 +132,7 @@ def _compute(func) -> OpFacts:
         if a.alias_info is not None:
             for s in a.alias_info.before_set:
                 by_alias[s] = i if not a.kwarg_only else a.name
-    returns_write = []
+    returns_write: list = []
     is_view = False
     view_of = None
     for r in schema.returns:

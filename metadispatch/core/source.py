@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 
 import torch
 
@@ -22,7 +23,7 @@ _SKIP = (os.path.dirname(torch.__file__) + os.sep, _PACKAGE + os.sep,
 
 def user_frame(skip: tuple = ()) -> str | None:
     """``"model.py:12 in forward"`` for the innermost user frame, or None."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     prefixes = _SKIP + tuple(skip)
     while frame is not None:
         if _is_user(frame.f_code.co_filename, prefixes):

@@ -112,7 +112,7 @@ class StandIns:
         self._optimizers[id(opt)] = (opt, [g["params"] for g in opt.param_groups], opt.state)
         for group in opt.param_groups:
             group["params"] = [self._stand_of.get(id(p), p) for p in group["params"]]
-        state = defaultdict(dict)
+        state: defaultdict = defaultdict(dict)
         for p, entry in opt.state.items():
             stand = self._stand_of.get(id(p))
             if stand is None:
@@ -157,7 +157,7 @@ class StandIns:
         """Save the state of ``root``'s tree and swap its tensors for stand-ins."""
         if id(root) in self._swapped:
             return
-        names = {}
+        names: dict = {}
         for name, p in root.named_parameters():
             names.setdefault(id(p), ("param", name))
         for name, b in root.named_buffers():

@@ -85,7 +85,7 @@ def normalize_device(device) -> torch.device:
     return d
 
 
-def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) -> "MetaTensor":
+def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) -> MetaTensor:
     """Make a MetaTensor sharing ``elem``'s (meta) storage and metadata."""
     t = _compat.make_subclass(MetaTensor, elem, requires_grad, device)
     t._md_device = device
@@ -238,7 +238,7 @@ class MetaTensor(torch.Tensor):
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
             copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
-        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        device, dtype, non_blocking, memory_format = _compat.parse_to(*args, **kwargs)
         same_device = device is None or normalize_device(device) == self._md_device
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):

@@ -34,7 +34,7 @@ fresh tensor).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -48,7 +48,7 @@ from ..core.schema import facts
 from ..core.source import traceback_frame, user_frame
 from ..core.tensor import MetaTensor
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
-from ..ir.records import dtype_abbr
+from ..ir.records import type_str
 from ..tracing.tracer import run_traced
 from .recheck import recheck
 from .report import Answer, Assumption, Report, Stop
@@ -151,7 +151,7 @@ class _State:
                 # message, unless the meta kernel's is about anything but meta.
                 if "meta" in reason.lower() or isinstance(error, (DataDependentError, UnsupportedOpError)):
                     raise real_error from error
-                raise error
+                raise error  # noqa: B904  (the meta error is the answer; the real one stays its context)
             basis = _basis(made_up, name)
         metas = to_meta_outputs(out, device)
         self._keep_index_values(metas, out)
@@ -220,9 +220,9 @@ def _basis(made_up: list, name: str) -> str:
 
 
 def _type(t) -> str:
-    """``i64[4, 1]{1, 4}``: dtype, shape, and strides when not contiguous."""
-    text = f"{dtype_abbr(t.dtype)}[{', '.join(map(str, t.shape))}]"
-    return text if t.is_contiguous() or t.dim() < 2 else text + "{" + ", ".join(map(str, t.stride())) + "}"
+    """``i64[4, 1]``: dtype, shape, and strides when ``t`` is not contiguous as
+    torch sees it (size-1 dimensions' strides do not count, unlike in traces)."""
+    return type_str(t.dtype, t.shape, None if t.is_contiguous() or t.dim() < 2 else t.stride())
 
 
 def _output_types(metas) -> str:

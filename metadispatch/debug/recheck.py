@@ -17,15 +17,14 @@ kernel refuses on made-up data.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..core.realrun import diff, materialize, run_real
+from .._compat import pytree
+from ..core.realrun import materialize, run_real
 from ..core.record import GENERATOR
 from ..core.schema import facts
+from ..ir.compare import Mismatch, describe, differences
 from ..ir.trace import TensorMeta
 
 __all__ = ["recheck", "Mismatch"]
@@ -36,14 +35,6 @@ __all__ = ["recheck", "Mismatch"]
 # kernels come with the library, ours (user rules) are still re-checked.
 _CHECKED_NAMESPACES = ("aten.", "prims.")
 _UNCHECKED = "a third-party kernel, not run on made-up data"
-
-
-class Mismatch(NamedTuple):
-    index: int  # of the call in the trace
-    op: str
-    module: str
-    rule: str
-    problems: tuple  # "strides (1, 4) != (4, 1)": recorded != real
 
 
 def recheck(trace, limit) -> tuple[list, list]:
@@ -60,16 +51,34 @@ def recheck(trace, limit) -> tuple[list, list]:
             skipped.append((call.index, call.op, _UNCHECKED))
             continue
         try:
-            problems = _check_call(call, consts, limit)
+            found = _check_call(call, consts, limit)
         except Exception as e:  # made-up data the kernel refuses, inputs over the limit
             skipped.append((call.index, call.op, str(e).strip().splitlines()[0][:120]))
             continue
-        if problems:
-            mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, tuple(problems)))
+        if found:
+            # One Mismatch per call, its fields prefixed with the output where
+            # the call has several ("output 1: stride").
+            fields = tuple(f for f, _, _ in found)
+            mismatches.append(Mismatch(
+                call.index, call.op, call.module, call.rule, None, fields,
+                {f: want for f, want, _ in found}, {f: got for f, _, got in found},
+                tuple(_words(f, want, got) for f, want, got in found)))
     return mismatches, skipped
 
 
-def _check_call(call, consts, limit) -> list[str]:
+def _words(field: str, recorded, real) -> str:
+    where, _, name = field.rpartition(": ")
+    if name == "aliasing":
+        text = f"aliases {recorded} != {real}"
+    elif name == "outputs":
+        text = f"{recorded} tensor outputs != {real}"
+    else:
+        text = describe(name, recorded, real)
+    return f"{where}: {text}" if where else text
+
+
+def _check_call(call, consts, limit) -> list[tuple]:
+    """``(field, recorded, real)`` for each difference of ``call``'s outputs."""
     args, kwargs = pytree.tree_map(lambda x: None if x == GENERATOR else x,
                                    (call.args, dict(call.kwargs)),
                                    is_leaf=lambda x: isinstance(x, TensorMeta))
@@ -82,16 +91,16 @@ def _check_call(call, consts, limit) -> list[str]:
                  if isinstance(o, torch.Tensor)]
     recorded = call.output_metas
     if len(real_outs) != len(recorded):
-        return [f"{len(recorded)} tensor outputs != {len(real_outs)}"]
-    problems = []
+        return [("outputs", len(recorded), len(real_outs))]
+    found = []
     for i, (m, r) in enumerate(zip(recorded, real_outs)):
         where = f"output {i}: " if len(recorded) > 1 else ""
-        problems += [where + p for p in diff(r, m)]
-        got = m.storage if m.storage in input_storages else None
-        want = storage_of.get(_compat.storage_key(r))
-        if got != want:
-            problems.append(where + f"aliases {_alias(got)} != {_alias(want)}")
-    return problems
+        found += [(where + field, want, got) for field, want, got in differences(m, r)]
+        got_alias = m.storage if m.storage in input_storages else None
+        want_alias = storage_of.get(_compat.storage_key(r))
+        if got_alias != want_alias:
+            found.append((where + "aliasing", _alias(got_alias), _alias(want_alias)))
+    return found
 
 
 def _metas(tree) -> list:

@@ -104,7 +104,7 @@ class Report:
 
     ``unsupported``, ``meta_refused`` and ``data_dependent`` are lists of
     :class:`OpIssue`, ``assumptions`` of :class:`Assumption`, ``mismatches``
-    of ``recheck.Mismatch``; ``skipped`` the calls the CPU re-check could not
+    of :class:`~metadispatch.ir.compare.Mismatch`; ``skipped`` the calls the CPU re-check could not
     run, ``error`` the exception that stopped the run (None when it ran to
     the end) and ``stop`` where it stopped, ``trace`` everything recorded.
     """

@@ -19,13 +19,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..core.realrun import alias_pattern, diff
+from .._compat import pytree
+from ..core.realrun import alias_pattern
 from ..core.registry import resolve_ops, rule_for
 from ..core.schema import op_name
 from ..core.tensor import Converter
+from ..ir.compare import explain
 
 __all__ = ["verify_rule", "RuleCheck", "schema_samples"]
 
@@ -127,7 +128,7 @@ def _compare(func, args, kwargs) -> list[str]:
         with torch.no_grad():
             real = func(*real_args, **real_kwargs)
     except Exception as e:
-        raise _Unusable(f"the real kernel raised {type(e).__name__}: {str(e).splitlines()[0][:100]}")
+        raise _Unusable(f"the real kernel raised {type(e).__name__}: {str(e).splitlines()[0][:100]}") from e
     try:
         with torch.no_grad():
             ours = func(*meta_args, **meta_kwargs)
@@ -140,7 +141,7 @@ def _compare(func, args, kwargs) -> list[str]:
     problems = []
     for i, (r, m) in enumerate(zip(real_outs, our_outs)):
         where = f"output {i}: " if len(real_outs) > 1 else ""
-        problems += [where + p for p in diff(r, m, torch.device("cpu"))]
+        problems += [where + p for p in explain(m, r, torch.device("cpu"))]
     key = _compat.storage_key
     ins = pytree.tree_leaves((real_args, real_kwargs))
     want = alias_pattern(real_outs, ins, key)
@@ -159,7 +160,8 @@ def _sample(func, transposed: bool):
     def tensor():
         return torch.randn(4, 3).t() if transposed else torch.randn(3, 4)
 
-    args, kwargs = [], {}
+    args: list = []
+    kwargs: dict = {}
     for a in func._schema.arguments:
         t = str(a.type)
         if a.has_default_value():

@@ -137,7 +137,7 @@ def resolve_op(name: str):
         func = getattr(getattr(getattr(torch.ops, ns), op), overload)
     except (AttributeError, RuntimeError):
         return None
-    return func if isinstance(func, torch._ops.OpOverload) else None
+    return func if isinstance(func, _compat.OpOverload) else None
 
 
 _EFFECTS = {  # aten ops whose effects reach past their tensors (Note [Ops a file may name])

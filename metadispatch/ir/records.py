@@ -7,12 +7,12 @@ used for records, live MetaTensors and error messages alike.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
-from .. import _compat
+from .._compat import pytree
 
 __all__ = ["TensorMeta", "Leaf", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
 

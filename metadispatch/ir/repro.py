@@ -77,12 +77,12 @@ def repro(call, device="cpu") -> str:
             seen.add(m.id)
             lines.append(f"t{m.id} = make({m.shape!r}, {m.dtype}, {m.stride!r}, "
                          f"{m.storage_offset})")
-    args = [_src(a) for a in call.args]
+    sources = [_src(a) for a in call.args]
     params = {a.name for a in call.func._schema.arguments}
     for k in call.kwargs:
         if k not in params or not k.isidentifier():
             raise MetaDispatchError(f"repro: call #{call.index} {call.op} has no parameter {k!r}")
-    args = ", ".join(args + [f"{k}={_src(v)}" for k, v in call.kwargs.items()])
+    args = ", ".join(sources + [f"{k}={_src(v)}" for k, v in call.kwargs.items()])
     ns, _, rest = call.func.name().partition("::")
     name, _, overload = rest.partition(".")
     lines.append(f"result = torch.ops.{ns}.{name}.{overload or 'default'}({args})")

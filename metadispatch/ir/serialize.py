@@ -35,7 +35,6 @@ import math
 import os
 import stat
 import zlib
-
 from typing import TYPE_CHECKING
 
 import orjson

@@ -19,7 +19,8 @@ placeholders, constants, the intended device) is all here.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -76,7 +77,7 @@ class Trace:
         save(self, path)
 
     @classmethod
-    def load(cls, path, **options) -> "Trace":
+    def load(cls, path, **options) -> Trace:
         """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file.
 
         ``options``: ``max_size`` and ``allow_ops`` of :func:`metadispatch.ir.serialize.load`.

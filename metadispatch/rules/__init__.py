@@ -5,4 +5,13 @@ registered with ``@builtin_rule``; each has a differential test against the
 real CPU kernel in ``tests/test_rules.py``.
 """
 
-from . import convolution, data_dependent, device_hinted, histogram, linalg, normalization, pooling  # noqa: F401
+from . import (  # noqa: F401
+    convolution,
+    data_dependent,
+    device_hinted,
+    histogram,
+    linalg,
+    normalization,
+    pooling,
+    random_fill,
+)

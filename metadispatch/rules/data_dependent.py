@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..core.tensor import read_value
 from ..core.registry import builtin_rule
 from ..core.router import data_dependent_error
+from ..core.tensor import read_value
 
 aten = torch.ops.aten
 

@@ -92,7 +92,7 @@ class Costs(NamedTuple):
     flops: list  # FLOPs run up to and including call i
 
 
-_COSTS = WeakKeyDictionary()  # trace -> {(number of calls, keep_all): Costs}
+_COSTS: WeakKeyDictionary = WeakKeyDictionary()  # trace -> {(number of calls, keep_all): Costs}
 
 
 def costs(trace: Trace, keep_all: bool = False) -> Costs:

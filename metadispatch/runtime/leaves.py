@@ -20,12 +20,11 @@ choice for attention masks); floats are standard normal, buffers uniform in
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import ReplayInputError
 from ..ir.records import TensorMeta, arg_name
 from ..ir.trace import Trace

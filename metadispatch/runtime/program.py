@@ -49,9 +49,9 @@ from typing import Any, NamedTuple
 from weakref import WeakKeyDictionary
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.trace import Trace
@@ -87,7 +87,7 @@ class Program(NamedTuple):
         return None
 
 
-_PROGRAMS = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): Program}
+_PROGRAMS: WeakKeyDictionary = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): Program}
 
 
 def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Program:

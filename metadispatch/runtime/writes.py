@@ -33,7 +33,7 @@ from ..ir.trace import Trace
 
 __all__ = ["written_leaves", "write_guard", "written_args"]
 
-_WRITTEN = WeakKeyDictionary()  # trace -> (number of calls, written leaf ids)
+_WRITTEN: WeakKeyDictionary = WeakKeyDictionary()  # trace -> (number of calls, written leaf ids)
 _NONE: frozenset = frozenset()
 
 

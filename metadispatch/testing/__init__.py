@@ -28,18 +28,19 @@ call site, which ``EXPECTTEST_ACCEPT=1 pytest`` rewrites in place::
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..tracing.tracer import tracer
-from ..debug.diff import canonical, diff
+from .._compat import pytree
 from ..core.mode import MetaMode
 from ..core.reach import walk
 from ..core.tensor import MetaTensor
+from ..debug.diff import canonical, diff
 from ..ir.trace import Trace
+from ..tracing.tracer import tracer
 
 __all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
            "trace_calls", "assert_matches_eager", "snapshot", "Snapshot"]
@@ -176,7 +177,7 @@ class Snapshot:
     def __repr__(self) -> str:
         return f"<Snapshot of {len(self.entries)} paths, {len(self.metas)} MetaTensors>"
 
-    def diff(self, other: "Snapshot") -> str:
+    def diff(self, other: Snapshot) -> str:
         """What differs from ``self`` (before) to ``other`` (after), a path a line; empty when equal."""
         lines = []
         for path in list(self.entries) + [p for p in other.entries if p not in self.entries]:

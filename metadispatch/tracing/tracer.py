@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
+from .._compat import pytree
 from ..core.mode import MetaMode
 from ..core.reach import find
 from ..core.standins import StandIns

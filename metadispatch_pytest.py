@@ -1,7 +1,7 @@
 """pytest plugin: MetaMode in a test's body, its device from a marker, golden traces.
 
 Active once metadispatch is installed (entry point ``pytest11``); without
-installing, add ``-p metadispatch.testing.plugin``.  It gives:
+installing, add ``-p metadispatch_pytest``.  It gives:
 
 - fixture ``meta_mode``: a :class:`~metadispatch.MetaMode` entered for the
   test's body and left after it, also when the test fails;
@@ -19,7 +19,10 @@ installing, add ``-p metadispatch.testing.plugin``.  It gives:
         expect_trace(meta_mode, \"\"\"\"\"\")   # filled in by EXPECTTEST_ACCEPT=1
 
 Loading the plugin imports neither torch nor metadispatch: every pytest run
-of a project that has metadispatch installed loads it, used or not.
+of a project that has metadispatch installed loads it, used or not.  That is
+why it is a top-level module and not ``metadispatch.testing.plugin``: any
+module inside the package runs ``metadispatch/__init__.py``, which imports
+torch.  The fixtures import metadispatch when a test first asks for them.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def _mode_options(request) -> dict:
 @pytest.fixture
 def meta_mode(request):
     """A MetaMode active for the test's body; see the module docstring."""
-    from ..core.mode import MetaMode
+    from metadispatch import MetaMode
 
     with MetaMode(**_mode_options(request)) as mode:
         yield mode
