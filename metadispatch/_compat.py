@@ -149,10 +149,13 @@ def is_functorch_wrapped(t: torch.Tensor) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def sdp_switches() -> tuple[bool, bool, bool, bool]:
-    """``(flash, mem_efficient, math, cudnn)``: every switch C++'s attention backend choice reads."""
+def sdp_switches() -> tuple:
+    """``(flash, mem_efficient, math, cudnn, fa3, priority order, deterministic, warn only)``:
+    every switch C++'s attention backend choice reads."""
     return (torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
-            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled())
+            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled(),
+            torch._C._get_fa3_sdp_enabled(), tuple(torch._C._get_sdp_priority_order()),
+            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
