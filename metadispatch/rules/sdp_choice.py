@@ -19,7 +19,8 @@ readable here) and the installed torch's own header ``sdp_utils_cpp.h``,
 whose differences are switched on ``TORCH_2_14``: 2.14 gives unbatched (3-D)
 inputs a batch dimension before choosing (``normalize_unbatched_input``) and
 lets cuDNN/flash/efficient broadcast a single key/value head without
-``enable_gqa`` (``supports_mqa``).  Not ported: nested tensors, ROCm
+``enable_gqa`` (``supports_mqa``); efficient attention takes GQA only from
+2.14 (2.13's meta kernel for its backward has no GQA).  Not ported: nested tensors, ROCm
 (AOTriton/CK), the HPU/private-use hooks, and the ``overrideable`` backend.
 """
 
@@ -124,13 +125,13 @@ def _last_stride_1(p: SDPParams, ignore_singleton: bool) -> bool:  # check_last_
     return ok and (p.attn_mask is None or p.attn_mask.stride(-1) == 1)
 
 
-def _batch_and_heads(p: SDPParams, requires_same_num_heads: bool = True) -> bool:
-    """check_batch_size_and_num_heads_dense<supports_gqa=true, requires_same_num_heads, supports_mqa=true>."""
+def _batch_and_heads(p: SDPParams, requires_same_num_heads: bool = True, supports_gqa: bool = True) -> bool:
+    """check_batch_size_and_num_heads_dense<supports_gqa, requires_same_num_heads, supports_mqa=true>."""
     q, k, v = p.query, p.key, p.value
     if not q.shape[0] == k.shape[0] == v.shape[0]:
         return False
     hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
-    if p.enable_gqa:  # check_grouped_query_attention
+    if p.enable_gqa and supports_gqa:  # check_grouped_query_attention
         if requires_same_num_heads and hk != hv:
             return False
         return hq % hk == 0 and (requires_same_num_heads or hq % hv == 0)
@@ -236,7 +237,9 @@ def _can_use_efficient(p: SDPParams, gpu) -> bool:  # can_use_mem_efficient_atte
     align_bytes = align * p.query.element_size()
     if gpu.compute_capability[0] >= 8 and any(t.numel() and (t.storage_offset() * t.element_size()) % align_bytes for t in (p.query, p.key, p.value)):
         return False
-    if not (_nonzero_seq_lens(p) and _last_stride_1(p, False) and _batch_and_heads(p)):
+    # Efficient attention takes GQA from 2.14 (2.13's meta backward gives
+    # grad_key the query's head count: its kernel had no GQA).
+    if not (_nonzero_seq_lens(p) and _last_stride_1(p, False) and _batch_and_heads(p, supports_gqa=TORCH_2_14)):
         return False
     if gpu.compute_capability[0] >= 8:
         return _dtype_in(p, (torch.float16, torch.float32, torch.bfloat16))
