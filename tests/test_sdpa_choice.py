@@ -126,3 +126,22 @@ def test_sdpa_fused_output_and_grads_match_math_metadata(gpu, mask):
             out.sum().backward()
             return out.shape, out.dtype, q.grad.shape, q.grad.dtype
     assert run(list(_BACKENDS.values()), "cuda") == run([SDPBackend.MATH], "cpu")
+
+
+def test_sdpa_transformers_llama_on_h100_records_cudnn_and_peaks_below_math():
+    from metadispatch.cli import targets
+    small = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 1000}
+    hf = targets.hf_target("llama", small, "cuda", True, 1, 512, torch.bfloat16)
+
+    def peak(backends):
+        for p in hf.model.parameters():
+            p.grad = None
+        with sdpa_kernel(backends):
+            t = md.tracer(device="cuda", gpu="h100")(hf.step, hf.model, *hf.inputs)
+        return md.memory(t).peak, {c.op for c in t.calls}
+    fused, ops = peak(list(_BACKENDS.values()))
+    math, math_ops = peak([SDPBackend.MATH])
+    assert _OPS["cudnn"] in ops and "aten._scaled_dot_product_cudnn_attention_backward.default" in ops
+    assert not any(op in math_ops for op in _OPS.values())
+    assert fused < math
