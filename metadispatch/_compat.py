@@ -149,12 +149,18 @@ def is_functorch_wrapped(t: torch.Tensor) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
+# FA3 and the priority order are newer than torch 2.5: absent, FA3 is off and
+# the order is at::Context's initial one (flash, efficient, math, cuDNN, overrideable).
+_FA3_ENABLED = getattr(torch._C, "_get_fa3_sdp_enabled", lambda: False)
+_SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: (1, 2, 0, 3, 4))
+
+
 def sdp_switches() -> tuple:
     """``(flash, mem_efficient, math, cudnn, fa3, priority order, deterministic, warn only)``:
     every switch C++'s attention backend choice reads."""
     return (torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
             torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled(),
-            torch._C._get_fa3_sdp_enabled(), tuple(torch._C._get_sdp_priority_order()),
+            _FA3_ENABLED(), tuple(_SDP_PRIORITY()),
             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
 
 
