@@ -235,7 +235,9 @@ def _can_use_efficient(p: SDPParams, gpu) -> bool:  # can_use_mem_efficient_atte
         return False
     # check_data_ptr_alignment_mem_efficient: the caching allocator aligns bases to 256 bytes.
     align_bytes = align * p.query.element_size()
-    if gpu.compute_capability[0] >= 8 and any(t.numel() and (t.storage_offset() * t.element_size()) % align_bytes for t in (p.query, p.key, p.value)):
+    misaligned = [t for t in (p.query, p.key, p.value)
+                  if t.numel() and (t.storage_offset() * t.element_size()) % align_bytes]
+    if gpu.compute_capability[0] >= 8 and misaligned:
         return False
     # Efficient attention takes GQA from 2.14 (2.13's meta backward gives
     # grad_key the query's head count: its kernel had no GQA).
