@@ -25,6 +25,7 @@ __all__ = [
     "pytree",
     "parse_to",
     "variable_functions",
+    "sdpa_entry",
     "TorchDispatchMode",
     "TorchFunctionMode",
     "WeakIdKeyDictionary",
@@ -98,6 +99,8 @@ parse_to = torch._C._nn._parse_to
 # torch's C++ functions (torch.tensor_split, torch._VF.lstm, ...): what a
 # torch-function mode sees as ``func`` for them.
 variable_functions = torch._C._VariableFunctions
+# F.scaled_dot_product_attention's C++ entry (rules/attention.py calls it plainly).
+sdpa_entry = torch._C._nn.scaled_dot_product_attention
 # Turns torch-function modes off for the duration: code that reads a real
 # tensor under a MetaMode (conversion, hooks) sees it, not its stand-in.
 no_torch_function = torch._C.DisableTorchFunction
@@ -161,10 +164,19 @@ def is_functorch_wrapped(t: torch.Tensor) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def sdp_switches() -> tuple[bool, bool, bool, bool]:
-    """``(flash, mem_efficient, math, cudnn)``: every switch C++'s attention backend choice reads."""
+# FA3 and the priority order are newer than torch 2.5: absent, FA3 is off and
+# the order is at::Context's initial one (flash, efficient, math, cuDNN, overrideable).
+_FA3_ENABLED = getattr(torch._C, "_get_fa3_sdp_enabled", lambda: False)
+_SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: (1, 2, 0, 3, 4))
+
+
+def sdp_switches() -> tuple:
+    """``(flash, mem_efficient, math, cudnn, fa3, priority order, deterministic, warn only)``:
+    every switch C++'s attention backend choice reads."""
     return (torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
-            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled())
+            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled(),
+            _FA3_ENABLED(), tuple(_SDP_PRIORITY()),
+            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")

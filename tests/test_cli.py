@@ -60,6 +60,18 @@ def test_cli_trace_hf_with_config_overrides(capsys):
     assert "layers" in out
 
 
+@pytest.mark.parametrize("gpu, kernel", [("h100", "cudnn"), ("a100-80gb", "flash")])
+def test_cli_trace_hf_gpu_selects_the_attention_kernel(capsys, gpu, kernel):
+    pytest.importorskip("transformers")
+    small = ["num_hidden_layers=1", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
+             "num_key_value_heads=4", "vocab_size=100"]
+    argv = ["trace", "--hf", "llama", "--dtype", "bf16", "--seq", "16", "--gpu", gpu]
+    assert main(argv + [a for kv in small for a in ("--config", kv)]) == 0
+    out = capsys.readouterr().out
+    assert f"forward and backward on cuda ({gpu})" in out
+    assert f"aten._scaled_dot_product_{kernel}_attention.default" in out
+
+
 def test_cli_trace_out_summary_and_replay(tmp_path, capsys):
     path = tmp_path / "t.json.gz"
     assert main(["trace", "tests.models:mlp", "--device", "cpu", "--out", str(path)]) == 0

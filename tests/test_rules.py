@@ -69,6 +69,9 @@ def _conv_backward(x, w, bias, stride, padding, dilation, transposed, output_pad
 
 
 SAMPLES = {
+    # rules/attention.py: a CPU device gets torch's own choice (logical CUDA: tests/test_sdpa_choice.py)
+    aten._fused_sdp_choice.default: [(_x(2, 4, 8, 16, dtype=d),) * 3 for d in _DT]
+    + [(_x(4, 8, 16),) * 3, (_x(2, 4, 8, 16),) * 3 + (None, 0.5)],
     # rules/convolution.py: the memory format C++'s backend choice gives
     aten.convolution.default: _CONV,
     aten._convolution.default: [c + (False, False, True, True) for c in _CONV],

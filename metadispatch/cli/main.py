@@ -131,13 +131,15 @@ def _cmd_trace(args) -> int:
             seq = args.seq if args.seq is not None else 2048
             t = targets.default_target(device, not args.forward_only, args.batch, seq)
     modes: list = []  # the mode, so that the progress line can count its calls
-    run = tracer(mode_factory=lambda: modes.append(MetaMode(device=device)) or modes[-1])
+    gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
+    run = tracer(mode_factory=lambda: modes.append(MetaMode(device=device, gpu=gpu)) or modes[-1])
     start = time.perf_counter()
     with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), _stage("the model raised while tracing"):
         trace = run(t.step, t.model, *t.inputs)
     seconds = time.perf_counter() - start
     what = "forward" if args.forward_only else "forward and backward"
-    print(f"{t.name}: {what} on {device}, traced in {seconds:.1f} s")
+    on = f"{device} ({trace.gpu})" if trace.gpu else device
+    print(f"{t.name}: {what} on {on}, traced in {seconds:.1f} s")
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     if args.gpu:
         _out(fits(trace, gpu=args.gpu))
@@ -284,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
-    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="say whether the step fits on this GPU (h100, a100-80gb, ...) and estimate its time")
+    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="trace logical cuda as this GPU (h100, a100-80gb, ...; default h100), say whether the step fits on it and estimate its time")
     for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
                                       description="Print ops, FLOPs, memory and modules of a saved trace.")):
         q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")

@@ -37,7 +37,7 @@ from .. import _compat
 from .router import data_dependent_error
 from .tensor import MetaTensor, read_value
 
-__all__ = ["override_for", "OVERRIDES"]
+__all__ = ["override_for", "register_override", "OVERRIDES"]
 
 aten = torch.ops.aten
 
@@ -143,6 +143,13 @@ _BY_FUNCTION = {
     _VF.gru: (OVERRIDES["gru.data"], _packed),
     _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
 }
+
+
+def register_override(function, impl, applies) -> None:
+    """Call ``impl`` instead of torch function ``function`` while a MetaMode is
+    entered, for calls where ``applies(args, kwargs)``; for composites whose
+    override belongs with a rule family (rules/attention.py's SDPA)."""
+    _BY_FUNCTION[function] = (impl, applies)
 
 
 def override_for(func, args, kwargs):

@@ -26,6 +26,7 @@ from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .initializers import InitializerRoute
 from .modules import ModuleStack
+from .profiles import GPUProfile, gpu_profile
 from .record import Recorder
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
@@ -49,11 +50,17 @@ class MetaMode(_compat.TorchDispatchMode):
     $1: f32[3, 4]{1, 3}@cuda:0 = aten.permute.default($0, [1, 0])
     $2: f32[4, 4]@cuda:0 = aten.mm.default($0, $1)
     $3: f32[4, 4]@cuda:0 = aten.relu.default($2)
+
+    On a logical CUDA device the mode answers as a GPU of profile ``gpu``
+    (default ``"h100"``, :func:`metadispatch.gpu_profile`) where torch's
+    answer depends on the hardware: ``F.scaled_dot_product_attention``
+    records the backend that GPU runs with the installed torch.
     """
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
                  const_limit: int = 4096, cache: bool = True,
-                 known_limit: int = known.DEFAULT_LIMIT, **fake_options) -> None:
+                 known_limit: int = known.DEFAULT_LIMIT, gpu: str | GPUProfile | None = None,
+                 **fake_options) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
@@ -73,9 +80,13 @@ class MetaMode(_compat.TorchDispatchMode):
         # top level); None when none did.  md.check's report names it.
         self.stopped_in: str | None = None
         # The GPU whose answers a rule gives where torch's depend on the
-        # hardware; None: torch's own meta answers.  Part of the cache key
-        # (cache.context); a ``gpu=`` option will set it.
-        self.device_profile = None
+        # hardware (SDPA's backend, rules/attention.py): ``gpu``, and on a
+        # logical CUDA device without one the default (profiles.DEFAULT_GPU);
+        # None: torch's own meta answers.  Part of the cache key (cache.context).
+        cuda = self.device is not None and self.device.type == "cuda"
+        self.device_profile = gpu_profile(gpu) if gpu is not None or cuda else None
+        if self.device_profile is not None:
+            self.trace.gpu = self.device_profile.name
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)

@@ -8,6 +8,10 @@ each); the memory size is the total the device reports to CUDA
 than the marketing figure, because that is what an out-of-memory error is
 measured against.  Register your own with :func:`register_gpu`.
 
+The profile also holds what the GPU's attention backend choice reads
+(``cuda_version``, ``cudnn_version``, ``cudnn_frontend_d256``): the CUDA and
+cuDNN that the installed torch's default CUDA wheels ship, see ``WHEEL``.
+
 Limits: peak figures are *dense* (no 2:4 sparsity) at boost clock; real
 kernels reach a fraction of them, which ``md.runtime``'s efficiency tables
 model.  A dtype the GPU has no tensor-core path for (fp8 before Hopper) is
@@ -20,13 +24,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import torch
+
 from ..errors import MetaDispatchError
 
-__all__ = ["GPUProfile", "register_gpu", "gpu_profile", "gpu_profiles", "DEFAULT_GPU"]
+__all__ = ["GPUProfile", "register_gpu", "gpu_profile", "gpu_profiles", "DEFAULT_GPU", "WHEEL"]
 
 DEFAULT_GPU = "h100"  # the GPU most published step times are measured on
 MiB = 2 ** 20
 T = 10 ** 12
+
+# (CUDA_VERSION, cuDNN runtime version) of the default Linux CUDA wheel of each
+# torch release, as C++ encodes them (13000 = 13.0, 92400 = 9.24.0): from the
+# wheel's METADATA (``Requires-Dist: nvidia-cudnn-cu13==9.24.0.43`` for torch
+# 2.14.1+cu130).  2.13 is assumed to ship the same (no CUDA wheel of it here).
+_WHEELS = {(2, 13): (13000, 92400), (2, 14): (13000, 92400)}
+_MAJOR, _MINOR = (int(x) for x in torch.__version__.split(".")[:2])
+WHEEL = _WHEELS.get((_MAJOR, _MINOR), _WHEELS[(2, 14)])
 
 
 @dataclass(frozen=True)
@@ -48,9 +62,19 @@ class GPUProfile:
     flops: Mapping[str, float]  # dtype name -> dense peak FLOP/s (int8: OP/s)
     l2_bytes: int
     interconnect: float  # bytes per second per GPU, one direction summed over links
+    # What SDPA's backend choice reads besides the SM (rules/attention.py).
+    cuda_version: int = WHEEL[0]
+    cudnn_version: int = WHEEL[1]
+    # Whether torch's bundled cuDNN frontend is >= 1.24 (head dims up to 256 on
+    # sm90/sm10x); unknown for the released wheels, so the conservative answer.
+    cudnn_frontend_d256: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
+
+    def __hash__(self) -> int:  # flops is a mapping; the profile keys cached answers (cache.context)
+        return hash((self.name, self.compute_capability, self.sm_count, self.memory,
+                     self.cuda_version, self.cudnn_version, self.cudnn_frontend_d256))
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a dtype name, the nearest wider one if absent."""

@@ -94,6 +94,8 @@ class Reader:
             self.text(k, "modules")
             self.text(v, ("modules", k))
         t.modules = dict(modules)
+        gpu = doc.get("gpu")
+        t.gpu = self.text(gpu, "gpu") if gpu is not None else None
         rng = doc.get("rng_state")
         t.rng_state = self.bytes_tensor(rng, "rng_state", _RNG_BYTES) if rng is not None else None
         deaths = doc.get("deaths")

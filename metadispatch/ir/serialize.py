@@ -99,6 +99,7 @@ class _Writer:
             "strings": list(self.strings), "ops": list(self.ops), "tensors": tensors,
             "leaves": leaves, "calls": calls,
             "output": output, "grads": grads, "modules": dict(trace.modules),
+            "gpu": trace.gpu,
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())}
                        if deaths is not None else None),

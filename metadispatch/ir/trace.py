@@ -60,6 +60,9 @@ class Trace:
         # Loaded from a file: replay re-derives what the file claims about
         # sizes before trusting it (Note [Budgets] in runtime/budget.py).
         self.untrusted = False
+        # The GPU profile (its name) that answered hardware-dependent choices
+        # (SDPA's backend) on a logical CUDA device; None: no profile was asked.
+        self.gpu: str | None = None
 
     # -- sequence protocol
     def __len__(self) -> int:

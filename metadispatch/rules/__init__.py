@@ -6,6 +6,7 @@ real CPU kernel in ``tests/test_rules.py``.
 """
 
 from . import (  # noqa: F401
+    attention,
     convolution,
     data_dependent,
     device_hinted,

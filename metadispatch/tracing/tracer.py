@@ -49,10 +49,13 @@ def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def tracer(device=None, *, stack: bool = False, mode_factory=None) -> Callable[..., Trace]:
-    """``md.trace`` with options: ``md.tracer(device="cuda", stack=True)(fn, x)``."""
+def tracer(device=None, *, stack: bool = False, gpu=None, mode_factory=None) -> Callable[..., Trace]:
+    """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
+
+    ``gpu`` names the profile a logical CUDA device answers as (MetaMode's ``gpu``).
+    """
     def run(fn: Callable, *args, **kwargs) -> Trace:
-        mode = mode_factory() if mode_factory is not None else MetaMode(device=device, stack=stack)
+        mode = mode_factory() if mode_factory is not None else MetaMode(device=device, stack=stack, gpu=gpu)
         return run_traced(mode, fn, args, kwargs)
 
     return run

@@ -1,0 +1,147 @@
+"""SDPA on a logical CUDA device records the kernel a GPU of the mode's profile runs
+(Note [SDPA backend choice]); the golden table is tests/sdpa_golden.py."""
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sdpa_golden import CASES, PROFILES
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import metadispatch as md
+
+_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_OPS = {"flash": "aten._scaled_dot_product_flash_attention.default",
+        "efficient": "aten._scaled_dot_product_efficient_attention.default",
+        "cudnn": "aten._scaled_dot_product_cudnn_attention.default"}
+
+
+def _tensor(shape, dtype, grad, offset=0, transposed=False):
+    if transposed:
+        return torch.empty(*shape[:-2], shape[-1], shape[-2], dtype=dtype).transpose(-1, -2).requires_grad_(grad)
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(n + offset, dtype=dtype)[offset:].view(shape).requires_grad_(grad)
+
+
+@contextlib.contextmanager
+def _deterministic(how):
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        if how is not None:
+            torch.use_deterministic_algorithms(True, warn_only=how == "warn")
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _recorded_backend(c) -> str:
+    flags = [_BACKENDS[b] for b in c["flags"]] if c["flags"] else list(_BACKENDS.values())
+    with md.MetaMode(device="cuda", gpu=c["gpu"]) as mode, sdpa_kernel(flags, set_priority=c["priority"]), \
+            _deterministic(c["deterministic"]):
+        q = _tensor(c["q"], c["dtype"], c["grad"], c["offset"], c["transposed"])
+        k = _tensor(c["k"], c["dtype"], c["grad"], c["offset"], c["transposed"])
+        mask = None
+        if c["mask"] is not None:
+            kind, shape = c["mask"]
+            mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=c["dtype"])
+        F.scaled_dot_product_attention(q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"],
+                                       enable_gqa=c["gqa"])
+    ops = {call.op for call in mode.trace.calls}
+    fused = [name for name, op in _OPS.items() if op in ops]
+    assert len(fused) <= 1, fused
+    return fused[0] if fused else "math"
+
+
+def _case_id(c) -> str:
+    return f"{c['group']}-{c['gpu']}-{str(c['dtype'])[6:]}-{'x'.join(map(str, c['q']))}"
+
+
+def test_sdpa_golden_table_has_at_least_200_cases_over_every_profile():
+    assert len(CASES) >= 200
+    assert {c["gpu"] for c in CASES} == set(PROFILES)
+
+
+@pytest.mark.parametrize("c", CASES, ids=[_case_id(c) for c in CASES])
+def test_sdpa_records_the_backend_the_source_chooses(c):
+    assert _recorded_backend(c) == c["expected"]
+
+
+def test_sdpa_default_cuda_profile_is_recorded_and_saved(tmp_path):
+    with md.MetaMode(device="cuda") as mode:
+        q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, q, q)
+    assert mode.trace.gpu == md.gpu_profile().name == "h100"
+    assert any(c.op == _OPS["cudnn"] for c in mode.trace.calls)
+    mode.trace.save(tmp_path / "t.json")
+    assert md.Trace.load(tmp_path / "t.json").gpu == "h100"
+
+
+def test_sdpa_profile_is_part_of_the_cache_key():
+    def ops(gpu):
+        with md.MetaMode(device="cuda", gpu=gpu) as mode:
+            q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+            F.scaled_dot_product_attention(q, q, q)
+        return [c.op for c in mode.trace.calls]
+    assert _OPS["cudnn"] in ops("h100") and _OPS["flash"] in ops("a100-80gb") and _OPS["cudnn"] in ops("h100")
+
+
+def test_sdpa_user_profile_with_old_cudnn_takes_flash():
+    # check_prefer_cudnn_attention: cuDNN goes first only with cuDNN newer than 9.15.
+    old = dataclasses.replace(md.gpu_profile("h100"), name="h100-old-cudnn", cudnn_version=91000)
+    with md.MetaMode(device="cuda", gpu=old) as mode:
+        q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+        F.scaled_dot_product_attention(q, q, q)
+    assert any(c.op == _OPS["flash"] for c in mode.trace.calls)
+
+
+def test_sdpa_fused_sdp_choice_op_answers_for_the_profile():
+    with md.MetaMode(device="cuda", gpu="a100-80gb"):
+        q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+        assert torch.ops.aten._fused_sdp_choice(q, q, q) == int(SDPBackend.FLASH_ATTENTION)
+        assert torch.ops.aten._fused_sdp_choice(q.float(), q.float(), q.float()) == int(SDPBackend.EFFICIENT_ATTENTION)
+
+
+def test_sdpa_all_backends_disabled_raises_as_torch():
+    with md.MetaMode(device="cuda"), sdpa_kernel([SDPBackend.OVERRIDEABLE]):
+        q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            F.scaled_dot_product_attention(q, q, q)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100-80gb"])
+@pytest.mark.parametrize("mask", [None, "bool", "float"])
+def test_sdpa_fused_output_and_grads_match_math_metadata(gpu, mask):
+    """The fused path's output and gradients have the metadata eager's math path gives."""
+    def run(backends, device):
+        with md.MetaMode(device=device, gpu=gpu if device == "cuda" else None), sdpa_kernel(backends):
+            q = torch.empty(2, 4, 32, 40, dtype=torch.float16, requires_grad=True)
+            m = None if mask is None else (torch.ones(32, 32, dtype=torch.bool) if mask == "bool"
+                                           else torch.zeros(2, 1, 32, 32, dtype=torch.float16))
+            out = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+            out.sum().backward()
+            return out.shape, out.dtype, q.grad.shape, q.grad.dtype
+    assert run(list(_BACKENDS.values()), "cuda") == run([SDPBackend.MATH], "cpu")
+
+
+def test_sdpa_transformers_llama_on_h100_records_cudnn_and_peaks_below_math():
+    from metadispatch.cli import targets
+    small = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "vocab_size": 1000}
+    hf = targets.hf_target("llama", small, "cuda", True, 1, 512, torch.bfloat16)
+
+    def peak(backends):
+        for p in hf.model.parameters():
+            p.grad = None
+        with sdpa_kernel(backends):
+            t = md.tracer(device="cuda", gpu="h100")(hf.step, hf.model, *hf.inputs)
+        return md.memory(t).peak, {c.op for c in t.calls}
+    fused, ops = peak(list(_BACKENDS.values()))
+    math, math_ops = peak([SDPBackend.MATH])
+    assert _OPS["cudnn"] in ops and "aten._scaled_dot_product_cudnn_attention_backward.default" in ops
+    assert not any(op in math_ops for op in _OPS.values())
+    assert fused < math
