@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from . import composites, known
+from . import composites, known, rngstate
 from .dispatch import dispatch
 from .cache import MetaCache
 from ..errors import MetaDispatchError
@@ -153,8 +153,7 @@ class MetaMode(_compat.TorchDispatchMode):
             raise MetaDispatchError(
                 f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
                 "FAKE dispatch-mode slot; leave that mode first")
-        if self.trace.rng_state is None:
-            self.trace.rng_state = torch.get_rng_state()
+        rngstate.start_states(self.trace)
         # Random ops that run for real (known values, md.check's fallback)
         # must not move the user's generators.
         entry.steps.append(functools.partial(_compat.set_rng_states, _compat.rng_states()))
@@ -166,6 +165,7 @@ class MetaMode(_compat.TorchDispatchMode):
             tracker.__enter__()
             entry.steps.append(functools.partial(setattr, self._recorder, "modules", self._recorder.modules))
             self._recorder.modules = tracker
+            rngstate.install(entry.steps)  # Note [RNG state as slots] in rngstate.py
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
@@ -341,6 +341,12 @@ def scratch_mode() -> MetaMode:
     return _SCRATCH.mode
 
 
+def _current_rng_log():
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    return mode._recorder.rng if isinstance(mode, MetaMode) and mode.record else None
+
+
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
 WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
+rngstate.WIRING.current = _current_rng_log

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 
 from .. import _compat
 from ..core.realrun import diff, materialize, run_real
-from ..core.record import GENERATOR
+from ..ir.rng import is_generator
 from ..core.schema import facts
 from ..ir.trace import TensorMeta
 
@@ -70,7 +70,7 @@ def recheck(trace, limit) -> tuple[list, list]:
 
 
 def _check_call(call, consts, limit) -> list[str]:
-    args, kwargs = pytree.tree_map(lambda x: None if x == GENERATOR else x,
+    args, kwargs = pytree.tree_map(lambda x: None if is_generator(x) else x,
                                    (call.args, dict(call.kwargs)),
                                    is_leaf=lambda x: isinstance(x, TensorMeta))
     real_args, real_kwargs = materialize(args, kwargs, limit=limit, ints=0,
