@@ -381,6 +381,12 @@ def set_rng_states(states: tuple) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def generator_key(g: torch.Generator) -> int:
+    """The C++ generator behind a ``torch.Generator``: the dispatcher hands
+    Python code a new wrapper object for the same generator on each call."""
+    return g._cdata
+
+
 def set_version(t: torch.Tensor, version: int) -> None:
     """Put back a tensor's version counter (autograd's in-place check reads it)."""
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))

@@ -111,7 +111,8 @@ class Recorder:
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
         self.backward_modules = BackwardModules()
-        self._bases: dict = {}  # storage number -> the first bound leaf on it (Note [Views of leaves])
+        # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
+        self._bases: dict = {}
         self.rng = RngLog(trace)  # Note [RNG state as slots] in rngstate.py
 
     # -- the real tensors stood in for (Note [No real tensor outlives the recording])
@@ -124,6 +125,7 @@ class Recorder:
 
     def forget_reals(self) -> None:
         self._real_of.clear()
+        self.rng.forget()
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
@@ -173,11 +175,12 @@ class Recorder:
         Note [Views of leaves]
         ~~~~~~~~~~~~~~~~~~~~~~
         A tensor can reach the mode without a recorded producer and without a
-        name yet share storage with a leaf: ``torch.compile``'s runtime
-        wrapper hands the compiled graph ``weight.t()`` made outside any mode.
-        As an anonymous leaf, replay would fill it with made-up values; it is
-        the leaf's data, so it is recorded as the view it is, and replay
-        takes the same view of the bound leaf.
+        name yet share storage with a leaf or a recorded output:
+        ``torch.compile``'s runtime wrapper hands the compiled graph
+        ``weight.t()`` made outside any mode, and between graphs it re-wraps
+        the previous graph's outputs.  As an anonymous leaf, replay would fill
+        it with made-up values; it is that tensor's data, so it is recorded as
+        the view it is, and replay takes the same view of the real tensor.
         """
         m = self._meta(t, self._new_id(), base.storage)
         t._md = (self.token, m, len(self.trace.calls))
@@ -185,7 +188,7 @@ class Recorder:
             len(self.trace.calls), _AS_STRIDED, "aten.as_strided.default",
             (base, m.shape, m.stride, m.storage_offset), None, (m,),
             self.modules.current() if self.modules is not None else "",
-            "backward" if _compat.in_backward() else "forward", "meta", None, "view of a leaf"))
+            "backward" if _compat.in_backward() else "forward", "meta", None, "untraced view"))
         return m
 
     def _new_id(self) -> int:
@@ -239,6 +242,7 @@ class Recorder:
                 m = self._meta(o, old.id, old.storage)
             else:
                 m = self._meta(o, self._new_id(), self._storage_number(o))
+                self._bases.setdefault(m.storage, m)
             o._md = (self.token, m, len(self.trace.calls))  # the index record() gives
             return m
         if type(o) in (list, tuple):

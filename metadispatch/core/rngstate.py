@@ -37,6 +37,7 @@ import weakref
 
 import torch
 
+from .. import _compat
 from ..ir.rng import GeneratorRef, RngEvent
 
 __all__ = ["RngLog", "install", "WIRING", "start_states"]
@@ -56,18 +57,26 @@ class RngLog:
 
     def __init__(self, trace) -> None:
         self.trace = trace
-        # Keyed by identity, held weakly: the log must not keep the user's
-        # generators or the states checkpointing keeps alive.
-        self._generators: dict = {}  # id(generator) -> (weakref, index)
+        # A generator reaches the dispatcher as a fresh Python wrapper each
+        # call, so it is keyed by the C++ generator; the wrapper is held so
+        # that the address is not reused while the trace is recorded
+        # (released by forget(), when md.trace is done).  States are held
+        # weakly: the log must not keep alive what checkpointing stores.
+        self._generators: dict = {}  # generator key -> (wrapper, index)
         self._saved: dict = {}  # id(state tensor) -> (weakref, slot)
         self._slots = 0
 
     def generator(self, g: torch.Generator) -> GeneratorRef:
-        hit = self._generators.get(id(g))
-        if hit is None or hit[0]() is not g:
-            hit = self._generators[id(g)] = (weakref.ref(g), len(self.trace.generators))
+        key = _compat.generator_key(g)
+        hit = self._generators.get(key)
+        if hit is None:
+            hit = self._generators[key] = (g, len(self.trace.generators))
             self.trace.generators.append((str(g.device), g.get_state()))
         return GeneratorRef(hit[1])
+
+    def forget(self) -> None:
+        """Let go of the generators seen (Note [No real tensor outlives the recording] in mode.py)."""
+        self._generators.clear()
 
     def save(self, stream: str, state: torch.Tensor) -> None:
         """The traced code read ``stream``'s state and got ``state`` (Note [RNG state as slots])."""
