@@ -182,9 +182,11 @@ def test_memory_counts_the_existing_grad():
     model(x).sum().backward()
     again = md.memory(md.trace(lambda m, x: m(x).sum().backward(), model, x))
     grad_bytes = sum(p.numel() * 4 for p in model.parameters())
-    # The existing .grad is live from the start; accumulating allocates one
-    # more gradient, freed after the add.
+    # The existing .grad is live from the start; the step's own gradient is
+    # then a temporary, added into it.
+    assert again.timeline[0] - fresh.timeline[0] == grad_bytes
     assert again.by_category["grads"] == fresh.by_category["grads"] == grad_bytes
+    assert again.by_category["temporaries"] - fresh.by_category["temporaries"] == grad_bytes
 
 
 # -- compiled modules, attention
