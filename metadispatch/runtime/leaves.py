@@ -2,8 +2,10 @@
 
 Replay needs a real tensor for every :class:`~metadispatch.ir.trace.Leaf`.  In
 order of preference: the caller's (``args``/``kwargs`` by the name recorded
-at trace time, parameters and buffers by qualified name), the constant kept
-in the trace, or one made up from ``seed``.
+at trace time, parameters, buffers and pre-existing ``.grad`` by qualified
+name), the constant kept in the trace, or one made up from ``seed`` -- and
+then listed in ``Replay.made_up``, which makes the replay not ok unless the
+caller allows it (docs/replay.md).
 
 Made-up tensors must be *valid* for the ops that read them: token ids fed to
 an embedding must be below the vocabulary size, labels below the number of

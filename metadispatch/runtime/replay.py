@@ -42,7 +42,6 @@ compare only the strides that matter.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -55,84 +54,11 @@ from .budget import Budget, check_budget, default_budget
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
+from .result import Mismatch, Replay, Tolerance
 from .streams import MadeUp, Streams
 from .writes import write_guard
 
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
-
-
-class Mismatch(NamedTuple):
-    """A call whose real result differs from its recorded metadata."""
-
-    index: int  # position of the call in the trace
-    op: str
-    module: str
-    rule: str  # router stage that produced the metadata: "user", "meta", ...
-    output: int  # which tensor output of the call, in order
-    fields: tuple  # names of the fields that differ
-    expected: dict  # field -> recorded value
-    actual: dict  # field -> real value
-
-    def __str__(self) -> str:
-        where = f" in {self.module}" if self.module else ""
-        diffs = "; ".join(f"{f} expected {self.expected[f]}, got {self.actual[f]}"
-                          for f in self.fields)
-        return f"#{self.index} {self.op}{where} [{self.rule}] output {self.output}: {diffs}"
-
-
-class Tolerance(NamedTuple):
-    """How far replayed values may stray from eager's, and why they may at all."""
-
-    rtol: float
-    atol: float
-    why: str
-
-
-class Replay:
-    """The result of :func:`replay`: real outputs, gradients, mismatches and made-up data.
-
-    ``ok`` holds exactly when every call matched its record and every leaf
-    and random stream was bound from the user's data, a recorded constant or
-    a recorded state (docs/replay.md); ``made_up`` lists what was not, as
-    :class:`~metadispatch.runtime.streams.MadeUp` (name, call, why).
-    ``tolerance`` is None where replayed values equal eager's bit for bit,
-    else the :class:`Tolerance` within which they do.
-    """
-
-    def __init__(self, output, grads: dict, buffers: dict, mismatches: list,
-                 made_up: list = (), allow_made_up: bool = False, tolerance: Tolerance | None = None) -> None:
-        self.output = output  # what fn returned, with real tensors
-        self.grads = grads  # parameter name -> real gradient
-        self.buffers = buffers  # buffer name -> its real value after the trace
-        self.mismatches = mismatches
-        self.made_up = list(made_up)
-        self.allow_made_up = allow_made_up
-        self.tolerance = tolerance
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches and (self.allow_made_up or not self.made_up)
-
-    def __repr__(self) -> str:
-        parts = [f"{len(self.mismatches)} mismatches"] if self.mismatches else []
-        if self.made_up:
-            parts.append(f"{len(self.made_up)} made up" + (" (allowed)" if self.allow_made_up else ""))
-        return f"<Replay: {'ok' if self.ok else 'not ok'}{': ' if parts else ''}{', '.join(parts)}>"
-
-    def __str__(self) -> str:
-        """One line if every call matched on the user's data, else one line per problem."""
-        if self.ok and not self.made_up:
-            return "replay ok: every recorded result matched the real kernel"
-        lines = []
-        if self.mismatches:
-            lines.append(f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:")
-            lines += [f"  {m}" for m in self.mismatches]
-        if self.made_up:
-            lines.append(f"replay made up {len(self.made_up)} input(s) or random stream(s)"
-                         + (" (allowed: values are not eager's)" if self.allow_made_up
-                            else "; its values are not eager's (allow_made_up=True accepts this)") + ":")
-            lines += [f"  {m}" for m in self.made_up]
-        return "\n".join(lines)
 
 
 def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
