@@ -71,12 +71,12 @@ class Replay:
 
     def __str__(self) -> str:
         """One line if every call matched on the user's data, else one line per problem."""
-        if self.ok and not self.made_up:
-            return "replay ok: every recorded result matched the real kernel"
-        lines = []
         if self.mismatches:
-            lines.append(f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:")
+            lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
             lines += [f"  {m}" for m in self.mismatches]
+        else:
+            lines = [f"replay {'ok' if self.ok else 'not ok'}: every recorded result matched the real kernel"
+                     + (", but" if not self.ok else "")]
         if self.made_up:
             lines.append(f"replay made up {len(self.made_up)} input(s) or random stream(s)"
                          + (" (allowed: values are not eager's)" if self.allow_made_up
