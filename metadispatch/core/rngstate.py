@@ -91,13 +91,16 @@ class RngLog:
         if hit is not None and hit[0]() is state:
             event = RngEvent(len(self.trace.calls), "load", stream, hit[1])
         else:
-            event = RngEvent(len(self.trace.calls), "load", stream, -1, state.detach().clone())
+            # Kept as given: a copy made here would be an op, traced on meta.
+            event = RngEvent(len(self.trace.calls), "load", stream, -1, state)
         self.trace.rng_events.append(event)
 
 def start_states(trace) -> None:
     """Note the default generators' states a run starts from, once per trace."""
     if trace.rng_state is None:
-        trace.rng_state = torch.get_rng_state()
+        # The generator's own method: torch.get_rng_state may be patched by
+        # an outer mode, which would record this read.
+        trace.rng_state = torch.default_generator.get_state()
     if torch.cuda.is_initialized() and not trace.rng_cuda:
         # Only where a real CUDA already runs: initialising it here would
         # create a context the user did not ask for.
