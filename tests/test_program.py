@@ -26,6 +26,7 @@ class TestSource(expecttest.TestCase):
         t = md.trace(_rebinding, torch.ones(3, 2))
         self.assertExpectedInline(program(t, CPU).source, """\
 def run(env, gens, ck, chk, same, wr, rng):
+    grad(True)
     t0 = env.pop(0)
     t1 = t_default(t0)
     ck and same(0, t1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -75,14 +76,23 @@ def _equal(a, b, tolerance) -> bool:
     return True
 
 
+def _same_grads(replayed: dict, eager: dict, tolerance) -> bool:
+    """Every eager gradient replayed equal; a name eager lacks only as another
+    name of one of them (a module run as its own root, inside a checkpoint)."""
+    if not set(eager) <= set(replayed):
+        return False
+    named = {id(replayed[n]) for n in eager}
+    return all(_equal(replayed[n], g, tolerance) for n, g in eager.items()) and all(
+        id(replayed[n]) in named for n in set(replayed) - set(eager))
+
+
 def _check_equivalence(step: Step, replay_kwargs=None, expect_ok: bool = True):
     """Trace, run eagerly, replay; assert ok iff equal, and that it went ``expect_ok``'s way."""
     trace = md.trace(step.fn, step.model, *step.inputs)
     out, grads = _eager(step, trace)
     kwargs = {"args": (step.model, *step.inputs)} if replay_kwargs is None else replay_kwargs
     r = md.replay(trace, **kwargs)
-    equal = _equal(r.output, out, r.tolerance) and sorted(r.grads) == sorted(grads) and all(
-        _equal(r.grads[n], g, r.tolerance) for n, g in grads.items())
+    equal = _equal(r.output, out, r.tolerance) and _same_grads(r.grads, grads, r.tolerance)
     assert r.ok == equal, f"ok={r.ok} but eager {'==' if equal else '!='} replay:\n{r}"
     assert r.ok == expect_ok, str(r)
     return trace, r
@@ -94,6 +104,43 @@ def _check_equivalence(step: Step, replay_kwargs=None, expect_ok: bool = True):
 def test_equivalence_suite_models(name):
     model, fn, inputs, _ = build(name)
     _check_equivalence(Step(model, fn, inputs))
+
+
+def _zoo():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tools"))
+    try:
+        import model_conformance
+    finally:
+        sys.path.remove(os.path.join(root, "tools"))
+    return model_conformance
+
+
+ZOO = _zoo()
+
+
+# What the zoo cannot show: steps md.trace refuses (as tools/model_conformance.py
+# reports), and traces whose metadata is knowingly wrong while their values
+# are right -- there ok is false and the values equal, the iff fails.
+_UNTRACEABLE = {
+    "nn.ctc": "aten._ctc_loss needs its inputs' values (md.check answers it, md.trace cannot)",
+    "hf.qwen3_moe": "aten._grouped_mm on CPU takes only bf16 inputs; the float32 step fails",
+}
+_WORKSPACE = pytest.mark.xfail(strict=True, reason="oneDNN's LSTM workspace size is not modelled (meta "
+                               "says 0 bytes): a metadata mismatch on right values")
+_ZOO_CASES = [pytest.param(n, marks=_WORKSPACE) if "lstm" in n else n
+              for n in ZOO.CONFIGS if n.startswith(("nn.", "hf.")) and n not in _UNTRACEABLE]
+
+
+@pytest.mark.parametrize("name", _ZOO_CASES)
+def test_equivalence_model_zoo(name):
+    """The real-model zoo of tools/model_conformance.py, each step traced on a logical CPU."""
+    config = ZOO.CONFIGS[name]
+    if config.needs and importlib.util.find_spec(config.needs) is None:
+        pytest.skip(f"{config.needs} not installed")
+    torch.manual_seed(0)
+    model, inputs = config.build()
+    _check_equivalence(Step(model.train(), ZOO._step(config), inputs))
 
 
 # -- random streams
@@ -374,3 +421,16 @@ def test_replay_refuses_meta_device_and_non_traces():
         md.replay(trace, (model, x), device="meta")
     with pytest.raises(ReplayInputError, match="expected a Trace"):
         md.replay(42)
+
+
+def test_replay_runs_forward_calls_with_grad_mode_on():
+    # Note [Grad mode in replay]: oneDNN's LSTM layer returns its workspace
+    # only with grad enabled; without it, backward failed.  The values are
+    # eager's; the only mismatch is the workspace size meta does not model.
+    torch.manual_seed(0)
+    step = Step(nn.LSTM(8, 16), lambda m, x: m(x)[0].sum().backward(), (torch.randn(5, 2, 8),))
+    trace = md.trace(step.fn, step.model, *step.inputs)
+    _, grads = _eager(step, trace)
+    r = md.replay(trace, (step.model, *step.inputs))
+    assert {(m.op, m.output) for m in r.mismatches} == {("aten.mkldnn_rnn_layer.default", 3)}
+    assert _same_grads(r.grads, grads, None)

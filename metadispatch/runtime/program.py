@@ -29,6 +29,17 @@ than the kernels.  So the program drops the ids no later call reads, except
 those the result needs: outputs, gradients and buffers -- and, when the trace
 recorded storage deaths, no earlier than the traced run freed them.
 
+Note [Grad mode in replay]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+Replay needs no autograd (backward's calls are in the trace) and runs under
+``no_grad``, but a few kernels answer differently by grad mode: oneDNN's
+LSTM layer returns its workspace only with grad enabled, and its backward
+fails without it.  Eager ran forward with grad enabled and backward and
+optimizer steps without, so the program switches grad mode where the phase
+changes (``grad(True)``).  No replayed tensor requires grad, so autograd
+records nothing.  Limit: a forward traced under ``torch.no_grad()`` replays
+with grad enabled (grad mode is not recorded per call).
+
 Note [Generated code from untrusted traces]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A trace may come from a file anyone wrote, so nothing from it is pasted into
@@ -147,7 +158,8 @@ class _Writer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.names: dict = {"dev": device}  # the program's globals
+        self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
+        self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
         self.bound: set = set()  # ids that are local variables by now
         self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng):"]
@@ -162,6 +174,9 @@ class _Writer:
             at.setdefault(min(e.at, len(calls)), []).append(i)
         for n, call in enumerate(calls):
             starts.append(len(self.lines) + 1)
+            if (call.phase == "forward") != self.grad:  # Note [Grad mode in replay]
+                self.grad = not self.grad
+                self.lines.append(f"    grad({self.grad})")
             self.lines += [f"    rng({i})" for i in at.get(n, ())]
             self._note_draw(n, call)
             self.call_number = n
