@@ -54,8 +54,9 @@ def given_tensors(args, kwargs, module) -> dict:
     return named
 
 
-def check_inputs(trace: Trace, args, kwargs, module) -> None:
-    """Raise :class:`ReplayInputError` for inputs that cannot be bound; see the module docstring."""
+def check_inputs(trace: Trace, args, kwargs, module) -> dict:
+    """Raise :class:`ReplayInputError` for inputs that cannot be bound (see the
+    module docstring); else return :func:`given_tensors` of them."""
     if not isinstance(args, (tuple, list)):
         raise ReplayInputError(f"replay: args must be a tuple of the traced call's positional "
                                f"arguments, got {type(args).__name__}")
@@ -83,6 +84,7 @@ def check_inputs(trace: Trace, args, kwargs, module) -> None:
         for leaf in needed:
             if leaf.kind in _FROM_MODULE and (leaf.kind, leaf.name) not in given:
                 raise ReplayInputError(_not_in_module(leaf, given))
+    return given
 
 
 def _found(args, kwargs, name: str) -> str | None:

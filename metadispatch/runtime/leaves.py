@@ -35,16 +35,19 @@ from .writes import written_leaves
 __all__ = ["bind_leaves", "caller_tensors", "leaf_bytes", "index_bounds", "make_tensor"]
 
 
-def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: list | None = None) -> dict:
+def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: list | None = None,
+                given: dict | None = None) -> dict:
     """id -> real tensor on ``device`` for every leaf; see the module docstring.
 
     Leaves the trace may write are copies, and so is every leaf whose real
     tensor shares a storage with one of them (Note [Replay never writes its
     inputs] in replay.py, writes.py); aliasing between them is kept.  Each
     leaf filled without data is appended to ``made_up`` as a
-    :class:`~metadispatch.runtime.streams.MadeUp`.
+    :class:`~metadispatch.runtime.streams.MadeUp`.  ``given`` is
+    :func:`~metadispatch.runtime.inputs.given_tensors` of the inputs, when
+    the caller has it already (so do the functions below).
     """
-    given = given_tensors(args, kwargs, module)
+    given = given_tensors(args, kwargs, module) if given is None else given
     written = written_leaves(trace)
     copies: dict = {}  # storage key of a given tensor -> its copy's storage
     shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
@@ -73,9 +76,9 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: 
     return out
 
 
-def leaf_bytes(trace: Trace, args, kwargs, module) -> int:
+def leaf_bytes(trace: Trace, args, kwargs, module, given: dict | None = None) -> int:
     """Bytes ``bind_leaves`` will allocate: made-up leaves, and copies of written ones."""
-    given = given_tensors(args, kwargs, module)
+    given = given_tensors(args, kwargs, module) if given is None else given
     written = written_leaves(trace)
     total = 0
     for tid, leaf in trace.leaves.items():
@@ -87,10 +90,11 @@ def leaf_bytes(trace: Trace, args, kwargs, module) -> int:
     return total
 
 
-def caller_tensors(trace: Trace, args, kwargs, module) -> list:
+def caller_tensors(trace: Trace, args, kwargs, module, given: dict | None = None) -> list:
     """The tensors replay must not write: the caller's and the trace's constants."""
     consts = [leaf.value for leaf in trace.leaves.values() if leaf.value is not None]
-    return list(given_tensors(args, kwargs, module).values()) + consts
+    given = given_tensors(args, kwargs, module) if given is None else given
+    return list(given.values()) + consts
 
 
 def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:

@@ -93,12 +93,12 @@ def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int 
     """
     trace = _as_trace(trace)
     device = check_device(device)
-    check_inputs(trace, args, kwargs, module)
+    given = check_inputs(trace, args, kwargs, module)
     made_up: list = []
     env, mismatches, streams = execute(
-        trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up),
-        device, check, seed=seed, protect=caller_tensors(trace, args, kwargs, module),
-        budget=budget or default_budget(device), leaf_bytes=leaf_bytes(trace, args, kwargs, module))
+        trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up, given),
+        device, check, seed=seed, protect=caller_tensors(trace, args, kwargs, module, given),
+        budget=budget or default_budget(device), leaf_bytes=leaf_bytes(trace, args, kwargs, module, given))
     out = pytree.tree_map(lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
                           trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
     grads = {name: env[m.id] for name, m in trace.grads.items()}
