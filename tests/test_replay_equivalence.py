@@ -13,7 +13,7 @@ dropout draws), functional dropout, activation checkpointing with dropout
 (reentrant and not), explicit generators, gradient accumulation, a
 ``torch.compile``d module, ``nn.MultiheadAttention`` inference, and replays
 made wrong on purpose (made-up inputs, a stream the trace holds no state for).
-Inputs replay cannot bind are refused; those tests are at the end.
+Inputs replay cannot bind are refused: tests/test_replay_inputs.py.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
 import metadispatch as md
-from metadispatch.errors import ReplayInputError
 from tests.replay_cases import CASES, build
 
 
@@ -374,53 +373,6 @@ def test_replay_leaves_the_callers_generators_alone():
     cpu, gen = torch.get_rng_state(), g.get_state()
     md.replay(trace, (torch.ones(3),))
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(g.get_state(), gen)
-
-
-# -- inputs replay cannot bind are refused, naming them
-
-def _traced_linear():
-    model = nn.Sequential(nn.Linear(4, 3))
-    x = torch.randn(2, 4)
-    return model, x, md.trace(lambda m, x: m(x).sum(), model, x)
-
-
-@pytest.mark.parametrize("bad, match", [
-    (lambda m, x: (m, x.numpy()), r"args\[1\].*numpy.ndarray"),
-    (lambda m, x: (m, x.tolist()), r"args\[1\].*got list"),
-    (lambda m, x: (m,), r"args\[1\].*not given"),
-    (lambda m, x: (m, x, torch.ones(1)), r"args\[2\] was not an argument"),
-    (lambda m, x: (nn.Linear(4, 3), x), r"param 0\.weight.*no parameter of that name.*weight, bias"),
-    (lambda m, x: (m, md.to_meta(x)), r"arg args\[1\] is a MetaTensor"),
-    (lambda m, x: (md.to_meta(m), x), r"param 0\.weight is a MetaTensor"),
-])
-def test_replay_refuses_inputs_it_cannot_bind(bad, match):
-    model, x, trace = _traced_linear()
-    with pytest.raises(ReplayInputError, match=match):
-        md.replay(trace, bad(model, x))
-
-
-def test_replay_refuses_a_module_without_the_traced_grad():
-    model = nn.Linear(4, 3)
-    x = torch.randn(2, 4)
-    model(x).sum().backward()
-    trace = md.trace(lambda m, x: m(x).sum().backward(), model, x)
-    with pytest.raises(ReplayInputError, match=r"param (weight|bias) had a \.grad"):
-        md.replay(trace, (nn.Linear(4, 3), x))
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_replay_refuses_an_unavailable_device():
-    model, x, trace = _traced_linear()
-    with pytest.raises(ReplayInputError, match="cuda.*not available"):
-        md.replay(trace, (model, x), device="cuda")
-
-
-def test_replay_refuses_meta_device_and_non_traces():
-    model, x, trace = _traced_linear()
-    with pytest.raises(ReplayInputError, match="meta"):
-        md.replay(trace, (model, x), device="meta")
-    with pytest.raises(ReplayInputError, match="expected a Trace"):
-        md.replay(42)
 
 
 def test_replay_runs_forward_calls_with_grad_mode_on():
