@@ -402,15 +402,23 @@ def remove_function_mode(mode) -> None:
 
 def rng_states() -> tuple:
     """The CPU generator's state, and each CUDA generator's once CUDA is initialised."""
+    # The generator's own methods, not torch.get_rng_state: a recording mode
+    # patches those (core/rngstate.py), and these reads are not the user's.
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), cuda
+    return torch.default_generator.get_state(), cuda
 
 
 def set_rng_states(states: tuple) -> None:
     cpu, cuda = states
-    torch.set_rng_state(cpu)
+    torch.default_generator.set_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+
+
+def generator_key(g: torch.Generator) -> int:
+    """The C++ generator behind a ``torch.Generator``: the dispatcher hands
+    Python code a new wrapper object for the same generator on each call."""
+    return g._cdata  # type: ignore[attr-defined]  # not in torch's stubs
 
 
 def set_version(t: torch.Tensor, version: int) -> None:

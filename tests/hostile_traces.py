@@ -157,6 +157,7 @@ def write_corpus(directory: str, outside: str) -> list:
     _writes(put, base)
     _dos(put, base, directory)
     _malformed(put, base)
+    _streams(put, base)
     _combined(put, base, payloads, marker)
     # A FIFO and a link to a device must be refused without blocking.
     fifo = os.path.join(directory, f"load-{len(files):03d}-fifo.json")
@@ -458,6 +459,45 @@ def _malformed(put, base) -> None:
     d = Doc(base)
     d.d["leaves"]["value"][0] = {"dtype": "float32", "shape": [4], "data": 5}
     put("load", "const-data-type", d.d)
+
+
+def _streams(put, base) -> None:
+    """Random streams (format 4): states are bounded bytes, names come from fixed sets."""
+    def events(*rows):
+        d = Doc(base)
+        d.d["rng_events"] = {k: [r[i] for r in rows] for i, k in enumerate(("at", "action", "stream", "slot", "state"))}
+        return d.d
+
+    put("load", "rng-state-too-long", events((0, "load", "cpu", -1, "A" * (1 << 18))))
+    put("load", "rng-stream-name", events((0, "save", "cpu; rm -rf /", 0, None)))
+    put("load", "rng-action", events((0, "exec", "cpu", 0, None)))
+    put("load", "rng-slot-and-state", events((0, "load", "cpu", 3, "AAAA")))
+    put("load", "rng-at-negative", events((-1, "save", "cpu", 0, None)))
+    put("replay", "rng-load-unsaved-slot", events((0, "load", "cpu", 7, None)))
+    put("replay", "rng-state-garbage", events((0, "load", "cpu", -1, "AAAA")))
+    put("safe", "rng-save-load-after-the-end", events((10**6, "save", "cpu", 0, None),
+                                                      (10**6, "load", "cuda:0", 0, None)))
+    d = Doc(base)
+    d.d["rng_cuda"] = {"cpu": "AAAA"}
+    put("load", "rng-cuda-names-cpu", d.d)
+    d = Doc(base)
+    d.d["generators"] = {"device": ["onnx"], "state": [None]}
+    put("load", "generator-device", d.d)
+    d = Doc(base)
+    d.d["generators"] = {"device": ["cpu"], "state": ["A" * (1 << 18)]}
+    put("load", "generator-state-too-long", d.d)
+    for ref in (-1, 1 << 40, "0", [0]):
+        d = Doc(base)
+        n = d.next_id()
+        d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": ref}}, [_t(d.tensor(n, [2, 4]))])
+        put("load", "generator-ref", d.d)
+    d = Doc(base)
+    n = d.next_id()
+    d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": 5}}, [_t(d.tensor(n, [2, 4]))])
+    put("safe", "generator-ref-without-state", d.d)  # made up, and said so
+    d = Doc(base)
+    d.d["arg_names"] = ["\x1b[2J" * 10, 5]
+    put("load", "arg-names", d.d)
 
 
 def _combined(put, base, payloads, marker) -> None:

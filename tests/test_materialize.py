@@ -171,8 +171,7 @@ class _Truncated(nn.Module):
         self.lin = nn.Linear(32, 8)
 
 
-@pytest.mark.parametrize("explicit_generator", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="replay draws from an explicit generator's recorded state: issue 14"))])
+@pytest.mark.parametrize("explicit_generator", [False, True])
 def test_materialize_trunc_normal_equals_eager(explicit_generator):
     def build():
         gen = torch.Generator().manual_seed(11) if explicit_generator else None

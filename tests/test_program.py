@@ -25,7 +25,8 @@ class TestSource(expecttest.TestCase):
     def test_program_source_is_one_line_per_call_and_check(self):
         t = md.trace(_rebinding, torch.ones(3, 2))
         self.assertExpectedInline(program(t, CPU).source, """\
-def run(env, gen, ck, chk, same, wr):
+def run(env, gens, ck, chk, same, wr, rng):
+    grad(True)
     t0 = env.pop(0)
     t1 = t_default(t0)
     ck and same(0, t1)
@@ -45,8 +46,9 @@ def run(env, gen, ck, chk, same, wr):
 
 
 def _run(t, args, keep_all=False):
-    return execute(t, lambda: bind_leaves(t, args, None, None, CPU, 0), CPU, True,
-                   keep_all=keep_all)
+    env, mismatches, _ = execute(t, lambda: bind_leaves(t, args, None, None, CPU, 0), CPU, True,
+                                 keep_all=keep_all)
+    return env, mismatches
 
 
 def test_program_frees_what_the_traced_run_freed_and_keeps_the_output():

@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
-from . import composites, known
+from . import composites, known, rngstate
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -166,8 +166,7 @@ class MetaMode(_compat.TorchDispatchMode):
             raise MetaDispatchError(
                 f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
                 "FAKE dispatch-mode slot; leave that mode first")
-        if self.trace.rng_state is None:
-            self.trace.rng_state = torch.get_rng_state()
+        rngstate.start_states(self.trace)
         # Random ops that run for real (known values, md.check's fallback)
         # must not move the user's generators.
         entry.steps.append(functools.partial(_compat.set_rng_states, _compat.rng_states()))
@@ -179,6 +178,7 @@ class MetaMode(_compat.TorchDispatchMode):
             tracker.__enter__()
             entry.steps.append(functools.partial(setattr, self._recorder, "modules", self._recorder.modules))
             self._recorder.modules = tracker
+            rngstate.install(entry.steps)  # Note [RNG state as slots] in rngstate.py
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
@@ -358,6 +358,12 @@ def scratch_mode() -> MetaMode:
     return mode
 
 
+def _current_rng_log():
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    return mode._recorder.rng if isinstance(mode, MetaMode) and mode.record else None
+
+
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
 WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
+rngstate.WIRING.current = _current_rng_log

@@ -34,6 +34,7 @@ import torch
 
 from .. import _compat
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
+from .rngstate import RngLog
 from .source import user_frame
 from .tensor import MetaTensor
 
@@ -92,8 +93,6 @@ class BackwardModules:
 
 _SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
 
-GENERATOR = "<generator>"
-
 
 class Recorder:
     def __init__(self, trace: Trace, *, stack: bool = False, const_limit: int = 4096) -> None:
@@ -112,6 +111,9 @@ class Recorder:
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
         self.backward_modules = BackwardModules()
+        # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
+        self._bases: dict = {}
+        self.rng = RngLog(trace)  # Note [RNG state as slots] in rngstate.py
 
     # -- the real tensors stood in for (Note [No real tensor outlives the recording])
     def note_real(self, meta: MetaTensor, real: torch.Tensor) -> None:
@@ -123,6 +125,7 @@ class Recorder:
 
     def forget_reals(self) -> None:
         self._real_of.clear()
+        self.rng.forget()
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
@@ -144,9 +147,14 @@ class Recorder:
         return self._leaf(t)
 
     def _leaf(self, t: MetaTensor) -> TensorMeta:
-        m = self._meta(t, self._new_id(), self._storage_number(t))
+        storage = self._storage_number(t)
+        named = t.__dict__.get("_md_name")
+        base = self._bases.get(storage)
+        if base is not None and named is None:
+            return self._view_of(t, base)
+        m = self._meta(t, self._new_id(), storage)
         t._md = (self.token, m, None)
-        kind, name = t.__dict__.get("_md_name") or ("input", "")
+        kind, name = named or ("input", "")
         value = None
         real = self.real_of(t)
         # A tensor C++ built on meta from a MetaTensor's options (a list index,
@@ -157,6 +165,30 @@ class Recorder:
                 with _compat.no_torch_function():  # the real value, not its stand-in
                     value = real.detach().clone()
         self.trace.leaves[m.id] = Leaf(m, kind, name, value)
+        if kind != "input":
+            self._bases.setdefault(storage, m)
+        return m
+
+    def _view_of(self, t: MetaTensor, base: TensorMeta) -> TensorMeta:
+        """Note [Views of leaves]: record ``t`` as ``as_strided`` of ``base``.
+
+        Note [Views of leaves]
+        ~~~~~~~~~~~~~~~~~~~~~~
+        A tensor can reach the mode without a recorded producer and without a
+        name yet share storage with a leaf or a recorded output:
+        ``torch.compile``'s runtime wrapper hands the compiled graph
+        ``weight.t()`` made outside any mode, and between graphs it re-wraps
+        the previous graph's outputs.  As an anonymous leaf, replay would fill
+        it with made-up values; it is that tensor's data, so it is recorded as
+        the view it is, and replay takes the same view of the real tensor.
+        """
+        m = self._meta(t, self._new_id(), base.storage)
+        t._md = (self.token, m, len(self.trace.calls))
+        self.trace.calls.append(OpCall(
+            len(self.trace.calls), _AS_STRIDED, "aten.as_strided.default",
+            (base, m.shape, m.stride, m.storage_offset), None, (m,),
+            self.modules.current() if self.modules is not None else "",
+            "backward" if _compat.in_backward() else "forward", "meta", None, "untraced view"))
         return m
 
     def _new_id(self) -> int:
@@ -192,7 +224,7 @@ class Recorder:
         if type(x) in (list, tuple):
             return tuple(self.encode(y) for y in x)
         if isinstance(x, torch.Generator):
-            return GENERATOR
+            return self.rng.generator(x)
         return x
 
     def encode_inputs(self, args: tuple, kwargs: dict):
@@ -210,6 +242,7 @@ class Recorder:
                 m = self._meta(o, old.id, old.storage)
             else:
                 m = self._meta(o, self._new_id(), self._storage_number(o))
+                self._bases.setdefault(m.storage, m)
             o._md = (self.token, m, len(self.trace.calls))  # the index record() gives
             return m
         if type(o) in (list, tuple):
@@ -242,6 +275,9 @@ class Recorder:
                       module, phase, stage, source, note)
         self.trace.calls.append(call)
         return call
+
+
+_AS_STRIDED = torch.ops.aten.as_strided.default
 
 
 def _swap(x, old: TensorMeta, new: TensorMeta):

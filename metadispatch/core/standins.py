@@ -189,8 +189,20 @@ class StandIns:
                 stand = self.mode.from_tensor(t)
                 if id(t) in names and "_md_name" not in stand.__dict__:
                     stand._md_name = names[id(t)]
+                self._stand_grad(t, stand, names.get(id(t)))
                 table[key] = stand
                 self._stand_of[id(t)] = stand
+
+    def _stand_grad(self, t: torch.Tensor, stand: MetaTensor, named) -> None:
+        """A real ``.grad`` is a leaf named for its parameter: backward
+        accumulates into it, as eager does (the real one is never written)."""
+        grad = t.grad
+        if grad is None or type(grad) is not torch.Tensor or stand.grad is not None:
+            return
+        meta = self.mode.from_tensor(grad)
+        if named is not None and named[0] == "param" and "_md_name" not in meta.__dict__:
+            meta._md_name = ("grad", named[1])
+        stand.grad = meta
 
     def grads(self, meta_of) -> dict:
         """Parameter name -> TensorMeta of its gradient, for every root that ran."""

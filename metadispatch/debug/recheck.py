@@ -22,9 +22,9 @@ import torch
 from .. import _compat
 from .._compat import pytree
 from ..core.realrun import materialize, run_real
-from ..core.record import GENERATOR
 from ..core.schema import facts
 from ..ir.compare import Mismatch, describe, differences
+from ..ir.rng import is_generator
 from ..ir.trace import TensorMeta
 
 __all__ = ["recheck", "Mismatch"]
@@ -79,7 +79,7 @@ def _words(field: str, recorded, real) -> str:
 
 def _check_call(call, consts, limit) -> list[tuple]:
     """``(field, recorded, real)`` for each difference of ``call``'s outputs."""
-    args, kwargs = pytree.tree_map(lambda x: None if x == GENERATOR else x,
+    args, kwargs = pytree.tree_map(lambda x: None if is_generator(x) else x,
                                    (call.args, dict(call.kwargs)),
                                    is_leaf=lambda x: isinstance(x, TensorMeta))
     real_args, real_kwargs = materialize(args, kwargs, limit=limit, ints=0,

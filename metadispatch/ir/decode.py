@@ -33,6 +33,7 @@ import torch
 
 from .. import _compat
 from .ownops import OWN_OPS, ensure_defined
+from .rng import GeneratorRef
 
 __all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "DTYPES"]
 
@@ -95,6 +96,13 @@ def decode_device(name) -> torch.device:
     return torch.device(m[1]) if m[2] is None else torch.device(m[1], int(m[2]))
 
 
+def _decode_generator(v) -> GeneratorRef:
+    # Replay checks the index against the trace's generators.
+    if type(v) is not int or not 0 <= v < 1 << 31:
+        raise ValueError(v)
+    return GeneratorRef(v)
+
+
 TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "float": _decode_float,
     "int": _decode_int,
@@ -103,6 +111,7 @@ TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "memory_format": _enum(torch.memory_format),
     "device": decode_device,
     "complex": _decode_complex,
+    "generator": _decode_generator,
 }
 
 _OP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from itertools import chain, repeat
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from ..errors import TraceFormatError
 from .calls import OpCall
 from .decode import TAGS, decode_device, refusal, resolve_op
 from .records import Leaf, TensorMeta
+from .rng import RngEvent
 
 if TYPE_CHECKING:  # type-only: trace.py is above this module
     from .trace import Trace
@@ -43,7 +45,7 @@ MAX_DEPTH = 32  # nesting of values: HF outputs (tuples of tuples) need about 5
 MAX_STRING = 1 << 16  # characters in any string but constant data
 _SIZE_LIMIT = 1 << 63  # sizes, strides, offsets, ids: what an int64 holds
 
-_KINDS = {"arg", "param", "buffer", "const", "input"}
+_KINDS = {"arg", "param", "buffer", "const", "input", "grad"}
 _PHASES = {"forward", "backward", "optimizer"}
 _INT = {int}
 _PLAIN = {type(None), bool, int, float, str}
@@ -98,6 +100,12 @@ class Reader:
         t.gpu = self.text(gpu, "gpu") if gpu is not None else None
         rng = doc.get("rng_state")
         t.rng_state = self.bytes_tensor(rng, "rng_state", _RNG_BYTES) if rng is not None else None
+        self.streams(doc, t)
+        names = doc.get("arg_names")
+        if names is not None:
+            if not isinstance(names, list):
+                self.fail("arg_names", f"expected a list, got {type(names).__name__}")
+            t.arg_names = [self.text(n, ("arg_names", i)) for i, n in enumerate(names)]
         deaths = doc.get("deaths")
         if deaths is not None:
             storages, calls = self.columns(doc, "deaths", ("storage", "call"))
@@ -105,6 +113,37 @@ class Reader:
             self.counts(calls, "deaths.call")
             t.deaths = dict(zip(storages, calls))
         return t
+
+    def streams(self, doc: dict, t: Trace) -> None:
+        """The random streams of format 4 (ir/rng.py); absent from older files."""
+        cuda = doc.get("rng_cuda") or {}
+        if not isinstance(cuda, dict):
+            self.fail("rng_cuda", f"expected an object, got {type(cuda).__name__}")
+        for k, v in cuda.items():
+            self.stream(k, ("rng_cuda", k), cuda_only=True)
+            t.rng_cuda[k] = self.bytes_tensor(v, ("rng_cuda", k), _RNG_BYTES)
+        if doc.get("generators") is not None:
+            devices, states = self.columns(doc, "generators", ("device", "state"))
+            for i, (d, v) in enumerate(zip(devices, states)):
+                self.device(self.text(d, ("generators.device", i)), ("generators.device", i))
+                t.generators.append((d, None if v is None else self.bytes_tensor(
+                    v, ("generators.state", i), _RNG_BYTES)))
+        if doc.get("rng_events") is not None:
+            cols = self.columns(doc, "rng_events", ("at", "action", "stream", "slot", "state"))
+            self.counts(cols[0], "rng_events.at")
+            for i, (at, action, stream, slot, v) in enumerate(zip(*cols)):
+                if action not in ("save", "load"):
+                    self.fail(("rng_events.action", i), f"expected save or load, got {_short(action)}")
+                self.stream(stream, ("rng_events.stream", i))
+                if type(slot) is not int or not -1 <= slot < _SIZE_LIMIT or (slot < 0) != (
+                        action == "load" and v is not None):
+                    self.fail(("rng_events.slot", i), f"not a slot for this event: {_short(slot)}")
+                state = None if v is None else self.bytes_tensor(v, ("rng_events.state", i), _RNG_BYTES)
+                t.rng_events.append(RngEvent(at, action, stream, slot, state))
+
+    def stream(self, name, where, cuda_only: bool = False) -> None:
+        if not (type(name) is str and _STREAM.fullmatch(name)) or (cuda_only and name == "cpu"):
+            self.fail(where, f"not a generator stream: {_short(name)}")
 
     # -- tables, a column at a time
 
@@ -356,6 +395,7 @@ class Reader:
 _PLAIN_REF, _USE, _DEFINE = 0, 1, 2
 _NUMBERS = {type(None), bool, int, float}
 _RNG_BYTES = 1 << 16  # torch.get_rng_state() is 5056 bytes
+_STREAM = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})")
 
 
 class _Lazy:

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import MetaDispatchError
 from .records import TensorMeta, tensor_metas
+from .rng import is_generator
 from .text import printable
 
 __all__ = ["repro"]
@@ -104,7 +105,7 @@ def _src(a) -> str:
         return "device"
     if isinstance(a, (torch.dtype, torch.layout, torch.memory_format)):
         return str(a)
-    if isinstance(a, str) and a == "<generator>":
+    if is_generator(a):
         return "None"
     if isinstance(a, float) and a != a:
         return "float('nan')"

@@ -44,6 +44,7 @@ from ..errors import TraceFormatError
 from .calls import OpCall
 from .reader import Reader
 from .records import TensorMeta
+from .rng import GeneratorRef
 
 if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
     from .trace import Trace
@@ -51,8 +52,9 @@ if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
 __all__ = ["save", "load", "FORMAT", "VERSION"]
 
 FORMAT = "metadispatch.trace"
-VERSION = 3  # 2: integers beyond 64 bits written bare (read); 1: no tables (unreadable)
-_READS = (2, 3)
+VERSION = 4  # 3: no random streams but the CPU start state, no leaf kind "grad" (read);
+# 2: integers beyond 64 bits written bare (read); 1: no tables (unreadable)
+_READS = (2, 3, 4)
 _INT_RANGE = range(-(1 << 63), 1 << 64)  # what orjson writes and reads exactly
 
 
@@ -103,6 +105,20 @@ class _Writer:
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())}
                        if deaths is not None else None),
+            **self.streams(trace),
+            "arg_names": trace.arg_names,
+        }
+
+    def streams(self, trace: Trace) -> dict:
+        """The random streams beyond the CPU start state (ir/rng.py)."""
+        events = trace.rng_events
+        return {
+            "rng_cuda": {k: _b64(v) for k, v in trace.rng_cuda.items()},
+            "generators": {"device": [d for d, _ in trace.generators],
+                           "state": [None if v is None else _b64(v) for _, v in trace.generators]},
+            "rng_events": {"at": [e.at for e in events], "action": [e.action for e in events],
+                           "stream": [e.stream for e in events], "slot": [e.slot for e in events],
+                           "state": [None if e.state is None else _b64(e.state) for e in events]},
         }
 
     def s(self, text: str) -> int:
@@ -174,6 +190,8 @@ class _Writer:
             return {"memory_format": str(x).removeprefix("torch.")}
         if isinstance(x, complex):
             return {"complex": [repr(x.real), repr(x.imag)]}
+        if t is GeneratorRef:
+            return {"generator": x.index}
         if isinstance(x, dict):
             return {"dict": [[self.enc(k, where), self.enc(v, where)] for k, v in x.items()]}
         where = f"calls[{where}]" if type(where) is int else where

@@ -26,6 +26,7 @@ import torch
 
 from .calls import OpCall
 from .records import Leaf, TensorMeta, dtype_abbr
+from .rng import RngEvent
 from .serialize import load, save
 from .text import render
 
@@ -57,6 +58,15 @@ class Trace:
         # The CPU generator's state when the recording mode was first entered,
         # so that md.materialize can replay construction with eager's numbers.
         self.rng_state: torch.Tensor | None = None
+        # The rest of the random streams (ir/rng.py): CUDA generators' states
+        # ("cuda:0" -> state, where a real CUDA was there to ask), explicit
+        # generators' (device, state at first use), and state reads and writes.
+        self.rng_cuda: dict[str, torch.Tensor] = {}
+        self.generators: list[tuple[str, torch.Tensor | None]] = []
+        self.rng_events: list[RngEvent] = []
+        # The name of every tensor argument md.trace was given, used or not,
+        # so that replay can refuse arguments the trace never saw; None: unknown.
+        self.arg_names: list[str] | None = None
         # Loaded from a file: replay re-derives what the file claims about
         # sizes before trusting it (Note [Budgets] in runtime/budget.py).
         self.untrusted = False

@@ -1,7 +1,9 @@
 """Running a trace for real: ``md.replay`` and ``md.materialize``.
 
-``leaves`` binds the trace's leaves to real tensors, ``program`` compiles
-the calls to straight-line Python, ``replay`` runs and checks them,
-``materialize`` replays a module's construction.  May import ``tracing``,
+``inputs`` refuses what cannot be bound, ``leaves`` binds the trace's
+leaves to real tensors (or makes them up, listed), ``streams`` gives the
+random ops eager's generator states, ``program`` compiles the calls to
+straight-line Python, ``replay`` runs and checks them into a ``result``,
+``materialize`` replays a module's construction (docs/replay.md).  May import ``tracing``,
 ``core``, ``ir`` and below.
 """

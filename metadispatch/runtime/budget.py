@@ -46,6 +46,7 @@ from torch.utils.flop_counter import flop_registry
 from ..core.schema import arg_value, facts
 from ..errors import BudgetExceededError, ReplayError
 from ..ir.records import TensorMeta, tensor_metas
+from ..ir.rng import is_generator
 from ..ir.trace import Trace
 from .program import free_points
 
@@ -298,7 +299,7 @@ def _on_meta(a, env):
         return [_on_meta(x, env) for x in a]
     if isinstance(a, torch.device):
         return _META
-    if t is str and a == "<generator>":
+    if is_generator(a):
         return None
     return a
 

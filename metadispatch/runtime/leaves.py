@@ -2,8 +2,10 @@
 
 Replay needs a real tensor for every :class:`~metadispatch.ir.trace.Leaf`.  In
 order of preference: the caller's (``args``/``kwargs`` by the name recorded
-at trace time, parameters and buffers by qualified name), the constant kept
-in the trace, or one made up from ``seed``.
+at trace time, parameters, buffers and pre-existing ``.grad`` by qualified
+name), the constant kept in the trace, or one made up from ``seed`` -- and
+then listed in ``Replay.made_up``, which makes the replay not ok unless the
+caller allows it (docs/replay.md).
 
 Made-up tensors must be *valid* for the ops that read them: token ids fed to
 an embedding must be below the vocabulary size, labels below the number of
@@ -21,26 +23,31 @@ choice for attention masks); floats are standard normal, buffers uniform in
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from .. import _compat
-from .._compat import pytree
 from ..errors import ReplayInputError
-from ..ir.records import TensorMeta, arg_name
+from ..ir.records import TensorMeta
 from ..ir.trace import Trace
+from .inputs import given_tensors
+from .streams import MadeUp
 from .writes import written_leaves
 
 __all__ = ["bind_leaves", "caller_tensors", "leaf_bytes", "index_bounds", "make_tensor"]
 
 
-def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
+def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: list | None = None,
+                given: dict | None = None) -> dict:
     """id -> real tensor on ``device`` for every leaf; see the module docstring.
 
     Leaves the trace may write are copies, and so is every leaf whose real
     tensor shares a storage with one of them (Note [Replay never writes its
-    inputs] in replay.py, writes.py); aliasing between them is kept.
+    inputs] in replay.py, writes.py); aliasing between them is kept.  Each
+    leaf filled without data is appended to ``made_up`` as a
+    :class:`~metadispatch.runtime.streams.MadeUp`.  ``given`` is
+    :func:`~metadispatch.runtime.inputs.given_tensors` of the inputs, when
+    the caller has it already (so do the functions below).
     """
-    given = _given(args, kwargs or {}, module)
+    given = given_tensors(args, kwargs, module) if given is None else given
     written = written_leaves(trace)
     copies: dict = {}  # storage key of a given tensor -> its copy's storage
     shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
@@ -64,12 +71,14 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int) -> dict:
             for tid in tids:
                 out[tid] = _copy_keeping_aliases(out[tid], copies)
     out.update(_made_up(trace, missing, device, seed))
+    if made_up is not None and missing:
+        made_up += _listed(trace, missing)
     return out
 
 
-def leaf_bytes(trace: Trace, args, kwargs, module) -> int:
+def leaf_bytes(trace: Trace, args, kwargs, module, given: dict | None = None) -> int:
     """Bytes ``bind_leaves`` will allocate: made-up leaves, and copies of written ones."""
-    given = _given(args, kwargs or {}, module)
+    given = given_tensors(args, kwargs, module) if given is None else given
     written = written_leaves(trace)
     total = 0
     for tid, leaf in trace.leaves.items():
@@ -81,26 +90,11 @@ def leaf_bytes(trace: Trace, args, kwargs, module) -> int:
     return total
 
 
-def caller_tensors(trace: Trace, args, kwargs, module) -> list:
+def caller_tensors(trace: Trace, args, kwargs, module, given: dict | None = None) -> list:
     """The tensors replay must not write: the caller's and the trace's constants."""
     consts = [leaf.value for leaf in trace.leaves.values() if leaf.value is not None]
-    return list(_given(args, kwargs or {}, module).values()) + consts
-
-
-def _given(args, kwargs, module) -> dict:
-    """(kind, name) -> tensor, named as ``md.trace`` named them."""
-    named, modules = {}, [module] if module is not None else []
-    for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs))[0]:
-        if isinstance(v, torch.Tensor):
-            named[("arg", arg_name(path))] = v
-        elif isinstance(v, nn.Module):
-            modules.append(v)
-    for mod in modules:
-        for name, p in mod.named_parameters(remove_duplicate=False):
-            named.setdefault(("param", name), p)
-        for name, b in mod.named_buffers(remove_duplicate=False):
-            named.setdefault(("buffer", name), b)
-    return named
+    given = given_tensors(args, kwargs, module) if given is None else given
+    return list(given.values()) + consts
 
 
 def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
@@ -113,6 +107,32 @@ def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
 
 
 # -- made-up leaves
+
+_WHY = {
+    "arg": "no argument of that name was given; filled with made-up values",
+    "param": "no module was given; filled with made-up values",
+    "buffer": "no module was given; filled with made-up values",
+    "grad": "no module was given; its .grad filled with made-up values",
+    "input": "the trace recorded no source for this tensor (it reached the traced code from "
+             "outside any recorded call, without a name); filled with made-up values",
+}
+
+
+def _listed(trace: Trace, missing: list) -> list:
+    first: dict = {}
+    ids = {m.id for m in missing}
+    for call in trace.calls:
+        for m in call.inputs:
+            if m.id in ids:
+                first.setdefault(m.id, call.index)
+        if len(first) == len(ids):
+            break
+    out = []
+    for m in missing:
+        leaf = trace.leaves[m.id]
+        name = f"{leaf.kind} {leaf.name}" if leaf.name else f"{leaf.kind} ${m.id}"
+        out.append(MadeUp(name, first.get(m.id), _WHY.get(leaf.kind, _WHY["input"])))
+    return out
 
 def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
     if not missing:

@@ -69,8 +69,8 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     for rec, metas in _by_recorder(reachable, names).items():
         trace = rec.trace
         _refuse_outside_data(trace, metas, names)
-        env, _ = execute(trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0), device,
-                         check=False, rng_state=trace.rng_state, keep_all=True)
+        env, _, _ = execute(trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0),
+                            device, check=False, keep_all=True)
         for t in metas:
             value = env[t.__dict__["_md"][1].id]
             real[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if isinstance(

@@ -29,6 +29,17 @@ than the kernels.  So the program drops the ids no later call reads, except
 those the result needs: outputs, gradients and buffers -- and, when the trace
 recorded storage deaths, no earlier than the traced run freed them.
 
+Note [Grad mode in replay]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+Replay needs no autograd (backward's calls are in the trace) and runs under
+``no_grad``, but a few kernels answer differently by grad mode: oneDNN's
+LSTM layer returns its workspace only with grad enabled, and its backward
+fails without it.  Eager ran forward with grad enabled and backward and
+optimizer steps without, so the program switches grad mode where the phase
+changes (``grad(True)``).  No replayed tensor requires grad, so autograd
+records nothing.  Limit: a forward traced under ``torch.no_grad()`` replays
+with grad enabled (grad mode is not recorded per call).
+
 Note [Generated code from untrusted traces]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A trace may come from a file anyone wrote, so nothing from it is pasted into
@@ -52,9 +63,12 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from ..core.schema import facts
 from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
+from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .streams import stream_of
 from .writes import written_args
 
 __all__ = ["Program", "program", "free_points"]
@@ -63,11 +77,13 @@ _FILENAME = "<metadispatch replay>"
 
 
 class Program(NamedTuple):
-    """``run(env, gen, ck, chk, same, wr)`` executes every call of the trace.
+    """``run(env, gens, ck, chk, same, wr, rng)`` executes every call of the trace.
 
     ``env`` maps ids to real tensors: it holds the leaves on entry and the
-    tensors that outlive the program on exit; ``gen`` is the generator for
-    RNG ops.  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
+    tensors that outlive the program on exit; ``gens`` maps a recorded
+    generator's index to the generator replay gives it (-1: one an older
+    version recorded without an index); ``rng(i)`` performs the trace's
+    ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
     ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs.
     """
@@ -77,6 +93,8 @@ class Program(NamedTuple):
     calls: list  # the trace's OpCalls, by position
     singles: list  # each call's TensorMeta where it returns one tensor, else None
     starts: list  # first source line of each call
+    generator_uses: dict  # generator index -> first call passing it
+    default_draws: dict  # default generator stream ("cpu", "cuda:0") -> first call drawing from it
 
     def call_index(self, tb) -> int | None:
         """The position of the call that raised, from a traceback."""
@@ -100,7 +118,7 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
     key = (device, len(trace.calls), keep_all)
     if key not in per_trace:
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device).write(trace.calls, free)
+        per_trace[key] = _Writer(device).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -140,15 +158,28 @@ class _Writer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.names: dict = {"dev": device}  # the program's globals
+        self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
+        self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
         self.bound: set = set()  # ids that are local variables by now
-        self.lines: list = ["def run(env, gen, ck, chk, same, wr):"]
+        self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng):"]
+        self.generator_uses: dict = {}
+        self.call_number = 0
+        self.default_draws: dict = {}
 
-    def write(self, calls: list, free: dict) -> Program:
+    def write(self, calls: list, free: dict, events=()) -> Program:
         starts, singles, freed = [], [], set()
+        at: dict = {}  # call position -> indexes of the RNG events just before it
+        for i, e in enumerate(events):
+            at.setdefault(min(e.at, len(calls)), []).append(i)
         for n, call in enumerate(calls):
             starts.append(len(self.lines) + 1)
+            if (call.phase == "forward") != self.grad:  # Note [Grad mode in replay]
+                self.grad = not self.grad
+                self.lines.append(f"    grad({self.grad})")
+            self.lines += [f"    rng({i})" for i in at.get(n, ())]
+            self._note_draw(n, call)
+            self.call_number = n
             outs = call.outputs
             singles.append(outs[0] if len(outs) == 1 and type(outs[0]) is TensorMeta else None)
             self._call(n, call, singles[-1])
@@ -157,11 +188,22 @@ class _Writer:
                 freed.add(tid)
         # Whatever was not freed outlives the program: outputs, gradients,
         # buffers, or everything with keep_all.
+        self.lines += [f"    rng({i})" for i in at.get(len(calls), ())]
         self.lines += [f"    env[{tid}] = t{tid}" for tid in sorted(self.bound - freed)]
         self.lines.append("    return")
         source = "\n".join(self.lines) + "\n"
         exec(compile(source, _FILENAME, "exec"), self.names)  # noqa: S102 -- our own code
-        return Program(self.names["run"], source, list(calls), singles, starts)
+        return Program(self.names["run"], source, list(calls), singles, starts,
+                       self.generator_uses, self.default_draws)
+
+    def _note_draw(self, n: int, call) -> None:
+        """Note the first call drawing from each default generator (streams.py)."""
+        if not facts(call.func).random or any(
+                is_generator(a) for a in (*call.args, *call.kwargs.values())):
+            return
+        outs = call.output_metas or call.inputs
+        if outs:
+            self.default_draws.setdefault(stream_of(outs[0].device), n)
 
     def _call(self, n: int, call, single: TensorMeta | None) -> None:
         args = ", ".join([self._arg(a) for a in call.args] +
@@ -195,8 +237,10 @@ class _Writer:
             return "[" + ", ".join(self._arg(x) for x in a) + "]"
         if isinstance(a, torch.device):
             return "dev"  # every logical device maps to the replay device
-        if isinstance(a, str) and a == "<generator>":
-            return "gen"
+        if is_generator(a):
+            k = int(a.index) if type(a) is GeneratorRef else -1
+            self.generator_uses.setdefault(k, self.call_number)
+            return f"gens[{k}]"
         return self._const(a)
 
     def _use(self, tid: int) -> str:

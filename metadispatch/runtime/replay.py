@@ -41,110 +41,100 @@ compare only the strides that matter.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import os
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import _compat
-from ..core.tensor import normalize_device
-from ..errors import ReplayError
+from .._compat import pytree
+from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
 from .budget import Budget, check_budget, default_budget
+from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
+from .result import Mismatch, Replay, Tolerance
+from .streams import MadeUp, Streams
 from .writes import write_guard
 
-__all__ = ["replay", "Replay", "Mismatch", "execute", "compare", "Budget"]
+__all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
 
 
-class Mismatch(NamedTuple):
-    """A call whose real result differs from its recorded metadata."""
-
-    index: int  # position of the call in the trace
-    op: str
-    module: str
-    rule: str  # router stage that produced the metadata: "user", "meta", ...
-    output: int  # which tensor output of the call, in order
-    fields: tuple  # names of the fields that differ
-    expected: dict  # field -> recorded value
-    actual: dict  # field -> real value
-
-    def __str__(self) -> str:
-        where = f" in {self.module}" if self.module else ""
-        diffs = "; ".join(f"{f} expected {self.expected[f]}, got {self.actual[f]}"
-                          for f in self.fields)
-        return f"#{self.index} {self.op}{where} [{self.rule}] output {self.output}: {diffs}"
-
-
-class Replay:
-    """The result of :func:`replay`: real outputs, gradients and mismatches."""
-
-    def __init__(self, output, grads: dict, buffers: dict, mismatches: list) -> None:
-        self.output = output  # what fn returned, with real tensors
-        self.grads = grads  # parameter name -> real gradient
-        self.buffers = buffers  # buffer name -> its real value after the trace
-        self.mismatches = mismatches
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-    def __repr__(self) -> str:
-        return f"<Replay: {'ok' if self.ok else f'{len(self.mismatches)} mismatches'}>"
-
-    def __str__(self) -> str:
-        """One line if every call matched, else one line per mismatch."""
-        if self.ok:
-            return "replay ok: every recorded result matched the real kernel"
-        lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
-        lines += [f"  {m}" for m in self.mismatches]
-        return "\n".join(lines)
-
-
-def replay(trace: Trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
-           check: bool = True, budget: Budget | None = None) -> Replay:
+def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
+           check: bool = True, budget: Budget | None = None, allow_made_up: bool = False) -> Replay:
     """Run ``trace`` for real on ``device`` and check each call's metadata.
+
+    ``trace`` is a :class:`Trace` or the path of a saved one.  Inputs are
+    bound to the trace's leaves by name; an input that cannot be bound is
+    refused with :class:`~metadispatch.errors.ReplayInputError` (inputs.py).
+    Leaves not given at all, and random streams the trace holds no state
+    for, are made up from ``seed`` and listed in ``Replay.made_up``; they make
+    the result not ``ok`` unless ``allow_made_up``.  Random ops draw exactly
+    what eager drew, from the states the trace recorded (streams.py).
 
     ``budget`` (:class:`~metadispatch.runtime.budget.Budget`) caps the peak bytes
     replay allocates and the FLOPs it runs, checked before anything runs
     (Note [Budgets] in budget.py); the default is half the memory free on
     ``device`` and 10**12 FLOPs on a CPU.  Replay never changes the tensors
-    it is given (Note [Replay never writes its inputs]); a call of a kernel
-    that fails raises :class:`~metadispatch.errors.ReplayError` naming it.
+    it is given (Note [Replay never writes its inputs]) nor the caller's
+    generators; a call of a kernel that fails raises
+    :class:`~metadispatch.errors.ReplayError` naming it.
 
     >>> import torch, metadispatch as md
     >>> lin = torch.nn.Linear(3, 2)
     >>> x = torch.randn(4, 3)
-    >>> t = md.trace(lambda x: lin(x).relu(), x)
+    >>> t = md.trace(lambda x: torch.nn.functional.dropout(lin(x)), x)
     >>> r = md.replay(t, (x,), module=lin)
-    >>> r.ok, torch.equal(r.output, lin(x).relu())
-    (True, True)
+    >>> r.ok, r.made_up
+    (True, [])
+    >>> md.replay(t, module=lin)  # no x: made up
+    <Replay: not ok: 1 made up>
     """
-    device = normalize_device(device)
-    env, mismatches = execute(trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed),
-                              device, check, seed=seed,
-                              protect=caller_tensors(trace, args, kwargs, module),
-                              budget=budget or default_budget(device),
-                              leaf_bytes=leaf_bytes(trace, args, kwargs, module))
+    trace = _as_trace(trace)
+    device = check_device(device)
+    given = check_inputs(trace, args, kwargs, module)
+    made_up: list = []
+    env, mismatches, streams = execute(
+        trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up, given),
+        device, check, seed=seed, protect=caller_tensors(trace, args, kwargs, module, given),
+        budget=budget or default_budget(device), leaf_bytes=leaf_bytes(trace, args, kwargs, module, given))
     out = pytree.tree_map(lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
                           trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
     grads = {name: env[m.id] for name, m in trace.grads.items()}
     buffers = {leaf.name: env[tid] for tid, leaf in trace.leaves.items() if leaf.kind == "buffer"}
-    return Replay(out, grads, buffers, mismatches)
+    return Replay(out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up,
+                  _tolerance(device))
 
 
-def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state=None,
-            keep_all: bool = False, protect=(), budget: Budget | None = None, leaf_bytes: int = 0):
-    """Run every call; return (id -> real tensor, mismatches).
+def _as_trace(trace) -> Trace:
+    if isinstance(trace, Trace):
+        return trace
+    if isinstance(trace, (str, os.PathLike)):
+        return Trace.load(trace)
+    raise ReplayInputError(f"replay: expected a Trace or the path of a saved one, "
+                           f"got {type(trace).__name__}")
+
+
+def _tolerance(device) -> Tolerance | None:
+    if device.type == "cpu" or torch.are_deterministic_algorithms_enabled():
+        return None
+    return Tolerance(1e-5, 1e-5, f"{device.type} kernels that accumulate with atomics (index_add, "
+                     "scatter_add, embedding backward) sum in no fixed order; "
+                     "torch.use_deterministic_algorithms(True) makes them exact")
+
+
+def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, keep_all: bool = False,
+            protect=(), budget: Budget | None = None, leaf_bytes: int = 0):
+    """Run every call; return (id -> real tensor, mismatches, :class:`Streams`).
 
     ``bind()`` gives the leaves.  The returned map holds outputs, gradients
-    and buffers, or every tensor with ``keep_all``.  The default generators start from ``seed``
-    (or from ``rng_state``), and the caller's generator state is restored
-    afterwards.  No call may write the tensors in ``protect``; with a
-    ``budget``, the trace's costs (plus ``leaf_bytes`` for binding) are
-    checked before anything, binding included, runs.
+    and buffers, or every tensor with ``keep_all``.  The generators start
+    from the states the trace recorded (``seed`` for those it did not), and
+    the caller's generator state is restored afterwards.  No call may write
+    the tensors in ``protect``; with a ``budget``, the trace's costs (plus
+    ``leaf_bytes`` for binding) are checked before anything, binding
+    included, runs.
     """
     if _compat.dispatch_mode_stack():
         raise RuntimeError("md.replay runs real kernels and cannot run while a dispatch "
@@ -156,20 +146,13 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, rng_state
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         env = bind()
-        # Seed only the generators this replay uses: torch.manual_seed also
-        # queues seeds for every lazy backend, at a stack capture each.
-        if rng_state is not None:
-            torch.set_rng_state(rng_state)
-        else:
-            torch.default_generator.manual_seed(seed)
-        if device.type == "cuda":
-            torch.cuda.manual_seed(seed)
-        gen = torch.Generator(device=device).manual_seed(seed)
-        mismatches = _run(prog, env, gen, device, check, guard)
-    return env, mismatches
+        streams = Streams(trace, prog, device, seed)
+        streams.start()
+        mismatches = _run(prog, env, streams, device, check, guard)
+    return env, mismatches, streams
 
 
-def _run(prog, env: dict, gen, device, check: bool, guard) -> list:
+def _run(prog, env: dict, streams: Streams, device, check: bool, guard) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
@@ -178,11 +161,11 @@ def _run(prog, env: dict, gen, device, check: bool, guard) -> list:
         _check(calls[n], results, device, mismatches, wrong)
 
     def same(n, t):  # most calls return one tensor
-        if not _same(singles[n], t, device):
+        if t is None or not _same(singles[n], t, device):
             _check(calls[n], (t,), device, mismatches, wrong)
 
     try:
-        prog.run(env, gen, check, chk, same, guard)
+        prog.run(env, streams.gens, check, chk, same, guard, streams.event)
     except ReplayError:
         raise
     except Exception as e:
@@ -203,15 +186,34 @@ def _check(call, results, device, mismatches: list, wrong: set) -> None:
     the call that introduced it is reported, as the place to look.
     """
     for k, (m, r) in enumerate(_pairs(call.outputs, results)):
-        if _same(m, r, device):
+        if not isinstance(r, torch.Tensor):
+            diff = _undefined(m, r)
+        elif _same(m, r, device):
             continue
-        diff = compare(m, r, device)
+        else:
+            diff = compare(m, r, device)
         if diff is None:
             continue
         inherited = any(i.id in wrong for i in call.inputs)
         wrong.add(m.id)
         if not inherited:
             mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k, *diff))
+
+
+def _undefined(m: TensorMeta, r) -> tuple | None:
+    """Note [Undefined outputs]: a real kernel returned ``r`` (None, a number) for tensor ``m``.
+
+    Note [Undefined outputs]
+    ~~~~~~~~~~~~~~~~~~~~~~~~
+    Some kernels return an undefined tensor -- None in Python -- where their
+    meta function returns an empty one: ``_native_multi_head_attention``'s
+    weights with ``need_weights=False``.  An empty tensor and an undefined
+    one hold the same (no) values, so that is a match; a recorded tensor
+    with elements that comes back undefined, or as a number, is a mismatch.
+    """
+    if r is None and m.numel == 0:
+        return None
+    return ("defined",), {"defined": f"tensor {m.type_str()}"}, {"defined": type(r).__name__}
 
 
 def _pairs(outputs, results):

@@ -91,6 +91,8 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
             margs, mkwargs = _convert_args(mode, standins, args, kwargs)
+            mode.trace.arg_names = [arg_name(p) for p, v in pytree.tree_flatten_with_path(
+                (args, kwargs))[0] if isinstance(v, torch.Tensor)]
             with mode:
                 out = fn(*margs, **mkwargs)
             rec = mode._recorder
