@@ -12,7 +12,9 @@ import threading
 
 import torch
 import torch.utils._python_dispatch as _python_dispatch
+import torch.distributed as dist
 import torch.utils.checkpoint
+from torch.distributed import distributed_c10d
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -402,3 +404,30 @@ def data_dependent_errors() -> tuple:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     return (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+
+
+# -- torch.distributed (the logical world: core/world.py)
+def fake_process_group_store():
+    """A store for torch's ``fake`` backend, registering that backend first.
+
+    The backend's creator is registered by importing torch's testing module;
+    importing it here, on the first logical world, keeps that (and its second
+    of import time) away from users who never ask for one.
+    """
+    from torch.testing._internal.distributed import fake_pg
+
+    return fake_pg.FakeStore()
+
+
+def process_group_of(obj):
+    """The ProcessGroup a c10d op's boxed ``process_group`` argument holds."""
+    return dist.ProcessGroup.unbox(obj)
+
+
+def named_process_groups() -> dict:
+    """Every live process group -> its name (torch's registry of groups)."""
+    return dict(distributed_c10d._world.pg_names)
+
+
+def resolve_process_group(name: str):
+    return distributed_c10d._resolve_process_group(name)

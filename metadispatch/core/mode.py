@@ -26,6 +26,7 @@ from .modules import ModuleStack
 from .record import Recorder
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from .world import World
 from ..ir.trace import Trace
 
 __all__ = ["MetaMode", "scratch_mode"]
@@ -51,7 +52,8 @@ class MetaMode(_compat.TorchDispatchMode):
 
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
                  const_limit: int = 4096, cache: bool = True,
-                 known_limit: int = known.DEFAULT_LIMIT, **fake_options) -> None:
+                 known_limit: int = known.DEFAULT_LIMIT, world_size: int | None = None, rank: int = 0,
+                 **fake_options) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
@@ -74,6 +76,8 @@ class MetaMode(_compat.TorchDispatchMode):
         # hardware; None: torch's own meta answers.  Part of the cache key
         # (cache.context); a ``gpu=`` option will set it.
         self.device_profile = None
+        # Note [One rank of a logical world]
+        self.world = World(world_size, rank) if world_size is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
@@ -174,11 +178,27 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
+        if self.world is not None:
+            self._enter_world(entry)
         hold = composites.Hold()
         entry.steps.append(hold.release)
         hold.acquire()  # Note [Composite overrides]
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
+
+    def _enter_world(self, entry: _Entry) -> None:
+        """Note [One rank of a logical world]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``world_size=N, rank=r``: torch.distributed is an initialised N-rank
+        world seen from rank ``r`` while the mode is entered (world.py).  One
+        process traces one rank; what differs between ranks (uneven shards)
+        is traced rank by rank.  The trace keeps the world and its groups,
+        which ``md.comms`` reads, as they stood on exit.
+        """
+        self.trace.world = (self.world.world_size, self.world.rank)
+        self.world.install(entry.steps)
+        # Undone first: the groups are read before they are destroyed.
+        entry.steps.append(functools.partial(self.world.record_groups, self.trace.groups))
 
     def _note_stop(self, entry: _Entry, exc_type) -> None:
         if exc_type is not None and entry.tracker is not None:

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .. import _compat
+from . import world
 from .source import user_frame
 from .tensor import MetaTensor
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
@@ -193,6 +194,8 @@ class Recorder:
             return tuple(self.encode(y) for y in x)
         if isinstance(x, torch.Generator):
             return GENERATOR
+        if isinstance(x, torch.ScriptObject):
+            return world.describe(x)  # a process group, a c10d Work
         return x
 
     def encode_inputs(self, args: tuple, kwargs: dict):
@@ -214,6 +217,8 @@ class Recorder:
             return m
         if type(o) in (list, tuple):
             return tuple(self._out(x) for x in o)
+        if isinstance(o, torch.ScriptObject):
+            return world.describe(o)
         return o
 
     def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:

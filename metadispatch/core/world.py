@@ -1,0 +1,109 @@
+"""A logical N-rank world: ``torch.distributed`` as one rank of it sees it.
+
+``MetaMode(world_size=N, rank=r)`` installs it on entry: the default process
+group is torch's ``fake`` backend (N ranks, this one ``r``), which answers
+every collective at once and moves no data, so one process traces what rank
+``r`` of a real N-process run would do.  Collectives reach the mode as
+c10d / ``_c10d_functional`` calls and are recorded like any other call
+(``rules/collectives.py`` gives their outputs); ``md.comms`` reads them.
+
+The user's own ``init_process_group(...)`` -- with "nccl", "gloo" or any
+backend -- finds the world already made and joins it: a ``world_size`` or
+``rank`` it names must agree with the mode's.  Everything is undone on exit,
+also on exceptions: the groups are destroyed, the patched entry points and
+``RANK``/``WORLD_SIZE`` are put back.
+
+Limits: one world per process (a process group already initialised outside
+the mode is refused); the fake backend's answers carry no data, so code that
+reads a collective's values (a loss all-reduced and printed) reads nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import torch
+
+from .. import _compat
+from ..errors import MetaDispatchError
+from ..ir.records import Group
+
+__all__ = ["World", "describe", "WORK", "REDUCE_OP"]
+
+_ENV = ("RANK", "WORLD_SIZE")
+WORK = "<work>"
+REDUCE_OP = "<reduce op>"
+
+
+class World:
+    """The logical world of one MetaMode (``world_size`` ranks, seen from ``rank``)."""
+
+    def __init__(self, world_size: int, rank: int = 0) -> None:
+        if type(world_size) is not int or world_size < 1:
+            raise MetaDispatchError(f"world_size={world_size!r}: a positive int")
+        if type(rank) is not int or not 0 <= rank < world_size:
+            raise MetaDispatchError(f"rank={rank!r}: an int in [0, {world_size})")
+        self.world_size = world_size
+        self.rank = rank
+
+    def install(self, steps: list) -> None:
+        """Make the world; each change is preceded by the step that undoes it
+        (Note [Interrupts in mode entry and exit] in mode.py)."""
+        if _compat.dist.is_initialized():
+            raise MetaDispatchError(
+                "MetaMode(world_size=...) needs torch.distributed uninitialised: a process group "
+                "already exists in this process; destroy it first")
+        steps.append(functools.partial(_restore_env, {k: os.environ.get(k) for k in _ENV}))
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
+        steps.append(_destroy_all)
+        _compat.dist.init_process_group("fake", store=_compat.fake_process_group_store(),
+                                        rank=self.rank, world_size=self.world_size)
+        for owner in (_compat.dist, _compat.distributed_c10d):
+            steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
+            owner.init_process_group = self._join
+
+    def _join(self, backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+              store=None, group_name="", pg_options=None, device_id=None):
+        """``init_process_group`` inside the mode: the world exists; check it is the one meant."""
+        if world_size not in (-1, None, self.world_size) or rank not in (-1, None, self.rank):
+            raise MetaDispatchError(
+                f"init_process_group(world_size={world_size}, rank={rank}) inside "
+                f"MetaMode(world_size={self.world_size}, rank={self.rank}): trace the rank you mean "
+                "with MetaMode's own options")
+
+    def record_groups(self, into: dict) -> None:
+        """Add every live process group to ``into``, by name."""
+        into.update(self.groups())
+
+    def groups(self) -> dict:
+        """Name -> :class:`Group`, for every live process group."""
+        if not _compat.dist.is_initialized():
+            return {}
+        return {name: _group(pg, name) for pg, name in _compat.named_process_groups().items()}
+
+
+def _group(pg, name: str) -> Group:
+    return Group(name, pg.size(), pg.rank(), tuple(_compat.distributed_c10d.get_process_group_ranks(pg)))
+
+
+def describe(obj: torch.ScriptObject):
+    """What the trace records for a c10d op's boxed argument or result:
+    a :class:`Group` for a process group, a marker for the rest."""
+    kind = obj._type().qualified_name().rpartition(".")[2]
+    if kind == "ProcessGroup":
+        pg = _compat.process_group_of(obj)
+        return _group(pg, pg.group_name)
+    return WORK if kind == "Work" else REDUCE_OP if kind == "ReduceOp" else f"<{kind}>"
+
+
+def _destroy_all() -> None:
+    if _compat.dist.is_initialized():
+        _compat.dist.destroy_process_group()
+
+
+def _restore_env(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
