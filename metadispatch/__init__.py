@@ -21,6 +21,7 @@ from .errors import (BudgetExceededError, DataDependentError, MaterializeLimitEr
 from .analysis.flops import flops, register_flops, unregister_flops
 from .analysis.memory import LiveStorages, memory
 from .analysis.fit import fits
+from .analysis.comms import comms
 from .core.mode import MetaMode
 from .core.profiles import GPUProfile, gpu_profile, register_gpu
 from .core.registry import register_meta, unregister_meta
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
-    "flops", "register_flops", "unregister_flops", "memory", "fits", "LiveStorages", "module_table", "shape_log",
+    "flops", "register_flops", "unregister_flops", "memory", "fits", "comms", "LiveStorages", "module_table", "shape_log",
     "GPUProfile", "gpu_profile", "register_gpu",
     "replay", "Replay", "Mismatch", "materialize", "Budget",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",

@@ -5,4 +5,4 @@ registered with ``@builtin_rule``; each has a differential test against the
 real CPU kernel in ``tests/test_rules.py``.
 """
 
-from . import convolution, data_dependent, device_hinted, histogram, linalg, normalization, pooling  # noqa: F401
+from . import collectives, convolution, data_dependent, device_hinted, histogram, linalg, normalization, pooling  # noqa: F401
