@@ -14,6 +14,7 @@ import torch
 import torch.utils._python_dispatch as _python_dispatch
 import torch.distributed as dist
 import torch.utils.checkpoint
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed import distributed_c10d
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -431,3 +432,9 @@ def named_process_groups() -> dict:
 
 def resolve_process_group(name: str):
     return distributed_c10d._resolve_process_group(name)
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """A FakeTensor: DTensor's sharding propagation runs ops on them, under
+    FakeTensorMode, inside whatever mode watches a real run."""
+    return isinstance(t, FakeTensor)

@@ -38,6 +38,7 @@ from torch.utils._pytree import tree_leaves
 from .. import _compat
 from ..ir.text import fmt_bytes, render
 from ..core.profiles import GPUProfile, gpu_profile
+from ..core.tensor import is_wrapper_subclass
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
@@ -46,6 +47,7 @@ __all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tenso
 
 CATEGORIES = ("params", "grads", "activations", "temporaries", "optimizer", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
 
 
@@ -215,7 +217,9 @@ class LiveStorages(_compat.TorchDispatchMode):
 
     ``track`` what exists before the run (modules, tensors), then run under
     the mode; ``peak`` and ``timeline`` (after each op) compare with
-    :func:`memory` of a trace of the same code.
+    :func:`memory` of a trace of the same code.  Untracked tensors count from
+    first sight, unless ``count_untracked=False`` (distributed runs: Note
+    [Storages made out of sight]).
 
     >>> import torch, metadispatch as md
     >>> x = torch.ones(256)
@@ -225,8 +229,10 @@ class LiveStorages(_compat.TorchDispatchMode):
     (2052, [2048, 2048, 2052])
     """
 
-    def __init__(self, *tracked) -> None:
+    def __init__(self, *tracked, count_untracked: bool = True) -> None:
         super().__init__()
+        self.count_untracked = count_untracked
+        self._ignored: set = set()  # storage keys never counted (count_untracked=False)
         self.live = 0
         self.peak = 0
         self.timeline: list = []
@@ -238,14 +244,38 @@ class LiveStorages(_compat.TorchDispatchMode):
         for o in objs:
             if isinstance(o, torch.nn.Module):
                 self.track(*o.parameters(), *o.buffers())
+            elif is_wrapper_subclass(o):  # a DTensor: its local tensor holds the storage
+                self.track(*(getattr(o, name) for name in o.__tensor_flatten__()[0]))
             elif isinstance(o, torch.Tensor):
                 self._see(o)
         self.peak = max(self.peak, self.live)
 
-    def _see(self, t: torch.Tensor) -> None:
+    def _ignore_if_new(self, t: torch.Tensor) -> None:
+        """Note [Storages made out of sight]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        With ``count_untracked=False`` a storage first met as an op's input
+        -- neither tracked nor made by an op seen before -- was made out of
+        sight and is never counted.  On a distributed run that is a
+        collective backend's scratch: gloo's reduce-scatter copies its whole
+        input and splits the copy on the caller's thread after the op
+        returns, memory a trace does not model and NCCL does not take from
+        the caching allocator.  Constants ``torch.tensor`` makes (seen first
+        by ``lift_fresh``) are the program's and still count.
+        """
+        if _compat.is_fake(t) or t.device.type == "meta":
+            return
         st = t.untyped_storage()
         key = st._cdata
-        if key in self._refs:
+        if key not in self._refs and key not in self._ignored:
+            self._ignored.add(key)
+            weakref.finalize(st, self._ignored.discard, key)
+
+    def _see(self, t: torch.Tensor) -> None:
+        if _compat.is_fake(t):  # DTensor's sharding propagation: no memory
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self._refs or key in self._ignored:
             return
         n = _allocated(st.nbytes(), t.device)
         self._refs[key] = weakref.ref(st, partial(self._freed, key, n))
@@ -256,10 +286,18 @@ class LiveStorages(_compat.TorchDispatchMode):
         self.live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(is_wrapper_subclass(t) for t in inputs):
+            # The subclass's own dispatch runs next, with this mode still
+            # active, and its calls on local tensors come back here (Note
+            # [Wrapper subclasses dispatch first] in core/dispatch.py).
+            return NotImplemented
+        if not self.count_untracked and func is not _LIFT_FRESH:
+            for t in inputs:
+                self._ignore_if_new(t)
         out = func(*args, **(kwargs or {}))
-        for t in tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self._see(t)
+        for t in inputs + [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]:
+            self._see(t)
         self.peak = max(self.peak, self.live)
         self.timeline.append(self.live)
         return out

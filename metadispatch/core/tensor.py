@@ -84,7 +84,7 @@ def is_wrapper_subclass(t: torch.Tensor) -> bool:
     """
     cls = type(t)
     return (cls is not torch.Tensor and cls is not torch.nn.Parameter and cls is not MetaTensor
-            and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__)
+            and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ and not _compat.is_fake(t))
 
 
 def normalize_device(device) -> torch.device:

@@ -28,7 +28,7 @@ from .. import _compat
 from ..errors import MetaDispatchError
 from ..ir.records import Group
 
-__all__ = ["World", "describe", "WORK", "REDUCE_OP"]
+__all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
 
 _ENV = ("RANK", "WORLD_SIZE")
 WORK = "<work>"
@@ -107,3 +107,8 @@ def _restore_env(saved: dict) -> None:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def group_named(name: str) -> Group:
+    """The live process group called ``name`` (functional collectives name their group)."""
+    return _group(_compat.resolve_process_group(name), name)

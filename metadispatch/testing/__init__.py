@@ -40,9 +40,10 @@ from ..core.mode import MetaMode
 from ..core.reach import walk
 from ..core.tensor import MetaTensor
 from ..ir.trace import Trace
+from .collectives import CollectiveLog
 
 __all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
-           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot"]
+           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot", "CollectiveLog"]
 
 
 class Call(NamedTuple):
