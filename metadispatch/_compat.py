@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed import distributed_c10d
+from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -438,3 +439,13 @@ def is_fake(t: torch.Tensor) -> bool:
     """A FakeTensor: DTensor's sharding propagation runs ops on them, under
     FakeTensorMode, inside whatever mode watches a real run."""
     return isinstance(t, FakeTensor)
+
+
+def fsdp_param_module():
+    """FSDP2's ``_fsdp_param`` module, whose ``free_storage``/``alloc_storage`` core/fsdp_storage.py wraps."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    return _fsdp_param
+
+
+resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default

@@ -38,6 +38,8 @@ from torch.utils._pytree import tree_leaves
 from .. import _compat
 from ..ir.text import fmt_bytes, render
 from ..core.profiles import GPUProfile, gpu_profile
+from ..core import fsdp_storage
+from ..core.fsdp_storage import RESIZE_OP
 from ..core.tensor import is_wrapper_subclass
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
@@ -81,7 +83,10 @@ class StorageInfo:
 def _storages(trace: Trace) -> dict:
     """Storage number -> StorageInfo, for every storage the trace touches."""
     out: dict = {}
+    resizes: dict = {}  # storage number -> [(call index, new bytes)]
     for i, call in enumerate(trace.calls):
+        if call.op == RESIZE_OP:
+            resizes.setdefault(call.args[0].storage, []).append((i, call.args[1]))
         for m in call.inputs:
             info = out.get(m.storage)
             if info is None:
@@ -99,7 +104,29 @@ def _storages(trace: Trace) -> dict:
         if g.storage in out:
             out[g.storage].category = "grads"
     _deaths(trace, out)
+    for number, events in resizes.items():
+        _split(out, number, events)
     return out
+
+
+def _split(infos: dict, number: int, events: list) -> None:
+    """A storage resized while it lived (Note [FSDP frees by resizing storage]
+    in core/fsdp_storage.py) as one StorageInfo per stretch of constant size:
+    the one resized to 0 bytes after call ``i`` is not live at ``i``, the one
+    resized back at ``j`` is, as a storage born at ``j``.  Later stretches
+    are keyed ``(number, k)``."""
+    info = infos[number]
+    stretches, start, size = [], info.born, info.nbytes
+    for i, nbytes in events:
+        if i < start or info.died is not None and i >= info.died or nbytes == size:
+            continue
+        stretches.append((start, size, i))
+        start, size = i, nbytes
+    stretches.append((start, size, info.died))
+    for k, (born, nbytes, died) in enumerate(stretches):
+        piece = StorageInfo(number, info.device, born, info.category, info.module)
+        piece.nbytes, piece.died, piece.last_use = nbytes, died, info.last_use
+        infos[number if k == 0 else (number, k)] = piece
 
 
 def _leaf_info(trace: Trace, m: TensorMeta) -> StorageInfo:
@@ -237,6 +264,8 @@ class LiveStorages(_compat.TorchDispatchMode):
         self.peak = 0
         self.timeline: list = []
         self._refs: dict = {}  # storage key -> weakref with a callback
+        self._sizes: dict = {}  # storage key -> bytes counted for it now
+        self._undo: list = []
         self.track(*tracked)
 
     def track(self, *objs) -> None:
@@ -277,13 +306,38 @@ class LiveStorages(_compat.TorchDispatchMode):
         key = st._cdata
         if key in self._refs or key in self._ignored:
             return
-        n = _allocated(st.nbytes(), t.device)
-        self._refs[key] = weakref.ref(st, partial(self._freed, key, n))
+        n = self._sizes[key] = _allocated(st.nbytes(), t.device)
+        self._refs[key] = weakref.ref(st, partial(self._freed, key))
         self.live += n
 
-    def _freed(self, key, n, _ref) -> None:
+    def _freed(self, key, _ref) -> None:
         self._refs.pop(key, None)
-        self.live -= n
+        self.live -= self._sizes.pop(key, 0)
+
+    def _resized(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage()._cdata
+        if key in self._refs:
+            n = _allocated(t.untyped_storage().nbytes(), t.device)
+            self.live += n - self._sizes[key]
+            self._sizes[key] = n
+
+    def __enter__(self):
+        try:
+            fsdp_storage.install(self._undo)  # Note [FSDP frees by resizing storage]
+            return super().__enter__()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        while self._undo:
+            self._undo[-1](); self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -298,6 +352,8 @@ class LiveStorages(_compat.TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in inputs + [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]:
             self._see(t)
+        if func is _compat.resize_storage_bytes:
+            self._resized(args[0])
         self.peak = max(self.peak, self.live)
         self.timeline.append(self.live)
         return out

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from . import composites, known
+from . import composites, known, logical_cuda
 from .dispatch import dispatch
 from .cache import MetaCache
 from ..errors import MetaDispatchError
@@ -196,6 +196,8 @@ class MetaMode(_compat.TorchDispatchMode):
         which ``md.comms`` reads, as they stood on exit.
         """
         self.trace.world = (self.world.world_size, self.world.rank)
+        if not torch.cuda.is_available():
+            logical_cuda.install(entry.steps)
         self.world.install(entry.steps)
         # Undone first: the groups are read before they are destroyed.
         entry.steps.append(functools.partial(self.world.record_groups, self.trace.groups))

@@ -25,6 +25,7 @@ import os
 import torch
 
 from .. import _compat
+from . import fsdp_storage
 from ..errors import MetaDispatchError
 from ..ir.records import Group
 
@@ -58,6 +59,10 @@ class World:
         steps.append(_destroy_all)
         _compat.dist.init_process_group("fake", store=_compat.fake_process_group_store(),
                                         rank=self.rank, world_size=self.world_size)
+        fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
+        # Note [A DTensor's logical device]
+        steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
+        _compat.DTensor.device = property(_dtensor_device)
         for owner in (_compat.dist, _compat.distributed_c10d):
             steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
             owner.init_process_group = self._join
@@ -94,6 +99,23 @@ def describe(obj: torch.ScriptObject):
         pg = _compat.process_group_of(obj)
         return _group(pg, pg.group_name)
     return WORK if kind == "Work" else REDUCE_OP if kind == "ReduceOp" else f"<{kind}>"
+
+
+# Note [A DTensor's logical device]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A DTensor takes its C++ device from its local tensor's C++ device, and a
+# MetaTensor on a logical CUDA device is a meta tensor underneath (Note
+# [Logical device] in tensor.py): ``fully_shard`` would then find its
+# parameters "still on meta" and refuse to train.  While a world is entered a
+# DTensor reports its local tensor's device, as it does on a real run.
+_TENSOR_DEVICE = torch.Tensor.device
+
+
+def _dtensor_device(self) -> torch.device:
+    local = getattr(self, "_local_tensor", None)  # unset while DTensor.__new__ runs
+    if isinstance(local, torch.Tensor):
+        return local.device
+    return _TENSOR_DEVICE.__get__(self)
 
 
 def _destroy_all() -> None:
