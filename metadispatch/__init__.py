@@ -19,7 +19,8 @@ from .debug.diff import diff
 from .errors import (BudgetExceededError, DataDependentError, MaterializeLimitError, MetaDispatchError,
                      ReplayError, TraceFormatError, UnsupportedFeatureError, UnsupportedOpError)
 from .analysis.flops import flops, register_flops, unregister_flops
-from .analysis.memory import LiveStorages, memory
+from .analysis.live import LiveStorages
+from .analysis.memory import memory
 from .analysis.fit import fits
 from .analysis.comms import comms
 from .core.mode import MetaMode

@@ -22,34 +22,28 @@ allocator's caching are not modelled; the figure is what
 ``torch.cuda.max_memory_allocated`` calls allocated, not what
 ``nvidia-smi`` shows.
 
-:class:`LiveStorages` does the same accounting on a real run, so the model
+:class:`LiveStorages` (``live.py``) does the same accounting on a real run, so the model
 can be checked against reality (see ``tests/test_memory.py``).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
-from functools import partial
 
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .. import _compat
 from ..ir.text import fmt_bytes, render
 from ..core.profiles import GPUProfile, gpu_profile
-from ..core import fsdp_storage
 from ..core.fsdp_storage import RESIZE_OP
-from ..core.tensor import is_wrapper_subclass
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 
-__all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tensor_bytes"]
+__all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
 
 CATEGORIES = ("params", "grads", "activations", "temporaries", "optimizer", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
-_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
 
 
@@ -61,7 +55,7 @@ def tensor_bytes(m: TensorMeta) -> int:
     return (last + 1) * m.dtype.itemsize
 
 
-def _allocated(nbytes: int, device: torch.device) -> int:
+def allocated_bytes(nbytes: int, device: torch.device) -> int:
     if device.type == "cuda":
         return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
     return nbytes
@@ -77,7 +71,7 @@ class StorageInfo:
 
     @property
     def allocated(self) -> int:
-        return _allocated(self.nbytes, self.device)
+        return allocated_bytes(self.nbytes, self.device)
 
 
 def _storages(trace: Trace) -> dict:
@@ -237,123 +231,3 @@ def memory(trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | N
 
 def _pct(n: int, total: int) -> str:
     return f"{100 * n / total:.1f}%" if total else "-"
-
-
-class LiveStorages(_compat.TorchDispatchMode):
-    """The same accounting on a real run: each storage once, first sight to death.
-
-    ``track`` what exists before the run (modules, tensors), then run under
-    the mode; ``peak`` and ``timeline`` (after each op) compare with
-    :func:`memory` of a trace of the same code.  Untracked tensors count from
-    first sight, unless ``count_untracked=False`` (distributed runs: Note
-    [Storages made out of sight]).
-
-    >>> import torch, metadispatch as md
-    >>> x = torch.ones(256)
-    >>> with md.LiveStorages(x) as live:
-    ...     y = (x * 2).view(-1).sum()
-    >>> live.peak, live.timeline
-    (2052, [2048, 2048, 2052])
-    """
-
-    def __init__(self, *tracked, count_untracked: bool = True) -> None:
-        super().__init__()
-        self.count_untracked = count_untracked
-        self._ignored: set = set()  # storage keys never counted (count_untracked=False)
-        self.live = 0
-        self.peak = 0
-        self.timeline: list = []
-        self._refs: dict = {}  # storage key -> weakref with a callback
-        self._sizes: dict = {}  # storage key -> bytes counted for it now
-        self._undo: list = []
-        self.track(*tracked)
-
-    def track(self, *objs) -> None:
-        """Count these tensors (or modules' parameters and buffers) as live now."""
-        for o in objs:
-            if isinstance(o, torch.nn.Module):
-                self.track(*o.parameters(), *o.buffers())
-            elif is_wrapper_subclass(o):  # a DTensor: its local tensor holds the storage
-                self.track(*(getattr(o, name) for name in o.__tensor_flatten__()[0]))
-            elif isinstance(o, torch.Tensor):
-                self._see(o)
-        self.peak = max(self.peak, self.live)
-
-    def _ignore_if_new(self, t: torch.Tensor) -> None:
-        """Note [Storages made out of sight]
-        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-        With ``count_untracked=False`` a storage first met as an op's input
-        -- neither tracked nor made by an op seen before -- was made out of
-        sight and is never counted.  On a distributed run that is a
-        collective backend's scratch: gloo's reduce-scatter copies its whole
-        input and splits the copy on the caller's thread after the op
-        returns, memory a trace does not model and NCCL does not take from
-        the caching allocator.  Constants ``torch.tensor`` makes (seen first
-        by ``lift_fresh``) are the program's and still count.
-        """
-        if _compat.is_fake(t) or t.device.type == "meta":
-            return
-        st = t.untyped_storage()
-        key = st._cdata
-        if key not in self._refs and key not in self._ignored:
-            self._ignored.add(key)
-            weakref.finalize(st, self._ignored.discard, key)
-
-    def _see(self, t: torch.Tensor) -> None:
-        if _compat.is_fake(t):  # DTensor's sharding propagation: no memory
-            return
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._refs or key in self._ignored:
-            return
-        n = self._sizes[key] = _allocated(st.nbytes(), t.device)
-        self._refs[key] = weakref.ref(st, partial(self._freed, key))
-        self.live += n
-
-    def _freed(self, key, _ref) -> None:
-        self._refs.pop(key, None)
-        self.live -= self._sizes.pop(key, 0)
-
-    def _resized(self, t: torch.Tensor) -> None:
-        key = t.untyped_storage()._cdata
-        if key in self._refs:
-            n = _allocated(t.untyped_storage().nbytes(), t.device)
-            self.live += n - self._sizes[key]
-            self._sizes[key] = n
-
-    def __enter__(self):
-        try:
-            fsdp_storage.install(self._undo)  # Note [FSDP frees by resizing storage]
-            return super().__enter__()
-        except BaseException:
-            self._restore()
-            raise
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._restore()
-
-    def _restore(self) -> None:
-        while self._undo:
-            self._undo[-1](); self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if any(is_wrapper_subclass(t) for t in inputs):
-            # The subclass's own dispatch runs next, with this mode still
-            # active, and its calls on local tensors come back here (Note
-            # [Wrapper subclasses dispatch first] in core/dispatch.py).
-            return NotImplemented
-        if not self.count_untracked and func is not _LIFT_FRESH:
-            for t in inputs:
-                self._ignore_if_new(t)
-        out = func(*args, **(kwargs or {}))
-        for t in inputs + [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]:
-            self._see(t)
-        if func is _compat.resize_storage_bytes:
-            self._resized(args[0])
-        self.peak = max(self.peak, self.live)
-        self.timeline.append(self.live)
-        return out
