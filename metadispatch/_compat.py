@@ -449,3 +449,6 @@ def fsdp_param_module():
 
 
 resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
+
+# A finished c10d Work around a future (rules/collectives.py).
+work_from_future = torch._C._distributed_c10d._create_work_from_future

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import metadispatch as md
 from metadispatch.cli.llama import Llama, LlamaConfig
@@ -22,33 +24,65 @@ from metadispatch.cli.llama import Llama, LlamaConfig
 BATCH, SEQ = 2, 16
 
 
-def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
-    """FSDP2 on a tiny LLaMA (one unit per block, plus the root), one AdamW step."""
-    # vocab and hidden sizes that 4 ranks shard unevenly (18, 18, 18, 16 rows; 14 each)
-    config = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=54)
-    model = Llama(config)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh)
+# vocab and hidden sizes that 4 ranks shard unevenly (18, 18, 18, 16 rows; 14 each)
+CONFIG = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=54)
+
+
+def _step(model: torch.nn.Module, foreach: bool) -> torch.nn.Module:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
-    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
+    ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
     model(ids, ids).backward()
     opt.step()
     opt.zero_grad()
     return model
 
 
+def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
+    """FSDP2 on a tiny LLaMA (one unit per block, plus the root), one AdamW step."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh)
+    return _step(model, foreach)
+
+
+def tp_step(foreach: bool) -> torch.nn.Module:
+    """Tensor parallelism in every block (attention and MLP colwise then rowwise), one AdamW step."""
+    tp = dist.get_world_size()
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (tp,))
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    for block in model.layers:
+        parallelize_module(block, mesh, plan)
+        block.attn.n_heads //= tp  # each rank runs its own heads
+        block.attn.n_kv //= tp
+    return _step(model, foreach)
+
+
+def ddp_step(foreach: bool) -> torch.nn.Module:
+    """DistributedDataParallel (gradients all-reduced in buckets), one AdamW step."""
+    model = DistributedDataParallel(Llama(CONFIG), bucket_cap_mb=0.02)  # a few buckets
+    _step(model, foreach)
+    return model.module
+
+
 CASES = {
     "fsdp": lambda: fsdp_step(foreach=False),
     "fsdp-foreach": lambda: fsdp_step(foreach=True),
     "fsdp-no-reshard": lambda: fsdp_step(foreach=True, reshard=False),
+    "tp": lambda: tp_step(foreach=False),
+    "ddp": lambda: ddp_step(foreach=False),
+    "ddp-foreach": lambda: ddp_step(foreach=True),
 }
 
 
 def local_shapes(model: torch.nn.Module) -> list:
     """This rank's shard of each parameter (uneven ranks hold fewer rows)."""
-    return [list(p.to_local().shape) for p in model.parameters()]
+    return [list(p.to_local().shape if hasattr(p, "to_local") else p.shape) for p in model.parameters()]
 
 
 def comparable(calls) -> list:

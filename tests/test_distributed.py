@@ -1,4 +1,5 @@
-"""One rank of a logical world against real multi-process ``gloo`` runs.
+"""One rank of a logical world against real multi-process ``gloo`` runs:
+FSDP2, tensor parallelism (colwise + rowwise) and DDP on a tiny LLaMA.
 
 Each case runs for real in spawned processes (one per rank, ``gloo`` on
 CPU) under ``md.LiveStorages`` and ``md.testing.CollectiveLog``; then each
@@ -40,7 +41,8 @@ def _real(case: str, world_size: int, tmp_path_factory) -> list:
     return _REAL[case, world_size]
 
 
-RUNS = [("fsdp", 2), ("fsdp-foreach", 2), ("fsdp-no-reshard", 2), ("fsdp-foreach", 4)]
+RUNS = [("fsdp", 2), ("fsdp-foreach", 2), ("fsdp-no-reshard", 2), ("fsdp-foreach", 4),
+        ("tp", 2), ("ddp", 2), ("ddp-foreach", 4)]
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import os
 import torch
 
 from .. import _compat
-from . import fsdp_storage
+from . import ddp_setup, fsdp_storage
 from ..errors import MetaDispatchError
 from ..ir.records import Group
 
@@ -60,6 +60,7 @@ class World:
         _compat.dist.init_process_group("fake", store=_compat.fake_process_group_store(),
                                         rank=self.rank, world_size=self.world_size)
         fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
+        ddp_setup.install(steps)
         # Note [A DTensor's logical device]
         steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
         _compat.DTensor.device = property(_dtensor_device)
