@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed import distributed_c10d
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import experimental as tensor_experimental
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary

@@ -157,3 +157,32 @@ def test_distributed_comms_table_counts_calls_and_bytes():
     gathered = sum(c.bytes for c in comms.calls if c.kind == "all_gather")
     assert all(c.sent == c.bytes // 2 for c in comms.calls)
     assert gathered > 0
+
+
+def test_distributed_point_to_point_is_refused_naming_pipelines():
+    with md.MetaMode(world_size=2, rank=1):
+        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
+            dist.send(torch.ones(2), dst=0)
+        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
+            dist.recv(torch.empty(2), src=0)
+
+
+def test_distributed_context_parallel_is_refused():
+    from torch.distributed.tensor import experimental
+
+    with md.MetaMode(world_size=2):
+        mesh = init_device_mesh("cpu", (2,))
+        with pytest.raises(md.UnsupportedFeatureError, match="context parallelism"):
+            experimental.context_parallel(mesh)
+    assert experimental.context_parallel.__module__.startswith("torch")
+
+
+def test_distributed_tracer_traces_the_rank_asked_for():
+    def step(x):
+        dist.all_reduce(x)
+        return dist.get_rank()
+
+    trace = md.tracer(world_size=4, rank=3)(step, torch.ones(8))
+    assert trace.world == (4, 3) and trace.output == 3
+    assert [c.kind for c in md.comms(trace).calls] == ["all_reduce"]
+    assert not dist.is_initialized()

@@ -26,7 +26,7 @@ import torch
 
 from .. import _compat
 from . import ddp_setup, fsdp_storage
-from ..errors import MetaDispatchError
+from ..errors import MetaDispatchError, UnsupportedFeatureError
 from ..ir.records import Group
 
 __all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
@@ -64,6 +64,9 @@ class World:
         # Note [A DTensor's logical device]
         steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
         _compat.DTensor.device = property(_dtensor_device)
+        steps.append(functools.partial(setattr, _compat.tensor_experimental, "context_parallel",
+                                       _compat.tensor_experimental.context_parallel))
+        _compat.tensor_experimental.context_parallel = _refuse_context_parallel
         for owner in (_compat.dist, _compat.distributed_c10d):
             steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
             owner.init_process_group = self._join
@@ -117,6 +120,12 @@ def _dtensor_device(self) -> torch.device:
     if isinstance(local, torch.Tensor):
         return local.device
     return _TENSOR_DEVICE.__get__(self)
+
+
+def _refuse_context_parallel(*args, **kwargs):
+    raise UnsupportedFeatureError(
+        "context parallelism (context_parallel) is not traced in a logical world: its ring "
+        "attention exchanges key/value shards between ranks; see docs/distributed.md")
 
 
 def _destroy_all() -> None:

@@ -20,6 +20,7 @@ import torch
 
 from .. import _compat
 from ..core.registry import builtin_rule
+from ..errors import UnsupportedFeatureError
 
 __all__ = ["wait_tensor"]
 
@@ -58,6 +59,18 @@ def _register(name: str) -> None:
 for _name in ("broadcast_", "allreduce_", "allreduce_coalesced_", "allgather_", "_allgather_base_",
               "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
               "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "reduce_", "gather_",
-              "scatter_", "alltoall_", "alltoall_base_", "barrier", "send", "recv_", "recv_any_source_"):
+              "scatter_", "alltoall_", "alltoall_base_", "barrier"):
     if hasattr(torch.ops.c10d, _name):
         _register(_name)
+
+
+def point_to_point(*args, **kwargs):
+    """Refused: what a rank receives is another rank's program (pipeline stages
+    exchange activations and their shapes), which one traced rank cannot see."""
+    raise UnsupportedFeatureError(
+        "point-to-point send/recv (pipeline parallelism) is not traced in a logical world: "
+        "one rank cannot know what another sends; see docs/distributed.md")
+
+
+for _name in ("send", "recv_", "recv_any_source_"):
+    builtin_rule(getattr(torch.ops.c10d, _name).default)(point_to_point)
