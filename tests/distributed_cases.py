@@ -80,6 +80,13 @@ CASES = {
 }
 
 
+def tiny_llama():
+    """(model, inputs) for ``metadispatch trace tests.distributed_cases:tiny_llama``."""
+    model = Llama(CONFIG)
+    ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
+    return model, (ids, ids)
+
+
 def local_shapes(model: torch.nn.Module) -> list:
     """This rank's shard of each parameter (uneven ranks hold fewer rows)."""
     return [list(p.to_local().shape if hasattr(p, "to_local") else p.shape) for p in model.parameters()]

@@ -11,6 +11,7 @@ from their first use).
 
 import json
 import os
+import re
 import socket
 
 import pytest
@@ -21,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import metadispatch as md
+from metadispatch.cli.main import main
 from tests.distributed_cases import comparable, real_rank, traced_rank
 
 _REAL: dict = {}
@@ -186,3 +188,30 @@ def test_distributed_tracer_traces_the_rank_asked_for():
     assert trace.world == (4, 3) and trace.output == 3
     assert [c.kind for c in md.comms(trace).calls] == ["all_reduce"]
     assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsys):
+    # The command line's FSDP plan is fsdp_step(foreach=True): every block and
+    # the root sharded, AdamW foreach; its step has no collectives but its own.
+    real = _real("fsdp-foreach", 2, tmp_path_factory)
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "2",
+                 "--rank", "1", "--fsdp", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 of 2" in out and "fits on h100" in out
+    assert f"{len(real[1]['collectives'])} collectives in the step" in out
+    kinds = [c[1] for c in real[1]["collectives"]]
+    for kind in set(kinds):
+        assert re.search(rf"^{kind}\s+\S+ \(2 ranks\)\s+\*\s+\w+\s+\d+", out, re.M)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--world-size", "8", "--tp", "3"], "does not divide"),
+    (["--world-size", "8"], "needs a parallelism"),
+    (["--fsdp"], "need --world-size"),
+    (["--world-size", "4", "--rank", "4", "--fsdp"], "not a rank"),
+    (["--world-size", "4", "--dp", "--fsdp"], "--dp combines"),
+])
+def test_distributed_cli_refuses_plans_that_cannot_work(argv, message, capsys):
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", *argv]) == 2
+    assert message in capsys.readouterr().err

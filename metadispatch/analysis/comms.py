@@ -64,10 +64,11 @@ class Collective(NamedTuple):
     sent: int  # what a ring moves through this rank each way
     module: str = ""
     phase: str = "forward"
+    index: int = -1  # the call's index in the trace (-1: logged from a real run)
 
 
 def collective(op: str, args: list, outputs: list, group: Group | None, module: str = "",
-               phase: str = "forward") -> Collective | None:
+               phase: str = "forward", index: int = -1) -> Collective | None:
     """The :class:`Collective` of one call, or None for calls that move nothing.
 
     ``args`` is ``[(argument name, [(dtype, shape), ...]), ...]`` in schema
@@ -84,7 +85,7 @@ def collective(op: str, args: list, outputs: list, group: Group | None, module: 
     factor = _RING_FACTOR.get(kind)
     sent = payload * factor * (n - 1) // n if factor else payload
     tensors = tuple(_type(t) for _, ts in args for t in ts) + tuple(_type(t) for t in outputs)
-    return Collective(op, kind, group, tensors, payload, sent, module, phase)
+    return Collective(op, kind, group, tensors, payload, sent, module, phase, index)
 
 
 def _bytes(tensors) -> int:
@@ -113,11 +114,13 @@ class Comms:
     def bytes(self) -> int:
         return sum(c.bytes for c in self.calls)
 
-    def table(self, width: int | None = None) -> str:
+    def table(self, width: int | None = None, modules: bool = True) -> str:
+        """Count, payload and ring bytes per kind, group, module and phase
+        (``modules=False``: all modules on one row)."""
         rows: dict = defaultdict(lambda: [0, 0, 0])
         for c in self.calls:
             g = f"{c.group.name} ({c.group.size} ranks)" if c.group is not None else "-"
-            row = rows[(c.kind, g, c.module or "<top>", c.phase)]
+            row = rows[(c.kind, g, (c.module or "<top>") if modules else "*", c.phase)]
             row[0] += 1
             row[1] += c.bytes
             row[2] += c.sent
@@ -131,8 +134,9 @@ class Comms:
         return self.table()
 
 
-def comms(trace: Trace) -> Comms:
-    """The collectives of a trace made in a logical world, in call order.
+def comms(trace: Trace, start: int = 0) -> Comms:
+    """The collectives of a trace made in a logical world, in call order
+    (from call ``start`` on: a training step after its setup).
 
     >>> import torch, metadispatch as md
     >>> import torch.distributed as dist
@@ -143,7 +147,7 @@ def comms(trace: Trace) -> Comms:
     [('all_reduce', 1024, 1536)]
     """
     out = []
-    for call in trace.calls:
+    for call in trace.calls[start:]:
         if call.op.split(".")[0] not in COLLECTIVE_NAMESPACES:
             continue
         schema = call.func._schema
@@ -158,7 +162,7 @@ def comms(trace: Trace) -> Comms:
                 args.append((a.name, [(m.dtype, m.shape) for m in tensor_metas(v)]))
         fresh = [(m.dtype, m.shape) for m in tensor_metas(call.outputs)
                  if m.id not in {x.id for x in call.inputs}]
-        c = collective(call.op, args, fresh, group, call.module, call.phase)
+        c = collective(call.op, args, fresh, group, call.module, call.phase, call.index)
         if c is not None:
             out.append(c)
     return Comms(out, trace.world)

@@ -7,7 +7,8 @@ overlaps communication with ``Stream``s and orders them with ``Event``s,
 each of those raises.  While a ``MetaMode`` with a logical world is
 entered on such a host, they are answered: one device per rank
 (``device_count() == 1``, every rank's tensors on ``cuda:0``), streams and
-events that order nothing (a trace is one sequence of calls), and
+events that order nothing (a trace is one sequence of calls), the GPU
+profile's name and compute capability (the mode's, else the default), and
 ``is_available()`` true, as the traced program expects.  The attributes are
 put back on exit.
 
@@ -21,6 +22,8 @@ import contextlib
 import functools
 
 import torch
+
+from .profiles import GPUProfile
 
 __all__ = ["install"]
 
@@ -76,8 +79,10 @@ class Stream:
 _DEFAULT = Stream()
 
 
-def _answers() -> dict:
+def _answers(profile) -> dict:
     return {
+        "get_device_capability": lambda device=None: profile.compute_capability,
+        "get_device_name": lambda device=None: profile.name,
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "device_count": lambda: 1,
@@ -92,9 +97,10 @@ def _answers() -> dict:
     }
 
 
-def install(steps: list) -> None:
-    """Answer ``torch.cuda``'s host-side questions until the undo steps run
-    (Note [Interrupts in mode entry and exit] in mode.py)."""
-    for name, answer in _answers().items():
+def install(steps: list, profile: GPUProfile) -> None:
+    """Answer ``torch.cuda``'s host-side questions, as ``profile``'s GPU would
+    for its name and compute capability, until the undo steps run (Note
+    [Interrupts in mode entry and exit] in mode.py)."""
+    for name, answer in _answers(profile).items():
         steps.append(functools.partial(setattr, torch.cuda, name, getattr(torch.cuda, name)))
         setattr(torch.cuda, name, answer)

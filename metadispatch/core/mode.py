@@ -26,6 +26,7 @@ from .modules import ModuleStack
 from .record import Recorder
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from .profiles import gpu_profile
 from .world import World
 from ..ir.trace import Trace
 
@@ -197,7 +198,7 @@ class MetaMode(_compat.TorchDispatchMode):
         """
         self.trace.world = (self.world.world_size, self.world.rank)
         if not torch.cuda.is_available():
-            logical_cuda.install(entry.steps)
+            logical_cuda.install(entry.steps, gpu_profile(self.device_profile))
         self.world.install(entry.steps)
         # Undone first: the groups are read before they are destroyed.
         entry.steps.append(functools.partial(self.world.record_groups, self.trace.groups))
