@@ -215,3 +215,26 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
 def test_distributed_cli_refuses_plans_that_cannot_work(argv, message, capsys):
     assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_distributed_trace_saves_and_loads_with_its_groups(tmp_path):
+    trace, _ = traced_rank(1, 2, "fsdp")
+    trace.save(tmp_path / "rank1.json.gz")
+    allow = sorted({c.op for c in trace if not c.op.startswith("aten.")})
+    loaded = md.Trace.load(tmp_path / "rank1.json.gz", allow_ops=allow)
+    assert str(loaded) == str(trace)
+    assert (loaded.world, loaded.groups) == (trace.world, trace.groups)
+    assert md.comms(loaded).calls == md.comms(trace).calls
+    assert md.memory(loaded).peak == md.memory(trace).peak
+
+
+@pytest.mark.parametrize("bad", [["0", 2, 2, [0, 1]], ["0", 2, 0, [0]], ["", 1, 0, [0]], ["0", -1, 0, []]])
+def test_distributed_trace_file_with_a_bad_group_is_refused(bad, tmp_path):
+    with md.MetaMode(world_size=2) as mode:
+        dist.all_reduce(torch.ones(2))
+    mode.trace.save(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    doc["groups"] = [{"group": bad}]
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(md.TraceFormatError, match="group"):
+        md.Trace.load(tmp_path / "t.json", allow_ops=["c10d.allreduce_.default"])

@@ -31,8 +31,9 @@ import re
 import torch
 
 from .. import _compat
+from .records import Group
 
-__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "DTYPES"]
+__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES"]
 
 
 def _decode_float(v):
@@ -93,6 +94,22 @@ def decode_device(name) -> torch.device:
     return torch.device(m[1]) if m[2] is None else torch.device(m[1], int(m[2]))
 
 
+_MAX_GROUP = 1 << 20  # ranks in one process group
+
+
+def decode_group(v) -> Group:
+    """``[name, size, rank, [global ranks]]``: a process group a collective ran on (version 4)."""
+    name, size, rank, ranks = v
+    if not (isinstance(name, str) and 0 < len(name) <= 200 and name.isprintable()):
+        raise ValueError(name)
+    if not (type(size) is int and 0 < size <= _MAX_GROUP and type(rank) is int and 0 <= rank < size):
+        raise ValueError(v)
+    if not (isinstance(ranks, list) and len(ranks) == size
+            and all(type(r) is int and 0 <= r < _MAX_GROUP for r in ranks)):
+        raise ValueError(v)
+    return Group(name, size, rank, tuple(ranks))
+
+
 TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "float": _decode_float,
     "int": _decode_int,
@@ -101,6 +118,7 @@ TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "memory_format": _enum(torch.memory_format),
     "device": decode_device,
     "complex": _decode_complex,
+    "group": decode_group,
 }
 
 _OP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
