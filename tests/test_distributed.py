@@ -135,15 +135,18 @@ def test_distributed_world_is_gone_after_the_mode(fail):
     assert not dist.is_initialized()
     assert dist.init_process_group is init
     assert {k: os.environ.get(k) for k in env} == env
+    assert torch.cuda.device_count() == 0 and not torch.cuda.is_available()
 
 
 def test_distributed_existing_process_group_is_refused():
+    cuda = dict(vars(torch.cuda))
     dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=0, world_size=2)
     try:
         with pytest.raises(md.MetaDispatchError, match="already exists"):
             with md.MetaMode(world_size=2):
                 pass
         assert dist.is_initialized()
+        assert dict(vars(torch.cuda)) == cuda  # what entering had patched is back
     finally:
         dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .. import _compat
-from . import composites, known, logical_cuda
+from . import composites, known
 from .dispatch import dispatch
 from .cache import MetaCache
 from ..errors import MetaDispatchError
@@ -77,7 +77,7 @@ class MetaMode(_compat.TorchDispatchMode):
         # hardware; None: torch's own meta answers.  Part of the cache key
         # (cache.context); a ``gpu=`` option will set it.
         self.device_profile = None
-        # Note [One rank of a logical world]
+        # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
         self.world = World(world_size, rank) if world_size is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -179,29 +179,13 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
-        if self.world is not None:
-            self._enter_world(entry)
+        if self.world is not None:  # Note [One rank of a logical world] in world.py
+            self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
         hold = composites.Hold()
         entry.steps.append(hold.release)
         hold.acquire()  # Note [Composite overrides]
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
-
-    def _enter_world(self, entry: _Entry) -> None:
-        """Note [One rank of a logical world]
-        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-        ``world_size=N, rank=r``: torch.distributed is an initialised N-rank
-        world seen from rank ``r`` while the mode is entered (world.py).  One
-        process traces one rank; what differs between ranks (uneven shards)
-        is traced rank by rank.  The trace keeps the world and its groups,
-        which ``md.comms`` reads, as they stood on exit.
-        """
-        self.trace.world = (self.world.world_size, self.world.rank)
-        if not torch.cuda.is_available():
-            logical_cuda.install(entry.steps, gpu_profile(self.device_profile))
-        self.world.install(entry.steps)
-        # Undone first: the groups are read before they are destroyed.
-        entry.steps.append(functools.partial(self.world.record_groups, self.trace.groups))
 
     def _note_stop(self, entry: _Entry, exc_type) -> None:
         if exc_type is not None and entry.tracker is not None:

@@ -25,7 +25,7 @@ import os
 import torch
 
 from .. import _compat
-from . import ddp_setup, fsdp_storage
+from . import ddp_setup, fsdp_storage, logical_cuda
 from ..errors import MetaDispatchError, UnsupportedFeatureError
 from ..ir.records import Group
 
@@ -47,9 +47,27 @@ class World:
         self.world_size = world_size
         self.rank = rank
 
-    def install(self, steps: list) -> None:
-        """Make the world; each change is preceded by the step that undoes it
-        (Note [Interrupts in mode entry and exit] in mode.py)."""
+    def install(self, steps: list, trace, profile) -> None:
+        """Note [One rank of a logical world]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``MetaMode(world_size=N, rank=r)``: torch.distributed is an
+        initialised N-rank world seen from rank ``r`` while the mode is
+        entered, and on a host without CUDA ``torch.cuda`` answers for a
+        logical device (logical_cuda.py, as ``profile``'s GPU).  One process
+        traces one rank; what differs between ranks (uneven shards) is traced
+        rank by rank.  ``trace`` keeps the world and its groups, which
+        ``md.comms`` reads, as they stood on exit.  Each change is preceded by
+        the step that undoes it (Note [Interrupts in mode entry and exit] in
+        mode.py).
+        """
+        trace.world = (self.world_size, self.rank)
+        if not torch.cuda.is_available():
+            logical_cuda.install(steps, profile)
+        self._make(steps)
+        # Undone first: the groups are read before they are destroyed.
+        steps.append(functools.partial(self.record_groups, trace.groups))
+
+    def _make(self, steps: list) -> None:
         if _compat.dist.is_initialized():
             raise MetaDispatchError(
                 "MetaMode(world_size=...) needs torch.distributed uninitialised: a process group "
