@@ -14,7 +14,7 @@ import torch
 import torch.utils._python_dispatch as _python_dispatch
 import torch.distributed as dist
 import torch.utils.checkpoint
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed import distributed_c10d
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor import experimental as tensor_experimental
@@ -453,3 +453,21 @@ resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
 
 # A finished c10d Work around a future (rules/collectives.py).
 work_from_future = torch._C._distributed_c10d._create_work_from_future
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding and redistribution plans (Note [One world at a time] in core/world.py)."""
+    from torch.distributed.tensor import _redistribute, _sharding_prop
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute._planner_cache.clear()
+
+
+def functional_collectives_module():
+    """``torch.distributed._functional_collectives``, whose ``_are_we_tracing`` core/world.py answers."""
+    from torch.distributed import _functional_collectives
+
+    return _functional_collectives

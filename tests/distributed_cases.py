@@ -47,19 +47,33 @@ def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
     return _step(model, foreach)
 
 
-def tp_step(foreach: bool) -> torch.nn.Module:
-    """Tensor parallelism in every block (attention and MLP colwise then rowwise), one AdamW step."""
-    tp = dist.get_world_size()
-    model = Llama(CONFIG)
-    mesh = init_device_mesh("cpu", (tp,))
+def _tensor_parallel(model: torch.nn.Module, mesh) -> None:
+    """Attention and MLP of every block colwise then rowwise over ``mesh``."""
     plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
             "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel()}
     for block in model.layers:
         parallelize_module(block, mesh, plan)
-        block.attn.n_heads //= tp  # each rank runs its own heads
-        block.attn.n_kv //= tp
+        block.attn.n_heads //= mesh.size()  # each rank runs its own heads
+        block.attn.n_kv //= mesh.size()
+
+
+def tp_step(foreach: bool) -> torch.nn.Module:
+    """Tensor parallelism in every block, one AdamW step."""
+    model = Llama(CONFIG)
+    _tensor_parallel(model, init_device_mesh("cpu", (dist.get_world_size(),)))
+    return _step(model, foreach)
+
+
+def fsdp_tp_step(foreach: bool) -> torch.nn.Module:
+    """2-D: tensor parallelism over pairs of ranks, FSDP2 across the pairs."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    _tensor_parallel(model, mesh["tp"])
+    for block in model.layers:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
     return _step(model, foreach)
 
 
@@ -75,6 +89,7 @@ CASES = {
     "fsdp-foreach": lambda: fsdp_step(foreach=True),
     "fsdp-no-reshard": lambda: fsdp_step(foreach=True, reshard=False),
     "tp": lambda: tp_step(foreach=False),
+    "fsdp-tp": lambda: fsdp_tp_step(foreach=False),
     "ddp": lambda: ddp_step(foreach=False),
     "ddp-foreach": lambda: ddp_step(foreach=True),
 }
@@ -94,7 +109,7 @@ def local_shapes(model: torch.nn.Module) -> list:
 
 def comparable(calls) -> list:
     """What must agree between a real run and a trace, per collective."""
-    return [(c.op, c.kind, c.tensors, c.bytes, c.sent) for c in calls]
+    return [(c.op, c.kind, c.tensors, c.bytes, c.sent, c.group.rank, list(c.group.ranks)) for c in calls]
 
 
 def real_rank(rank: int, world_size: int, port: int, case: str, out_dir: str) -> None:

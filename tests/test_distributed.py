@@ -44,7 +44,7 @@ def _real(case: str, world_size: int, tmp_path_factory) -> list:
 
 
 RUNS = [("fsdp", 2), ("fsdp-foreach", 2), ("fsdp-no-reshard", 2), ("fsdp-foreach", 4),
-        ("tp", 2), ("ddp", 2), ("ddp-foreach", 4)]
+        ("tp", 2), ("fsdp-tp", 4), ("ddp", 2), ("ddp-foreach", 4)]
 
 
 @pytest.mark.slow
@@ -57,6 +57,15 @@ def test_distributed_rank_matches_real_gloo_run(case, world_size, tmp_path_facto
         collectives = json.loads(json.dumps(comparable(md.comms(trace).calls)))  # tuples as lists
         assert collectives == real[rank]["collectives"], f"rank {rank}"
         assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
+
+
+def test_distributed_ranks_traced_one_after_another_use_their_own_groups():
+    # Note [One world at a time]: DTensor's plan caches outlive a world.
+    for rank in (0, 2, 3):
+        trace, _ = traced_rank(rank, 4, "fsdp-tp")
+        names = {c.args[-1] for c in trace if c.op.startswith("_c10d_functional.all_reduce")}
+        assert names and names <= set(trace.groups)
+        assert all(rank in trace.groups[n].ranks for n in names)
 
 
 @pytest.mark.slow

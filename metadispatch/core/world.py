@@ -61,6 +61,9 @@ class World:
         mode.py).
         """
         trace.world = (self.world_size, self.rank)
+        # Note [One world at a time]
+        _compat.clear_dtensor_caches()
+        steps.append(_compat.clear_dtensor_caches)
         if not torch.cuda.is_available():
             logical_cuda.install(steps, profile)
         self._make(steps)
@@ -82,6 +85,10 @@ class World:
         # Note [A DTensor's logical device]
         steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
         _compat.DTensor.device = property(_dtensor_device)
+        # Note [Eager, not compiling]
+        funcol = _compat.functional_collectives_module()
+        steps.append(functools.partial(setattr, funcol, "_are_we_tracing", funcol._are_we_tracing))
+        funcol._are_we_tracing = functools.partial(_are_we_tracing, funcol._are_we_tracing)
         steps.append(functools.partial(setattr, _compat.tensor_experimental, "context_parallel",
                                        _compat.tensor_experimental.context_parallel))
         _compat.tensor_experimental.context_parallel = _refuse_context_parallel
@@ -140,6 +147,31 @@ def _dtensor_device(self) -> torch.device:
     return _TENSOR_DEVICE.__get__(self)
 
 
+# Note [Eager, not compiling]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Functional collectives take a different path when torch believes it is
+# compiling, and it believes so whenever the FAKE dispatch-mode slot is
+# taken -- where MetaMode sits (Note [Logical CUDA without CUDA] in
+# _compat.py).  Compiling, a result is waited on at once; eager, it is
+# wrapped by ``_c10d_functional._wrap_tensor_autograd``, which copies it
+# (the real run's memory).  A MetaMode traces eager code, so the question is
+# answered as an eager run would answer it.
+def _are_we_tracing(original) -> bool:
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    if mode is None or isinstance(mode, _compat.FakeTensorMode):
+        return original()
+    return torch.compiler.is_compiling()  # the slot holds a MetaMode
+
+
+# Note [One world at a time]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# DTensor caches its sharding and redistribution plans keyed by specs whose
+# DeviceMesh compares by layout alone, not by process group.  A plan cached
+# in one world (rank 0's) holds that world's mesh, and a later world (rank
+# 2's, in the same process) would run its collectives on the first world's
+# group names.  A real run has one world per process; tracing rank after
+# rank does not, so the caches are emptied when a world is made and when it
+# goes.
 def _refuse_context_parallel(*args, **kwargs):
     raise UnsupportedFeatureError(
         "context parallelism (context_parallel) is not traced in a logical world: its ring "
