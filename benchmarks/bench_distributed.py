@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -29,16 +28,10 @@ from tests import distributed_cases as cases  # noqa: E402
 WORLD = 2
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def real_peaks(case: str) -> tuple[list, float]:
     out = tempfile.mkdtemp()
     start = time.perf_counter()
-    mp.spawn(cases.real_rank, args=(WORLD, _port(), case, out), nprocs=WORLD)
+    mp.spawn(cases.real_rank, args=(WORLD, case, out), nprocs=WORLD)
     seconds = time.perf_counter() - start
     return [json.load(open(os.path.join(out, f"{r}.json")))["peak"] for r in range(WORLD)], seconds
 

@@ -112,9 +112,11 @@ def comparable(calls) -> list:
     return [(c.op, c.kind, c.tensors, c.bytes, c.sent, c.group.rank, list(c.group.ranks)) for c in calls]
 
 
-def real_rank(rank: int, world_size: int, port: int, case: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def real_rank(rank: int, world_size: int, case: str, out_dir: str) -> None:
+    # A file store, not a TCP port: a free port picked by the parent can be
+    # taken by another process before the children bind it.
+    store = f"file://{os.path.join(out_dir, 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
         with md.testing.CollectiveLog() as log, md.LiveStorages(count_untracked=False) as live:  # Note [Storages made out of sight]

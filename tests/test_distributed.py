@@ -12,7 +12,6 @@ from their first use).
 import json
 import os
 import re
-import socket
 
 import pytest
 import torch
@@ -28,17 +27,11 @@ from tests.distributed_cases import comparable, real_rank, traced_rank
 _REAL: dict = {}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _real(case: str, world_size: int, tmp_path_factory) -> list:
     """Each rank's peak and collectives from one real run, spawned once per case."""
     if (case, world_size) not in _REAL:
         out = tmp_path_factory.mktemp(f"{case}-{world_size}")
-        mp.spawn(real_rank, args=(world_size, _free_port(), case, str(out)), nprocs=world_size)
+        mp.spawn(real_rank, args=(world_size, case, str(out)), nprocs=world_size)
         _REAL[case, world_size] = [json.loads((out / f"{r}.json").read_text()) for r in range(world_size)]
     return _REAL[case, world_size]
 
