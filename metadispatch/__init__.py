@@ -15,9 +15,11 @@ import importlib.metadata as _metadata
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
+from .analysis.comms import comms
 from .analysis.fit import fits
 from .analysis.flops import flops, register_flops, unregister_flops
-from .analysis.memory import LiveStorages, memory
+from .analysis.live import LiveStorages
+from .analysis.memory import memory
 from .analysis.tables import module_table, shape_log
 from .core.mode import MetaMode
 from .core.profiles import GPUProfile, gpu_profile, register_gpu
@@ -52,7 +54,7 @@ except _metadata.PackageNotFoundError:
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
-    "flops", "register_flops", "unregister_flops", "memory", "fits", "LiveStorages", "module_table", "shape_log",
+    "flops", "register_flops", "unregister_flops", "memory", "fits", "comms", "LiveStorages", "module_table", "shape_log",
     "GPUProfile", "gpu_profile", "register_gpu",
     "replay", "Replay", "Mismatch", "materialize", "Budget",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",

@@ -11,15 +11,26 @@ import threading
 from types import FrameType
 
 import torch
+import torch.distributed as dist
 import torch.utils._python_dispatch as _python_dispatch
 import torch.utils.checkpoint
 from torch._ops import OpOverload, OpOverloadPacket
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed import distributed_c10d
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import experimental as tensor_experimental
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
+    "dist",
+    "distributed_c10d",
+    "DTensor",
+    "tensor_experimental",
+    "FakeTensor",
+    "FakeTensorMode",
     "OpOverload",
     "OpOverloadPacket",
     "pytree",
@@ -452,3 +463,65 @@ def trunc_normal_body():
 
 def set_trunc_normal_body(fn) -> None:
     torch.nn.init._no_grad_trunc_normal_ = fn
+# -- torch.distributed (the logical world: core/world.py)
+def fake_process_group_store():
+    """A store for torch's ``fake`` backend, registering that backend first.
+
+    The backend's creator is registered by importing torch's testing module;
+    importing it here, on the first logical world, keeps that (and its second
+    of import time) away from users who never ask for one.
+    """
+    from torch.testing._internal.distributed import fake_pg
+
+    return fake_pg.FakeStore()
+
+
+def process_group_of(obj):
+    """The ProcessGroup a c10d op's boxed ``process_group`` argument holds."""
+    return dist.ProcessGroup.unbox(obj)
+
+
+def named_process_groups() -> dict:
+    """Every live process group -> its name (torch's registry of groups)."""
+    return dict(distributed_c10d._world.pg_names)
+
+
+def resolve_process_group(name: str):
+    return distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type]  # GroupName is a str
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    """A FakeTensor: DTensor's sharding propagation runs ops on them, under
+    FakeTensorMode, inside whatever mode watches a real run."""
+    return isinstance(t, FakeTensor)
+
+
+def fsdp_param_module():
+    """FSDP2's ``_fsdp_param`` module, whose ``free_storage``/``alloc_storage`` core/fsdp_storage.py wraps."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    return _fsdp_param
+
+
+resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
+
+# A finished c10d Work around a future (rules/collectives.py).
+work_from_future = torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding and redistribution plans (Note [One world at a time] in core/world.py)."""
+    from torch.distributed.tensor import _redistribute, _sharding_prop
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute._planner_cache.clear()
+
+
+def functional_collectives_module():
+    """``torch.distributed._functional_collectives``, whose ``_are_we_tracing`` core/world.py answers."""
+    from torch.distributed import _functional_collectives
+
+    return _functional_collectives

@@ -53,10 +53,11 @@ class TraceFormatError(MetaDispatchError, ValueError):
 
 
 class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):
-    """A FakeTensorMode feature that MetaMode deliberately does not offer.
+    """A feature MetaMode deliberately does not offer.
 
     The message names the feature and what to use instead; the table of
-    differences is in docs/fake-tensor-mode.md.
+    differences is in docs/fake-tensor-mode.md, what a logical world
+    refuses (pipeline and context parallelism) in docs/distributed.md.
     """
 
 

@@ -173,8 +173,13 @@ def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
         op(md.to_meta(torch.zeros(3, dtype=dtype)), *args)
 
 
+# Collectives need a process group to run for real: tests/test_distributed.py
+# checks their rules against real gloo runs (and wait_tensor against torch's).
+_NEEDS_A_WORLD = ("c10d", "_c10d_functional")
+
+
 def test_rules_every_builtin_rule_has_a_differential_test():
-    assert set(registry._BUILTIN) <= set(SAMPLES)
+    assert {op for op in registry._BUILTIN if op.namespace not in _NEEDS_A_WORLD} <= set(SAMPLES)
 
 
 def test_rules_histogram_has_no_kernel_off_cpu():

@@ -22,27 +22,25 @@ allocator's caching are not modelled; the figure is what
 ``torch.cuda.max_memory_allocated`` calls allocated, not what
 ``nvidia-smi`` shows.
 
-:class:`LiveStorages` does the same accounting on a real run, so the model
+:class:`LiveStorages` (``live.py``) does the same accounting on a real run, so the model
 can be checked against reality (see ``tests/test_memory.py``).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import Counter
-from functools import partial
 
 import torch
 
-from .. import _compat
 from .._compat import pytree
+from ..core.fsdp_storage import RESIZE_OP
 from ..core.profiles import GPUProfile, gpu_profile
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 
-__all__ = ["Memory", "memory", "LiveStorages", "CATEGORIES", "fmt_bytes", "tensor_bytes"]
+__all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
 
 CATEGORIES = ("params", "grads", "activations", "temporaries", "optimizer", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
@@ -57,7 +55,7 @@ def tensor_bytes(m: TensorMeta) -> int:
     return (last + 1) * m.dtype.itemsize
 
 
-def _allocated(nbytes: int, device: torch.device) -> int:
+def allocated_bytes(nbytes: int, device: torch.device) -> int:
     if device.type == "cuda":
         return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
     return nbytes
@@ -73,13 +71,16 @@ class StorageInfo:
 
     @property
     def allocated(self) -> int:
-        return _allocated(self.nbytes, self.device)
+        return allocated_bytes(self.nbytes, self.device)
 
 
 def _storages(trace: Trace) -> dict:
     """Storage number -> StorageInfo, for every storage the trace touches."""
     out: dict = {}
+    resizes: dict = {}  # storage number -> [(call index, new bytes)]
     for i, call in enumerate(trace.calls):
+        if call.op == RESIZE_OP:
+            resizes.setdefault(call.args[0].storage, []).append((i, call.args[1]))
         for m in call.inputs:
             info = out.get(m.storage)
             if info is None:
@@ -97,7 +98,29 @@ def _storages(trace: Trace) -> dict:
         if g.storage in out:
             out[g.storage].category = "grads"
     _deaths(trace, out)
+    for number, events in resizes.items():
+        _split(out, number, events)
     return out
+
+
+def _split(infos: dict, number: int, events: list) -> None:
+    """A storage resized while it lived (Note [FSDP frees by resizing storage]
+    in core/fsdp_storage.py) as one StorageInfo per stretch of constant size:
+    the one resized to 0 bytes after call ``i`` is not live at ``i``, the one
+    resized back at ``j`` is, as a storage born at ``j``.  Later stretches
+    are keyed ``(number, k)``."""
+    info = infos[number]
+    stretches, start, size = [], info.born, info.nbytes
+    for i, nbytes in events:
+        if i < start or info.died is not None and i >= info.died or nbytes == size:
+            continue
+        stretches.append((start, size, i))
+        start, size = i, nbytes
+    stretches.append((start, size, info.died))
+    for k, (born, nbytes, died) in enumerate(stretches):
+        piece = StorageInfo(number, info.device, born, info.category, info.module)
+        piece.nbytes, piece.died, piece.last_use = nbytes, died, info.last_use
+        infos[number if k == 0 else (number, k)] = piece
 
 
 def _leaf_info(trace: Trace, m: TensorMeta) -> StorageInfo:
@@ -208,58 +231,3 @@ def memory(trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | N
 
 def _pct(n: int, total: int) -> str:
     return f"{100 * n / total:.1f}%" if total else "-"
-
-
-class LiveStorages(_compat.TorchDispatchMode):
-    """The same accounting on a real run: each storage once, first sight to death.
-
-    ``track`` what exists before the run (modules, tensors), then run under
-    the mode; ``peak`` and ``timeline`` (after each op) compare with
-    :func:`memory` of a trace of the same code.
-
-    >>> import torch, metadispatch as md
-    >>> x = torch.ones(256)
-    >>> with md.LiveStorages(x) as live:
-    ...     y = (x * 2).view(-1).sum()
-    >>> live.peak, live.timeline
-    (2052, [2048, 2048, 2052])
-    """
-
-    def __init__(self, *tracked) -> None:
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self.timeline: list = []
-        self._refs: dict = {}  # storage key -> weakref with a callback
-        self.track(*tracked)
-
-    def track(self, *objs) -> None:
-        """Count these tensors (or modules' parameters and buffers) as live now."""
-        for o in objs:
-            if isinstance(o, torch.nn.Module):
-                self.track(*o.parameters(), *o.buffers())
-            elif isinstance(o, torch.Tensor):
-                self._see(o)
-        self.peak = max(self.peak, self.live)
-
-    def _see(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self._refs:
-            return
-        n = _allocated(st.nbytes(), t.device)
-        self._refs[key] = weakref.ref(st, partial(self._freed, key, n))
-        self.live += n
-
-    def _freed(self, key, n, _ref) -> None:
-        self._refs.pop(key, None)
-        self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self._see(t)
-        self.peak = max(self.peak, self.live)
-        self.timeline.append(self.live)
-        return out

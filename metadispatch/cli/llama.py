@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "Llama", "example"]
+__all__ = ["LlamaConfig", "Llama", "example", "build"]
 
 
 @dataclass
@@ -153,8 +153,19 @@ def example(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048,
     """(model, (ids, labels)) built under a MetaMode: nothing is allocated."""
     from ..core.mode import MetaMode
 
-    config = config or LlamaConfig()
     with MetaMode(device=device, record=False):
-        model = Llama(config).to(dtype)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        return build(config, batch, seq, dtype)
+
+
+def build(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048, dtype=torch.bfloat16):
+    """(model, (ids, labels)) made in ``dtype`` by whatever mode is active
+    (``metadispatch trace --world-size`` builds it inside the traced rank)."""
+    config = config or LlamaConfig()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # made in dtype: no float32 copy first
+    try:
+        model = Llama(config)
+    finally:
+        torch.set_default_dtype(before)
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
     return model, (ids, ids)

@@ -120,16 +120,23 @@ def _cmd_trace(args) -> int:
     dtype = _DTYPES[args.dtype] if args.dtype else None
     if args.config and not args.hf:
         raise UsageError("--config needs --hf")
+    distributed = args.world_size is not None
+    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank):
+        raise UsageError("--fsdp, --tp, --dp and --rank need --world-size")
+    if distributed:
+        plan = _plan(args)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
             seq = args.seq if args.seq is not None else 128
             t = targets.hf_target(args.hf, targets.parse_overrides(args.config), device,
-                                  not args.forward_only, args.batch, seq, dtype)
+                                  not args.forward_only, args.batch, seq, dtype, lazy=distributed)
         elif args.target:
-            t = targets.callable_target(args.target, device, not args.forward_only)
+            t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed)
         else:
             seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(device, not args.forward_only, args.batch, seq)
+            t = targets.default_target(device, not args.forward_only, args.batch, seq, lazy=distributed)
+    if distributed:
+        return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
     run = tracer(mode_factory=lambda: modes.append(MetaMode(device=device, gpu=gpu)) or modes[-1])
@@ -144,6 +151,28 @@ def _cmd_trace(args) -> int:
     if args.gpu:
         _out(fits(trace, gpu=args.gpu))
         _out(step_time(trace, gpu=args.gpu))
+    return _exports(trace, args)
+
+
+def _plan(args):
+    from .plan import Plan, check_plan
+
+    plan = Plan(args.world_size, args.rank, args.fsdp, args.tp, args.dp)
+    check_plan(plan)
+    return plan
+
+
+def _trace_rank(t, plan, args) -> int:
+    """``--world-size``: one rank of the distributed step (cli/plan.py)."""
+    from . import plan as planning
+
+    start = time.perf_counter()
+    with _Progress("tracing"), _stage("the model raised while tracing"):
+        trace, first = planning.plan_step(plan, t.build, t.step, args.device)
+    seconds = time.perf_counter() - start
+    how = " + ".join(x for x, on in (("FSDP", plan.fsdp), (f"TP {plan.tp}", plan.tp > 1), ("DDP", plan.dp)) if on)
+    print(f"{t.name}: {how}, rank {plan.rank} of {plan.world_size} on {args.device}, traced in {seconds:.1f} s")
+    _out(planning.report(trace, first, plan, args.gpu, width=_width()))
     return _exports(trace, args)
 
 
@@ -289,6 +318,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
     t.add_argument("--gpu", metavar="NAME", type=_gpu, help="trace logical cuda as this GPU (h100, a100-80gb, ...; default h100), say whether the step fits on it and estimate its time")
+    t.add_argument("--world-size", type=_at_least(1), metavar="N",
+                   help="trace one rank of an N-GPU step (docs/distributed.md)")
+    t.add_argument("--rank", type=_at_least(0), default=0, help="the rank to trace (default 0)")
+    t.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard every block and the root")
+    t.add_argument("--tp", type=_at_least(1), default=1, metavar="K", help="tensor parallelism over K ranks")
+    t.add_argument("--dp", action="store_true", help="DistributedDataParallel")
     for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
                                       description="Print ops, FLOPs, memory and modules of a saved trace.")):
         q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.mode import MetaMode
+from . import llama
 
 __all__ = ["Target", "default_target", "callable_target", "hf_target", "load_callable", "parse_overrides",
            "check_overrides", "UsageError", "SUPPORTED_HF"]
@@ -31,9 +32,22 @@ class UsageError(ValueError):
 
 class Target(NamedTuple):
     name: str
-    model: Any
+    model: Any  # None when built lazily
     inputs: tuple
     step: Callable  # step(model, *inputs): what gets traced
+    # build() -> (model, inputs) in the active mode: ``--world-size`` builds
+    # inside the traced rank (cli/plan.py).
+    build: Callable | None = None
+
+
+def _built(name, build: Callable, step: Callable, device, lazy: bool) -> Target:
+    """The target, its model built now under a non-recording MetaMode unless
+    ``lazy``; ``name`` may be a function of the model (None when lazy)."""
+    model, inputs = None, ()
+    if not lazy:
+        with MetaMode(device=device, record=False):
+            model, inputs = build()
+    return Target(name(model) if callable(name) else name, model, inputs, step, build)
 
 
 def _train_step(backward: bool, call: Callable | None = None) -> Callable:
@@ -57,13 +71,10 @@ def _first_tensor(out):
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
-def default_target(device="cuda", backward=True, batch=1, seq=2048) -> Target:
+def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False) -> Target:
     """LLaMA-7B in bf16, a batch of ``batch`` x ``seq`` tokens."""
-    from .llama import LlamaConfig, example
-
-    model, inputs = example(LlamaConfig(), batch=batch, seq=seq, device=device)
-    return Target(f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)", model, inputs,
-                  _train_step(backward))
+    return _built(f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)",
+                  lambda: llama.build(llama.LlamaConfig(), batch, seq), _train_step(backward), device, lazy)
 
 
 def load_callable(spec: str) -> Callable:
@@ -84,13 +95,15 @@ def load_callable(spec: str) -> Callable:
     return getattr(module, attr)
 
 
-def callable_target(spec: str, device="cuda", backward=True) -> Target:
+def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False) -> Target:
     """A function returning ``(model, inputs)``; inputs a tensor or a tuple."""
     fn = load_callable(spec)
-    with MetaMode(device=device, record=False):
+
+    def build():
         model, inputs = fn()
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    return Target(spec, model, inputs, _train_step(backward))
+        return model, inputs if isinstance(inputs, tuple) else (inputs,)
+
+    return _built(spec, build, _train_step(backward), device, lazy)
 
 
 def parse_overrides(pairs: list) -> dict:
@@ -125,7 +138,7 @@ SUPPORTED_HF = ("decoder-only language models (llama, gpt2, ...), encoder-decode
 
 
 def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128,
-              dtype=None) -> Target:
+              dtype=None, lazy: bool = False) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
     with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``)."""
@@ -150,19 +163,22 @@ def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1,
         kind, auto_class = "causal", transformers.AutoModelForCausalLM
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
-    with MetaMode(device=device, record=False):
+    names: list = []
+
+    def build():
         model = auto_class.from_config(config)
         if dtype is not None:
             model = model.to(dtype)
         inputs = _hf_inputs(kind, config, batch, seq, dtype)
-    names = tuple(inputs)
+        names[:] = inputs
+        return model, tuple(inputs.values())
 
     def call(model, *values):
         return model(**dict(zip(names, values)))
 
     shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
-    return Target(f"transformers {type(model).__name__} ({shape})", model, tuple(inputs.values()),
-                  _train_step(backward, call))
+    return _built(lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
+                  build, _train_step(backward, call), device, lazy)
 
 
 def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:

@@ -15,7 +15,7 @@ from .cache import UNCACHABLE, MetaCache, context
 from .router import route
 from .schema import facts
 from .source import user_frame
-from .tensor import META, STATE, Converter, MetaTensor, normalize_device, value_reads, wrap
+from .tensor import META, STATE, Converter, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 
 __all__ = ["dispatch"]
 
@@ -48,7 +48,10 @@ def dispatch(func, args, kwargs, mode):
         # a trace could neither save nor replay.
         with _compat.no_python_dispatch():
             return func(*args, **kwargs)
-    args, kwargs, tensors = _convert(args, kwargs, _Lazy(mode))
+    converted = _convert(args, kwargs, _Lazy(mode))
+    if converted is None:
+        return NotImplemented  # Note [Wrapper subclasses dispatch first]
+    args, kwargs, tensors = converted
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record
     if recording:
@@ -127,19 +130,39 @@ def _written_keys(f, args, kwargs):
             for w in f.returns_write if w is not None]
 
 
+# Note [Wrapper subclasses dispatch first]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A dispatch mode sees a call before the tensor subclasses in it do.  A
+# wrapper subclass with its own ``__torch_dispatch__`` -- DTensor, whose
+# ``fully_shard`` and ``parallelize_module`` make parameters of it -- cannot
+# be converted (it holds no storage of its own; its local tensor does): the
+# mode answers NotImplemented, torch then runs the subclass's dispatch with
+# the mode still active, and the subclass's calls on its local tensors (which
+# the mode made, so MetaTensors) come back here and are recorded.
+# FakeTensorMode does the same (``_check_for_subclass``).
+class _Wrapped(Exception):
+    """A wrapper subclass among the arguments (Note [Wrapper subclasses dispatch first])."""
+
+
 def _convert(args, kwargs, convert):
     """Replace real tensors by MetaTensors; collect the tensor arguments.
 
     The common case -- every tensor already a MetaTensor -- copies nothing.
+    None when a wrapper subclass is among them: it dispatches first.
     """
     tensors = []
-    new_args = _convert_items(args, convert, tensors, nested=True)
+    try:
+        new_args = _convert_items(args, convert, tensors, nested=True)
+    except _Wrapped:
+        return None
     if new_args is not None:
         args = tuple(new_args)
     if kwargs:
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
                 if type(v) is not MetaTensor:
+                    if is_wrapper_subclass(v):
+                        return None
                     kwargs = dict(kwargs)
                     v = kwargs[k] = convert()(v)
                 tensors.append(v)
@@ -155,6 +178,8 @@ def _convert_items(items, convert, tensors: list, nested: bool):
             if type(x) is MetaTensor:
                 tensors.append(x)
                 continue
+            if is_wrapper_subclass(x):
+                raise _Wrapped
             x = convert()(x)
             tensors.append(x)
         elif nested and type(x) in (list, tuple) and x:

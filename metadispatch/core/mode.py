@@ -30,6 +30,7 @@ from .profiles import GPUProfile, gpu_profile
 from .record import Recorder
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from .world import World
 
 __all__ = ["MetaMode", "scratch_mode"]
 
@@ -60,6 +61,7 @@ class MetaMode(_compat.TorchDispatchMode):
     def __init__(self, device=None, *, stack: bool = False, record: bool = True,
                  const_limit: int = 4096, cache: bool = True,
                  known_limit: int = known.DEFAULT_LIMIT, gpu: str | GPUProfile | None = None,
+                 world_size: int | None = None, rank: int = 0,
                  **fake_options) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
@@ -87,6 +89,8 @@ class MetaMode(_compat.TorchDispatchMode):
         self.device_profile = gpu_profile(gpu) if gpu is not None or cuda else None
         if self.device_profile is not None:
             self.trace.gpu = self.device_profile.name
+        # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
+        self.world = World(world_size, rank) if world_size is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return dispatch(func, args, kwargs or {}, self)
@@ -190,6 +194,8 @@ class MetaMode(_compat.TorchDispatchMode):
         route = InitializerRoute()  # Note [Data-dependent initialisers] in ir/ownops.py
         entry.steps.append(route.__exit__)
         route.__enter__()
+        if self.world is not None:  # Note [One rank of a logical world] in world.py
+            self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 

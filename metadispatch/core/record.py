@@ -34,6 +34,7 @@ import torch
 
 from .. import _compat
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
+from . import world
 from .rngstate import RngLog
 from .source import user_frame
 from .tensor import MetaTensor
@@ -225,6 +226,8 @@ class Recorder:
             return tuple(self.encode(y) for y in x)
         if isinstance(x, torch.Generator):
             return self.rng.generator(x)
+        if isinstance(x, torch.ScriptObject):
+            return world.describe(x)  # a process group, a c10d Work
         return x
 
     def encode_inputs(self, args: tuple, kwargs: dict):
@@ -247,6 +250,8 @@ class Recorder:
             return m
         if type(o) in (list, tuple):
             return tuple(self._out(x) for x in o)
+        if isinstance(o, torch.ScriptObject):
+            return world.describe(o)
         return o
 
     def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:

@@ -114,6 +114,13 @@ def _writes_and_aliases(func) -> tuple:
     return tuple(writes), tuple(aliases), joins
 
 
+# Namespaces whose ops do what their schema does not say: collectives return
+# a Work and talk to a process group, ``inductor::resize_storage_bytes_``
+# resizes its argument's storage yet marks nothing written.  Their answers
+# are never served from the cache.
+_ACTS_BEYOND_SCHEMA = {"c10d", "_c10d_functional", "inductor"}
+
+
 def facts(func) -> OpFacts:
     try:
         return _CACHE[func]
@@ -164,7 +171,8 @@ def _compute(func) -> OpFacts:
         torch.Tag.dynamic_output_shape in tags and name not in _SHAPE_DEPENDS_ONLY_SOMETIMES
     )
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args)
-    cacheable = not data_dependent and torch.Tag.inplace_view not in tags
+    cacheable = (not data_dependent and torch.Tag.inplace_view not in tags
+                 and name.partition("::")[0] not in _ACTS_BEYOND_SCHEMA)
     writes, aliases, joins = _writes_and_aliases(func)
     return OpFacts(
         name=op_name(func),

@@ -37,7 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _compat
 from . import known
-from .tensor import MetaTensor
+from .tensor import MetaTensor, is_wrapper_subclass
 
 __all__ = ["StandIns"]
 
@@ -182,9 +182,11 @@ class StandIns:
                     if "_md_name" not in t.__dict__ and id(t) in names:
                         t._md_name = names[id(t)]
                     continue
-                if _compat.is_functorch_wrapped(t):
-                    # swapped in by functional_call under grad/vmap: a
-                    # value of the traced program, not a parameter to stand in for
+                if _compat.is_functorch_wrapped(t) or is_wrapper_subclass(t):
+                    # swapped in by functional_call under grad/vmap: a value
+                    # of the traced program, not a parameter to stand in for;
+                    # a DTensor's own dispatch reaches its local tensor
+                    # (Note [Wrapper subclasses dispatch first] in dispatch.py)
                     continue
                 stand = self.mode.from_tensor(t)
                 if id(t) in names and "_md_name" not in stand.__dict__:

@@ -35,7 +35,7 @@ from .. import _compat
 from ..errors import DataDependentError
 from ..ir.records import type_str
 
-__all__ = ["MetaTensor", "Converter", "in_kernel", "value_of", "read_value", "note_value_read",
+__all__ = ["MetaTensor", "Converter", "in_kernel", "is_wrapper_subclass", "value_of", "read_value", "note_value_read",
            "value_reads", "WIRING"]
 
 META = torch.device("meta")
@@ -73,6 +73,18 @@ class in_kernel:
         _compat.set_meta_in_tls_dispatch_include(self._meta)
         self._guard.__exit__(*exc)
         STATE.in_kernel = self._prev
+
+
+def is_wrapper_subclass(t: torch.Tensor) -> bool:
+    """A tensor subclass with its own ``__torch_dispatch__`` (DTensor), other than ours.
+
+    It holds no storage a stand-in could share; its own dispatch runs its
+    calls on its inner tensors (Note [Wrapper subclasses dispatch first] in
+    dispatch.py).
+    """
+    cls = type(t)
+    return (cls is not torch.Tensor and cls is not torch.nn.Parameter and cls is not MetaTensor
+            and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ and not _compat.is_fake(t))
 
 
 def normalize_device(device) -> torch.device:
@@ -363,7 +375,7 @@ class Converter:
         self._storages.clear()
 
     def _convert(self, t: torch.Tensor) -> MetaTensor:
-        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter) or is_wrapper_subclass(t):
             raise TypeError(f"cannot convert a {type(t).__name__} to a MetaTensor: only plain tensors")
         if t.layout != torch.strided:
             raise NotImplementedError(f"MetaTensor supports strided tensors only, got {t.layout}")

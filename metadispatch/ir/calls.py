@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .records import TensorMeta, dtype_abbr, tensor_metas
+from .records import Group, TensorMeta, dtype_abbr, tensor_metas
 from .repro import repro
 
 __all__ = ["OpCall"]
@@ -69,6 +69,8 @@ class OpCall:
 def _fmt_out(o) -> str:
     if isinstance(o, TensorMeta):
         return f"${o.id}: {o.type_str()}"
+    if isinstance(o, Group):
+        return repr(o)
     if isinstance(o, (tuple, list)):
         return "[" + ", ".join(_fmt_out(x) for x in o) + "]"
     return repr(o)
@@ -77,6 +79,8 @@ def _fmt_out(o) -> str:
 def _fmt_arg(a) -> str:
     if isinstance(a, TensorMeta):
         return f"${a.id}"
+    if isinstance(a, Group):
+        return repr(a)
     if isinstance(a, (tuple, list)):
         return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
     if isinstance(a, torch.dtype):

@@ -33,9 +33,10 @@ import torch
 
 from .. import _compat
 from .ownops import OWN_OPS, ensure_defined
+from .records import Group
 from .rng import GeneratorRef
 
-__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "DTYPES"]
+__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES"]
 
 
 def _decode_float(v):
@@ -103,6 +104,22 @@ def _decode_generator(v) -> GeneratorRef:
     return GeneratorRef(v)
 
 
+_MAX_GROUP = 1 << 20  # ranks in one process group
+
+
+def decode_group(v) -> Group:
+    """``[name, size, rank, [global ranks]]``: a process group a collective ran on (version 4)."""
+    name, size, rank, ranks = v
+    if not (isinstance(name, str) and 0 < len(name) <= 200 and name.isprintable()):
+        raise ValueError(name)
+    if not (type(size) is int and 0 < size <= _MAX_GROUP and type(rank) is int and 0 <= rank < size):
+        raise ValueError(v)
+    if not (isinstance(ranks, list) and len(ranks) == size
+            and all(type(r) is int and 0 <= r < _MAX_GROUP for r in ranks)):
+        raise ValueError(v)
+    return Group(name, size, rank, tuple(ranks))
+
+
 TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "float": _decode_float,
     "int": _decode_int,
@@ -112,6 +129,7 @@ TAGS = {  # tag -> decoder; a decoder raises TypeError/ValueError on a bad value
     "device": decode_device,
     "complex": _decode_complex,
     "generator": _decode_generator,
+    "group": decode_group,
 }
 
 _OP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")

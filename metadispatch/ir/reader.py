@@ -33,7 +33,7 @@ import torch
 from ..errors import TraceFormatError
 from .calls import OpCall
 from .decode import TAGS, decode_device, refusal, resolve_op
-from .records import Leaf, TensorMeta
+from .records import Group, Leaf, TensorMeta
 from .rng import RngEvent
 
 if TYPE_CHECKING:  # type-only: trace.py is above this module
@@ -112,6 +112,7 @@ class Reader:
             self.counts(storages, "deaths.storage")
             self.counts(calls, "deaths.call")
             t.deaths = dict(zip(storages, calls))
+        self.world(doc, t)
         return t
 
     def streams(self, doc: dict, t: Trace) -> None:
@@ -144,6 +145,23 @@ class Reader:
     def stream(self, name, where, cuda_only: bool = False) -> None:
         if not (type(name) is str and _STREAM.fullmatch(name)) or (cuda_only and name == "cpu"):
             self.fail(where, f"not a generator stream: {_short(name)}")
+
+    def world(self, doc: dict, t: Trace) -> None:
+        """A logical world's size and rank, and its process groups (version 4)."""
+        world = doc.get("world")
+        if world is not None:
+            if not (isinstance(world, list) and len(world) == 2 and all(_is_count(v) for v in world)
+                    and world[1] < world[0]):
+                self.fail("world", "expected [world size, rank]")
+            t.world = tuple(world)
+        groups = doc.get("groups") or []
+        if not isinstance(groups, list):
+            self.fail("groups", "expected a list")
+        for i, g in enumerate(groups):
+            group = self.value(g, ("groups", i), _PLAIN_REF)
+            if not isinstance(group, Group):
+                self.fail(("groups", i), "expected a group")
+            t.groups[group.name] = group
 
     # -- tables, a column at a time
 

@@ -14,7 +14,7 @@ import torch
 
 from .._compat import pytree
 
-__all__ = ["TensorMeta", "Leaf", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
+__all__ = ["TensorMeta", "Leaf", "Group", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
 
 _DTYPE_ABBR = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
@@ -98,6 +98,22 @@ class Leaf(NamedTuple):
         if self.value is not None and self.value.numel() <= 8:
             text += f" {self.value.tolist()}"
         return text
+
+
+class Group(NamedTuple):
+    """A process group a collective ran on, as the traced rank saw it.
+
+    ``name`` is torch's group name, ``size`` its number of ranks, ``rank``
+    the traced rank's place in it and ``ranks`` its members' global ranks.
+    """
+
+    name: str
+    size: int
+    rank: int
+    ranks: tuple
+
+    def __repr__(self) -> str:
+        return f"group({self.name!r}, rank {self.rank} of {self.size})"
 
 
 def tensor_metas(x) -> Iterator[TensorMeta]:

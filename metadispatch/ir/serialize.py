@@ -43,7 +43,7 @@ import torch
 from ..errors import TraceFormatError
 from .calls import OpCall
 from .reader import Reader
-from .records import TensorMeta
+from .records import Group, TensorMeta
 from .rng import GeneratorRef
 
 if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
@@ -52,8 +52,8 @@ if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
 __all__ = ["save", "load", "FORMAT", "VERSION"]
 
 FORMAT = "metadispatch.trace"
-VERSION = 4  # 3: no random streams but the CPU start state, no leaf kind "grad" (read);
-# 2: integers beyond 64 bits written bare (read); 1: no tables (unreadable)
+VERSION = 4  # 3: no random streams but the CPU start state, no leaf kind "grad", no world or
+# groups (read); 2: integers beyond 64 bits written bare (read); 1: no tables (unreadable)
 _READS = (2, 3, 4)
 _INT_RANGE = range(-(1 << 63), 1 << 64)  # what orjson writes and reads exactly
 
@@ -106,6 +106,8 @@ class _Writer:
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())}
                        if deaths is not None else None),
             **self.streams(trace),
+            "world": list(trace.world) if trace.world is not None else None,
+            "groups": [self.enc(g, "groups") for g in trace.groups.values()],
             "arg_names": trace.arg_names,
         }
 
@@ -170,6 +172,8 @@ class _Writer:
         t = type(x)
         if t is TensorMeta:
             return self.ref(x)
+        if t is Group:
+            return {"group": [x.name, x.size, x.rank, list(x.ranks)]}
         if x is None or t is bool or t is str or (t is int and x in _INT_RANGE):
             return x
         if t is tuple or t is list:

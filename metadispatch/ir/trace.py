@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .calls import OpCall
-from .records import Leaf, TensorMeta, dtype_abbr
+from .records import Group, Leaf, TensorMeta, dtype_abbr
 from .rng import RngEvent
 from .serialize import load, save
 from .text import render
@@ -52,6 +52,10 @@ class Trace:
         self.output_meta: Any = None  # the same structure with TensorMeta
         self.grads: dict[str, TensorMeta] = {}
         self.modules: dict[str, str] = {}  # qualified name -> class name
+        # Traced in a logical world (MetaMode(world_size=...)): its world
+        # size and rank, and every process group by name.
+        self.world: tuple[int, int] | None = None
+        self.groups: dict[str, Group] = {}
         # storage number -> index of the first call after it was freed;
         # None where unknown (see Note [Storage numbers and deaths]).
         self.deaths: dict[int, int] | None = None

@@ -41,9 +41,10 @@ from ..core.tensor import MetaTensor
 from ..debug.diff import canonical, diff
 from ..ir.trace import Trace
 from ..tracing.tracer import tracer
+from .collectives import CollectiveLog
 
 __all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
-           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot"]
+           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot", "CollectiveLog"]
 
 
 class Call(NamedTuple):

@@ -49,13 +49,17 @@ def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def tracer(device=None, *, stack: bool = False, gpu=None, mode_factory=None) -> Callable[..., Trace]:
+def tracer(device=None, *, stack: bool = False, gpu=None, world_size: int | None = None, rank: int = 0,
+           mode_factory=None) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
-    ``gpu`` names the profile a logical CUDA device answers as (MetaMode's ``gpu``).
+    ``gpu`` names the profile a logical CUDA device answers as (MetaMode's
+    ``gpu``); ``world_size`` and ``rank`` trace rank ``rank`` of a logical
+    world (``MetaMode``'s options of the same names; ``docs/distributed.md``).
     """
     def run(fn: Callable, *args, **kwargs) -> Trace:
-        mode = mode_factory() if mode_factory is not None else MetaMode(device=device, stack=stack, gpu=gpu)
+        mode = mode_factory() if mode_factory is not None else MetaMode(
+            device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
         return run_traced(mode, fn, args, kwargs)
 
     return run

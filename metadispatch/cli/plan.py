@@ -1,0 +1,125 @@
+"""``metadispatch trace --world-size N``: one rank of an N-GPU training step.
+
+The model is built, wrapped and stepped inside ``MetaMode(world_size=N,
+rank=r)``: ``--fsdp`` shards every block and the root with ``fully_shard``,
+``--tp K`` parallelises each block's attention and MLP (colwise, then
+rowwise) over groups of K ranks (with ``--fsdp``: a 2-D mesh, FSDP over
+N/K), ``--dp`` wraps the model in ``DistributedDataParallel``.  AdamW
+(``foreach``) steps once.  The report is the rank's peak during the step
+(building the full model first is not a cost a real run pays when it
+builds on the meta device), its collectives, and whether the peak fits the
+GPU.
+
+Limits: the built-in LLaMA and ``--hf llama``-style models (blocks in a
+``layers`` list with ``q/k/v/o_proj`` and ``gate/up/down_proj``); no
+pipeline, expert or context parallelism (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from ..analysis.comms import comms
+from ..analysis.memory import memory
+from ..core.mode import MetaMode
+from ..core.profiles import gpu_profile
+from ..ir.text import fmt_bytes
+from ..ir.trace import Trace
+from .targets import UsageError
+
+__all__ = ["Plan", "plan_step", "check_plan", "report"]
+
+_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROWWISE = ("o_proj", "down_proj")
+_HEAD_COUNTS = ("n_heads", "n_kv")  # the built-in LLaMA's attention; transformers' infers them
+
+
+class Plan(NamedTuple):
+    world_size: int
+    rank: int = 0
+    fsdp: bool = False
+    tp: int = 1
+    dp: bool = False
+
+
+def check_plan(plan: Plan) -> None:
+    """Refuse what cannot work before anything is built (a usage error)."""
+    if not 0 <= plan.rank < plan.world_size:
+        raise UsageError(f"--rank {plan.rank}: not a rank of a world of {plan.world_size}")
+    if plan.world_size % plan.tp:
+        raise UsageError(f"--tp {plan.tp} does not divide --world-size {plan.world_size}")
+    if plan.dp and (plan.fsdp or plan.tp > 1):
+        raise UsageError("--dp combines with neither --fsdp nor --tp here; use --fsdp --tp for 2-D")
+    if not (plan.fsdp or plan.dp or plan.tp > 1):
+        raise UsageError("--world-size needs a parallelism: --fsdp, --tp K or --dp")
+
+
+def plan_step(plan: Plan, build: Callable, step: Callable, device="cuda") -> tuple[Trace, int]:
+    """Trace ``plan.rank``'s step; returns the trace and the index of the step's first call."""
+    with MetaMode(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
+        model, inputs = build()
+        dp = plan.world_size // plan.tp
+        mesh = init_device_mesh(torch.device(device).type, (dp, plan.tp), mesh_dim_names=("dp", "tp"))
+        if plan.tp > 1:
+            _tensor_parallel(model, mesh["tp"])
+        if plan.fsdp:
+            _fully_shard(model, mesh["dp"])
+        if plan.dp:
+            model = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        start = len(mode.trace)
+        step(model, *inputs)
+        opt.step()
+    return mode.trace, start
+
+
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and name.rpartition(".")[2] == "layers":
+            return m
+    raise UsageError(f"{type(model).__name__}: no list of blocks named 'layers' to shard")
+
+
+def _fully_shard(model: nn.Module, mesh) -> None:
+    for block in _blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _tensor_parallel(model: nn.Module, mesh) -> None:
+    tp = mesh.size()
+    for block in _blocks(model):
+        plan = {}
+        for name, m in block.named_modules():
+            leaf = name.rpartition(".")[2]
+            if isinstance(m, nn.Linear) and leaf in _COLWISE + _ROWWISE:
+                plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
+            for count in _HEAD_COUNTS:
+                if isinstance(getattr(m, count, None), int):
+                    if getattr(m, count) % tp:
+                        raise UsageError(f"--tp {tp}: {name}.{count}={getattr(m, count)} is not divisible")
+                    setattr(m, count, getattr(m, count) // tp)  # each rank runs its own heads
+        parallelize_module(block, mesh, plan)
+
+
+def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | None = None) -> str:
+    """The rank's peak during the step, its collectives, and whether it fits ``gpu``."""
+    m = memory(trace)
+    peak = max(m.timeline[start:], default=0)
+    lines = [f"rank {plan.rank} of {plan.world_size}: peak {fmt_bytes(peak)} during the step"]
+    c = comms(trace, start)
+    lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload")
+    lines.append(c.table(width=width, modules=False))
+    if gpu:
+        profile = gpu_profile(gpu)
+        verdict = "fits" if peak <= profile.memory else "does NOT fit"
+        lines.append(f"\n{verdict} on {profile.name} ({fmt_bytes(profile.memory)}): "
+                     f"{fmt_bytes(peak)} allocated at peak, caching-allocator overhead not included")
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""``torch.cuda``'s host-side answers for a logical CUDA device, on a host without one.
+
+Distributed code asks ``torch.cuda`` questions that a tensor's device does
+not answer: ``fully_shard`` takes its device from ``current_device()``,
+overlaps communication with ``Stream``s and orders them with ``Event``s,
+``init_device_mesh("cuda", ...)`` calls ``set_device``.  On a CPU-only host
+each of those raises.  While a ``MetaMode`` with a logical world is
+entered on such a host, they are answered: one device per rank
+(``device_count() == 1``, every rank's tensors on ``cuda:0``), streams and
+events that order nothing (a trace is one sequence of calls), the GPU
+profile's name and compute capability (the mode's, else the default), and
+``is_available()`` true, as the traced program expects.  The attributes are
+put back on exit.
+
+Limits: a trace has no timing, so stream overlap is not modelled: memory
+is counted in call order, as on a single stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from .profiles import GPUProfile
+
+__all__ = ["install"]
+
+
+class Event:
+    """A CUDA event that orders nothing."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        pass
+
+    def record(self, stream=None) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class Stream:
+    """A CUDA stream: work on it runs in call order, like every other."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device = torch.device("cuda", 0)
+        self.priority = priority
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> Event:
+        return event if event is not None else Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+_DEFAULT = Stream()
+
+
+def _answers(profile) -> dict:
+    return {
+        "get_device_capability": lambda device=None: profile.compute_capability,
+        "get_device_name": lambda device=None: profile.name,
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "current_stream": lambda device=None: _DEFAULT,
+        "default_stream": lambda device=None: _DEFAULT,
+        "stream": lambda stream=None: contextlib.nullcontext(stream),
+        "Stream": Stream,
+        "Event": Event,
+    }
+
+
+def install(steps: list, profile: GPUProfile) -> None:
+    """Answer ``torch.cuda``'s host-side questions, as ``profile``'s GPU would
+    for its name and compute capability, until the undo steps run (Note
+    [Interrupts in mode entry and exit] in mode.py)."""
+    for name, answer in _answers(profile).items():
+        steps.append(functools.partial(setattr, torch.cuda, name, getattr(torch.cuda, name)))
+        setattr(torch.cuda, name, answer)

@@ -1,0 +1,197 @@
+"""A logical N-rank world: ``torch.distributed`` as one rank of it sees it.
+
+``MetaMode(world_size=N, rank=r)`` installs it on entry: the default process
+group is torch's ``fake`` backend (N ranks, this one ``r``), which answers
+every collective at once and moves no data, so one process traces what rank
+``r`` of a real N-process run would do.  Collectives reach the mode as
+c10d / ``_c10d_functional`` calls and are recorded like any other call
+(``rules/collectives.py`` gives their outputs); ``md.comms`` reads them.
+
+The user's own ``init_process_group(...)`` -- with "nccl", "gloo" or any
+backend -- finds the world already made and joins it: a ``world_size`` or
+``rank`` it names must agree with the mode's.  Everything is undone on exit,
+also on exceptions: the groups are destroyed, the patched entry points and
+``RANK``/``WORLD_SIZE`` are put back.
+
+Limits: one world per process (a process group already initialised outside
+the mode is refused); the fake backend's answers carry no data, so code that
+reads a collective's values (a loss all-reduced and printed) reads nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .. import _compat
+from ..errors import MetaDispatchError, UnsupportedFeatureError
+from ..ir.records import Group
+from . import ddp_setup, fsdp_storage, logical_cuda
+
+__all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
+
+_ENV = ("RANK", "WORLD_SIZE")
+WORK = "<work>"
+REDUCE_OP = "<reduce op>"
+
+
+class World:
+    """The logical world of one MetaMode (``world_size`` ranks, seen from ``rank``)."""
+
+    def __init__(self, world_size: int, rank: int = 0) -> None:
+        if type(world_size) is not int or world_size < 1:
+            raise MetaDispatchError(f"world_size={world_size!r}: a positive int")
+        if type(rank) is not int or not 0 <= rank < world_size:
+            raise MetaDispatchError(f"rank={rank!r}: an int in [0, {world_size})")
+        self.world_size = world_size
+        self.rank = rank
+
+    def install(self, steps: list, trace, profile) -> None:
+        """Note [One rank of a logical world]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``MetaMode(world_size=N, rank=r)``: torch.distributed is an
+        initialised N-rank world seen from rank ``r`` while the mode is
+        entered, and on a host without CUDA ``torch.cuda`` answers for a
+        logical device (logical_cuda.py, as ``profile``'s GPU).  One process
+        traces one rank; what differs between ranks (uneven shards) is traced
+        rank by rank.  ``trace`` keeps the world and its groups, which
+        ``md.comms`` reads, as they stood on exit.  Each change is preceded by
+        the step that undoes it (Note [Interrupts in mode entry and exit] in
+        mode.py).
+        """
+        trace.world = (self.world_size, self.rank)
+        # Note [One world at a time]
+        _compat.clear_dtensor_caches()
+        steps.append(_compat.clear_dtensor_caches)
+        if not torch.cuda.is_available():
+            logical_cuda.install(steps, profile)
+        self._make(steps)
+        # Undone first: the groups are read before they are destroyed.
+        steps.append(functools.partial(self.record_groups, trace.groups))
+
+    def _make(self, steps: list) -> None:
+        if _compat.dist.is_initialized():
+            raise MetaDispatchError(
+                "MetaMode(world_size=...) needs torch.distributed uninitialised: a process group "
+                "already exists in this process; destroy it first")
+        steps.append(functools.partial(_restore_env, {k: os.environ.get(k) for k in _ENV}))
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
+        steps.append(_destroy_all)
+        _compat.dist.init_process_group("fake", store=_compat.fake_process_group_store(),
+                                        rank=self.rank, world_size=self.world_size)
+        fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
+        ddp_setup.install(steps)
+        # Note [A DTensor's logical device]
+        steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
+        _compat.DTensor.device = property(_dtensor_device)  # type: ignore[assignment]
+        # Note [Eager, not compiling]
+        funcol = _compat.functional_collectives_module()
+        steps.append(functools.partial(setattr, funcol, "_are_we_tracing", funcol._are_we_tracing))
+        funcol._are_we_tracing = functools.partial(_are_we_tracing, funcol._are_we_tracing)
+        steps.append(functools.partial(setattr, _compat.tensor_experimental, "context_parallel",
+                                       _compat.tensor_experimental.context_parallel))
+        _compat.tensor_experimental.context_parallel = _refuse_context_parallel
+        for owner in (_compat.dist, _compat.distributed_c10d):
+            steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
+            owner.init_process_group = self._join  # type: ignore[attr-defined]
+
+    def _join(self, backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+              store=None, group_name="", pg_options=None, device_id=None):
+        """``init_process_group`` inside the mode: the world exists; check it is the one meant."""
+        if world_size not in (-1, None, self.world_size) or rank not in (-1, None, self.rank):
+            raise MetaDispatchError(
+                f"init_process_group(world_size={world_size}, rank={rank}) inside "
+                f"MetaMode(world_size={self.world_size}, rank={self.rank}): trace the rank you mean "
+                "with MetaMode's own options")
+
+    def record_groups(self, into: dict) -> None:
+        """Add every live process group to ``into``, by name."""
+        into.update(self.groups())
+
+    def groups(self) -> dict:
+        """Name -> :class:`Group`, for every live process group."""
+        if not _compat.dist.is_initialized():
+            return {}
+        return {name: _group(pg, name) for pg, name in _compat.named_process_groups().items()}
+
+
+def _group(pg, name: str) -> Group:
+    return Group(name, pg.size(), pg.rank(), tuple(_compat.distributed_c10d.get_process_group_ranks(pg)))
+
+
+def describe(obj: torch.ScriptObject):
+    """What the trace records for a c10d op's boxed argument or result:
+    a :class:`Group` for a process group, a marker for the rest."""
+    kind = obj._type().qualified_name().rpartition(".")[2]
+    if kind == "ProcessGroup":
+        pg = _compat.process_group_of(obj)
+        return _group(pg, pg.group_name)
+    return WORK if kind == "Work" else REDUCE_OP if kind == "ReduceOp" else f"<{kind}>"
+
+
+# Note [A DTensor's logical device]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A DTensor takes its C++ device from its local tensor's C++ device, and a
+# MetaTensor on a logical CUDA device is a meta tensor underneath (Note
+# [Logical device] in tensor.py): ``fully_shard`` would then find its
+# parameters "still on meta" and refuse to train.  While a world is entered a
+# DTensor reports its local tensor's device, as it does on a real run.
+_TENSOR_DEVICE = torch.Tensor.device
+
+
+def _dtensor_device(self) -> torch.device:
+    local = getattr(self, "_local_tensor", None)  # unset while DTensor.__new__ runs
+    if isinstance(local, torch.Tensor):
+        return local.device
+    return _TENSOR_DEVICE.__get__(self)
+
+
+# Note [Eager, not compiling]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Functional collectives take a different path when torch believes it is
+# compiling, and it believes so whenever the FAKE dispatch-mode slot is
+# taken -- where MetaMode sits (Note [Logical CUDA without CUDA] in
+# _compat.py).  Compiling, a result is waited on at once; eager, it is
+# wrapped by ``_c10d_functional._wrap_tensor_autograd``, which copies it
+# (the real run's memory).  A MetaMode traces eager code, so the question is
+# answered as an eager run would answer it.
+def _are_we_tracing(original) -> bool:
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    if mode is None or isinstance(mode, _compat.FakeTensorMode):
+        return original()
+    return torch.compiler.is_compiling()  # the slot holds a MetaMode
+
+
+# Note [One world at a time]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# DTensor caches its sharding and redistribution plans keyed by specs whose
+# DeviceMesh compares by layout alone, not by process group.  A plan cached
+# in one world (rank 0's) holds that world's mesh, and a later world (rank
+# 2's, in the same process) would run its collectives on the first world's
+# group names.  A real run has one world per process; tracing rank after
+# rank does not, so the caches are emptied when a world is made and when it
+# goes.
+def _refuse_context_parallel(*args, **kwargs):
+    raise UnsupportedFeatureError(
+        "context parallelism (context_parallel) is not traced in a logical world: its ring "
+        "attention exchanges key/value shards between ranks; see docs/distributed.md")
+
+
+def _destroy_all() -> None:
+    if _compat.dist.is_initialized():
+        _compat.dist.destroy_process_group()
+
+
+def _restore_env(saved: dict) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def group_named(name: str) -> Group:
+    """The live process group called ``name`` (functional collectives name their group)."""
+    return _group(_compat.resolve_process_group(name), name)

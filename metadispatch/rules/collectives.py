@@ -1,0 +1,76 @@
+"""Collectives: what torch's meta kernels get wrong about them.
+
+``_c10d_functional.wait_tensor`` returns its input, the same tensor (it
+waits for the collective that produced it), while torch's meta kernel
+returns a new one -- a storage-level memory model built on it would count
+every functional collective's output twice.
+
+The c10d ops (``torch.distributed``'s eager API, FSDP, DDP) write into the
+tensors they are given and return them with a Work.  torch's meta kernels
+(``torch/distributed/_meta_registrations.py``) return a Work whose future
+holds nothing, and DDP's reducer reads its gradients back from that future
+(``comm.cpp``: "expected the hook result is either a Tensor or a
+TensorList").  These rules return a finished Work whose future holds the
+tensors, as a real one does once the collective is done.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from ..core.registry import builtin_rule
+from ..errors import UnsupportedFeatureError
+
+__all__ = ["wait_tensor"]
+
+
+@builtin_rule(torch.ops._c10d_functional.wait_tensor.default)
+def wait_tensor(tensor):
+    return tensor
+
+
+def _done(tensors: list):
+    """A finished Work (boxed, as c10d ops return it) whose future holds ``tensors``."""
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(tensors)
+    return _compat.work_from_future(future).boxed()
+
+
+def _tensors(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return [t for y in x for t in _tensors(y)] if isinstance(x, (list, tuple)) else []
+
+
+def _register(name: str) -> None:
+    packet = getattr(torch.ops.c10d, name)
+    returns = len(packet.default._schema.returns)
+
+    def rule(*args, **kwargs):
+        work = _done(_tensors(args[0]))
+        return (args[0], work) if returns == 2 else work
+
+    rule.__name__ = name
+    builtin_rule(packet.default)(rule)
+
+
+# The c10d ops that return a Work (``monitored_barrier_`` returns nothing).
+for _name in ("broadcast_", "allreduce_", "allreduce_coalesced_", "allgather_", "_allgather_base_",
+              "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
+              "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "reduce_", "gather_",
+              "scatter_", "alltoall_", "alltoall_base_", "barrier"):
+    if hasattr(torch.ops.c10d, _name):
+        _register(_name)
+
+
+def point_to_point(*args, **kwargs):
+    """Refused: what a rank receives is another rank's program (pipeline stages
+    exchange activations and their shapes), which one traced rank cannot see."""
+    raise UnsupportedFeatureError(
+        "point-to-point send/recv (pipeline parallelism) is not traced in a logical world: "
+        "one rank cannot know what another sends; see docs/distributed.md")
+
+
+for _name in ("send", "recv_", "recv_any_source_"):
+    builtin_rule(getattr(torch.ops.c10d, _name).default)(point_to_point)

@@ -1,0 +1,136 @@
+"""Distributed training steps run twice: for real over ``gloo`` and traced.
+
+Each case builds its model, wraps it and takes one optimizer step inside
+the function, so a real run under ``md.LiveStorages`` and a trace see the
+same storages from the start.  ``real_rank`` is what each spawned process
+runs; it writes its peak and its collectives where the parent reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
+
+import metadispatch as md
+from metadispatch.cli.llama import Llama, LlamaConfig
+
+BATCH, SEQ = 2, 16
+
+
+# vocab and hidden sizes that 4 ranks shard unevenly (18, 18, 18, 16 rows; 14 each)
+CONFIG = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=54)
+
+
+def _step(model: torch.nn.Module, foreach: bool) -> torch.nn.Module:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
+    ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
+    model(ids, ids).backward()
+    opt.step()
+    opt.zero_grad()
+    return model
+
+
+def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
+    """FSDP2 on a tiny LLaMA (one unit per block, plus the root), one AdamW step."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh)
+    return _step(model, foreach)
+
+
+def _tensor_parallel(model: torch.nn.Module, mesh) -> None:
+    """Attention and MLP of every block colwise then rowwise over ``mesh``."""
+    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel()}
+    for block in model.layers:
+        parallelize_module(block, mesh, plan)
+        block.attn.n_heads //= mesh.size()  # each rank runs its own heads
+        block.attn.n_kv //= mesh.size()
+
+
+def tp_step(foreach: bool) -> torch.nn.Module:
+    """Tensor parallelism in every block, one AdamW step."""
+    model = Llama(CONFIG)
+    _tensor_parallel(model, init_device_mesh("cpu", (dist.get_world_size(),)))
+    return _step(model, foreach)
+
+
+def fsdp_tp_step(foreach: bool) -> torch.nn.Module:
+    """2-D: tensor parallelism over pairs of ranks, FSDP2 across the pairs."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("dp", "tp"))
+    _tensor_parallel(model, mesh["tp"])
+    for block in model.layers:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return _step(model, foreach)
+
+
+def ddp_step(foreach: bool) -> torch.nn.Module:
+    """DistributedDataParallel (gradients all-reduced in buckets), one AdamW step."""
+    model = DistributedDataParallel(Llama(CONFIG), bucket_cap_mb=0.02)  # a few buckets
+    _step(model, foreach)
+    return model.module
+
+
+CASES = {
+    "fsdp": lambda: fsdp_step(foreach=False),
+    "fsdp-foreach": lambda: fsdp_step(foreach=True),
+    "fsdp-no-reshard": lambda: fsdp_step(foreach=True, reshard=False),
+    "tp": lambda: tp_step(foreach=False),
+    "fsdp-tp": lambda: fsdp_tp_step(foreach=False),
+    "ddp": lambda: ddp_step(foreach=False),
+    "ddp-foreach": lambda: ddp_step(foreach=True),
+}
+
+
+def tiny_llama():
+    """(model, inputs) for ``metadispatch trace tests.distributed_cases:tiny_llama``."""
+    model = Llama(CONFIG)
+    ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
+    return model, (ids, ids)
+
+
+def local_shapes(model: torch.nn.Module) -> list:
+    """This rank's shard of each parameter (uneven ranks hold fewer rows)."""
+    return [list(p.to_local().shape if hasattr(p, "to_local") else p.shape) for p in model.parameters()]
+
+
+def comparable(calls) -> list:
+    """What must agree between a real run and a trace, per collective."""
+    return [(c.op, c.kind, c.tensors, c.bytes, c.sent, c.group.rank, list(c.group.ranks)) for c in calls]
+
+
+def real_rank(rank: int, world_size: int, case: str, out_dir: str) -> None:
+    # A file store, not a TCP port: a free port picked by the parent can be
+    # taken by another process before the children bind it.
+    store = f"file://{os.path.join(out_dir, 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        with md.testing.CollectiveLog() as log, md.LiveStorages(count_untracked=False) as live:  # Note [Storages made out of sight]
+            model = CASES[case]()
+        result = {"peak": live.peak, "collectives": comparable(log.calls), "shards": local_shapes(model)}
+        with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def traced_rank(rank: int, world_size: int, case: str) -> tuple:
+    """The trace of one rank, and its parameters' local shapes."""
+    torch.manual_seed(0)
+    with md.MetaMode(world_size=world_size, rank=rank) as mode:
+        model = CASES[case]()
+    return mode.trace, local_shapes(model)

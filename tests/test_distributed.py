@@ -1,0 +1,245 @@
+"""One rank of a logical world against real multi-process ``gloo`` runs:
+FSDP2, tensor parallelism (colwise + rowwise) and DDP on a tiny LLaMA.
+
+Each case runs for real in spawned processes (one per rank, ``gloo`` on
+CPU) under ``md.LiveStorages`` and ``md.testing.CollectiveLog``; then each
+rank is traced in this process with ``MetaMode(world_size=N, rank=r)``.
+Per rank the collectives must be equal -- op, tensors, bytes -- and the
+peaks within 1 KiB (the trace counts constants from the start, a real run
+from their first use).
+"""
+
+import json
+import os
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import metadispatch as md
+from metadispatch.cli.main import main
+from tests.distributed_cases import comparable, real_rank, traced_rank
+
+_REAL: dict = {}
+
+
+def _real(case: str, world_size: int, tmp_path_factory) -> list:
+    """Each rank's peak and collectives from one real run, spawned once per case."""
+    if (case, world_size) not in _REAL:
+        out = tmp_path_factory.mktemp(f"{case}-{world_size}")
+        mp.spawn(real_rank, args=(world_size, case, str(out)), nprocs=world_size)
+        _REAL[case, world_size] = [json.loads((out / f"{r}.json").read_text()) for r in range(world_size)]
+    return _REAL[case, world_size]
+
+
+RUNS = [("fsdp", 2), ("fsdp-foreach", 2), ("fsdp-no-reshard", 2), ("fsdp-foreach", 4),
+        ("tp", 2), ("fsdp-tp", 4), ("ddp", 2), ("ddp-foreach", 4)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,world_size", RUNS)
+def test_distributed_rank_matches_real_gloo_run(case, world_size, tmp_path_factory):
+    real = _real(case, world_size, tmp_path_factory)
+    for rank in range(world_size):
+        trace, shards = traced_rank(rank, world_size, case)
+        assert shards == real[rank]["shards"], f"rank {rank}"
+        collectives = json.loads(json.dumps(comparable(md.comms(trace).calls)))  # tuples as lists
+        assert collectives == real[rank]["collectives"], f"rank {rank}"
+        assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
+
+
+def test_distributed_ranks_traced_one_after_another_use_their_own_groups():
+    # Note [One world at a time]: DTensor's plan caches outlive a world.
+    for rank in (0, 2, 3):
+        trace, _ = traced_rank(rank, 4, "fsdp-tp")
+        names = {c.args[-1] for c in trace if c.op.startswith("_c10d_functional.all_reduce")}
+        assert names and names <= set(trace.groups)
+        assert all(rank in trace.groups[n].ranks for n in names)
+
+
+@pytest.mark.slow
+def test_distributed_uneven_shards_are_the_ranks_own(tmp_path_factory):
+    # 4 ranks hold 18, 18, 18 and 16 of the embedding's 70 rows.
+    real = _real("fsdp-foreach", 4, tmp_path_factory)
+    shards = [traced_rank(rank, 4, "fsdp-foreach")[1] for rank in range(4)]
+    assert shards == [r["shards"] for r in real]
+    assert shards[0] != shards[3]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_distributed_dtensor_local_shapes_match_real_fake_group(rank):
+    def run():
+        mesh = init_device_mesh("cpu", (3,))
+        x = distribute_tensor(torch.ones(8, 5), mesh, [Shard(0)])
+        y = (x * 2).sum(dim=1)
+        return x.to_local().shape, y.to_local().shape, y.full_tensor().shape
+
+    # Real tensors over torch's fake backend: the shapes a rank really gets.
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=rank, world_size=3)
+    try:
+        expected = run()
+    finally:
+        dist.destroy_process_group()
+    with md.MetaMode(world_size=3, rank=rank):
+        got = run()
+    assert got == expected
+
+
+def test_distributed_wait_tensor_returns_its_input_as_the_real_op_does():
+    functional = torch.ops._c10d_functional
+
+    def gather_and_wait():
+        y = functional.all_gather_into_tensor(torch.ones(3), 2, dist.group.WORLD.group_name)
+        return y, functional.wait_tensor(y)
+
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=0, world_size=2)
+    try:
+        with md.LiveStorages() as live:
+            real, waited = gather_and_wait()
+        assert waited is real
+    finally:
+        dist.destroy_process_group()
+    with md.MetaMode(world_size=2) as mode:
+        y, waited = gather_and_wait()
+        assert waited is y
+    wait = [c for c in mode.trace if c.op == "_c10d_functional.wait_tensor.default"]
+    assert len(wait) == 1 and wait[0].outputs[0].id == wait[0].args[0].id
+    assert md.memory(mode.trace).peak == live.peak  # the gathered tensor counted once
+
+
+def test_distributed_user_init_process_group_joins_the_world():
+    with md.MetaMode(device="cuda", world_size=8, rank=5):
+        dist.init_process_group("nccl")
+        assert (dist.get_world_size(), dist.get_rank()) == (8, 5)
+        assert (os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("8", "5")
+
+
+def test_distributed_init_process_group_for_another_rank_is_refused():
+    with md.MetaMode(world_size=8, rank=5):
+        with pytest.raises(md.MetaDispatchError, match="rank=3"):
+            dist.init_process_group("nccl", world_size=8, rank=3)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_distributed_world_is_gone_after_the_mode(fail):
+    init, env = dist.init_process_group, {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    try:
+        with md.MetaMode(world_size=2, rank=1):
+            dist.new_group([0, 1])
+            if fail:
+                raise KeyError("boom")
+    except KeyError:
+        assert fail
+    assert not dist.is_initialized()
+    assert dist.init_process_group is init
+    assert {k: os.environ.get(k) for k in env} == env
+    assert torch.cuda.device_count() == 0 and not torch.cuda.is_available()
+
+
+def test_distributed_existing_process_group_is_refused():
+    cuda = dict(vars(torch.cuda))
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=0, world_size=2)
+    try:
+        with pytest.raises(md.MetaDispatchError, match="already exists"):
+            with md.MetaMode(world_size=2):
+                pass
+        assert dist.is_initialized()
+        assert dict(vars(torch.cuda)) == cuda  # what entering had patched is back
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_comms_table_counts_calls_and_bytes():
+    trace, _ = traced_rank(0, 2, "fsdp-foreach")
+    comms = md.comms(trace)
+    kinds = {c.kind for c in comms.calls}
+    assert kinds == {"all_gather", "reduce_scatter"}
+    assert {c.group.size for c in comms.calls} == {2} and trace.world == (2, 0)
+    table = str(comms)
+    assert "all_gather" in table and "reduce_scatter" in table and "backward" in table
+    gathered = sum(c.bytes for c in comms.calls if c.kind == "all_gather")
+    assert all(c.sent == c.bytes // 2 for c in comms.calls)
+    assert gathered > 0
+
+
+def test_distributed_point_to_point_is_refused_naming_pipelines():
+    with md.MetaMode(world_size=2, rank=1):
+        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
+            dist.send(torch.ones(2), dst=0)
+        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
+            dist.recv(torch.empty(2), src=0)
+
+
+def test_distributed_context_parallel_is_refused():
+    from torch.distributed.tensor import experimental
+
+    with md.MetaMode(world_size=2):
+        mesh = init_device_mesh("cpu", (2,))
+        with pytest.raises(md.UnsupportedFeatureError, match="context parallelism"):
+            experimental.context_parallel(mesh)
+    assert experimental.context_parallel.__module__.startswith("torch")
+
+
+def test_distributed_tracer_traces_the_rank_asked_for():
+    def step(x):
+        dist.all_reduce(x)
+        return dist.get_rank()
+
+    trace = md.tracer(world_size=4, rank=3)(step, torch.ones(8))
+    assert trace.world == (4, 3) and trace.output == 3
+    assert [c.kind for c in md.comms(trace).calls] == ["all_reduce"]
+    assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsys):
+    # The command line's FSDP plan is fsdp_step(foreach=True): every block and
+    # the root sharded, AdamW foreach; its step has no collectives but its own.
+    real = _real("fsdp-foreach", 2, tmp_path_factory)
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "2",
+                 "--rank", "1", "--fsdp", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 of 2" in out and "fits on h100" in out
+    assert f"{len(real[1]['collectives'])} collectives in the step" in out
+    kinds = [c[1] for c in real[1]["collectives"]]
+    for kind in set(kinds):
+        assert re.search(rf"^{kind}\s+\S+ \(2 ranks\)\s+\*\s+\w+\s+\d+", out, re.M)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--world-size", "8", "--tp", "3"], "does not divide"),
+    (["--world-size", "8"], "needs a parallelism"),
+    (["--fsdp"], "need --world-size"),
+    (["--world-size", "4", "--rank", "4", "--fsdp"], "not a rank"),
+    (["--world-size", "4", "--dp", "--fsdp"], "--dp combines"),
+])
+def test_distributed_cli_refuses_plans_that_cannot_work(argv, message, capsys):
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_distributed_trace_saves_and_loads_with_its_groups(tmp_path):
+    trace, _ = traced_rank(1, 2, "fsdp")
+    trace.save(tmp_path / "rank1.json.gz")
+    allow = sorted({c.op for c in trace if not c.op.startswith("aten.")})
+    loaded = md.Trace.load(tmp_path / "rank1.json.gz", allow_ops=allow)
+    assert str(loaded) == str(trace)
+    assert (loaded.world, loaded.groups) == (trace.world, trace.groups)
+    assert md.comms(loaded).calls == md.comms(trace).calls
+    assert md.memory(loaded).peak == md.memory(trace).peak
+
+
+@pytest.mark.parametrize("bad", [["0", 2, 2, [0, 1]], ["0", 2, 0, [0]], ["", 1, 0, [0]], ["0", -1, 0, []]])
+def test_distributed_trace_file_with_a_bad_group_is_refused(bad, tmp_path):
+    with md.MetaMode(world_size=2) as mode:
+        dist.all_reduce(torch.ones(2))
+    mode.trace.save(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    doc["groups"] = [{"group": bad}]
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    with pytest.raises(md.TraceFormatError, match="group"):
+        md.Trace.load(tmp_path / "t.json", allow_ops=["c10d.allreduce_.default"])
