@@ -20,6 +20,7 @@ from .analysis.fit import fits
 from .analysis.flops import flops, register_flops, unregister_flops
 from .analysis.live import LiveStorages
 from .analysis.memory import memory
+from .analysis.runtime import Efficiency, runtime
 from .analysis.tables import module_table, shape_log
 from .core.mode import MetaMode
 from .core.profiles import GPUProfile, gpu_profile, register_gpu
@@ -39,10 +40,10 @@ from .errors import (
     UnsupportedFeatureError,
     UnsupportedOpError,
 )
+from .execution.budget import Budget
+from .execution.materialize import materialize
+from .execution.replay import Mismatch, Replay, replay
 from .ir.trace import Leaf, OpCall, TensorMeta, Trace
-from .runtime.budget import Budget
-from .runtime.materialize import materialize
-from .runtime.replay import Mismatch, Replay, replay
 from .tracing.tracer import to_meta, trace, tracer
 
 # The version is written once, in pyproject.toml; an uninstalled checkout has none.
@@ -54,7 +55,7 @@ except _metadata.PackageNotFoundError:
 __all__ = [
     "MetaTensor", "MetaMode", "Trace", "OpCall", "TensorMeta", "Leaf",
     "trace", "tracer", "to_meta", "register_meta", "unregister_meta", "diff", "testing",
-    "flops", "register_flops", "unregister_flops", "memory", "fits", "comms", "LiveStorages", "module_table", "shape_log",
+    "flops", "register_flops", "unregister_flops", "memory", "fits", "runtime", "Efficiency", "comms", "LiveStorages", "module_table", "shape_log",
     "GPUProfile", "gpu_profile", "register_gpu",
     "replay", "Replay", "Mismatch", "materialize", "Budget",
     "MetaDispatchError", "UnsupportedOpError", "DataDependentError", "TraceFormatError",

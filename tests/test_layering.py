@@ -13,7 +13,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "metadispatch"
 
 # Low to high.  A module may import its own stage or a lower one.
-STAGES = ["_compat", "errors", "ir", "core", "rules", "tracing", "runtime", "analysis", "debug",
+STAGES = ["_compat", "errors", "ir", "core", "rules", "tracing", "execution", "analysis", "debug",
           "testing", "cli", "__init__", "__main__"]
 
 

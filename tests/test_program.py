@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.runtime.leaves import bind_leaves
-from metadispatch.runtime.program import program
-from metadispatch.runtime.replay import execute
+from metadispatch.execution.leaves import bind_leaves
+from metadispatch.execution.program import program
+from metadispatch.execution.replay import execute
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.runtime.leaves import index_bounds
+from metadispatch.execution.leaves import index_bounds
 from tests.replay_cases import CASES, VOCAB, build
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (conftest.py)
@@ -229,8 +229,8 @@ def test_repro_snippet_shows_a_wrong_rule(capsys):
         in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", ["runtime.replay", "runtime.leaves", "ir.repro", "ir.serialize", "ir.decode",
-                                    "runtime.materialize"])
+@pytest.mark.parametrize("module", ["execution.replay", "execution.leaves", "ir.repro", "ir.serialize", "ir.decode",
+                                    "execution.materialize"])
 def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")
     result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)

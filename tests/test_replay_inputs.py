@@ -1,5 +1,5 @@
 """Inputs md.replay cannot bind to a trace's leaves are refused, naming them
-(runtime/inputs.py): the other half of "replay proves or refuses"."""
+(execution/inputs.py): the other half of "replay proves or refuses"."""
 
 from __future__ import annotations
 

@@ -267,9 +267,8 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None,
     trace was recorded for, else ``h100``.
 
     >>> import torch, metadispatch as md
-    >>> from metadispatch.analysis.runtime import runtime
     >>> t = md.tracer(device="cuda")(lambda a, b: a @ b, torch.ones(4096, 4096), torch.ones(4096, 4096))
-    >>> r = runtime(t, gpu="h100")
+    >>> r = md.runtime(t, gpu="h100")
     >>> round(r.total * 1e3, 2), r.bound
     (2.93, ['compute'])
     """

@@ -2,6 +2,6 @@
 
 ``check`` traces past ops no rule answers and ``recheck`` re-runs every call
 on CPU; ``report`` presents what they found; ``verify`` checks one rule;
-``diff`` compares two traces.  May import ``runtime``, ``tracing``,
+``diff`` compares two traces.  May import ``execution``, ``tracing``,
 ``analysis``, ``core``, ``ir`` and below.
 """

@@ -72,7 +72,7 @@ class Trace:
         # so that replay can refuse arguments the trace never saw; None: unknown.
         self.arg_names: list[str] | None = None
         # Loaded from a file: replay re-derives what the file claims about
-        # sizes before trusting it (Note [Budgets] in runtime/budget.py).
+        # sizes before trusting it (Note [Budgets] in execution/budget.py).
         self.untrusted = False
         # The GPU profile (its name) that answered hardware-dependent choices
         # (SDPA's backend) on a logical CUDA device; None: no profile was asked.

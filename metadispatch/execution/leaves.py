@@ -43,8 +43,8 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: 
     tensor shares a storage with one of them (Note [Replay never writes its
     inputs] in replay.py, writes.py); aliasing between them is kept.  Each
     leaf filled without data is appended to ``made_up`` as a
-    :class:`~metadispatch.runtime.streams.MadeUp`.  ``given`` is
-    :func:`~metadispatch.runtime.inputs.given_tensors` of the inputs, when
+    :class:`~metadispatch.execution.streams.MadeUp`.  ``given`` is
+    :func:`~metadispatch.execution.inputs.given_tensors` of the inputs, when
     the caller has it already (so do the functions below).
     """
     given = given_tensors(args, kwargs, module) if given is None else given

@@ -73,7 +73,7 @@ def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int 
     the result not ``ok`` unless ``allow_made_up``.  Random ops draw exactly
     what eager drew, from the states the trace recorded (streams.py).
 
-    ``budget`` (:class:`~metadispatch.runtime.budget.Budget`) caps the peak bytes
+    ``budget`` (:class:`~metadispatch.execution.budget.Budget`) caps the peak bytes
     replay allocates and the FLOPs it runs, checked before anything runs
     (Note [Budgets] in budget.py); the default is half the memory free on
     ``device`` and 10**12 FLOPs on a CPU.  Replay never changes the tensors
