@@ -34,8 +34,8 @@ _MARKER = "metadispatch"
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
-        "markers",
-        f"{_MARKER}(device=None, stack=False): options of the MetaMode the meta_mode fixture enters")
+        "markers", f"{_MARKER}(device=None, stack=False): options of the MetaMode the meta_mode fixture enters"
+    )
 
 
 def _mode_options(request) -> dict:
@@ -43,8 +43,7 @@ def _mode_options(request) -> dict:
     marker = request.node.get_closest_marker(_MARKER)
     if marker is not None:
         if marker.args:
-            raise pytest.UsageError(
-                f"@pytest.mark.{_MARKER} takes keyword arguments only, e.g. device='cuda'")
+            raise pytest.UsageError(f"@pytest.mark.{_MARKER} takes keyword arguments only, e.g. device='cuda'")
         options.update(marker.kwargs)
     param = getattr(request, "param", None)
     if isinstance(param, dict):

@@ -10,7 +10,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-for script in ("bench_startup.py", "bench_trace.py", "bench_footprint.py", "bench_replay.py", "bench_growth.py",
-               "bench_distributed.py"):
+for script in (
+    "bench_startup.py",
+    "bench_trace.py",
+    "bench_footprint.py",
+    "bench_replay.py",
+    "bench_growth.py",
+    "bench_distributed.py",
+):
     print(f"\n== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)

@@ -106,8 +106,10 @@ def main() -> None:
             except Exception as e:  # what FakeTensorMode refuses is part of the comparison
                 them = f" {'fails':>15} {'':>7}  ({type(e).__name__})"
             theirs_s = time.perf_counter() - t0
-            print(f"{case:<14} {rank:>4} {real[rank]:>10} {ours:>10} {(ours - real[rank]) / real[rank]:>+7.1%}"
-                  f"{them}   (s: real {real_s:.1f} all ranks, md {ours_s:.2f}, tracker {theirs_s:.2f})")
+            print(
+                f"{case:<14} {rank:>4} {real[rank]:>10} {ours:>10} {(ours - real[rank]) / real[rank]:>+7.1%}"
+                f"{them}   (s: real {real_s:.1f} all ranks, md {ours_s:.2f}, tracker {theirs_s:.2f})"
+            )
     print("\nLLaMA-7B bf16, 1 x 2048 tokens, FSDP2 per block, AdamW (foreach=False), device cuda, rank 0")
     for world in (8, 1024):
         setup, step = step_time(world)

@@ -71,9 +71,13 @@ def main() -> list:
     rows = [
         ("trace bytes per call (8-layer LLaMA, fw+bw)", f"{per_call:.0f} B", "<= 1024 B", f"{calls} calls"),
         ("RSS growth, LLaMA-7B fw+bw trace", f"{grown:.1f} MB", "< 50 MB", f"{calls7} calls"),
-        ("save + load / record", f"{(save + load) / record:.2f}x", "<= 0.5x",
-         f"record {record * 1e3:.0f} ms, save {save * 1e3:.0f} ms, load {load * 1e3:.0f} ms, "
-         f"{size / 1024:.0f} KiB gz"),
+        (
+            "save + load / record",
+            f"{(save + load) / record:.2f}x",
+            "<= 0.5x",
+            f"record {record * 1e3:.0f} ms, save {save * 1e3:.0f} ms, load {load * 1e3:.0f} ms, "
+            f"{size / 1024:.0f} KiB gz",
+        ),
     ]
     print(table(rows, ("measure", "value", "target", "detail")))
     return rows

@@ -50,9 +50,11 @@ def _mlp():
 def _iteration(loop: str, tool: str):
     """One iteration of ``loop`` for ``tool``, as a closure over its setup."""
     if loop == "mode entries":
+
         def once(i):
             with _mode(tool):
                 torch.ones(2) + 1
+
         return once
     model = _mlp()
     if loop == "fresh traces":
@@ -67,9 +69,9 @@ def _iteration(loop: str, tool: str):
             def once(i):
                 with _mode(tool) as mode:
                     fake_model = _mlp()  # FakeTensorMode has no step tracer: convert by hand
-                    fake_model.load_state_dict({k: mode.from_tensor(v) for k, v in state.items()},
-                                               assign=True)
+                    fake_model.load_state_dict({k: mode.from_tensor(v) for k, v in state.items()}, assign=True)
                     fake_model(mode.from_tensor(torch.randn(8, 16))).sum().backward()
+
         return once
     mode = _mode(tool)
     mode.__enter__()  # one mode for the whole loop: the cache is what grows
@@ -77,6 +79,7 @@ def _iteration(loop: str, tool: str):
 
     def once(i):
         torch.empty(i + 1, 4) @ w
+
     return once
 
 
@@ -94,8 +97,9 @@ def child(loop: str, tool: str, n: int) -> None:
 
 
 def measure(loop: str, tool: str, n: int) -> int:
-    out = subprocess.run([sys.executable, __file__, "--child", loop, tool, str(n)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", loop, tool, str(n)], check=True, capture_output=True, text=True
+    ).stdout
     return int(out.split()[-1])
 
 

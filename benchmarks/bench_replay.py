@@ -41,10 +41,18 @@ import metadispatch as md  # noqa: E402
 def _llama(hidden: int, layers: int, vocab: int = 1024, heads: int = 8):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
-        max_position_embeddings=512, attn_implementation="eager"))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads // 2,
+            max_position_embeddings=512,
+            attn_implementation="eager",
+        )
+    )
 
 
 def _step(model, ids):
@@ -113,10 +121,13 @@ ALLOCATORS = {  # name -> environment for the measuring process
 
 def _measure(name: str, side: str, device: str, malloc: str, repeat: int) -> tuple:
     """Run one side in a fresh process: (calls, seconds)."""
-    out = subprocess.run([sys.executable, __file__, "--side", side, "--models", name,
-                          "--device", device, "--repeat", str(repeat)],
-                         env={**os.environ, **ALLOCATORS[malloc]}, check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, __file__, "--side", side, "--models", name, "--device", device, "--repeat", str(repeat)],
+        env={**os.environ, **ALLOCATORS[malloc]},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     return int(out[-2]), float(out[-1])
 
 
@@ -133,8 +144,10 @@ def main() -> None:
         print(*bench(opts.models[0], opts.side, torch.device(opts.device), opts.repeat))
         return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"{'model':<12} {'device':<7} {'malloc':<8} {'calls':>6} {'eager ms':>9} "
-          f"{'replay ms':>10} {'ratio':>6}", flush=True)
+    print(
+        f"{'model':<12} {'device':<7} {'malloc':<8} {'calls':>6} {'eager ms':>9} {'replay ms':>10} {'ratio':>6}",
+        flush=True,
+    )
     for device in devices:
         for name in opts.models:
             repeat = min(opts.repeat, 5) if name == "llama-1024x8" else opts.repeat
@@ -145,9 +158,11 @@ def main() -> None:
                 for side in ["eager", "replay"] * 3:
                     calls, seconds = _measure(name, side, device, malloc, repeat)
                     best[side] = min(best[side], seconds)
-                print(f"{name:<12} {device:<7} {malloc:<8} {calls:>6} {best['eager'] * 1e3:>9.2f} "
-                      f"{best['replay'] * 1e3:>10.2f} {best['replay'] / best['eager']:>6.2f}",
-                      flush=True)
+                print(
+                    f"{name:<12} {device:<7} {malloc:<8} {calls:>6} {best['eager'] * 1e3:>9.2f} "
+                    f"{best['replay'] * 1e3:>10.2f} {best['replay'] / best['eager']:>6.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ def _peak(target, gpu, backends=None) -> tuple:
         p.grad = None
     with sdpa_kernel(backends) if backends else _nothing():
         trace = md.tracer(device="cuda", gpu=gpu)(target.step, target.model, *target.inputs)
-    kernels = collections.Counter(c.op.split(".")[1] for c in trace.calls if "attention" in c.op
-                                  and "backward" not in c.op)
+    kernels = collections.Counter(
+        c.op.split(".")[1] for c in trace.calls if "attention" in c.op and "backward" not in c.op
+    )
     return md.memory(trace).peak, ", ".join(f"{k} x{n}" for k, n in kernels.items()) or "math decomposition"
 
 
@@ -47,8 +48,17 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--small", action="store_true", help="2 layers, hidden 1024")
     args = parser.parse_args()
-    overrides = ({"num_hidden_layers": 2, "hidden_size": 1024, "intermediate_size": 2816,
-                  "num_attention_heads": 8, "num_key_value_heads": 8} if args.small else {})
+    overrides = (
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 1024,
+            "intermediate_size": 2816,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+        }
+        if args.small
+        else {}
+    )
     hf = targets.hf_target("llama", overrides, "cuda", True, 1, args.seq, torch.bfloat16)
     print(f"{hf.name}, bf16, forward + backward, torch {torch.__version__}")
     rows = [(f"gpu={g}", *_peak(hf, g)) for g in ("h100", "h200", "b200", "a100-80gb", "l4")]
@@ -58,7 +68,7 @@ def main() -> None:
         rows.append(("built-in LLaMA-7B", *_peak(builtin, "h100")))
     width = max(len(r[0]) for r in rows)
     for name, peak, kernels in rows:
-        print(f"{name:<{width}}  {peak / 2 ** 30:6.1f} GiB  {kernels}")
+        print(f"{name:<{width}}  {peak / 2**30:6.1f} GiB  {kernels}")
 
 
 if __name__ == "__main__":

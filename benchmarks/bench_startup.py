@@ -57,7 +57,7 @@ def importtime(code: list[str]) -> list[tuple[str, int, int]]:
     for line in err.splitlines():
         if not line.startswith("import time:") or "self [us]" in line:
             continue
-        own, total, name = line[len("import time:"):].split("|")
+        own, total, name = line[len("import time:") :].split("|")
         rows.append((name[1:].rstrip(), int(own), int(total)))  # nesting kept as leading spaces
     return rows
 
@@ -72,15 +72,20 @@ def main() -> None:
     torch_w, torch_c = best([PY, "-c", "import torch"], repeat)
     md_w, md_c = best([PY, "-c", "import metadispatch"], repeat)
     trace_w, trace_c = best(_cli() + ["trace"], repeat)
-    rows = [("import torch", torch_w, torch_c, ""),
-            ("import metadispatch", md_w, md_c, f"+{md_w - torch_w:.2f} s wall over torch (target <= 0.3 s)"),
-            ("metadispatch trace", trace_w, trace_c, "target < 3 s wall on 2 cores")]
+    rows = [
+        ("import torch", torch_w, torch_c, ""),
+        ("import metadispatch", md_w, md_c, f"+{md_w - torch_w:.2f} s wall over torch (target <= 0.3 s)"),
+        ("metadispatch trace", trace_w, trace_c, "target < 3 s wall on 2 cores"),
+    ]
     print(f"{'what':<22}{'wall':>8}{'cpu':>8}  note")
     for what, w, c, note in rows:
         print(f"{what:<22}{w:>7.2f}s{c:>7.2f}s  {note}")
 
-    own = [r for r in importtime([PY, "-X", "importtime", "-c", "import metadispatch"])
-           if r[0].lstrip().startswith("metadispatch")]
+    own = [
+        r
+        for r in importtime([PY, "-X", "importtime", "-c", "import metadispatch"])
+        if r[0].lstrip().startswith("metadispatch")
+    ]
     print(f"\nmetadispatch's own modules, self time: {sum(r[1] for r in own) / 1e3:.0f} ms in {len(own)} modules")
     trace_imports = importtime([PY, "-X", "importtime", "-m", "metadispatch", "trace"])
     heavy = sorted((r for r in trace_imports if not r[0].startswith(" ")), key=lambda r: -r[2])[:6]

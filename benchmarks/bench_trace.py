@@ -35,6 +35,7 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
     def passthrough():
         with Passthrough():
             step(ids)
+
     times["passthrough mode"] = best_of(passthrough, repeat)
 
     fake = FakeTensorMode()
@@ -46,6 +47,7 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
             FakeTensorMode.cache_clear()
         with fake:
             fstep(fids)
+
     times["FakeTensorMode"] = best_of(run_fake, repeat)
 
     mmodel, mids = build(model_cls, cfg, md.MetaMode())
@@ -56,6 +58,7 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
         if cold:
             md.core.cache.clear()
         md.trace(mstep, mids)
+
     times["md.trace"] = best_of(run_md, repeat)
     return {"times": times, "calls": calls}
 
@@ -78,6 +81,7 @@ def micro(repeat: int = 200) -> list[tuple]:
     mode = md.MetaMode()
     ma, mb, mc, md_ = (mode.from_tensor(t) for t in (x, x, img, w))
     for name, op in ops.items():
+
         def run_fake(op=op):
             with fake:
                 for _ in range(repeat):
@@ -87,6 +91,7 @@ def micro(repeat: int = 200) -> list[tuple]:
             with md.MetaMode():
                 for _ in range(repeat):
                     op(ma, mb, mc, md_)
+
         tf, tm = best_of(run_fake, 5) / repeat, best_of(run_md, 5) / repeat
         rows.append((name, f"{tm * 1e6:.1f} us", f"{tf * 1e6:.1f} us", f"{tm / tf:.2f}x"))
     return rows
@@ -113,16 +118,19 @@ def main() -> None:
     print(machine())
     print()
     rows = []
-    cases = [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8), True, False),
-             ("LLaMA 8L/1024 fw", LlamaForCausalLM, llama_config(8), False, False),
-             ("GPT-2 (defaults) fw+bw", GPT2LMHeadModel, GPT2Config(), True, False),
-             ("LLaMA 8L/1024 fw+bw, cold", LlamaForCausalLM, llama_config(8), True, True),
-             ("GPT-2 fw+bw, cold", GPT2LMHeadModel, GPT2Config(), True, True)]
+    cases = [
+        ("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8), True, False),
+        ("LLaMA 8L/1024 fw", LlamaForCausalLM, llama_config(8), False, False),
+        ("GPT-2 (defaults) fw+bw", GPT2LMHeadModel, GPT2Config(), True, False),
+        ("LLaMA 8L/1024 fw+bw, cold", LlamaForCausalLM, llama_config(8), True, True),
+        ("GPT-2 fw+bw, cold", GPT2LMHeadModel, GPT2Config(), True, True),
+    ]
     for label, cls, cfg, backward, cold in cases:
         r = measure(cls, cfg, backward, cold=cold)
         t = r["times"]
-        rows.append((label, r["calls"], *(f"{t[k] * 1e3:.0f} ms" for k in t),
-                     f"{t['md.trace'] / t['FakeTensorMode']:.2f}x"))
+        rows.append(
+            (label, r["calls"], *(f"{t[k] * 1e3:.0f} ms" for k in t), f"{t['md.trace'] / t['FakeTensorMode']:.2f}x")
+        )
     print(table(rows, ("model", "calls", "meta", "passthrough", "FakeTensorMode", "md.trace", "md/Fake")))
     print()
     print(table(micro(), ("op", "MetaMode", "FakeTensorMode", "ratio")))

@@ -11,8 +11,10 @@ import torch
 
 
 def machine() -> str:
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), Python {platform.python_version()}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), Python {platform.python_version()}"
+    )
 
 
 def best_of(fn, repeat: int = 5, warmup: int = 1) -> float:
@@ -35,9 +37,15 @@ def best_of(fn, repeat: int = 5, warmup: int = 1) -> float:
 def llama_config(layers: int = 8, hidden: int = 1024, heads: int = 16, vocab: int = 32000):
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=hidden, intermediate_size=int(hidden * 2.6875) // 64 * 64,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                       vocab_size=vocab, max_position_embeddings=2048)
+    return LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.6875) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        vocab_size=vocab,
+        max_position_embeddings=2048,
+    )
 
 
 def build(model_cls, cfg, ctx):
@@ -50,11 +58,13 @@ def build(model_cls, cfg, ctx):
 
 def train_step(model, backward: bool = True):
     """``step(ids) -> logits``: the forward, and the backward of the LM loss."""
+
     def step(ids):
         out = model(input_ids=ids, labels=ids if backward else None)
         if backward:
             out.loss.backward()
         return out.logits
+
     return step
 
 

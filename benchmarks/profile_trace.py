@@ -44,6 +44,7 @@ def _timed(fn, label: str, acc: dict):
             return fn(*args, **kwargs)
         finally:
             acc[label] = acc.get(label, 0) + time.perf_counter_ns() - t0
+
     return wrapper
 
 
@@ -70,8 +71,7 @@ def profile(step, ids, runs: int = 5) -> list:
     for label, _, _ in STAGES:
         rows.append((label, per_call(acc.get(label, 0)), f"{100 * acc.get(label, 0) / total:.0f}%"))
     outside = total - acc.get(STAGES[0][0], 0)
-    rows.append(("outside dispatch (model, autograd, C++)", per_call(outside),
-                 f"{100 * outside / total:.0f}%"))
+    rows.append(("outside dispatch (model, autograd, C++)", per_call(outside), f"{100 * outside / total:.0f}%"))
     return rows
 
 
@@ -79,8 +79,10 @@ def main() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
     torch.set_num_threads(1)
-    for label, cls, cfg in [("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8)),
-                            ("GPT-2 fw+bw", GPT2LMHeadModel, GPT2Config())]:
+    for label, cls, cfg in [
+        ("LLaMA 8L/1024 fw+bw", LlamaForCausalLM, llama_config(8)),
+        ("GPT-2 fw+bw", GPT2LMHeadModel, GPT2Config()),
+    ]:
         model, ids = build(cls, cfg, md.MetaMode())
         print(table(profile(train_step(model), ids), (f"stage ({label})", "us/call", "share")))
         print()

@@ -12,8 +12,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import metadispatch as md
 
 layers = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers,
-                     num_attention_heads=16, num_key_value_heads=16, vocab_size=32000)
+config = LlamaConfig(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=layers,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=32000,
+)
 with md.MetaMode(device="cuda"):
     model = LlamaForCausalLM(config)
     input_ids = torch.randint(0, config.vocab_size, (1, 128))

@@ -95,8 +95,7 @@ def make_subclass(cls, elem: torch.Tensor, requires_grad: bool, device: torch.de
     it stays a plain meta tensor (Note [Logical device]).
     """
     if device.type == "cpu":
-        return _make_subclass(cls, elem, requires_grad, dispatch_device=True,
-                              device_for_backend_keys=_CPU)
+        return _make_subclass(cls, elem, requires_grad, dispatch_device=True, device_for_backend_keys=_CPU)
     return _make_subclass(cls, elem, requires_grad)
 
 
@@ -146,14 +145,15 @@ def library(ns: str, kind: str):
     return torch.library.Library(ns, kind)
 
 
-def select_conv_backend(x, weight, bias, bias_sizes, stride, padding, dilation, transposed,
-                        output_padding, groups):
+def select_conv_backend(x, weight, bias, bias_sizes, stride, padding, dilation, transposed, output_padding, groups):
     """The backend C++'s ``convolution`` would run for these arguments."""
     if bias_sizes is None:
-        return torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
-                                             transposed, output_padding, groups)
-    return torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
-                                         transposed, output_padding, groups, bias_sizes)
+        return torch._C._select_conv_backend(
+            x, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+        )
+    return torch._C._select_conv_backend(
+        x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, bias_sizes
+    )
 
 
 def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:
@@ -184,10 +184,16 @@ _SDP_PRIORITY = getattr(torch._C, "_get_sdp_priority_order", lambda: (1, 2, 0, 3
 def sdp_switches() -> tuple:
     """``(flash, mem_efficient, math, cudnn, fa3, priority order, deterministic, warn only)``:
     every switch C++'s attention backend choice reads."""
-    return (torch._C._get_flash_sdp_enabled(), torch._C._get_mem_efficient_sdp_enabled(),
-            torch._C._get_math_sdp_enabled(), torch._C._get_cudnn_sdp_enabled(),
-            _FA3_ENABLED(), tuple(_SDP_PRIORITY()),
-            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    return (
+        torch._C._get_flash_sdp_enabled(),
+        torch._C._get_mem_efficient_sdp_enabled(),
+        torch._C._get_math_sdp_enabled(),
+        torch._C._get_cudnn_sdp_enabled(),
+        _FA3_ENABLED(),
+        tuple(_SDP_PRIORITY()),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
@@ -201,8 +207,9 @@ def autocast_state() -> tuple | None:
     type, whether autocast is on and its dtype, and whether casts are cached."""
     if not torch._C._is_any_autocast_enabled():
         return None
-    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                 for d in _AUTOCAST_DEVICES) + (torch.is_autocast_cache_enabled(),)
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES) + (
+        torch.is_autocast_cache_enabled(),
+    )
 
 
 def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
@@ -246,6 +253,8 @@ def in_checkpoint_recompute() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
 def op_callable(func):
     """The C++ callable behind an OpOverload, minus one Python frame per call."""
     return getattr(func, "_op", func)
@@ -264,7 +273,6 @@ def registered_op_names() -> frozenset:
 def storage_key(t: torch.Tensor) -> int:
     """An integer that is equal for tensors sharing one storage."""
     return t.untyped_storage()._cdata
-
 
 
 # Note [Logical CUDA without CUDA]
@@ -322,8 +330,12 @@ def torch_function_enabled() -> bool:
 
 def _call_inside(enter, leave, fn, args):
     enter()
-    try: result = fn(*args); leave()  # noqa: E701,E702
-    except BaseException: leave(); raise  # noqa: E701,E702
+    try:
+        result = fn(*args)
+        leave()  # noqa: E701,E702
+    except BaseException:
+        leave()
+        raise  # noqa: E701,E702
     return result
 
 
@@ -355,14 +367,17 @@ class deferred_full_gc:
         cls = deferred_full_gc
         if cls._users == 0 and cls._saved is None:
             t = gc.get_threshold()
-            cls._saved = t; gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
+            cls._saved = t
+            gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
         if not self._in:
-            cls._users += 1; self._in = True  # noqa: E702
+            cls._users += 1
+            self._in = True  # noqa: E702
 
     def _exit(self) -> None:
         cls = deferred_full_gc
         if self._in:
-            cls._users -= 1; self._in = False  # noqa: E702
+            cls._users -= 1
+            self._in = False  # noqa: E702
         if cls._users == 0 and cls._saved is not None:
             if gc.get_threshold()[2] == cls.OUT_OF_REACH:
                 gc.set_threshold(*cls._saved)
@@ -374,8 +389,11 @@ class deferred_full_gc:
 # Entering a dispatch mode sets three flags in torch.utils._python_dispatch
 # besides the mode slot; MetaMode sets and restores them itself so that modes
 # left out of order leave them as they were before the first one.
-_MODE_FLAGS = ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode",
-               "_is_in_any_mode_without_ignore_compile_internals")
+_MODE_FLAGS = (
+    "_is_in_torch_dispatch_mode",
+    "_is_in_non_infra_torch_dispatch_mode",
+    "_is_in_any_mode_without_ignore_compile_internals",
+)
 
 
 def dispatch_mode_flags() -> tuple:
@@ -442,9 +460,14 @@ def module_global_hooks() -> tuple:
     from torch.nn.modules import module
     from torch.optim import optimizer
 
-    return (module._global_forward_pre_hooks, module._global_forward_hooks,
-            module._global_backward_pre_hooks, module._global_backward_hooks,
-            optimizer._global_optimizer_pre_hooks, optimizer._global_optimizer_post_hooks)
+    return (
+        module._global_forward_pre_hooks,
+        module._global_forward_hooks,
+        module._global_backward_pre_hooks,
+        module._global_backward_hooks,
+        optimizer._global_optimizer_pre_hooks,
+        optimizer._global_optimizer_post_hooks,
+    )
 
 
 def data_dependent_errors() -> tuple:
@@ -463,6 +486,8 @@ def trunc_normal_body():
 
 def set_trunc_normal_body(fn) -> None:
     torch.nn.init._no_grad_trunc_normal_ = fn
+
+
 # -- torch.distributed (the logical world: core/world.py)
 def fake_process_group_store():
     """A store for torch's ``fake`` backend, registering that backend first.

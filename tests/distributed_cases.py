@@ -49,10 +49,15 @@ def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
 
 def _tensor_parallel(model: torch.nn.Module, mesh) -> None:
     """Attention and MLP of every block colwise then rowwise over ``mesh``."""
-    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
-            "attn.v_proj": ColwiseParallel(), "attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel()}
+    plan = {
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
     for block in model.layers:
         parallelize_module(block, mesh, plan)
         block.attn.n_heads //= mesh.size()  # each rank runs its own heads
@@ -119,7 +124,10 @@ def real_rank(rank: int, world_size: int, case: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
     try:
         torch.manual_seed(0)
-        with md.testing.CollectiveLog() as log, md.LiveStorages(count_untracked=False) as live:  # Note [Storages made out of sight]
+        with (
+            md.testing.CollectiveLog() as log,
+            md.LiveStorages(count_untracked=False) as live,
+        ):  # Note [Storages made out of sight]
             model = CASES[case]()
         result = {"peak": live.peak, "collectives": comparable(log.calls), "shards": local_shapes(model)}
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:

@@ -34,6 +34,7 @@ BIG = 1 << 40  # bytes no default budget allows
 
 # -- the base trace and edits to it
 
+
 def base_doc(tmp: str) -> dict:
     """A small trace of ``(lin(x) + y).relu().sum()`` as a document."""
     import metadispatch as md
@@ -69,18 +70,23 @@ class Doc:
         self.d["strings"].append(text)
         return len(self.d["strings"]) - 1
 
-    def tensor(self, tid: int, shape, dtype="float32", stride=None, offset=0, storage=None,
-               device="cpu") -> int:
+    def tensor(self, tid: int, shape, dtype="float32", stride=None, offset=0, storage=None, device="cpu") -> int:
         t = self.d["tensors"]
         if stride is None:
             stride, acc = [], 1
             for n in reversed(shape):
                 stride.insert(0, acc)
                 acc *= max(n, 1)
-        for col, v in (("id", tid), ("shape", list(shape)), ("dtype", self._sidx(dtype)),
-                       ("stride", list(stride)), ("storage_offset", offset),
-                       ("device", self._sidx(device)), ("requires_grad", False),
-                       ("storage", tid + 1000 if storage is None else storage)):
+        for col, v in (
+            ("id", tid),
+            ("shape", list(shape)),
+            ("dtype", self._sidx(dtype)),
+            ("stride", list(stride)),
+            ("storage_offset", offset),
+            ("device", self._sidx(device)),
+            ("requires_grad", False),
+            ("storage", tid + 1000 if storage is None else storage),
+        ):
             t[col].append(v)
         return len(t["id"]) - 1
 
@@ -127,6 +133,7 @@ def _t(i: int) -> dict:
 
 
 # -- the corpus
+
 
 def write_corpus(directory: str, outside: str) -> list:
     """Write every hostile file into ``directory``; return their names."""
@@ -178,17 +185,37 @@ def _code(put, base, payloads, marker) -> None:
         d = Doc(base)
         d.d["calls"]["kwargs"][-1] = {p: 1}
         put("load", "kwarg-name", d.d)
-    for op in ["__import__('os').system('x')", "os.system.default", "builtins.eval.default",
-               "aten.mm.default; import os", "aten.__class__.default", "torch._C.default",
-               "aten.mm.__call__", "ops.load_library.default", "aten..default",
-               "aten.mm.default\n", "a" * 100000, "sys.modules.default"]:
+    for op in [
+        "__import__('os').system('x')",
+        "os.system.default",
+        "builtins.eval.default",
+        "aten.mm.default; import os",
+        "aten.__class__.default",
+        "torch._C.default",
+        "aten.mm.__call__",
+        "ops.load_library.default",
+        "aten..default",
+        "aten.mm.default\n",
+        "a" * 100000,
+        "sys.modules.default",
+    ]:
         d = Doc(base)
         d.d["ops"][0] = op
         put("load", "op-name", d.d)
-    for tag, name in [("dtype", "onnx"), ("dtype", "_C"), ("dtype", "nn"), ("layout", "distributed"),
-                      ("memory_format", "hub"), ("dtype", "__builtins__"), ("device", "onnx"),
-                      ("device", "cuda:99999999"), ("device", "cpu:-1"), ("memory_format", "jit"),
-                      ("layout", "_dynamo"), ("dtype", "quantization")]:
+    for tag, name in [
+        ("dtype", "onnx"),
+        ("dtype", "_C"),
+        ("dtype", "nn"),
+        ("layout", "distributed"),
+        ("memory_format", "hub"),
+        ("dtype", "__builtins__"),
+        ("device", "onnx"),
+        ("device", "cuda:99999999"),
+        ("device", "cpu:-1"),
+        ("memory_format", "jit"),
+        ("layout", "_dynamo"),
+        ("dtype", "quantization"),
+    ]:
         d = Doc(base)
         d.d["output"] = {tag: name}
         put("load", f"enum-{tag}", d.d)
@@ -200,8 +227,12 @@ def _code(put, base, payloads, marker) -> None:
     put("load", "tensor-device-import", d.d)
     # Payloads in module and leaf names load -- they are data -- and must
     # stay data in the printed trace, the repro snippet and the report.
-    for p in [f"fc\nopen({marker + '4'!r}, 'w')", "\x1b]0;owned\x07\x1b[31mred", "\u202eevil",
-              f"x'); open({marker + '5'!r}, 'w'); ('"]:
+    for p in [
+        f"fc\nopen({marker + '4'!r}, 'w')",
+        "\x1b]0;owned\x07\x1b[31mred",
+        "\u202eevil",
+        f"x'); open({marker + '5'!r}, 'w'); ('",
+    ]:
         d = Doc(base)
         d.d["calls"]["module"] = [d.s(p)] * len(d.d["calls"]["module"])
         d.d["modules"][p] = p
@@ -240,6 +271,7 @@ def _effects(put, base, marker) -> None:
 
 def _writes(put, base) -> None:
     """Calls aimed at the caller's tensors."""
+
     def with_calls(calls, cls="replay"):
         d = Doc(base)
         x, w = d.leaf_index("args[1]"), d.leaf_index("weight")
@@ -249,27 +281,57 @@ def _writes(put, base) -> None:
         return d.d
 
     # By keyword, so that position 0 looks unwritten.
-    put("safe", "self-keyword", with_calls(lambda d, x, w, n: [
-        ("aten.add_.Tensor", [], {"self": _t(x), "other": 1}, [_t(x)])]))
-    put("safe", "self-keyword-param", with_calls(lambda d, x, w, n: [
-        ("aten.mul_.Tensor", [], {"self": _t(w), "other": 0}, [_t(w)])]))
+    put(
+        "safe",
+        "self-keyword",
+        with_calls(lambda d, x, w, n: [("aten.add_.Tensor", [], {"self": _t(x), "other": 1}, [_t(x)])]),
+    )
+    put(
+        "safe",
+        "self-keyword-param",
+        with_calls(lambda d, x, w, n: [("aten.mul_.Tensor", [], {"self": _t(w), "other": 0}, [_t(w)])]),
+    )
     # A view given a false storage number, then written.
-    put("safe", "lying-storage", with_calls(lambda d, x, w, n: [
-        ("aten.view.default", [_t(x), [8]], {}, [_t(d.tensor(n, [8], storage=99999))]),
-        ("aten.fill_.Scalar", [_t(d.tensor(n, [8], storage=99999)), 7.0], {}, [_t(d.tensor(n, [8], storage=99999))])]))
+    put(
+        "safe",
+        "lying-storage",
+        with_calls(
+            lambda d, x, w, n: [
+                ("aten.view.default", [_t(x), [8]], {}, [_t(d.tensor(n, [8], storage=99999))]),
+                (
+                    "aten.fill_.Scalar",
+                    [_t(d.tensor(n, [8], storage=99999)), 7.0],
+                    {},
+                    [_t(d.tensor(n, [8], storage=99999))],
+                ),
+            ]
+        ),
+    )
     # set_ onto the caller's tensor, then written: a legitimate pattern.
-    put("safe", "set-then-write", with_calls(lambda d, x, w, n: [
-        ("aten.empty.memory_format", [[0]], {}, [_t(d.tensor(n, [0]))]),
-        ("aten.set_.source_Tensor", [_t(d.tensor(n, [0])), _t(x)], {}, [_t(d.tensor(n, [2, 4]))]),
-        ("aten.add_.Tensor", [_t(d.tensor(n, [2, 4])), 1], {}, [_t(d.tensor(n, [2, 4]))])]))
-    put("safe", "set-caller", with_calls(lambda d, x, w, n: [
-        ("aten.set_.source_Tensor", [_t(x), _t(w)], {}, [_t(x)])]))
+    put(
+        "safe",
+        "set-then-write",
+        with_calls(
+            lambda d, x, w, n: [
+                ("aten.empty.memory_format", [[0]], {}, [_t(d.tensor(n, [0]))]),
+                ("aten.set_.source_Tensor", [_t(d.tensor(n, [0])), _t(x)], {}, [_t(d.tensor(n, [2, 4]))]),
+                ("aten.add_.Tensor", [_t(d.tensor(n, [2, 4])), 1], {}, [_t(d.tensor(n, [2, 4]))]),
+            ]
+        ),
+    )
+    put("safe", "set-caller", with_calls(lambda d, x, w, n: [("aten.set_.source_Tensor", [_t(x), _t(w)], {}, [_t(x)])]))
     # Ops whose schema hides an alias: only the guard sees these.
     for op in ["aten.type_as.default", "aten._unsafe_view.default"]:
-        put("replay" if op.endswith("type_as.default") else "safe", "hidden-alias-" + op.split(".")[1],
-            with_calls(lambda d, x, w, n, op=op: [
-                (op, [_t(x), _t(x) if "type_as" in op else [2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
-                ("aten.mul_.Tensor", [_t(d.tensor(n, [2, 4])), 3], {}, [_t(d.tensor(n, [2, 4]))])]))
+        put(
+            "replay" if op.endswith("type_as.default") else "safe",
+            "hidden-alias-" + op.split(".")[1],
+            with_calls(
+                lambda d, x, w, n, op=op: [
+                    (op, [_t(x), _t(x) if "type_as" in op else [2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
+                    ("aten.mul_.Tensor", [_t(d.tensor(n, [2, 4])), 3], {}, [_t(d.tensor(n, [2, 4]))]),
+                ]
+            ),
+        )
     for op, args, _kwargs in [
         ("aten.copy_.default", "x_from_w", {}),
         ("aten.add.out", "out", {}),
@@ -281,17 +343,20 @@ def _writes(put, base) -> None:
         ("aten.detach_.default", "detach", {}),
         ("aten.t_.default", "t", {}),
     ]:
+
         def calls(d, x, w, n, op=op, args=args):
             if args == "x_from_w":
                 return [
                     ("aten.zeros.default", [[2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
-                    (op, [_t(x), _t(d.tensor(n, [2, 4]))], {}, [_t(x)])]
+                    (op, [_t(x), _t(d.tensor(n, [2, 4]))], {}, [_t(x)]),
+                ]
             if args == "out":
                 return [(op, [_t(w), 1.0], {"out": _t(x)}, [_t(x)])]
             if args == "index_put":
-                return [("aten.zeros.default", [[1]], {"dtype": {"dtype": "int64"}},
-                         [_t(d.tensor(n, [1], dtype="int64"))]),
-                        (op, [_t(x), [_t(d.tensor(n, [1], dtype="int64"))], _t(x)], {}, [_t(x)])]
+                return [
+                    ("aten.zeros.default", [[1]], {"dtype": {"dtype": "int64"}}, [_t(d.tensor(n, [1], dtype="int64"))]),
+                    (op, [_t(x), [_t(d.tensor(n, [1], dtype="int64"))], _t(x)], {}, [_t(x)]),
+                ]
             if args == "resize":
                 return [(op, [_t(x), [1, 1]], {}, [_t(x)])]
             if args == "as_strided":
@@ -299,15 +364,24 @@ def _writes(put, base) -> None:
             if args == "foreach":
                 return [(op, [[_t(x), _t(w)], 1.0], {}, [])]
             return [(op, [_t(x)], {}, [_t(x)])]
+
         put("safe", "write-" + op.split(".")[1], with_calls(calls))
     # An output that takes the id of the caller's tensor, then is written.
-    put("safe", "id-reuse", with_calls(lambda d, x, w, n: [
-        ("aten.alias.default", [_t(x)], {}, [_t(d.tensor(d.d["tensors"]["id"][x], [2, 4]))]),
-        ("aten.add_.Tensor", [_t(x), 1], {}, [_t(x)])]))
+    put(
+        "safe",
+        "id-reuse",
+        with_calls(
+            lambda d, x, w, n: [
+                ("aten.alias.default", [_t(x)], {}, [_t(d.tensor(d.d["tensors"]["id"][x], [2, 4]))]),
+                ("aten.add_.Tensor", [_t(x), 1], {}, [_t(x)]),
+            ]
+        ),
+    )
 
 
 def _dos(put, base, directory) -> None:
     """Small files that would cost much memory or time."""
+
     def one(op, args, kwargs, shape, dtype="float32"):
         d = Doc(base)
         n = d.next_id()
@@ -348,7 +422,9 @@ def _dos(put, base, directory) -> None:
     n = d.next_id()
     a = d.tensor(n, [1 << 16, 1 << 16])
     d.leaf("input", "a", a)
-    d.call("aten.linalg_inv_ex.default", [_t(a)], {}, [_t(d.tensor(n + 1, [1])), _t(d.tensor(n + 2, [1], dtype="int32"))])
+    d.call(
+        "aten.linalg_inv_ex.default", [_t(a)], {}, [_t(d.tensor(n + 1, [1])), _t(d.tensor(n + 2, [1], dtype="int32"))]
+    )
     put("budget", "inverse-huge", d.d)
     # Decompression bomb, nesting, long strings, many devices.
     text = json.dumps(base)
@@ -356,8 +432,7 @@ def _dos(put, base, directory) -> None:
     put("load", "gzip-bomb", raw=bomb)
     put("load", "gzip-trailing-garbage", raw=gzip.compress(text.encode()) + b"garbage")
     for depth in (40, 1000, 100000):
-        put("load", f"nesting-{depth}", raw=(text[:-1] + ', "output": ' + "[" * depth + "]" * depth
-                                             + "}").encode())
+        put("load", f"nesting-{depth}", raw=(text[:-1] + ', "output": ' + "[" * depth + "]" * depth + "}").encode())
     d = Doc(base)
     d.d["output"] = {"dict": [[{"dict": []}, 1]]}
     put("load", "dict-key-dict", d.d)
@@ -388,13 +463,15 @@ def _dos(put, base, directory) -> None:
         t[col] = [t[col][0]] * 60000
     t["device"] = list(range(start, start + 60000))
     put("load", "many-devices", d.d)
-    for what, path, value in [("size-2**63", ("tensors", "shape", 0), [1 << 63, 1]),
-                              ("size-2**64", ("tensors", "shape", 0), [1 << 64]),
-                              ("numel-2**63", ("tensors", "shape", 0), [1 << 32, 1 << 32]),
-                              ("stride-2**63", ("tensors", "stride", 0), [1 << 63, 1]),
-                              ("offset-2**63", ("tensors", "storage_offset", 0), 1 << 63),
-                              ("id-2**70", ("tensors", "id", 0), 1 << 70),
-                              ("storage-huge", ("tensors", "storage", 0), 1 << 64)]:
+    for what, path, value in [
+        ("size-2**63", ("tensors", "shape", 0), [1 << 63, 1]),
+        ("size-2**64", ("tensors", "shape", 0), [1 << 64]),
+        ("numel-2**63", ("tensors", "shape", 0), [1 << 32, 1 << 32]),
+        ("stride-2**63", ("tensors", "stride", 0), [1 << 63, 1]),
+        ("offset-2**63", ("tensors", "storage_offset", 0), 1 << 63),
+        ("id-2**70", ("tensors", "id", 0), 1 << 70),
+        ("storage-huge", ("tensors", "storage", 0), 1 << 64),
+    ]:
         d = Doc(base)
         d.d[path[0]][path[1]][path[2]] = value
         put("load", what, d.d)
@@ -413,8 +490,12 @@ def _malformed(put, base) -> None:
     put("replay", "view-numel", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.as_strided.default", [_t(d.leaf_index("args[1]")), [100], [1000]], {},
-           [_t(d.tensor(n, [100], stride=[1000]))])
+    d.call(
+        "aten.as_strided.default",
+        [_t(d.leaf_index("args[1]")), [100], [1000]],
+        {},
+        [_t(d.tensor(n, [100], stride=[1000]))],
+    )
     put("replay", "as-strided-out-of-bounds", d.d)
     d = Doc(base)
     n = d.next_id()
@@ -453,8 +534,7 @@ def _malformed(put, base) -> None:
     put("load", "dtype-index", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.index.Tensor", [_t(x), [_t(d.tensor(n, [3], dtype="int64"))]], {},
-           [_t(d.tensor(n + 1, [3, 4]))])
+    d.call("aten.index.Tensor", [_t(x), [_t(d.tensor(n, [3], dtype="int64"))]], {}, [_t(d.tensor(n + 1, [3, 4]))])
     put("load", "index-undefined", d.d)
     d = Doc(base)
     d.d["leaves"]["value"][0] = {"dtype": "float32", "shape": [4], "data": 5}
@@ -463,6 +543,7 @@ def _malformed(put, base) -> None:
 
 def _streams(put, base) -> None:
     """Random streams (format 4): states are bounded bytes, names come from fixed sets."""
+
     def events(*rows):
         d = Doc(base)
         d.d["rng_events"] = {k: [r[i] for r in rows] for i, k in enumerate(("at", "action", "stream", "slot", "state"))}
@@ -475,8 +556,11 @@ def _streams(put, base) -> None:
     put("load", "rng-at-negative", events((-1, "save", "cpu", 0, None)))
     put("replay", "rng-load-unsaved-slot", events((0, "load", "cpu", 7, None)))
     put("replay", "rng-state-garbage", events((0, "load", "cpu", -1, "AAAA")))
-    put("safe", "rng-save-load-after-the-end", events((10**6, "save", "cpu", 0, None),
-                                                      (10**6, "load", "cuda:0", 0, None)))
+    put(
+        "safe",
+        "rng-save-load-after-the-end",
+        events((10**6, "save", "cpu", 0, None), (10**6, "load", "cuda:0", 0, None)),
+    )
     d = Doc(base)
     d.d["rng_cuda"] = {"cpu": "AAAA"}
     put("load", "rng-cuda-names-cpu", d.d)
@@ -520,20 +604,29 @@ def _combined(put, base, payloads, marker) -> None:
     d.d["output"] = {"dtype": "onnx"}
     put("load", "print-and-import", d.d)
     text = json.dumps(Doc(base).d)
-    put("load", "gzip-nesting", raw=gzip.compress((text[:-1] + ', "output": ' + "[" * 50000
-                                                    + "]" * 50000 + "}").encode()))
+    put(
+        "load",
+        "gzip-nesting",
+        raw=gzip.compress((text[:-1] + ', "output": ' + "[" * 50000 + "]" * 50000 + "}").encode()),
+    )
     d = Doc(base)
     x = d.leaf_index("args[1]")
     n = d.next_id()
     d.call("aten.view.default", [_t(x), [8]], {}, [_t(d.tensor(n, [8], storage=0))])
-    d.call("aten.type_as.default", [_t(d.tensor(n, [8], storage=0)), _t(x)], {},
-           [_t(d.tensor(n + 1, [8], storage=123))])
-    d.call("aten.fill_.Scalar", [], {"self": _t(d.tensor(n + 1, [8], storage=123)), "value": 5.0},
-           [_t(d.tensor(n + 1, [8], storage=123))])
+    d.call(
+        "aten.type_as.default", [_t(d.tensor(n, [8], storage=0)), _t(x)], {}, [_t(d.tensor(n + 1, [8], storage=123))]
+    )
+    d.call(
+        "aten.fill_.Scalar",
+        [],
+        {"self": _t(d.tensor(n + 1, [8], storage=123)), "value": 5.0},
+        [_t(d.tensor(n + 1, [8], storage=123))],
+    )
     put("replay", "view-type_as-keyword-fill", d.d)
 
 
 # -- the check, in a child process
+
 
 def check(directory: str, limit_bytes: int) -> None:
     """Load, print, repro and replay every file; print one JSON line of findings each."""
@@ -595,8 +688,19 @@ def check(directory: str, limit_bytes: int) -> None:
         seconds = time.perf_counter() - start
         changed = not all(torch.equal(a, b) for a, b in zip(originals, (x, y, *lin.parameters())))
         new_modules = sorted(set(sys.modules) - before)
-        print(json.dumps({"file": name, "stage": stage, "error": error, "seconds": seconds,
-                          "changed": changed, "modules": new_modules[:5]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "file": name,
+                    "stage": stage,
+                    "error": error,
+                    "seconds": seconds,
+                    "changed": changed,
+                    "modules": new_modules[:5],
+                }
+            ),
+            flush=True,
+        )
     print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
 
 

@@ -17,8 +17,15 @@ def mlp():
 
 
 def convnet():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(8, 16, 3), nn.Flatten(), nn.Linear(16 * 2 * 2, 10))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3),
+        nn.Flatten(),
+        nn.Linear(16 * 2 * 2, 10),
+    )
     return model, (torch.randn(2, 3, 8, 8),)
 
 
@@ -45,15 +52,26 @@ def _hf(make):
 
 
 def hf_llama():
-    return _hf(lambda t: t.LlamaForCausalLM(t.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, tie_word_embeddings=True,
-        attn_implementation="eager")))
+    return _hf(
+        lambda t: t.LlamaForCausalLM(
+            t.LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=100,
+                tie_word_embeddings=True,
+                attn_implementation="eager",
+            )
+        )
+    )
 
 
 def hf_gpt2():
-    return _hf(lambda t: t.GPT2LMHeadModel(t.GPT2Config(
-        n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32)))
+    return _hf(
+        lambda t: t.GPT2LMHeadModel(t.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32))
+    )
 
 
 MODELS = {"mlp": mlp, "convnet": convnet, "llama": llama, "hf_llama": hf_llama, "hf_gpt2": hf_gpt2}

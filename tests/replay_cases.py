@@ -15,33 +15,65 @@ def mlp():
 
 
 def cnn():
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 5),
+    )
 
 
 def llama(attn="sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-        tie_word_embeddings=True, attn_implementation=attn))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            tie_word_embeddings=True,
+            attn_implementation=attn,
+        )
+    )
 
 
 def gpt2(attn="sdpa"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
-        bos_token_id=0, eos_token_id=0, attn_implementation=attn))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=32,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation=attn,
+        )
+    )
 
 
 def bert(attn="sdpa"):
     from transformers import BertConfig, BertForMaskedLM
 
-    return BertForMaskedLM(BertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=32, attn_implementation=attn))
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=32,
+            attn_implementation=attn,
+        )
+    )
 
 
 def classify(model, x, y):

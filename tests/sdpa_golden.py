@@ -25,13 +25,44 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 MATH, FLASH, EFFICIENT, CUDNN = "math", "flash", "efficient", "cudnn"
 
 
-def case(gpu, expected, *, dtype=BF16, q=(2, 8, 256, 64), k=None, mask=None, dropout=0.0,
-         causal=False, gqa=False, grad=False, flags=None, priority=False, deterministic=None,
-         offset=0, transposed=False, group=""):
+def case(
+    gpu,
+    expected,
+    *,
+    dtype=BF16,
+    q=(2, 8, 256, 64),
+    k=None,
+    mask=None,
+    dropout=0.0,
+    causal=False,
+    gqa=False,
+    grad=False,
+    flags=None,
+    priority=False,
+    deterministic=None,
+    offset=0,
+    transposed=False,
+    group="",
+):
     """One row: inputs, switches, and the backend a GPU of ``gpu`` runs them with."""
-    return dict(gpu=gpu, expected=expected, dtype=dtype, q=q, k=k or q, mask=mask, dropout=dropout,
-                causal=causal, gqa=gqa, grad=grad, flags=flags, priority=priority,
-                deterministic=deterministic, offset=offset, transposed=transposed, group=group)
+    return dict(
+        gpu=gpu,
+        expected=expected,
+        dtype=dtype,
+        q=q,
+        k=k or q,
+        mask=mask,
+        dropout=dropout,
+        causal=causal,
+        gqa=gqa,
+        grad=grad,
+        flags=flags,
+        priority=priority,
+        deterministic=deterministic,
+        offset=offset,
+        transposed=transposed,
+        group=group,
+    )
 
 
 def _fused(gpu, dtype):
@@ -72,13 +103,25 @@ for gpu in PROFILES:
 for gpu in ("l4", "a100-80gb"):
     for d in (192, 200, 224, 232, 256):
         for dropout in (0.0, 0.5):
-            CASES.append(case(gpu, _head_dim(gpu, d, True, dropout), q=(2, 8, 256, d), grad=True,
-                              dropout=dropout, group="head_dim_train_sm89"))
+            CASES.append(
+                case(
+                    gpu,
+                    _head_dim(gpu, d, True, dropout),
+                    q=(2, 8, 256, d),
+                    grad=True,
+                    dropout=dropout,
+                    group="head_dim_train_sm89",
+                )
+            )
 
 # Group "mask": check_for_attn_mask (flash takes none), check_attn_mask_shape (cuDNN: 2-D, or
 # 4-D with batch/heads 1 or equal; a 3-D mask is refused), efficient takes any broadcastable mask.
-_MASKS = {"bool_LS": ("bool", (256, 256)), "float_B1LS": ("float", (2, 1, 256, 256)),
-          "bool_1LS": ("bool", (1, 256, 256)), "float_111S": ("float", (1, 1, 1, 256))}
+_MASKS = {
+    "bool_LS": ("bool", (256, 256)),
+    "float_B1LS": ("float", (2, 1, 256, 256)),
+    "bool_1LS": ("bool", (1, 256, 256)),
+    "float_111S": ("float", (1, 1, 1, 256)),
+}
 for gpu in PROFILES:
     for name, (kind, shape) in _MASKS.items():
         ok_cudnn = gpu in CUDNN_FIRST and len(shape) != 3
@@ -95,10 +138,19 @@ for gpu in PROFILES:
 for gpu in PROFILES:
     cudnn = gpu in CUDNN_FIRST
     CASES.append(case(gpu, CUDNN if cudnn else FLASH, causal=True, group="causal_square"))
-    CASES.append(case(gpu, CUDNN if cudnn else EFFICIENT, q=(2, 8, 128, 64), k=(2, 8, 256, 64),
-                      causal=True, group="causal_non_square"))
-    CASES.append(case(gpu, CUDNN if cudnn else FLASH, q=(2, 8, 128, 64), k=(2, 8, 256, 64),
-                      group="non_causal_non_square"))
+    CASES.append(
+        case(
+            gpu,
+            CUDNN if cudnn else EFFICIENT,
+            q=(2, 8, 128, 64),
+            k=(2, 8, 256, 64),
+            causal=True,
+            group="causal_non_square",
+        )
+    )
+    CASES.append(
+        case(gpu, CUDNN if cudnn else FLASH, q=(2, 8, 128, 64), k=(2, 8, 256, 64), group="non_causal_non_square")
+    )
 
 
 # Group "flags": select_sdp_backend walks the order, skipping disabled backends
@@ -109,8 +161,15 @@ def _flags(gpu, enabled):
 
 
 for gpu in PROFILES:
-    for enabled in ({FLASH, EFFICIENT, MATH}, {CUDNN, EFFICIENT, MATH}, {EFFICIENT, MATH}, {MATH},
-                    {EFFICIENT}, {CUDNN}, {FLASH}):
+    for enabled in (
+        {FLASH, EFFICIENT, MATH},
+        {CUDNN, EFFICIENT, MATH},
+        {EFFICIENT, MATH},
+        {MATH},
+        {EFFICIENT},
+        {CUDNN},
+        {FLASH},
+    ):
         CASES.append(case(gpu, _flags(gpu, enabled), flags=sorted(enabled), group="flags"))
     # sdpa_kernel(..., set_priority=True): the user's order wins over the cuDNN preference.
     CASES.append(case(gpu, EFFICIENT, flags=[EFFICIENT, CUDNN, FLASH, MATH], priority=True, group="priority"))
@@ -130,8 +189,9 @@ for gpu in PROFILES:
 # before, check_tensor_shapes (4-D only) sends them to math.
 for gpu in PROFILES:
     for dtype in (BF16, F32):
-        CASES.append(case(gpu, _fused(gpu, dtype) if TORCH_2_14 else MATH, dtype=dtype, q=(8, 256, 64),
-                          group="unbatched"))
+        CASES.append(
+            case(gpu, _fused(gpu, dtype) if TORCH_2_14 else MATH, dtype=dtype, q=(8, 256, 64), group="unbatched")
+        )
 
 # Group "layout": check_last_dim_stride_equals_1_dense (all fused kernels) and, for efficient,
 # check_data_ptr_alignment_mem_efficient (storage offset * element size % 16 on sm80+).

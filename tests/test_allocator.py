@@ -11,28 +11,38 @@ from metadispatch.analysis.allocator import CachingAllocator
 from metadispatch.analysis.allocconfig import AllocatorConfig, round_size, segment_size
 from tests.models import MODELS, train_step
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
-@pytest.mark.parametrize("request_, rounded", [(1, 512), (512, 512), (513, 1024), (1000, 1024),
-                                               (MiB + 1, MiB + 512)])
+@pytest.mark.parametrize("request_, rounded", [(1, 512), (512, 512), (513, 1024), (1000, 1024), (MiB + 1, MiB + 512)])
 def test_allocator_rounds_to_512(request_, rounded):
     assert round_size(request_) == rounded
 
 
-@pytest.mark.parametrize("request_, rounded", [
-    (1200, 1536),  # not above 512 * 4: plain 512 rounding
-    (5 * MiB + 1, 6 * MiB),  # 4..8 MiB in steps of 1 MiB
-    (4 * MiB, 4 * MiB),  # powers of two stay
-    (65 * MiB, 80 * MiB),  # 64..128 MiB in steps of 16 MiB
-])
+@pytest.mark.parametrize(
+    "request_, rounded",
+    [
+        (1200, 1536),  # not above 512 * 4: plain 512 rounding
+        (5 * MiB + 1, 6 * MiB),  # 4..8 MiB in steps of 1 MiB
+        (4 * MiB, 4 * MiB),  # powers of two stay
+        (65 * MiB, 80 * MiB),  # 64..128 MiB in steps of 16 MiB
+    ],
+)
 def test_allocator_roundup_power2_divisions(request_, rounded):
     assert round_size(request_, divisions=4) == rounded
 
 
-@pytest.mark.parametrize("size, segment", [(512, 2 * MiB), (MiB, 2 * MiB), (MiB + 512, 20 * MiB),
-                                           (10 * MiB - 512, 20 * MiB), (10 * MiB, 10 * MiB),
-                                           (11 * MiB + 512, 12 * MiB)])
+@pytest.mark.parametrize(
+    "size, segment",
+    [
+        (512, 2 * MiB),
+        (MiB, 2 * MiB),
+        (MiB + 512, 20 * MiB),
+        (10 * MiB - 512, 20 * MiB),
+        (10 * MiB, 10 * MiB),
+        (11 * MiB + 512, 12 * MiB),
+    ],
+)
 def test_allocator_segment_sizes(size, segment):
     assert segment_size(size) == segment
 

@@ -14,8 +14,14 @@ def _trace(fn, *args, cache=True, device=None):
 
 def test_cache_on_and_off_give_identical_traces_for_a_real_model():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
     model = transformers.LlamaForCausalLM(cfg)
 
     def step(ids):
@@ -34,8 +40,7 @@ def test_cache_hits_on_repeated_layers():
     mode = md.MetaMode()
     # An input that needs grad, as the layers' outputs do: requires_grad is
     # part of the key (decompositions branch on it).
-    md.tracer(mode_factory=lambda: mode)(lambda x: layer(layer(layer(x))),
-                                         torch.ones(2, 8, requires_grad=True))
+    md.tracer(mode_factory=lambda: mode)(lambda x: layer(layer(layer(x))), torch.ones(2, 8, requires_grad=True))
     assert mode.cache.hits >= 4 and mode.cache.misses <= 4
 
 
@@ -94,11 +99,14 @@ def test_cache_views_alias_their_own_input():
     assert a.storage_offset() == b.storage_offset() == 4 and b._base is not None
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda x: x.unsqueeze_(0),
-    lambda x: x.t_(),
-    lambda x: x.resize_(x.numel() + 1),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda x: x.unsqueeze_(0),
+        lambda x: x.t_(),
+        lambda x: x.resize_(x.numel() + 1),
+    ],
+)
 def test_cache_metadata_mutations_are_never_served(mutate):
     def fn(x):
         mutate(x)
@@ -188,6 +196,7 @@ def test_cache_autocast_and_plain_steps_share_the_cache():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 y = lin(x).relu() @ lin.weight
             y.float().sum().backward()
+
         return run
 
     for order in ((True, False), (False, True)):

@@ -35,7 +35,9 @@ def test_cache_differential_model_training_step(name):
     run, others = cache_variants(lambda *xs: train_step(model, *xs), inputs)
     # The same step of the model in float64: other dtypes throughout.
     wide = copy.deepcopy(model).double()
-    others.append(lambda: cache_variants(lambda *xs: train_step(wide, *xs),
-                                         tuple(x.double() if x.is_floating_point() else x
-                                               for x in inputs))[0](True))
+    others.append(
+        lambda: cache_variants(
+            lambda *xs: train_step(wide, *xs), tuple(x.double() if x.is_floating_point() else x for x in inputs)
+        )[0](True)
+    )
     assert cache_differential(run, others, seed=len(name)) is None

@@ -21,8 +21,18 @@ def _describe(x):
     """What a caller can see of a call's outputs: metadata, devices, storages."""
     flat = x if isinstance(x, (list, tuple)) else (x,)
     storages = [t.untyped_storage()._cdata for t in flat]
-    return [(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
-             t.untyped_storage().nbytes(), storages.index(s)) for t, s in zip(flat, storages)]
+    return [
+        (
+            tuple(t.shape),
+            t.stride(),
+            t.storage_offset(),
+            t.dtype,
+            t.device,
+            t.untyped_storage().nbytes(),
+            storages.index(s),
+        )
+        for t, s in zip(flat, storages)
+    ]
 
 
 def _served(fill, call, around=contextlib.nullcontext, device=None):
@@ -55,9 +65,11 @@ def _rule(op, fn):
 
 def _contiguous_unless(flag):
     """A relu rule answering column-major when ``flag(x)`` holds."""
+
     def relu_meta(x):
         stride = (1, x.shape[0]) if flag(x) else (x.shape[1], 1)
         return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+
     return relu_meta
 
 
@@ -186,8 +198,10 @@ def test_cache_never_serves_an_answer_read_from_a_known_value(lib):
         return x.new_empty(int(n))  # reads the value: known for constants
 
     with _rule("md_cache_key::first_n", first_n_meta):
-        got, expected = _served(lambda: torch.ops.md_cache_key.first_n(torch.empty(5), torch.tensor([2])),
-                                lambda: torch.ops.md_cache_key.first_n(torch.empty(5), torch.tensor([3])))
+        got, expected = _served(
+            lambda: torch.ops.md_cache_key.first_n(torch.empty(5), torch.tensor([2])),
+            lambda: torch.ops.md_cache_key.first_n(torch.empty(5), torch.tensor([3])),
+        )
     assert got == expected and got[0][0] == (3,)
 
 

@@ -23,8 +23,10 @@ def pool3(x: torch.Tensor) -> torch.Tensor:
 
 
 gelu2.register_autograd(lambda ctx, grad: grad * 2)
-pool3.register_autograd(lambda ctx, grad: grad.repeat_interleave(3, -1)[..., :ctx.n],
-                        setup_context=lambda ctx, inputs, output: setattr(ctx, "n", inputs[0].shape[-1]))
+pool3.register_autograd(
+    lambda ctx, grad: grad.repeat_interleave(3, -1)[..., : ctx.n],
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "n", inputs[0].shape[-1]),
+)
 
 
 class Block(nn.Module):
@@ -119,8 +121,7 @@ def test_check_report_catches_a_wrong_rule():
     finally:
         md.unregister_meta("mdchecktest::pool3")
     (m,) = report.mismatches
-    assert (m.op, m.rule, m.problems) == ("mdchecktest.pool3.default", "user",
-                                          ("shape (4, 2) != (4, 3)",))
+    assert (m.op, m.rule, m.problems) == ("mdchecktest.pool3.default", "user", ("shape (4, 2) != (4, 3)",))
     assert "shape (4, 2) != (4, 3)" in str(report) and not report.ok
 
 
@@ -130,12 +131,14 @@ def test_check_clean_model_is_ok():
 
 
 def test_check_cli_main_prints_the_report(tmp_path, monkeypatch, capsys):
-    (tmp_path / "cli_target.py").write_text(textwrap.dedent("""
+    (tmp_path / "cli_target.py").write_text(
+        textwrap.dedent("""
         import torch
 
         def main():
             return torch.ops.mdchecktest.gelu2, (torch.randn(2, 6),)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     status = cli_main(["check", "cli_target:main"])
     out = capsys.readouterr().out
@@ -153,6 +156,5 @@ def test_check_sdpa_causal_mask_built_on_meta_takes_the_inputs_device():
     # SDPA's C++ composite builds its causal mask with the MetaTensor's C++
     # options, on meta; adding it to cpu scores must not be a device error.
     q = torch.randn(1, 2, 4, 8)
-    trace = md.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(
-        q, q, q, is_causal=True), q)
+    trace = md.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), q)
     assert trace.calls[-1].output_metas[0].device == torch.device("cpu")

@@ -28,7 +28,8 @@ def test_check_uniform_index_stays_in_range(n):
 def test_check_value_policy_gives_a_site_its_value():
     line = _choice.__code__.co_firstlineno + 2
     report = md.checker(values={f"test_check_fallback.py:{line}": 2.5})(
-        lambda x: x * _choice((10, 20, 30)), torch.randn(3))
+        lambda x: x * _choice((10, 20, 30)), torch.randn(3)
+    )
     (a,) = report.assumptions
     assert (a.value, a.basis) == ("2.5", f"given by values['test_check_fallback.py:{line}']")
     assert report.trace.output_meta.shape == (3,)
@@ -54,8 +55,10 @@ def test_check_stop_names_the_assumption_that_led_there():
     assert stop.after is report.assumptions[-1] and "abs" in stop.after.basis
     text = str(report)
     line = _out_of_range.__code__.co_firstlineno + 2
-    assert (f"Stopped: IndexError: tuple index out of range (module <top>, at test_check_fallback.py:{line} "
-            "in _out_of_range)") in text
+    assert (
+        f"Stopped: IndexError: tuple index out of range (module <top>, at test_check_fallback.py:{line} "
+        "in _out_of_range)"
+    ) in text
     assert "after a made-up value: call #" in text and "aten._local_scalar_dense.default" in text
 
 
@@ -143,8 +146,16 @@ def test_check_packed_sequence_with_user_lengths_never_blames_meta():
 def test_check_transformers_moe_default_path():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.AutoConfig.for_model(
-        "mixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=100, num_local_experts=4, num_experts_per_tok=2)
+        "mixtral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     ids = torch.randint(0, 100, (1, 8))
@@ -160,11 +171,13 @@ def test_check_torchvision_detection_training_step():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
-        weights=None, weights_backbone=None, num_classes=3, min_size=(96, 128), max_size=160)
+        weights=None, weights_backbone=None, num_classes=3, min_size=(96, 128), max_size=160
+    )
     model.train()
     images = [torch.rand(3, 96, 128)]
-    targets = [{"boxes": torch.tensor([[10., 10., 50., 60.], [20., 30., 90., 80.]]),
-                "labels": torch.tensor([1, 2])}]
+    targets = [
+        {"boxes": torch.tensor([[10.0, 10.0, 50.0, 60.0], [20.0, 30.0, 90.0, 80.0]]), "labels": torch.tensor([1, 2])}
+    ]
     report = md.checker(recheck_calls=False)(lambda i, t: sum(model(i, t).values()).backward(), images, targets)
     assert report.error is None, str(report)
     ops = {i.op for i in report.data_dependent}

@@ -24,9 +24,13 @@ def test_cli_help_on_every_subcommand(command, capsys):
 
 def test_cli_default_trace_prints_summary(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "metadispatch", "trace", "--perfetto",
-                          str(tmp_path / "t.json")], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "metadispatch", "trace", "--perfetto", str(tmp_path / "t.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert text.startswith("built-in LLaMA-7B (bf16, batch 1 x 2048 tokens): forward and backward on cuda")
@@ -38,11 +42,13 @@ def test_cli_default_trace_prints_summary(tmp_path):
 
 def test_cli_trace_module_callable(tmp_path, capsys):
     script = tmp_path / "mymodel.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         def build():
             return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.ones(4, 8)
-    """))
+    """)
+    )
     assert main(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m.png")]) == 0
     out = capsys.readouterr().out
     assert f"{script}:build: forward and backward on cpu" in out
@@ -51,10 +57,31 @@ def test_cli_trace_module_callable(tmp_path, capsys):
 
 def test_cli_trace_hf_with_config_overrides(capsys):
     pytest.importorskip("transformers")
-    assert main(["trace", "--hf", "llama", "--config", "num_hidden_layers=1", "--config", "hidden_size=64",
-                 "--config", "intermediate_size=128", "--config", "num_attention_heads=4",
-                 "--config", "num_key_value_heads=4", "--config", "vocab_size=100", "--seq", "16",
-                 "--forward-only"]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "--hf",
+                "llama",
+                "--config",
+                "num_hidden_layers=1",
+                "--config",
+                "hidden_size=64",
+                "--config",
+                "intermediate_size=128",
+                "--config",
+                "num_attention_heads=4",
+                "--config",
+                "num_key_value_heads=4",
+                "--config",
+                "vocab_size=100",
+                "--seq",
+                "16",
+                "--forward-only",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "transformers LlamaForCausalLM (batch 1 x 16 tokens): forward on cuda" in out
     assert "layers" in out
@@ -63,8 +90,14 @@ def test_cli_trace_hf_with_config_overrides(capsys):
 @pytest.mark.parametrize("gpu, kernel", [("h100", "cudnn"), ("a100-80gb", "flash")])
 def test_cli_trace_hf_gpu_selects_the_attention_kernel(capsys, gpu, kernel):
     pytest.importorskip("transformers")
-    small = ["num_hidden_layers=1", "hidden_size=64", "intermediate_size=128", "num_attention_heads=4",
-             "num_key_value_heads=4", "vocab_size=100"]
+    small = [
+        "num_hidden_layers=1",
+        "hidden_size=64",
+        "intermediate_size=128",
+        "num_attention_heads=4",
+        "num_key_value_heads=4",
+        "vocab_size=100",
+    ]
     argv = ["trace", "--hf", "llama", "--dtype", "bf16", "--seq", "16", "--gpu", gpu]
     assert main(argv + [a for kv in small for a in ("--config", kv)]) == 0
     out = capsys.readouterr().out
@@ -79,5 +112,3 @@ def test_cli_trace_out_summary_and_replay(tmp_path, capsys):
     assert "calls" in capsys.readouterr().out
     assert main(["replay", str(path), "--device", "cpu"]) == 0
     assert "replay ok" in capsys.readouterr().out
-
-

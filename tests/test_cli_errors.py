@@ -28,31 +28,37 @@ def _assert_one_line(err: str, message: str):
         assert lines[1].startswith("  (")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["trace", "--seq", "0"], "argument --seq: must be at least 1, got 0"),
-    (["trace", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
-    (["trace", "--batch", "-1"], "argument --batch: must be at least 1, got -1"),
-    (["trace", "--batch", "two"], "argument --batch: expected an integer, got 'two'"),
-    (["summary", "t.json", "--top", "-1"], "argument --top: must be at least 1, got -1"),
-    (["summary", "t.json", "--depth", "-5"], "argument --depth: must be at least 0, got -5"),
-    (["trace", "--top", "0"], "argument --top: must be at least 1, got 0"),
-    (["check", "m:f", "--limit", "-1"], "argument --limit: must be at least 0, got -1"),
-    (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
-    (["trace", "--config", "n_layer=2"], "--config needs --hf"),
-    (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["trace", "--seq", "0"], "argument --seq: must be at least 1, got 0"),
+        (["trace", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
+        (["trace", "--batch", "-1"], "argument --batch: must be at least 1, got -1"),
+        (["trace", "--batch", "two"], "argument --batch: expected an integer, got 'two'"),
+        (["summary", "t.json", "--top", "-1"], "argument --top: must be at least 1, got -1"),
+        (["summary", "t.json", "--depth", "-5"], "argument --depth: must be at least 0, got -5"),
+        (["trace", "--top", "0"], "argument --top: must be at least 1, got 0"),
+        (["check", "m:f", "--limit", "-1"], "argument --limit: must be at least 0, got -1"),
+        (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
+        (["trace", "--config", "n_layer=2"], "--config needs --hf"),
+        (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+    ],
+)
 def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
     code, err = _run(argv, capsys)
     assert code == USAGE
     _assert_one_line(err, message)
 
 
-@pytest.mark.parametrize("config, message", [
-    ("bogus_key=5", "--config bogus_key: GPT2Config has no such key"),
-    ("=1", "--config expects KEY=VALUE, got '=1'"),
-    ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
-    ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("bogus_key=5", "--config bogus_key: GPT2Config has no such key"),
+        ("=1", "--config expects KEY=VALUE, got '=1'"),
+        ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
+        ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
+    ],
+)
 def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsys):
     pytest.importorskip("transformers")
     code, err = _run(["trace", "--hf", "gpt2", "--config", config], capsys)
@@ -76,16 +82,38 @@ def test_cli_hf_refuses_kinds_it_cannot_feed_naming_what_it_supports(capsys):
     _assert_one_line(err, "--hf wav2vec2: no inputs known for this kind of model; --hf supports decoder-only")
 
 
-_SMALL_SEQ2SEQ = ["--config", "d_model=32", "--config", "encoder_layers=1", "--config", "decoder_layers=1",
-                  "--config", "encoder_attention_heads=2", "--config", "decoder_attention_heads=2",
-                  "--config", "encoder_ffn_dim=64", "--config", "decoder_ffn_dim=64", "--seq", "8"]
+_SMALL_SEQ2SEQ = [
+    "--config",
+    "d_model=32",
+    "--config",
+    "encoder_layers=1",
+    "--config",
+    "decoder_layers=1",
+    "--config",
+    "encoder_attention_heads=2",
+    "--config",
+    "decoder_attention_heads=2",
+    "--config",
+    "encoder_ffn_dim=64",
+    "--config",
+    "decoder_ffn_dim=64",
+    "--seq",
+    "8",
+]
 
 
-@pytest.mark.parametrize("arch, extra, model, inputs", [
-    ("bart", ["--config", "vocab_size=100"], "BartForConditionalGeneration", ("input_ids", "labels")),
-    ("whisper", ["--config", "max_source_positions=16", "--config", "num_mel_bins=8"],
-     "WhisperForConditionalGeneration", ("input_features", "labels")),
-])
+@pytest.mark.parametrize(
+    "arch, extra, model, inputs",
+    [
+        ("bart", ["--config", "vocab_size=100"], "BartForConditionalGeneration", ("input_ids", "labels")),
+        (
+            "whisper",
+            ["--config", "max_source_positions=16", "--config", "num_mel_bins=8"],
+            "WhisperForConditionalGeneration",
+            ("input_features", "labels"),
+        ),
+    ],
+)
 def test_cli_hf_builds_encoder_decoders_with_fitting_inputs(arch, extra, model, inputs, capsys):
     pytest.importorskip("transformers")
     from metadispatch.cli import targets
@@ -102,9 +130,18 @@ def test_cli_hf_builds_encoder_decoders_with_fitting_inputs(arch, extra, model, 
 
 def test_cli_hf_builds_vision_models_with_pixel_inputs(capsys):
     pytest.importorskip("transformers")
-    code, _ = _run(["trace", "--hf", "clip", "--forward-only", "--config",
-                    "vision_config={'image_size': 32, 'patch_size': 8, 'hidden_size': 32, 'intermediate_size': 64,"
-                    " 'num_hidden_layers': 1, 'num_attention_heads': 2}"], capsys)
+    code, _ = _run(
+        [
+            "trace",
+            "--hf",
+            "clip",
+            "--forward-only",
+            "--config",
+            "vision_config={'image_size': 32, 'patch_size': 8, 'hidden_size': 32, 'intermediate_size': 64,"
+            " 'num_hidden_layers': 1, 'num_attention_heads': 2}",
+        ],
+        capsys,
+    )
     assert code == 0
     code, _ = _run(["trace", "--hf", "resnet", "--forward-only", "--config", "depths=[1, 1, 1, 1]"], capsys)
     assert code == 0
@@ -143,7 +180,8 @@ def test_cli_unknown_module_is_a_failure_to_run(capsys):
 @pytest.fixture
 def raising_model(tmp_path):
     script = tmp_path / "raising.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
 
         class Bad(torch.nn.Module):
@@ -152,14 +190,17 @@ def raising_model(tmp_path):
 
         def build():
             return Bad(), torch.ones(2)
-    """))
+    """)
+    )
     return f"{script}:build"
 
 
 def test_cli_model_that_raises_is_a_failure_to_run(raising_model, capsys):
     code, err = _run(["trace", raising_model, "--device", "cpu"], capsys)
     assert code == FAILURE
-    _assert_one_line(err, "the model raised while tracing: ValueError: this model is broken (at raising.py:6 in forward)")
+    _assert_one_line(
+        err, "the model raised while tracing: ValueError: this model is broken (at raising.py:6 in forward)"
+    )
 
 
 def test_cli_debug_shows_the_traceback(raising_model, capsys):

@@ -27,8 +27,9 @@ def test_composites_tensor_split_known_indices_match_real(indices):
     real = torch.tensor_split(x, torch.tensor(indices), 1)
     with md.MetaMode():
         got = torch.tensor_split(x, torch.tensor(indices), 1)  # a literal: known value
-    assert [(t.shape, t.stride(), t.storage_offset()) for t in got] == \
-           [(t.shape, t.stride(), t.storage_offset()) for t in real]
+    assert [(t.shape, t.stride(), t.storage_offset()) for t in got] == [
+        (t.shape, t.stride(), t.storage_offset()) for t in real
+    ]
 
 
 def test_composites_override_applies_only_inside_the_mode_also_after_an_exception():
@@ -43,6 +44,7 @@ def test_composites_override_applies_only_inside_the_mode_also_after_an_exceptio
 
 
 # -- scaled_dot_product_attention (Note [SDPA backend on a logical CPU]) -----
+
 
 class _RealOps(TorchDispatchMode):
     """Logs the aten ops a real run dispatches."""
@@ -118,9 +120,15 @@ def test_composites_sdpa_on_logical_cuda_keeps_the_composite():
 
 def test_composites_sdpa_llama_traces_cpu_flash_and_replays():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
-                                   attn_implementation="sdpa")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        attn_implementation="sdpa",
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     ids = torch.randint(0, 100, (2, 8))
     t = md.trace(lambda ids: model(input_ids=ids).logits, ids)

@@ -24,6 +24,7 @@ def _backward(module, prep=lambda x: x, autocast=False):
             out = module(prep(x))
         out = out[0] if isinstance(out, tuple) else out
         out.float().sum().backward()
+
     return step
 
 
@@ -39,8 +40,7 @@ def _functional(transform):
     m = nn.Linear(4, 2)
     params = dict(m.named_parameters())
     if transform == "grad":
-        return lambda x: torch.func.grad(
-            lambda p, x: torch.func.functional_call(m, p, (x,)).sum())(params, x)
+        return lambda x: torch.func.grad(lambda p, x: torch.func.functional_call(m, p, (x,)).sum())(params, x)
     if transform == "vmap":
         return lambda x: torch.func.vmap(lambda r: torch.func.functional_call(m, params, (r,)))(x)
     return lambda x: torch.func.jacrev(lambda r: torch.func.functional_call(m, params, (r,)))(x[0])
@@ -66,8 +66,10 @@ CASES = {
     "autocast_mha": lambda: (_backward(_self_attention(), autocast=True), (2, 5, 8)),
     "gru": lambda: (_backward(nn.GRU(8, 16)), (5, 2, 8)),
     "conv2d_channels_last": lambda: (_backward(nn.Conv2d(3, 8, 3), _cl), (2, 3, 10, 10)),
-    "conv2d_channels_last_weight": lambda: (_backward(nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)),
-                                            (2, 3, 10, 10)),
+    "conv2d_channels_last_weight": lambda: (
+        _backward(nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)),
+        (2, 3, 10, 10),
+    ),
     "conv3d_channels_last": lambda: (_backward(nn.Conv3d(3, 4, 3), _cl3d), (2, 3, 6, 6, 6)),
     "conv1d": lambda: (_backward(nn.Conv1d(3, 4, 3)), (2, 3, 9)),
     "conv_transpose_channels_last": lambda: (_backward(nn.ConvTranspose2d(3, 4, 3), _cl), (2, 3, 6, 6)),
@@ -107,10 +109,8 @@ def test_cpu_fidelity_lstm_records_mkldnn_rnn_layer_like_real():
     # Every output's metadata is equal but the oneDNN workspace of a training
     # step, whose size only oneDNN knows (torch's meta kernel, and so
     # FakeTensorMode, say 0 bytes); test_cpu_fidelity_lstm_workspace below.
-    strip = [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs)
-             for c in traced]
-    assert strip == [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs)
-                     for c in real]
+    strip = [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs) for c in traced]
+    assert strip == [(c.op, c.outputs[:3] if c.op == "aten.mkldnn_rnn_layer.default" else c.outputs) for c in real]
 
 
 @pytest.mark.xfail(strict=True, reason="oneDNN's LSTM workspace size is not modelled (meta says 0)")
@@ -143,8 +143,7 @@ _NO_MODE = {
     "cov": lambda x: torch.cov(x),
     "list_index": lambda x: x[:, [0, 2]],
     "tensor_split_real_indices": lambda x: torch.tensor_split(x, torch.tensor([1, 3]), 1)[1],
-    "stft_window_from_outside": lambda x: torch.stft(x.flatten(), 8, window=torch.hann_window(8),
-                                                     return_complex=True),
+    "stft_window_from_outside": lambda x: torch.stft(x.flatten(), 8, window=torch.hann_window(8), return_complex=True),
     "type_legacy_class": lambda x: x.type(torch.HalfTensor),
     "lstm": lambda x: torch.nn.LSTM(4, 4)(x.view(2, 2, 4))[0],
 }

@@ -36,8 +36,16 @@ def _real(case: str, world_size: int, tmp_path_factory) -> list:
     return _REAL[case, world_size]
 
 
-RUNS = [("fsdp", 2), ("fsdp-foreach", 2), ("fsdp-no-reshard", 2), ("fsdp-foreach", 4),
-        ("tp", 2), ("fsdp-tp", 4), ("ddp", 2), ("ddp-foreach", 4)]
+RUNS = [
+    ("fsdp", 2),
+    ("fsdp-foreach", 2),
+    ("fsdp-no-reshard", 2),
+    ("fsdp-foreach", 4),
+    ("tp", 2),
+    ("fsdp-tp", 4),
+    ("ddp", 2),
+    ("ddp-foreach", 4),
+]
 
 
 @pytest.mark.slow
@@ -200,8 +208,24 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
     # The command line's FSDP plan is fsdp_step(foreach=True): every block and
     # the root sharded, AdamW foreach; its step has no collectives but its own.
     real = _real("fsdp-foreach", 2, tmp_path_factory)
-    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "2",
-                 "--rank", "1", "--fsdp", "--gpu", "h100"]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "tests.distributed_cases:tiny_llama",
+                "--device",
+                "cpu",
+                "--world-size",
+                "2",
+                "--rank",
+                "1",
+                "--fsdp",
+                "--gpu",
+                "h100",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "rank 1 of 2" in out and "fits on h100" in out
     assert f"{len(real[1]['collectives'])} collectives in the step" in out
@@ -210,13 +234,16 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
         assert re.search(rf"^{kind}\s+\S+ \(2 ranks\)\s+\*\s+\w+\s+\d+", out, re.M)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--world-size", "8", "--tp", "3"], "does not divide"),
-    (["--world-size", "8"], "needs a parallelism"),
-    (["--fsdp"], "need --world-size"),
-    (["--world-size", "4", "--rank", "4", "--fsdp"], "not a rank"),
-    (["--world-size", "4", "--dp", "--fsdp"], "--dp combines"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--world-size", "8", "--tp", "3"], "does not divide"),
+        (["--world-size", "8"], "needs a parallelism"),
+        (["--fsdp"], "need --world-size"),
+        (["--world-size", "4", "--rank", "4", "--fsdp"], "not a rank"),
+        (["--world-size", "4", "--dp", "--fsdp"], "--dp combines"),
+    ],
+)
 def test_distributed_cli_refuses_plans_that_cannot_work(argv, message, capsys):
     assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", *argv]) == 2
     assert message in capsys.readouterr().err

@@ -46,8 +46,15 @@ def test_docs_have_code_to_run():
 def test_docs_code_blocks_run_and_print_what_they_show(page, tmp_path):
     blocks = _blocks(page)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps([b for b, _ in blocks]),
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _RUNNER],
+        input=json.dumps([b for b, _ in blocks]),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = result.stdout.split(_END + "\n")
     assert len(outputs) == len(blocks) + 1

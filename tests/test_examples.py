@@ -29,8 +29,9 @@ def test_examples_script_runs(script):
     assert result.stdout.strip()
 
 
-MODULES = ["metadispatch"] + sorted(m.name for m in pkgutil.walk_packages(metadispatch.__path__, "metadispatch.")
-                                    if m.name != "metadispatch.__main__")
+MODULES = ["metadispatch"] + sorted(
+    m.name for m in pkgutil.walk_packages(metadispatch.__path__, "metadispatch.") if m.name != "metadispatch.__main__"
+)
 
 
 def _examples(name: str) -> int:

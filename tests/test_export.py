@@ -32,8 +32,9 @@ def test_export_perfetto_json_is_valid_chrome_trace(trace, tmp_path):
 
 
 def test_export_spans_nest_by_phase_and_module(trace):
-    spans = sorted((e for e in chrome_trace(trace)["traceEvents"] if e["ph"] == "X"),
-                   key=lambda e: (e["ts"], -e["dur"]))
+    spans = sorted(
+        (e for e in chrome_trace(trace)["traceEvents"] if e["ph"] == "X"), key=lambda e: (e["ts"], -e["dur"])
+    )
     stack = []
     for e in spans:  # every span lies inside the one open around it
         while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:

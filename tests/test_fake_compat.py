@@ -64,9 +64,14 @@ def func_transforms(mode):
     f = lambda x: x.sin().sum()  # noqa: E731
     with mode:
         x = torch.empty(3)
-        return (_shape(torch.func.grad(f)(x)), _shape(torch.func.vmap(torch.sin)(torch.empty(5, 3))),
-                _shape(torch.func.jacrev(torch.sin)(x)), _shape(torch.func.jacfwd(torch.sin)(x)),
-                _shape(torch.func.hessian(f)(x)), _shape(torch.func.vjp(torch.sin, x)[1](x)[0]))
+        return (
+            _shape(torch.func.grad(f)(x)),
+            _shape(torch.func.vmap(torch.sin)(torch.empty(5, 3))),
+            _shape(torch.func.jacrev(torch.sin)(x)),
+            _shape(torch.func.jacfwd(torch.sin)(x)),
+            _shape(torch.func.hessian(f)(x)),
+            _shape(torch.func.vjp(torch.sin, x)[1](x)[0]),
+        )
 
 
 class _Symmetric(nn.Module):
@@ -111,8 +116,7 @@ def inference_mode_and_no_grad(mode):
         c = x * 2
     with torch.inference_mode(), mode:
         d = torch.empty(3) + 1
-    return (a.requires_grad, a.is_inference(), b.requires_grad, b.is_inference(),
-            c.requires_grad, d.is_inference())
+    return (a.requires_grad, a.is_inference(), b.requires_grad, b.is_inference(), c.requires_grad, d.is_inference())
 
 
 def nested_device_contexts(mode):
@@ -181,10 +185,17 @@ def test_fake_compat_explicit_to_meta_is_meta():
     assert y.device == torch.device("meta")
 
 
-@pytest.mark.parametrize("options", [
-    {"static_shapes": False}, {"shape_env": object()}, {"allow_non_fake_inputs": False},
-    {"allow_fallback_kernels": True}, {"propagate_real_tensors": True}, {"export": True},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"static_shapes": False},
+        {"shape_env": object()},
+        {"allow_non_fake_inputs": False},
+        {"allow_fallback_kernels": True},
+        {"propagate_real_tensors": True},
+        {"export": True},
+    ],
+)
 def test_fake_compat_unsupported_mode_option_raises(options):
     (name,) = options
     with pytest.raises(md.UnsupportedFeatureError, match=f"MetaMode\\({name}="):

@@ -10,7 +10,7 @@ from metadispatch.cli.llama import LlamaConfig, example
 from metadispatch.cli.main import main
 from tests.models import MODELS, train_step
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def _trace(name="llama"):
@@ -74,11 +74,13 @@ def test_fits_honours_allocator_options():
 
 
 def test_cli_trace_gpu_prints_whether_it_fits(tmp_path, capsys, monkeypatch):
-    (tmp_path / "fitmodel.py").write_text(textwrap.dedent("""
+    (tmp_path / "fitmodel.py").write_text(
+        textwrap.dedent("""
         import torch
         def build():
             return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.ones(4, 8)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["trace", "fitmodel:build", "--gpu", "a100-40gb"]) == 0
     out = capsys.readouterr().out

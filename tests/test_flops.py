@@ -32,8 +32,7 @@ def test_flops_by_module_equals_flop_counter_mode_in_forward(name):
     f = md.flops(t)
     with FlopCounterMode(display=False) as counter:
         model(*inputs)
-    theirs = {k.partition(".")[2]: sum(v.values()) for k, v in counter.get_flop_counts().items()
-              if k != "Global"}
+    theirs = {k.partition(".")[2]: sum(v.values()) for k, v in counter.get_flop_counts().items() if k != "Global"}
     # Ours also sums containers that never run themselves (a ModuleList).
     ours = {k: v for k, v in f.by_module.items() if v and k in t.modules}
     assert ours == {k: v for k, v in theirs.items() if v}
@@ -89,5 +88,8 @@ def test_flops_custom_op_formula_registered_through_metadispatch():
 def test_flops_prints_a_table():
     f = md.flops(md.trace(lambda a: a @ a, torch.ones(10, 10)))
     assert str(f).splitlines()[:4] == [
-        "2K FLOPs (forward 2K)", "", "op               FLOPs   share", "---------------  -----  ------"]
-
+        "2K FLOPs (forward 2K)",
+        "",
+        "op               FLOPs   share",
+        "---------------  -----  ------",
+    ]

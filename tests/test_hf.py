@@ -9,15 +9,23 @@ transformers = pytest.importorskip("transformers")
 
 
 def _tiny_llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
 def _snapshot(model):
-    return ({k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
-            {k: id(v) for k, v in model.state_dict(keep_vars=True).items()},
-            {n: id(b) for n, b in model.named_buffers()})
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
+        {k: id(v) for k, v in model.state_dict(keep_vars=True).items()},
+        {n: id(b) for n, b in model.named_buffers()},
+    )
 
 
 def test_hf_llama_forward_backward_on_logical_cuda():

@@ -35,13 +35,27 @@ def corpus(tmp_path_factory):
     names = hostile.write_corpus(str(directory), str(outside))
     before = _listing(root)
     env = dict(os.environ, HOME=str(home), TMPDIR=str(home), PYTHONPATH=os.getcwd())
-    proc = subprocess.run([sys.executable, hostile.__file__, "check", str(directory), str(_LIMIT)],
-                          capture_output=True, text=True, timeout=900, cwd=str(home), env=env)
+    proc = subprocess.run(
+        [sys.executable, hostile.__file__, "check", str(directory), str(_LIMIT)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=str(home),
+        env=env,
+    )
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     results = {r["file"]: r for r in lines if "file" in r}
     rss = [r["maxrss_kib"] for r in lines if "maxrss_kib" in r]
-    return dict(names=names, results=results, rss=rss, proc=proc, outside=outside,
-                root=root, before=before, after=_listing(root))
+    return dict(
+        names=names,
+        results=results,
+        rss=rss,
+        proc=proc,
+        outside=outside,
+        root=root,
+        before=before,
+        after=_listing(root),
+    )
 
 
 def _listing(root) -> dict:
@@ -102,13 +116,21 @@ def test_hostile_files_are_handled_in_bounded_time_and_memory(corpus):
 
 # -- random mutations of a valid trace
 
-_LEAVES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                    st.floats(allow_nan=False), st.text(max_size=12),
-                    st.sampled_from([{"t": 0}, {"t": 3}, {"t": 99}, {"dtype": "onnx"},
-                                     {"device": "cuda:1"}, {"int": "12"}, {"float": "nan"}]))
-_VALUES = st.recursive(_LEAVES, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
-    max_leaves=8)
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.sampled_from(
+        [{"t": 0}, {"t": 3}, {"t": 99}, {"dtype": "onnx"}, {"device": "cuda:1"}, {"int": "12"}, {"float": "nan"}]
+    ),
+)
+_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=8,
+)
 
 
 def _paths(x, path=()):
@@ -167,6 +189,7 @@ def test_hostile_mutated_trace_loads_or_refuses_and_replays_or_refuses(valid, tm
 
 # -- the promises one at a time, against eager torch
 
+
 def test_hostile_set_then_write_replays_like_eager_and_keeps_the_callers_tensor():
     def f(y):
         z = torch.empty(0)
@@ -186,7 +209,7 @@ def test_hostile_budget_names_the_call_that_crosses_it():
     x = torch.randn(64, 64)
     t = md.trace(lambda x: (x @ x).relu() @ x, x)
     mm = [c.index for c in t.calls if c.op == "aten.mm.default"]
-    flops = 2 * 64 ** 3 + 64 * 64  # the first product, and relu at one per element
+    flops = 2 * 64**3 + 64 * 64  # the first product, and relu at one per element
     with pytest.raises(md.BudgetExceededError) as info:
         md.replay(t, (x,), budget=md.Budget(bytes=None, flops=flops))
     assert info.value.call == mm[1] and info.value.what == "flops"

@@ -43,12 +43,15 @@ def test_known_tolist_returns_value():
     assert out == [7, 7]
 
 
-@pytest.mark.parametrize("make", [
-    lambda x: x,  # a user input
-    lambda x: torch.randn(3),  # an RNG op
-    lambda x: torch.empty(3),  # uninitialised memory
-    lambda x: torch.zeros(3) + x,  # anything touched by user data
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x,  # a user input
+        lambda x: torch.randn(3),  # an RNG op
+        lambda x: torch.empty(3),  # uninitialised memory
+        lambda x: torch.zeros(3) + x,  # anything touched by user data
+    ],
+)
 def test_known_never_for_inputs_random_or_garbage(make):
     user = torch.ones(3)
     with md.MetaMode() as mode:
@@ -109,8 +112,9 @@ def test_known_zeros_like_of_user_data_is_known():
 
 
 def _same_views(got, real):
-    return [(tuple(t.shape), t.stride(), t.storage_offset()) for t in got] == \
-        [(tuple(t.shape), t.stride(), t.storage_offset()) for t in real]
+    return [(tuple(t.shape), t.stride(), t.storage_offset()) for t in got] == [
+        (tuple(t.shape), t.stride(), t.storage_offset()) for t in real
+    ]
 
 
 @pytest.mark.parametrize("indices", [[1, 4], [2, 3], [0, 6, 6]])
@@ -129,8 +133,11 @@ def test_known_user_scope_masks_index_as_eager():
     # Two masks of one shape: the answer read from the first is not served
     # for the second (the cache never keeps an answer computed from a value).
     x = torch.randn(4, 3, 5)
-    masks = [torch.tensor([True, False, True, True]), torch.tensor([False, False, True, False]),
-             torch.tensor([[True, False, True]] * 4)]
+    masks = [
+        torch.tensor([True, False, True, True]),
+        torch.tensor([False, False, True, False]),
+        torch.tensor([[True, False, True]] * 4),
+    ]
 
     def fn(x):
         return [x[masks[0]], x[masks[1]], x[masks[2]], x[:, masks[0][:3]]]
@@ -139,10 +146,13 @@ def test_known_user_scope_masks_index_as_eager():
     assert [o.shape for o in t.output] == [o.shape for o in fn(x)] == [(3, 3, 5), (1, 3, 5), (8, 5), (4, 2, 5)]
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.tensor([1, 4], dtype=torch.float32, requires_grad=True),  # needs grad: data
-    lambda: torch.arange(DEFAULT_LIMIT + 1),  # too large
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.tensor([1, 4], dtype=torch.float32, requires_grad=True),  # needs grad: data
+        lambda: torch.arange(DEFAULT_LIMIT + 1),  # too large
+    ],
+)
 def test_known_user_scope_tensors_that_stay_unknown(make):
     real = make()
     with md.MetaMode():

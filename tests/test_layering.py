@@ -13,8 +13,21 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "metadispatch"
 
 # Low to high.  A module may import its own stage or a lower one.
-STAGES = ["_compat", "errors", "ir", "core", "rules", "tracing", "execution", "analysis", "debug",
-          "testing", "cli", "__init__", "__main__"]
+STAGES = [
+    "_compat",
+    "errors",
+    "ir",
+    "core",
+    "rules",
+    "tracing",
+    "execution",
+    "analysis",
+    "debug",
+    "testing",
+    "cli",
+    "__init__",
+    "__main__",
+]
 
 
 def _name(path: Path) -> str:
@@ -36,9 +49,12 @@ def _imports(module: str) -> list[tuple[str, str, int]]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     tree = ast.parse(path.read_text())
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                 and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-                 for n in ast.walk(node)}
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for n in ast.walk(node)
+    }
     for node in ast.walk(tree):
         if id(node) in type_only:  # annotations only: never imported at run time
             continue
@@ -63,15 +79,21 @@ GRAPH = {m: sorted({t for t, _, _ in _imports(m) if t in MODULES and t != m}) fo
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_layering_imports_point_down_the_stages(module):
-    upward = [f"{target} (line {line})" for target, _, line in _imports(module)
-              if target in MODULES and _stage(target) > _stage(module)]
+    upward = [
+        f"{target} (line {line})"
+        for target, _, line in _imports(module)
+        if target in MODULES and _stage(target) > _stage(module)
+    ]
     assert not upward, f"{module} imports a higher stage: {upward}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_layering_no_private_names_of_other_modules(module):
-    private = [f"{target}.{name} (line {line})" for target, name, line in _imports(module)
-               if name.startswith("_") and target != module]
+    private = [
+        f"{target}.{name} (line {line})"
+        for target, name, line in _imports(module)
+        if name.startswith("_") and target != module
+    ]
     assert not private, f"{module} imports private names: {private}"
 
 
@@ -83,7 +105,7 @@ def test_layering_import_graph_has_no_cycles():
         state[m] = 1
         for t in GRAPH[m]:
             if state.get(t) == 1:
-                cycles.append(" -> ".join(path[path.index(t):] + [t]))
+                cycles.append(" -> ".join(path[path.index(t) :] + [t]))
             elif t not in state:
                 visit(t, path + [t])
         state[m] = 2
@@ -101,8 +123,7 @@ def test_layering_every_module_is_in_a_stage():
 def test_layering_no_public_name_shadows_a_module():
     import metadispatch
 
-    shadowed = [name for name in metadispatch.__all__
-                if f"metadispatch.{name}" in MODULES and name != "testing"]
+    shadowed = [name for name in metadispatch.__all__ if f"metadispatch.{name}" in MODULES and name != "testing"]
     assert not shadowed
     # each analysis module's own names are reachable through it
     import metadispatch.analysis.flops as flops_module

@@ -31,6 +31,7 @@ def test_leaks_trace_output_graph_keeps_no_real_weight():
 def test_leaks_trace_with_backward_keeps_no_real_weight():
     def run(m, x):
         return md.trace(lambda x: m(x).pow(2).mean().backward(), x)
+
     assert _weights_freed_after(run) == []
 
 
@@ -39,6 +40,7 @@ def test_leaks_mode_and_its_outputs_keep_no_real_weight():
         with md.MetaMode() as mode:
             out = m(x).sum()
         return mode, out
+
     assert _weights_freed_after(run) == []
 
 

@@ -15,8 +15,14 @@ transformers = pytest.importorskip("transformers")
 
 def _tiny_llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 

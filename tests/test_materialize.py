@@ -17,7 +17,8 @@ BUILDERS = {
     "transformer_layer": lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True),
     # deep-copies its layer: the copies must be clones in the construction trace
     "transformer_encoder": lambda: nn.TransformerEncoder(
-        nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 3, enable_nested_tensor=False),
+        nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 3, enable_nested_tensor=False
+    ),
     "llama": llama,
     "gpt2": gpt2,
     "bert": bert,
@@ -36,8 +37,7 @@ def _pair(name, seed=5):
 
 def _state(module):
     """Every parameter and buffer, persistent or not, under each of its names."""
-    return (list(module.named_parameters(remove_duplicate=False))
-            + list(module.named_buffers(remove_duplicate=False)))
+    return list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
@@ -111,9 +111,13 @@ def test_materialize_replaces_tensors_on_plain_attributes_and_in_containers():
     assert type(meta.pair) is _Caches.Pair and meta.plain_tuple[1] == 7
     got = md.testing.snapshot(meta, rng=False)
     assert got.metas == [] and len(got.entries) == len(md.testing.snapshot(eager, rng=False).entries)
-    for a, b in [(meta.table, eager.table), (meta.listed[0], eager.listed[0]),
-                 (meta.listed[1]["mask"], eager.listed[1]["mask"]), (meta.pair.cos, eager.pair.cos),
-                 (meta.plain_tuple[0], eager.plain_tuple[0])]:
+    for a, b in [
+        (meta.table, eager.table),
+        (meta.listed[0], eager.listed[0]),
+        (meta.listed[1]["mask"], eager.listed[1]["mask"]),
+        (meta.pair.cos, eager.pair.cos),
+        (meta.plain_tuple[0], eager.plain_tuple[0]),
+    ]:
         assert type(a) is torch.Tensor and a.dtype == b.dtype and torch.equal(a, b)
 
 
@@ -161,6 +165,7 @@ def test_materialize_names_tensors_it_cannot_replace():
 
 # -- data-dependent initialisers (Note [Data-dependent initialisers] in ir/ownops.py)
 
+
 class _Truncated(nn.Module):
     def __init__(self, generator=None):
         super().__init__()
@@ -201,8 +206,12 @@ def test_trunc_normal_is_routed_only_while_a_mode_is_entered():
         import threading
 
         got = []
-        t = threading.Thread(target=lambda: (torch.manual_seed(0), got.append(
-            nn.init.trunc_normal_(torch.empty(100), std=0.3, a=-0.2, b=0.2))))
+        t = threading.Thread(
+            target=lambda: (
+                torch.manual_seed(0),
+                got.append(nn.init.trunc_normal_(torch.empty(100), std=0.3, a=-0.2, b=0.2)),
+            )
+        )
         t.start()
         t.join()
     assert torch.equal(got[0], expected)
@@ -228,8 +237,9 @@ def test_trunc_normal_trace_saves_loads_and_replays(tmp_path):
 
 def test_materialize_hf_vit_initialised_with_trunc_normal_equals_eager():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                 intermediate_size=64, image_size=32, patch_size=8)
+    cfg = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8
+    )
     torch.manual_seed(7)
     with md.MetaMode():
         meta = transformers.ViTModel(cfg)

@@ -21,18 +21,25 @@ def _rss() -> int:
 
 
 def _global_hook_counts():
-    return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
-            len(nn_module._global_backward_hooks), len(nn_module._global_backward_pre_hooks))
+    return (
+        len(nn_module._global_forward_pre_hooks),
+        len(nn_module._global_forward_hooks),
+        len(nn_module._global_backward_hooks),
+        len(nn_module._global_backward_pre_hooks),
+    )
 
 
-@pytest.mark.parametrize("make,device", [
-    (lambda: torch.empty(3), "cpu"),
-    (lambda: torch.zeros(2, 3, device="cuda:1"), "cuda:1"),
-    (lambda: torch.arange(5, device="cuda"), "cuda:0"),
-    (lambda: torch.randn(2, 2, dtype=torch.float64), "cpu"),
-    (lambda: torch.tensor([1.0, 2.0], device="cuda"), "cuda:0"),
-    (lambda: torch.full((2,), 7, dtype=torch.int32), "cpu"),
-])
+@pytest.mark.parametrize(
+    "make,device",
+    [
+        (lambda: torch.empty(3), "cpu"),
+        (lambda: torch.zeros(2, 3, device="cuda:1"), "cuda:1"),
+        (lambda: torch.arange(5, device="cuda"), "cuda:0"),
+        (lambda: torch.randn(2, 2, dtype=torch.float64), "cpu"),
+        (lambda: torch.tensor([1.0, 2.0], device="cuda"), "cuda:0"),
+        (lambda: torch.full((2,), 7, dtype=torch.int32), "cpu"),
+    ],
+)
 def test_mode_factories_return_meta_tensors_where_asked(make, device):
     with md.MetaMode():
         t = make()
@@ -135,20 +142,24 @@ def test_mode_stack_option_records_user_source_line():
     with md.MetaMode(stack=True) as mode:
         torch.ones(2).relu()  # the line recorded
     sources = [c.source for c in mode.trace]
-    assert all(s.startswith("test_mode.py:") and s.endswith("in test_mode_stack_option_records_user_source_line")
-               for s in sources)
+    assert all(
+        s.startswith("test_mode.py:") and s.endswith("in test_mode_stack_option_records_user_source_line")
+        for s in sources
+    )
     assert len(set(sources)) == 1
 
 
 @pytest.mark.slow
 def test_mode_importing_changes_nothing_global():
 
-    code = ("import torch, torch.nn.modules.module as m\n"
-            "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as s\n"
-            "before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
-            "import metadispatch\n"
-            "after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
-            "assert before == after and s() == [], (before, after)\n")
+    code = (
+        "import torch, torch.nn.modules.module as m\n"
+        "from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as s\n"
+        "before = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
+        "import metadispatch\n"
+        "after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
+        "assert before == after and s() == [], (before, after)\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -183,6 +194,7 @@ def test_mode_entries_in_a_loop_leave_no_garbage_behind():
         "for _ in range(3000):\n"  # no gc.collect(): the collector's schedule must keep up
         "    once()\n"
         "alive = sum(isinstance(o, md.Trace) for o in gc.get_objects())\n"
-        "assert alive < 300, f'{alive} traces of finished modes still in the heap'\n")
+        "assert alive < 300, f'{alive} traces of finished modes still in the heap'\n"
+    )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

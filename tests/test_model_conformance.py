@@ -12,8 +12,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import model_conformance as conformance  # noqa: E402
 
-QUICK = ["nn.mha", "nn.convnet_channels_last", "nn.autocast_convnet", "hf.gpt2",
-         "tv.resnet18_channels_last", "timm.convnext_atto"]
+QUICK = [
+    "nn.mha",
+    "nn.convnet_channels_last",
+    "nn.autocast_convnet",
+    "hf.gpt2",
+    "tv.resnet18_channels_last",
+    "timm.convnext_atto",
+]
 
 
 @pytest.mark.parametrize("name", QUICK)

@@ -18,7 +18,7 @@ def test_profile_built_in_figures_are_consistent(name):
     # tensor cores: each narrower dtype is at least as fast as the wider one
     assert p.flops["fp32"] <= p.flops["tf32"] <= p.flops["bf16"] == p.flops["fp16"] <= p.flops["int8"]
     # the reported total is below the marketing size in GB (decimal) and above 90% of it
-    marketed = int(p.title.split()[1]) * 10 ** 9
+    marketed = int(p.title.split()[1]) * 10**9
     assert 0.9 * marketed < p.memory <= marketed * 1.075  # GiB-sized parts report up to 1.074x
     assert p.bandwidth > 1e11 and p.l2_bytes > 0 and p.interconnect > 0
 
@@ -38,10 +38,10 @@ def test_profile_unknown_name_lists_known():
 
 
 def test_profile_user_defined_registers_and_refuses_duplicates():
-    mine = dataclasses.replace(md.gpu_profile("a100-40gb"), name="test-a100-small", memory=10 * 2 ** 30)
+    mine = dataclasses.replace(md.gpu_profile("a100-40gb"), name="test-a100-small", memory=10 * 2**30)
     try:
         assert md.register_gpu(mine) is mine
-        assert md.gpu_profile("test-a100-small").memory == 10 * 2 ** 30
+        assert md.gpu_profile("test-a100-small").memory == 10 * 2**30
         with pytest.raises(md.MetaDispatchError, match="registered already"):
             md.register_gpu(mine)
         md.register_gpu(dataclasses.replace(mine, memory=1), override=True)

@@ -24,7 +24,9 @@ def _rebinding(x):
 class TestSource(expecttest.TestCase):
     def test_program_source_is_one_line_per_call_and_check(self):
         t = md.trace(_rebinding, torch.ones(3, 2))
-        self.assertExpectedInline(program(t, CPU).source, """\
+        self.assertExpectedInline(
+            program(t, CPU).source,
+            """\
 def run(env, gens, ck, chk, same, wr, rng):
     grad(True)
     t0 = env.pop(0)
@@ -42,12 +44,12 @@ def run(env, gens, ck, chk, same, wr, rng):
     env[3] = t3
     env[4] = t4
     return
-""")
+""",
+        )
 
 
 def _run(t, args, keep_all=False):
-    env, mismatches, _ = execute(t, lambda: bind_leaves(t, args, None, None, CPU, 0), CPU, True,
-                                 keep_all=keep_all)
+    env, mismatches, _ = execute(t, lambda: bind_leaves(t, args, None, None, CPU, 0), CPU, True, keep_all=keep_all)
     return env, mismatches
 
 

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-USES_FIXTURE_AND_MARKER = '''
+USES_FIXTURE_AND_MARKER = """
 import pytest
 import torch
 
@@ -37,7 +37,7 @@ def test_indirect_parameter_sets_device(meta_mode):
 
 def test_mode_ends_with_the_test():
     assert type(torch.empty(2)) is torch.Tensor
-'''
+"""
 
 GOLDEN = '''
 
@@ -49,8 +49,7 @@ def test_golden(meta_mode, expect_trace):
 
 
 def _plugin_args() -> list:
-    installed = any(ep.value == "metadispatch_pytest"
-                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    installed = any(ep.value == "metadispatch_pytest" for ep in importlib.metadata.entry_points(group="pytest11"))
     return [] if installed else ["-p", "metadispatch_pytest"]
 
 
@@ -59,8 +58,17 @@ def _pytest(folder: Path, *, accept: bool = False) -> subprocess.CompletedProces
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     if accept:
         env["EXPECTTEST_ACCEPT"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "--strict-markers", "-p", "no:cacheprovider",
-           *_plugin_args(), str(folder)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "--strict-markers",
+        "-p",
+        "no:cacheprovider",
+        *_plugin_args(),
+        str(folder),
+    ]
     return subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -86,20 +94,25 @@ def test_pytest_plugin_fixture_marker_and_golden_trace(tmp_path):
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     source = path.read_text()
     assert 'expect_trace(meta_mode, """\\\n' in source
-    assert "\n".join([
-        "$0: f32[3, 4]@cuda:0 = aten.empty.memory_format([3, 4], device='cuda:0')",
-        "$1: f32[4, 2]@cuda:0 = aten.empty.memory_format([4, 2], device='cuda:0')",
-        "$2: f32[3, 2]@cuda:0 = aten.mm.default($0, $1)",
-        "$3: f32[3, 2]@cuda:0 = aten.relu.default($2)",
-        '""")',
-    ]) in source
+    assert (
+        "\n".join(
+            [
+                "$0: f32[3, 4]@cuda:0 = aten.empty.memory_format([3, 4], device='cuda:0')",
+                "$1: f32[4, 2]@cuda:0 = aten.empty.memory_format([4, 2], device='cuda:0')",
+                "$2: f32[3, 2]@cuda:0 = aten.mm.default($0, $1)",
+                "$3: f32[3, 2]@cuda:0 = aten.relu.default($2)",
+                '""")',
+            ]
+        )
+        in source
+    )
 
     again = _pytest(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "5 passed" in again.stdout
 
 
-TORCH_FREE = '''
+TORCH_FREE = """
 import sys
 
 import pytest
@@ -112,15 +125,15 @@ def test_nothing_heavy_is_imported():
 @pytest.mark.metadispatch(device="cuda")
 def test_the_marker_alone_imports_nothing_either():
     assert [m for m in ("torch", "metadispatch") if m in sys.modules] == []
-'''
+"""
 
-USES_FIXTURE = '''
+USES_FIXTURE = """
 import sys
 
 
 def test_fixture_imports_on_first_use(meta_mode):
     assert "metadispatch" in sys.modules and "torch" in sys.modules
-'''
+"""
 
 
 def test_pytest_plugin_loading_imports_neither_torch_nor_metadispatch(tmp_path):

@@ -218,19 +218,21 @@ def test_repro_snippet_runs_the_call(capsys):
 
 
 def test_repro_snippet_shows_a_wrong_rule(capsys):
-    md.register_meta(torch.ops.aten.relu.default, override=True)(
-        lambda x: x.new_empty(x.shape[1], x.shape[0]).t())
+    md.register_meta(torch.ops.aten.relu.default, override=True)(lambda x: x.new_empty(x.shape[1], x.shape[0]).t())
     try:
         t = md.trace(torch.relu, torch.ones(2, 3))
     finally:
         md.unregister_meta(torch.ops.aten.relu.default)
     exec(t[0].repro(), {})
-    assert "recorded ((2, 3), torch.float32, (1, 2), 0), real ((2, 3), torch.float32, (3, 1), 0)" \
+    assert (
+        "recorded ((2, 3), torch.float32, (1, 2), 0), real ((2, 3), torch.float32, (3, 1), 0)"
         in capsys.readouterr().out
+    )
 
 
-@pytest.mark.parametrize("module", ["execution.replay", "execution.leaves", "ir.repro", "ir.serialize", "ir.decode",
-                                    "execution.materialize"])
+@pytest.mark.parametrize(
+    "module", ["execution.replay", "execution.leaves", "ir.repro", "ir.serialize", "ir.decode", "execution.materialize"]
+)
 def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")
     result = doctest.testmod(sys.modules[f"metadispatch.{module}"], optionflags=doctest.ELLIPSIS)

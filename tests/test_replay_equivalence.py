@@ -83,7 +83,8 @@ def _same_grads(replayed: dict, eager: dict, tolerance) -> bool:
         return False
     named = {id(replayed[n]) for n in eager}
     return all(_equal(replayed[n], g, tolerance) for n, g in eager.items()) and all(
-        id(replayed[n]) in named for n in set(replayed) - set(eager))
+        id(replayed[n]) in named for n in set(replayed) - set(eager)
+    )
 
 
 def _check_equivalence(step: Step, replay_kwargs=None, expect_ok: bool = True):
@@ -99,6 +100,7 @@ def _check_equivalence(step: Step, replay_kwargs=None, expect_ok: bool = True):
 
 
 # -- the models the suite traces
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_equivalence_suite_models(name):
@@ -126,10 +128,15 @@ _UNTRACEABLE = {
     "nn.ctc": "aten._ctc_loss needs its inputs' values (md.check answers it, md.trace cannot)",
     "hf.qwen3_moe": "aten._grouped_mm on CPU takes only bf16 inputs; the float32 step fails",
 }
-_WORKSPACE = pytest.mark.xfail(strict=True, reason="oneDNN's LSTM workspace size is not modelled (meta "
-                               "says 0 bytes): a metadata mismatch on right values")
-_ZOO_CASES = [pytest.param(n, marks=_WORKSPACE) if "lstm" in n else n
-              for n in ZOO.CONFIGS if n.startswith(("nn.", "hf.")) and n not in _UNTRACEABLE]
+_WORKSPACE = pytest.mark.xfail(
+    strict=True,
+    reason="oneDNN's LSTM workspace size is not modelled (meta says 0 bytes): a metadata mismatch on right values",
+)
+_ZOO_CASES = [
+    pytest.param(n, marks=_WORKSPACE) if "lstm" in n else n
+    for n in ZOO.CONFIGS
+    if n.startswith(("nn.", "hf.")) and n not in _UNTRACEABLE
+]
 
 
 @pytest.mark.parametrize("name", _ZOO_CASES)
@@ -144,6 +151,7 @@ def test_equivalence_model_zoo(name):
 
 
 # -- random streams
+
 
 def _dropout_step(model, x):
     y = nn.functional.dropout(model(x), 0.5)
@@ -200,6 +208,7 @@ def test_equivalence_old_trace_without_generator_state_is_not_ok():
 
 
 # -- gradients that exist before the step
+
 
 def test_equivalence_gradient_accumulation_in_one_trace():
     torch.manual_seed(0)
@@ -272,9 +281,14 @@ def compiled_case() -> None:
 
 def test_equivalence_compiled_module():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", "import tests.test_replay_equivalence as t; t.compiled_case()"],
-                          capture_output=True, text=True, timeout=600, cwd=root,
-                          env=dict(os.environ, PYTHONPATH=root))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import tests.test_replay_equivalence as t; t.compiled_case()"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+    )
     if proc.stdout.startswith("XFAIL"):
         pytest.xfail(proc.stdout.strip())
     assert proc.returncode == 0 and "PASSED" in proc.stdout, proc.stderr[-3000:]
@@ -300,8 +314,11 @@ def test_equivalence_mha_inference_without_fast_path():
         torch.backends.mha.set_fastpath_enabled(enabled)
 
 
-@pytest.mark.xfail(strict=True, reason="MetaMode's torch-function mode makes has_torch_function "
-                   "true, so MHA's fast path is not traced; eager takes it and differs in the last bits")
+@pytest.mark.xfail(
+    strict=True,
+    reason="MetaMode's torch-function mode makes has_torch_function "
+    "true, so MHA's fast path is not traced; eager takes it and differs in the last bits",
+)
 def test_equivalence_mha_inference_fast_path():
     mha, q = _mha()
     _check_equivalence(Step(mha, _mha_inference, (q,)))
@@ -312,14 +329,15 @@ def test_equivalence_native_mha_undefined_weights():
 
     def fast_path(m, q):  # what the fast path calls: weights come back undefined
         return torch._native_multi_head_attention(
-            q, q, q, 8, 2, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias,
-            need_weights=False)
+            q, q, q, 8, 2, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias, need_weights=False
+        )
 
     trace, r = _check_equivalence(Step(mha, fast_path, (q,)))
     assert trace.output_meta[1].shape == (0,) and r.output[1] is None
 
 
 # -- replays wrong on purpose: the other direction of the iff
+
 
 def test_equivalence_made_up_inputs_are_not_ok():
     torch.manual_seed(0)

@@ -17,15 +17,18 @@ def _traced_linear():
     return model, x, md.trace(lambda m, x: m(x).sum(), model, x)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (lambda m, x: (m, x.numpy()), r"args\[1\].*numpy.ndarray"),
-    (lambda m, x: (m, x.tolist()), r"args\[1\].*got list"),
-    (lambda m, x: (m,), r"args\[1\].*not given"),
-    (lambda m, x: (m, x, torch.ones(1)), r"args\[2\] was not an argument"),
-    (lambda m, x: (nn.Linear(4, 3), x), r"param 0\.weight.*no parameter of that name.*weight, bias"),
-    (lambda m, x: (m, md.to_meta(x)), r"arg args\[1\] is a MetaTensor"),
-    (lambda m, x: (md.to_meta(m), x), r"param 0\.weight is a MetaTensor"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (lambda m, x: (m, x.numpy()), r"args\[1\].*numpy.ndarray"),
+        (lambda m, x: (m, x.tolist()), r"args\[1\].*got list"),
+        (lambda m, x: (m,), r"args\[1\].*not given"),
+        (lambda m, x: (m, x, torch.ones(1)), r"args\[2\] was not an argument"),
+        (lambda m, x: (nn.Linear(4, 3), x), r"param 0\.weight.*no parameter of that name.*weight, bias"),
+        (lambda m, x: (m, md.to_meta(x)), r"arg args\[1\] is a MetaTensor"),
+        (lambda m, x: (md.to_meta(m), x), r"param 0\.weight is a MetaTensor"),
+    ],
+)
 def test_replay_refuses_inputs_it_cannot_bind(bad, match):
     model, x, trace = _traced_linear()
     with pytest.raises(ReplayInputError, match=match):

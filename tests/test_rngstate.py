@@ -12,10 +12,16 @@ import torch
 
 import metadispatch as md
 
-_TORCH_FUNCTIONS = [(torch, "get_rng_state"), (torch, "set_rng_state"), (torch, "manual_seed"),
-                    (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
-                    (torch.random, "manual_seed"), (torch.cuda, "get_rng_state"),
-                    (torch.cuda, "set_rng_state")]
+_TORCH_FUNCTIONS = [
+    (torch, "get_rng_state"),
+    (torch, "set_rng_state"),
+    (torch, "manual_seed"),
+    (torch.random, "get_rng_state"),
+    (torch.random, "set_rng_state"),
+    (torch.random, "manual_seed"),
+    (torch.cuda, "get_rng_state"),
+    (torch.cuda, "set_rng_state"),
+]
 
 
 def _functions():
@@ -58,8 +64,7 @@ def test_rngstate_replay_draws_what_eager_drew(fn):
 
 def test_rngstate_a_state_from_before_the_trace_is_kept_as_bytes():
     before = torch.get_rng_state()
-    trace, expected, r = _eager_and_replay(lambda x: (torch.set_rng_state(before), torch.rand(3))[1],
-                                           torch.ones(1))
+    trace, expected, r = _eager_and_replay(lambda x: (torch.set_rng_state(before), torch.rand(3))[1], torch.ones(1))
     (event,) = trace.rng_events
     assert event.action == "load" and torch.equal(event.state, before)
     assert r.ok and torch.equal(r.output, expected)

@@ -64,7 +64,7 @@ def test_router_custom_op_without_rule_raises_unsupported():
     assert err.op == "mdtest_router.noimpl.default"
     text = str(err)
     assert "f32[2, 3]@cpu" in text
-    assert "@metadispatch.register_meta(\"mdtest_router::noimpl\")" in text
+    assert '@metadispatch.register_meta("mdtest_router::noimpl")' in text
 
 
 def test_router_custom_op_with_user_rule_records_one_call(cleanup):

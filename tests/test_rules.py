@@ -26,8 +26,16 @@ def _x(*shape, dtype=torch.float32):
 
 def _bn(dtype, training):
     c = 4
-    return (_x(3, c, 5, dtype=dtype), _x(c, dtype=dtype), _x(c, dtype=dtype),
-            torch.zeros(c, dtype=dtype), torch.ones(c, dtype=dtype), training, 0.1, 1e-5)
+    return (
+        _x(3, c, 5, dtype=dtype),
+        _x(c, dtype=dtype),
+        _x(c, dtype=dtype),
+        torch.zeros(c, dtype=dtype),
+        torch.ones(c, dtype=dtype),
+        training,
+        0.1,
+        1e-5,
+    )
 
 
 def _unpool(*shape, memory_format=torch.contiguous_format):
@@ -48,6 +56,7 @@ def _bag(mode):
     weight, indices, offsets = _x(10, 3), torch.tensor([1, 2, 4, 5, 4, 9]), torch.tensor([0, 2, 4])
     return (weight, indices, offsets, False, mode, False, None, False)
 
+
 def _conv(shape, fmt, weight_fmt=torch.contiguous_format, transposed=False, groups=1):
     x = _x(*shape).contiguous(memory_format=fmt)
     k = len(shape) - 2
@@ -57,15 +66,31 @@ def _conv(shape, fmt, weight_fmt=torch.contiguous_format, transposed=False, grou
     return (x, w, None, [1] * k, [0] * k, [1] * k, transposed, [0] * k, groups)
 
 
-_CONV = [_conv((2, 4, 7, 7), f, wf) for f in (torch.contiguous_format, _CL) for wf in (torch.contiguous_format, _CL)] \
-    + [_conv((2, 4, 5, 5, 5), torch.channels_last_3d), _conv((2, 4, 9), torch.contiguous_format),
-       _conv((2, 4, 7, 7), _CL, transposed=True), _conv((2, 4, 7, 7), _CL, groups=4)]
+_CONV = [
+    _conv((2, 4, 7, 7), f, wf) for f in (torch.contiguous_format, _CL) for wf in (torch.contiguous_format, _CL)
+] + [
+    _conv((2, 4, 5, 5, 5), torch.channels_last_3d),
+    _conv((2, 4, 9), torch.contiguous_format),
+    _conv((2, 4, 7, 7), _CL, transposed=True),
+    _conv((2, 4, 7, 7), _CL, groups=4),
+]
 
 
 def _conv_backward(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     out = aten.convolution.default(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
-    return (torch.randn_like(out), x, w, [w.shape[1] if transposed else w.shape[0]], stride, padding,
-            dilation, transposed, output_padding, groups, [True, True, True])
+    return (
+        torch.randn_like(out),
+        x,
+        w,
+        [w.shape[1] if transposed else w.shape[0]],
+        stride,
+        padding,
+        dilation,
+        transposed,
+        output_padding,
+        groups,
+        [True, True, True],
+    )
 
 
 SAMPLES = {
@@ -76,8 +101,7 @@ SAMPLES = {
     aten.convolution.default: _CONV,
     aten._convolution.default: [c + (False, False, True, True) for c in _CONV],
     aten.convolution_backward.default: [_conv_backward(*c) for c in _CONV],
-    aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5)
-                                     for d in _DT]
+    aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5) for d in _DT]
     + [(_x(3, 4, 5, dtype=d), [5], _x(5), _x(5), 1e-5) for d in _DT[1:]],  # mixed: autocast
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit.default: [_bn(d, t) for d in _DT for t in (True, False)],
@@ -88,35 +112,56 @@ SAMPLES = {
     + [(_x(3, 4, 5, dtype=d),) + _bn(torch.float32, True)[1:5] + (0.1, 1e-5) for d in _DT[1:]],
     # Note [Device-hinted meta kernels] (rules/device_hinted.py)
     aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
-    aten._fft_r2c.default: [(_x(5, 6, 7), [0, 1, 2], 0, True), (_x(5, 6, 7), [0, 2], 0, False),
-                            (_x(5, 6, 7).transpose(0, 2), [1], 2, True)],
+    aten._fft_r2c.default: [
+        (_x(5, 6, 7), [0, 1, 2], 0, True),
+        (_x(5, 6, 7), [0, 2], 0, False),
+        (_x(5, 6, 7).transpose(0, 2), [1], 2, True),
+    ],
     aten._fft_c2r.default: [(_c(5, 6, 4), [0, 2], 0, 7), (_c(5, 6, 4), [1], 0, 11)],
-    aten._linalg_svd.default: [(_x(3, 5),), (_x(2, 5, 3), True), (_x(0, 3), True), (_x(4, 4), False, False),
-                               (_c(3, 2),)],
+    aten._linalg_svd.default: [
+        (_x(3, 5),),
+        (_x(2, 5, 3), True),
+        (_x(0, 3), True),
+        (_x(4, 4), False, False),
+        (_c(3, 2),),
+    ],
     aten.linalg_eig.default: [(_x(5, 5),), (_x(2, 3, 3, dtype=torch.float64),), (_c(4, 4),)],
-    aten.nonzero_static.default: [((torch.tensor([[1.0, 0.0], [0.0, 2.0]]),), {"size": s})
-                                  for s in (1, 2, 5)],
+    aten.nonzero_static.default: [((torch.tensor([[1.0, 0.0], [0.0, 2.0]]),), {"size": s}) for s in (1, 2, 5)],
     aten._embedding_bag.default: [_bag(m) for m in (0, 1, 2)],
     aten._embedding_bag_forward_only.default: [_bag(m) for m in (0, 1, 2)],
     aten.pixel_shuffle.default: [(_x(1, 8, 3, 3), 2), (_x(2, 8, 3, 3).to(memory_format=_CL), 2)],
-    aten.reflection_pad2d.default: [(_x(1, 2, 4, 4), [1, 1, 2, 2]),
-                                    (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1])],
-    aten.replication_pad2d.default: [(_x(1, 2, 4, 4), [1, 1, 2, 2]),
-                                     (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1])],
+    aten.reflection_pad2d.default: [
+        (_x(1, 2, 4, 4), [1, 1, 2, 2]),
+        (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1]),
+    ],
+    aten.replication_pad2d.default: [
+        (_x(1, 2, 4, 4), [1, 1, 2, 2]),
+        (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1]),
+    ],
     aten.histc.default: [(_x(10), 5, 0.0, 1.0), (_x(3, 4, dtype=torch.float64), 7)],
-    aten.max_unpool2d.default: [_unpool(2, 3, 4, 4), _unpool(2, 3, 4, 6, memory_format=_CL),
-                                _unpool(3, 4, 4), _unpool(1, 2, 2, 4, memory_format=_CL)],
+    aten.max_unpool2d.default: [
+        _unpool(2, 3, 4, 4),
+        _unpool(2, 3, 4, 6, memory_format=_CL),
+        _unpool(3, 4, 4),
+        _unpool(1, 2, 2, 4, memory_format=_CL),
+    ],
     aten.geqrf.default: [(_x(5, 3),), (_x(2, 3, 5, dtype=torch.float64),), (_c(4, 4),)],
-    aten.histogram.bin_ct: [((_x(10),), {"bins": 4}),
-                            ((_x(3, 4), 5), {"range": [0.0, 1.0], "weight": _x(3, 4), "density": True})],
-    aten.histogram.bins_tensor: [(_x(10), torch.tensor([0.0, 1.0, 3.0])),
-                                 ((_x(2, 5), torch.tensor([0.0, 1.0])), {"weight": _x(2, 5)})],
-    aten._histogramdd_bin_edges.default: [(_x(6, 3), [2, 3, 4]),
-                                          ((_x(6, 2), [2, 1]), {"range": [0.0, 1.0, -1.0, 1.0]})],
-    aten._histogramdd_from_bin_cts.default: [(_x(6, 3), [2, 3, 4]),
-                                             ((_x(2, 6, 2), [2, 1]), {"weight": _x(2, 6)})],
+    aten.histogram.bin_ct: [
+        ((_x(10),), {"bins": 4}),
+        ((_x(3, 4), 5), {"range": [0.0, 1.0], "weight": _x(3, 4), "density": True}),
+    ],
+    aten.histogram.bins_tensor: [
+        (_x(10), torch.tensor([0.0, 1.0, 3.0])),
+        ((_x(2, 5), torch.tensor([0.0, 1.0])), {"weight": _x(2, 5)}),
+    ],
+    aten._histogramdd_bin_edges.default: [
+        (_x(6, 3), [2, 3, 4]),
+        ((_x(6, 2), [2, 1]), {"range": [0.0, 1.0, -1.0, 1.0]}),
+    ],
+    aten._histogramdd_from_bin_cts.default: [(_x(6, 3), [2, 3, 4]), ((_x(2, 6, 2), [2, 1]), {"weight": _x(2, 6)})],
     aten._histogramdd_from_bin_tensors.default: [
-        (_x(6, 2), [torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 0.0, 2.0])])],
+        (_x(6, 2), [torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 0.0, 2.0])])
+    ],
     aten.index.Tensor: [
         (_x(4, 3), [torch.tensor([0, 2])]),
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
@@ -132,11 +177,16 @@ SAMPLES = {
 
 # Arguments and dtypes each real in-place random fill refuses.
 _REFUSED_FILLS = [
-    (aten.normal_.default, (-1.0,), torch.float32), (aten.normal_.default, (), torch.int64),
-    (aten.cauchy_.default, (0.0, 0.0), torch.float32), (aten.cauchy_.default, (), torch.complex64),
-    (aten.exponential_.default, (0.0,), torch.float32), (aten.exponential_.default, (), torch.int32),
-    (aten.geometric_.default, (1.0,), torch.float32), (aten.geometric_.default, (0.5,), torch.bool),
-    (aten.log_normal_.default, (1.0, 0.0), torch.float32), (aten.log_normal_.default, (), torch.uint8),
+    (aten.normal_.default, (-1.0,), torch.float32),
+    (aten.normal_.default, (), torch.int64),
+    (aten.cauchy_.default, (0.0, 0.0), torch.float32),
+    (aten.cauchy_.default, (), torch.complex64),
+    (aten.exponential_.default, (0.0,), torch.float32),
+    (aten.exponential_.default, (), torch.int32),
+    (aten.geometric_.default, (1.0,), torch.float32),
+    (aten.geometric_.default, (0.5,), torch.bool),
+    (aten.log_normal_.default, (1.0, 0.0), torch.float32),
+    (aten.log_normal_.default, (), torch.uint8),
 ]
 
 
@@ -151,8 +201,7 @@ def test_rules_device_hinted_answers_for_the_logical_device():
     # torch's meta function for _linalg_svd knows CPU LAPACK returns Vh
     # column-major and cuSOLVER row-major; each logical device gets its own.
     a = torch.randn(2, 5, 3)
-    vh = {d: torch.linalg.svd(md.to_meta(a, device=d), full_matrices=False)[2].stride()
-          for d in ("cpu", "cuda")}
+    vh = {d: torch.linalg.svd(md.to_meta(a, device=d), full_matrices=False)[2].stride() for d in ("cpu", "cuda")}
     assert vh["cpu"] == torch.linalg.svd(a, full_matrices=False)[2].stride() == (9, 1, 3)
     assert vh["cuda"] == (9, 3, 1)
 
@@ -163,7 +212,9 @@ def test_rules_index_boolean_mask_is_data_dependent():
         x[md.to_meta(torch.ones(4, dtype=torch.bool))]
 
 
-@pytest.mark.parametrize("op, args, dtype", _REFUSED_FILLS, ids=lambda v: op_name(v) if isinstance(v, torch._ops.OpOverload) else str(v))
+@pytest.mark.parametrize(
+    "op, args, dtype", _REFUSED_FILLS, ids=lambda v: op_name(v) if isinstance(v, torch._ops.OpOverload) else str(v)
+)
 def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
     if op is aten.normal_.default and args:
         args = (0.0,) + args  # mean, std
@@ -191,10 +242,12 @@ def test_rules_histogram_has_no_kernel_off_cpu():
 def test_rules_random_fill_building_a_model_does_not_import_dynamo():
     # Note [Random fills without dynamo]: nn.init's normal_ under MetaMode
     # used to import torch._dynamo (about 1.5 s) through torch's reference.
-    code = ("import sys, torch, metadispatch as md\n"
-            "with md.MetaMode(device='cuda'):\n"
-            "    torch.nn.Embedding(10, 8); torch.empty(4).geometric_(0.5)\n"
-            "    torch.empty(4).exponential_(); torch.empty(4).log_normal_(); torch.empty(4).cauchy_()\n"
-            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n")
+    code = (
+        "import sys, torch, metadispatch as md\n"
+        "with md.MetaMode(device='cuda'):\n"
+        "    torch.nn.Embedding(10, 8); torch.empty(4).geometric_(0.5)\n"
+        "    torch.empty(4).exponential_(); torch.empty(4).log_normal_(); torch.empty(4).cauchy_()\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

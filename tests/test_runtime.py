@@ -52,9 +52,13 @@ def test_runtime_rolls_up_like_flops_and_is_never_below_the_roofline(name):
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.integers(1, 3000), k=st.integers(1, 3000), n=st.integers(1, 3000),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-       gpu=st.sampled_from(["h100", "a100-40gb", "l4"]))
+@given(
+    m=st.integers(1, 3000),
+    k=st.integers(1, 3000),
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    gpu=st.sampled_from(["h100", "a100-40gb", "l4"]),
+)
 def test_runtime_property_matmuls_and_their_epilogues_never_beat_the_roofline(m, k, n, dtype, gpu):
     a, b = torch.empty(m, k, dtype=dtype), torch.empty(k, n, dtype=dtype)
     t = md.tracer(device="cuda")(lambda a, b: (a @ b).relu().sum(), a, b)
@@ -63,9 +67,16 @@ def test_runtime_property_matmuls_and_their_epilogues_never_beat_the_roofline(m,
         assert seconds >= roofline(call, r.gpu)
 
 
-@pytest.mark.parametrize("bad", [dict(memory=1.2), dict(matmul=((1e9, 0.5),)),
-                                 dict(attention=((float("inf"), 0.5), (1e9, 0.3))),
-                                 dict(other=((float("inf"), 0.0),)), dict(launch=-1.0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(memory=1.2),
+        dict(matmul=((1e9, 0.5),)),
+        dict(attention=((float("inf"), 0.5), (1e9, 0.3))),
+        dict(other=((float("inf"), 0.0),)),
+        dict(launch=-1.0),
+    ],
+)
 def test_runtime_efficiency_tables_are_validated(bad):
     with pytest.raises(md.MetaDispatchError, match="Efficiency"):
         Efficiency(**bad)

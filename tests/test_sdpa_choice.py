@@ -12,11 +12,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import metadispatch as md
 
-_BACKENDS = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-_OPS = {"flash": "aten._scaled_dot_product_flash_attention.default",
-        "efficient": "aten._scaled_dot_product_efficient_attention.default",
-        "cudnn": "aten._scaled_dot_product_cudnn_attention.default"}
+_BACKENDS = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+_OPS = {
+    "flash": "aten._scaled_dot_product_flash_attention.default",
+    "efficient": "aten._scaled_dot_product_efficient_attention.default",
+    "cudnn": "aten._scaled_dot_product_cudnn_attention.default",
+}
 
 
 def _tensor(shape, dtype, grad, offset=0, transposed=False):
@@ -41,16 +47,20 @@ def _deterministic(how):
 
 def _recorded_backend(c) -> str:
     flags = [_BACKENDS[b] for b in c["flags"]] if c["flags"] else list(_BACKENDS.values())
-    with md.MetaMode(device="cuda", gpu=c["gpu"]) as mode, sdpa_kernel(flags, set_priority=c["priority"]), \
-            _deterministic(c["deterministic"]):
+    with (
+        md.MetaMode(device="cuda", gpu=c["gpu"]) as mode,
+        sdpa_kernel(flags, set_priority=c["priority"]),
+        _deterministic(c["deterministic"]),
+    ):
         q = _tensor(c["q"], c["dtype"], c["grad"], c["offset"], c["transposed"])
         k = _tensor(c["k"], c["dtype"], c["grad"], c["offset"], c["transposed"])
         mask = None
         if c["mask"] is not None:
             kind, shape = c["mask"]
             mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=c["dtype"])
-        F.scaled_dot_product_attention(q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"],
-                                       enable_gqa=c["gqa"])
+        F.scaled_dot_product_attention(
+            q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"], enable_gqa=c["gqa"]
+        )
     ops = {call.op for call in mode.trace.calls}
     fused = [name for name, op in _OPS.items() if op in ops]
     assert len(fused) <= 1, fused
@@ -87,6 +97,7 @@ def test_sdpa_profile_is_part_of_the_cache_key():
             q = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
             F.scaled_dot_product_attention(q, q, q)
         return [c.op for c in mode.trace.calls]
+
     assert _OPS["cudnn"] in ops("h100") and _OPS["flash"] in ops("a100-80gb") and _OPS["cudnn"] in ops("h100")
 
 
@@ -117,21 +128,37 @@ def test_sdpa_all_backends_disabled_raises_as_torch():
 @pytest.mark.parametrize("mask", [None, "bool", "float"])
 def test_sdpa_fused_output_and_grads_match_math_metadata(gpu, mask):
     """The fused path's output and gradients have the metadata eager's math path gives."""
+
     def run(backends, device):
         with md.MetaMode(device=device, gpu=gpu if device == "cuda" else None), sdpa_kernel(backends):
             q = torch.empty(2, 4, 32, 40, dtype=torch.float16, requires_grad=True)
-            m = None if mask is None else (torch.ones(32, 32, dtype=torch.bool) if mask == "bool"
-                                           else torch.zeros(2, 1, 32, 32, dtype=torch.float16))
+            m = (
+                None
+                if mask is None
+                else (
+                    torch.ones(32, 32, dtype=torch.bool)
+                    if mask == "bool"
+                    else torch.zeros(2, 1, 32, 32, dtype=torch.float16)
+                )
+            )
             out = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
             out.sum().backward()
             return out.shape, out.dtype, q.grad.shape, q.grad.dtype
+
     assert run(list(_BACKENDS.values()), "cuda") == run([SDPBackend.MATH], "cpu")
 
 
 def test_sdpa_transformers_llama_on_h100_records_cudnn_and_peaks_below_math():
     from metadispatch.cli import targets
-    small = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-             "num_key_value_heads": 4, "vocab_size": 1000}
+
+    small = {
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1000,
+    }
     hf = targets.hf_target("llama", small, "cuda", True, 1, 512, torch.bfloat16)
 
     def peak(backends):
@@ -140,6 +167,7 @@ def test_sdpa_transformers_llama_on_h100_records_cudnn_and_peaks_below_math():
         with sdpa_kernel(backends):
             t = md.tracer(device="cuda", gpu="h100")(hf.step, hf.model, *hf.inputs)
         return md.memory(t).peak, {c.op for c in t.calls}
+
     fused, ops = peak(list(_BACKENDS.values()))
     math, math_ops = peak([SDPBackend.MATH])
     assert _OPS["cudnn"] in ops and "aten._scaled_dot_product_cudnn_attention_backward.default" in ops

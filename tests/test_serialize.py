@@ -21,12 +21,18 @@ def llama_trace():
 
 def _traces():
     yield "mlp", md.trace(lambda m, x: m(x).sum(), build("mlp")[0], torch.randn(2, 6))
-    yield "cuda", md.tracer(device="cuda")(lambda x: torch.cat([x, x.flip(0)]).softmax(-1),
-                                            torch.randn(2, 3))
-    yield "odd_values", md.trace(
-        lambda x: (x.masked_fill(x > 0, float("-inf")).to(memory_format=torch.channels_last),
-                   torch.full((2,), float("nan")), torch.tensor([1.0, 2.0]) * x.sum()),
-        torch.randn(1, 2, 3, 3))
+    yield "cuda", md.tracer(device="cuda")(lambda x: torch.cat([x, x.flip(0)]).softmax(-1), torch.randn(2, 3))
+    yield (
+        "odd_values",
+        md.trace(
+            lambda x: (
+                x.masked_fill(x > 0, float("-inf")).to(memory_format=torch.channels_last),
+                torch.full((2,), float("nan")),
+                torch.tensor([1.0, 2.0]) * x.sum(),
+            ),
+            torch.randn(1, 2, 3, 3),
+        ),
+    )
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])
@@ -65,6 +71,7 @@ def test_serialize_keeps_constants_and_rng_state(tmp_path):
 
 # -- bad files
 
+
 @pytest.fixture(scope="module")
 def good_doc(tmp_path_factory):
     path = tmp_path_factory.mktemp("good") / "t.json"
@@ -94,36 +101,63 @@ _BAD_DOCS = {
     "version 1": (lambda d: _edit(d, ["version"], 1), "unknown format version 1"),
     "not a trace": (lambda d: {"hello": "world"}, "not a trace"),
     "a JSON list": (lambda d: [1, 2, 3], "not a trace"),
-    "unknown op": (lambda d: _edit(d, ["ops", 1], "aten.no_such_op.default"),
-                   "ops[1]: unknown op 'aten.no_such_op.default'"),
-    "python in op": (lambda d: _edit(d, ["ops", 0], "__import__('os').system('x')"),
-                     "ops[0]: unknown op"),
-    "op index out of range": (lambda d: _edit(d, ["calls", "op", 2], 7),
-                              "calls.op[2]: expected an index into ops (which has 3 entries), got 7"),
-    "negative size": (lambda d: _edit(d, ["tensors", "shape", 0], [2, -3]),
-                      "tensors.shape[0]: negative size in [2, -3]"),
-    "float size": (lambda d: _edit(d, ["tensors", "shape", 1], [3.0, 2]),
-                   "tensors.shape[1]: sizes must be a list of integers"),
-    "negative offset": (lambda d: _edit(d, ["tensors", "storage_offset", 1], -1),
-                        "tensors.storage_offset[1]: expected a non-negative integer, got -1"),
-    "shape and stride lengths": (lambda d: _edit(d, ["tensors", "stride", 2], [1]),
-                                 "tensors.stride[2]: (shape, stride) differ in length"),
-    "short column": (lambda d: _edit(d, ["tensors", "storage"], [0, 0]),
-                     "tensors.storage: 2 entries, but tensors.id has 4"),
-    "unknown dtype": (lambda d: _edit(d, ["strings", d["strings"].index("float32")], "float99"),
-                      "tensors.dtype[0]: unknown dtype 'float99'"),
-    "undefined id": (lambda d: _edit(d, ["calls", "args", 1, 0], {"t": 3}),
-                     "calls.args[1][0]: tensor $3 is used before"),
-    "no such tensor record": (lambda d: _edit(d, ["calls", "args", 1, 1], {"t": 42}),
-                              "calls.args[1][1]: no tensor record 42 (tensors has 4)"),
-    "bad phase": (lambda d: _edit_string(d, ["calls", "phase", 2], "sideways"),
-                  "calls.phase[2]: unknown phase, got 'sideways'"),
-    "string index out of range": (lambda d: _edit(d, ["calls", "module", 1], -1),
-                                  "calls.module[1]: expected an index into strings"),
-    "unknown tag": (lambda d: _edit(d, ["calls", "args", 0, 0], {"pickle": "gASV"}),
-                    "calls.args[0][0]: unknown tag 'pickle'"),
-    "too many args": (lambda d: _edit(d, ["calls", "args", 2], [None] * 9),
-                      "calls.args[2]: 9 arguments do not fit the schema of aten.relu.default"),
+    "unknown op": (
+        lambda d: _edit(d, ["ops", 1], "aten.no_such_op.default"),
+        "ops[1]: unknown op 'aten.no_such_op.default'",
+    ),
+    "python in op": (lambda d: _edit(d, ["ops", 0], "__import__('os').system('x')"), "ops[0]: unknown op"),
+    "op index out of range": (
+        lambda d: _edit(d, ["calls", "op", 2], 7),
+        "calls.op[2]: expected an index into ops (which has 3 entries), got 7",
+    ),
+    "negative size": (
+        lambda d: _edit(d, ["tensors", "shape", 0], [2, -3]),
+        "tensors.shape[0]: negative size in [2, -3]",
+    ),
+    "float size": (
+        lambda d: _edit(d, ["tensors", "shape", 1], [3.0, 2]),
+        "tensors.shape[1]: sizes must be a list of integers",
+    ),
+    "negative offset": (
+        lambda d: _edit(d, ["tensors", "storage_offset", 1], -1),
+        "tensors.storage_offset[1]: expected a non-negative integer, got -1",
+    ),
+    "shape and stride lengths": (
+        lambda d: _edit(d, ["tensors", "stride", 2], [1]),
+        "tensors.stride[2]: (shape, stride) differ in length",
+    ),
+    "short column": (
+        lambda d: _edit(d, ["tensors", "storage"], [0, 0]),
+        "tensors.storage: 2 entries, but tensors.id has 4",
+    ),
+    "unknown dtype": (
+        lambda d: _edit(d, ["strings", d["strings"].index("float32")], "float99"),
+        "tensors.dtype[0]: unknown dtype 'float99'",
+    ),
+    "undefined id": (
+        lambda d: _edit(d, ["calls", "args", 1, 0], {"t": 3}),
+        "calls.args[1][0]: tensor $3 is used before",
+    ),
+    "no such tensor record": (
+        lambda d: _edit(d, ["calls", "args", 1, 1], {"t": 42}),
+        "calls.args[1][1]: no tensor record 42 (tensors has 4)",
+    ),
+    "bad phase": (
+        lambda d: _edit_string(d, ["calls", "phase", 2], "sideways"),
+        "calls.phase[2]: unknown phase, got 'sideways'",
+    ),
+    "string index out of range": (
+        lambda d: _edit(d, ["calls", "module", 1], -1),
+        "calls.module[1]: expected an index into strings",
+    ),
+    "unknown tag": (
+        lambda d: _edit(d, ["calls", "args", 0, 0], {"pickle": "gASV"}),
+        "calls.args[0][0]: unknown tag 'pickle'",
+    ),
+    "too many args": (
+        lambda d: _edit(d, ["calls", "args", 2], [None] * 9),
+        "calls.args[2]: 9 arguments do not fit the schema of aten.relu.default",
+    ),
 }
 
 

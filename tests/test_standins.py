@@ -27,6 +27,7 @@ def _step(opt):
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
+
     return step
 
 
@@ -60,6 +61,8 @@ def test_standins_optimizer_built_before_the_trace_steps_on_stand_ins(name):
     with _Ops() as log:
         real_opt.step()
     assert [c.op for c in t if c.phase == "optimizer"] == log.ops
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_standins_optimizer_and_model_are_untouched(name):
     opt_cls, kwargs = OPTIMIZERS[name]

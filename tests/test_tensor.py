@@ -22,16 +22,19 @@ def _same_metadata(m, r):
     assert m.requires_grad == r.requires_grad
 
 
-@pytest.mark.parametrize("fn,shapes", [
-    (lambda x: x.t(), [(3, 4)]),
-    (lambda x: x[1:, ::2], [(4, 6)]),
-    (lambda x, y: x @ y, [(3, 4), (4, 5)]),
-    (lambda x: x.permute(2, 0, 1).contiguous(), [(2, 3, 4)]),
-    (lambda x: x.expand(3, 4, 5), [(4, 1)]),
-    (lambda x: torch.nn.functional.softmax(x, -1), [(2, 7)]),
-    (lambda x: x.transpose(0, 1) + 1, [(3, 5)]),
-    (lambda x: x.to(torch.float16).sum(0), [(3, 5)]),
-])
+@pytest.mark.parametrize(
+    "fn,shapes",
+    [
+        (lambda x: x.t(), [(3, 4)]),
+        (lambda x: x[1:, ::2], [(4, 6)]),
+        (lambda x, y: x @ y, [(3, 4), (4, 5)]),
+        (lambda x: x.permute(2, 0, 1).contiguous(), [(2, 3, 4)]),
+        (lambda x: x.expand(3, 4, 5), [(4, 1)]),
+        (lambda x: torch.nn.functional.softmax(x, -1), [(2, 7)]),
+        (lambda x: x.transpose(0, 1) + 1, [(3, 5)]),
+        (lambda x: x.to(torch.float16).sum(0), [(3, 5)]),
+    ],
+)
 def test_tensor_metadata_matches_real_cpu(fn, shapes):
     m, r = _meta_and_real(fn, *shapes)
     _same_metadata(m, r)
@@ -63,9 +66,16 @@ def test_tensor_inplace_returns_same_object():
     assert x.shape == (1, 2, 3)
 
 
-@pytest.mark.parametrize("view", [
-    lambda x: x.view(6), lambda x: x.t(), lambda x: x[0], lambda x: x.unsqueeze(0), lambda x: x.detach(),
-])
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda x: x.view(6),
+        lambda x: x.t(),
+        lambda x: x[0],
+        lambda x: x.unsqueeze(0),
+        lambda x: x.detach(),
+    ],
+)
 def test_tensor_views_report_base_like_real(view):
     real = torch.ones(2, 3)
     x = md.to_meta(real)
@@ -74,13 +84,16 @@ def test_tensor_views_report_base_like_real(view):
     assert (v._base is x) == (rv._base is real)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: md.to_meta(torch.ones(2, 3)),
-    lambda: md.to_meta(torch.ones(())),
-    lambda: md.to_meta(torch.ones(2, 3, requires_grad=True)) * 2,
-    lambda: md.to_meta(torch.ones(4, 4)).t()[1:],
-    lambda: torch.nn.Parameter(md.to_meta(torch.ones(2), device="cuda:3")),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: md.to_meta(torch.ones(2, 3)),
+        lambda: md.to_meta(torch.ones(())),
+        lambda: md.to_meta(torch.ones(2, 3, requires_grad=True)) * 2,
+        lambda: md.to_meta(torch.ones(4, 4)).t()[1:],
+        lambda: torch.nn.Parameter(md.to_meta(torch.ones(2), device="cuda:3")),
+    ],
+)
 def test_tensor_repr_never_fails(make):
     t = make()
     text = repr(t)
@@ -88,18 +101,21 @@ def test_tensor_repr_never_fails(make):
     assert str(t) == text and f"{t}" == text
 
 
-@pytest.mark.parametrize("read,op", [
-    (lambda x: x.sum().item(), "_local_scalar_dense"),
-    (lambda x: bool(x.sum()), "_local_scalar_dense"),
-    (lambda x: float(x.sum()), "_local_scalar_dense"),
-    (lambda x: int(x.sum()), "_local_scalar_dense"),
-    (lambda x: x.tolist(), "tolist"),
-    (lambda x: x.numpy(), "numpy"),
-    (lambda x: x.nonzero(), "nonzero"),
-    (lambda x: x.masked_select(x > 0), "masked_select"),
-    (lambda x: torch.unique(x), "unique"),
-    (lambda x: x[x > 0], "index.Tensor"),
-])
+@pytest.mark.parametrize(
+    "read,op",
+    [
+        (lambda x: x.sum().item(), "_local_scalar_dense"),
+        (lambda x: bool(x.sum()), "_local_scalar_dense"),
+        (lambda x: float(x.sum()), "_local_scalar_dense"),
+        (lambda x: int(x.sum()), "_local_scalar_dense"),
+        (lambda x: x.tolist(), "tolist"),
+        (lambda x: x.numpy(), "numpy"),
+        (lambda x: x.nonzero(), "nonzero"),
+        (lambda x: x.masked_select(x > 0), "masked_select"),
+        (lambda x: torch.unique(x), "unique"),
+        (lambda x: x[x > 0], "index.Tensor"),
+    ],
+)
 def test_tensor_reading_data_raises_data_dependent_error(read, op):
     x = md.to_meta(torch.randn(3, 4))
     with pytest.raises(md.DataDependentError, match=op):

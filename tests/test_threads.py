@@ -23,6 +23,7 @@ def _run_threads(*workers):
                 fn()
             except BaseException as e:  # reported by the main thread
                 errors.append(e)
+
         return run
 
     threads = [threading.Thread(target=guard(w)) for w in workers]
@@ -45,8 +46,10 @@ def test_threads_mode_traces_are_independent():
                 model = nn.Sequential(nn.Linear(width, width), act())
                 with md.MetaMode(device=device) as mode:
                     model(torch.ones(2, width, device=device)).sum().backward()
-                seen[act.__name__.lower()].add(frozenset(
-                    (c.op, c.module, str(o.device), o.shape) for c in mode.trace for o in c.output_metas))
+                seen[act.__name__.lower()].add(
+                    frozenset((c.op, c.module, str(o.device), o.shape) for c in mode.trace for o in c.output_metas)
+                )
+
         return run
 
     _run_threads(worker(nn.ReLU, 3, "cuda"), worker(nn.Sigmoid, 5, "cpu"))
@@ -66,13 +69,13 @@ def test_threads_md_trace_attributes_own_modules():
         def run():
             barrier.wait()
             results[name] = {str(md.trace(model, torch.ones(*shape))) for _ in range(ROUNDS)}
+
         return run
 
     a = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
     b = nn.Sequential(nn.Linear(5, 2), nn.Tanh(), nn.Linear(2, 2))
     _run_threads(worker("a", a, (2, 3)), worker("b", b, (4, 5)))
-    assert results == {"a": {str(md.trace(a, torch.ones(2, 3)))},
-                       "b": {str(md.trace(b, torch.ones(4, 5)))}}
+    assert results == {"a": {str(md.trace(a, torch.ones(2, 3)))}, "b": {str(md.trace(b, torch.ones(4, 5)))}}
 
 
 def test_threads_logical_cuda_survives_other_threads_exit():
@@ -113,8 +116,8 @@ def test_threads_share_the_metadata_cache_while_it_evicts(monkeypatch):
         def run():
             barrier.wait()
             with md.MetaMode():
-                shapes[name] = [tuple((torch.ones(n + offset, 3) @ torch.ones(3, n)).shape)
-                                for n in range(1, 40)]
+                shapes[name] = [tuple((torch.ones(n + offset, 3) @ torch.ones(3, n)).shape) for n in range(1, 40)]
+
         return run
 
     _run_threads(worker("a", 0), worker("b", 100))

@@ -40,7 +40,9 @@ class TestGolden(expecttest.TestCase):
     def test_trace_mlp_forward_backward_golden(self):
         model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
         t = md.trace(_train_step(model), torch.randn(5, 4))
-        self.assertExpectedInline(str(t), """\
+        self.assertExpectedInline(
+            str(t),
+            """\
 $0: f32[3, 4] = param 0.weight
 $1: f32[4, 3]{1, 4} = aten.t.default($0)  # 0
 $2: f32[3] = param 0.bias
@@ -74,11 +76,14 @@ $29: f32[1, 3] = aten.sum.dim_IntList($25, [0], True)  # 0 (bw)
 $30: f32[3] = aten.view.default($29, [3])  # 0 (bw)
 $31: f32[3] = aten.detach.default($30)  # 0 (bw)
 $32: f32[3, 4] = aten.t.default($28)  # 0 (bw)
-$33: f32[3, 4] = aten.detach.default($32)  # 0 (bw)""")
+$33: f32[3, 4] = aten.detach.default($32)  # 0 (bw)""",
+        )
 
     def test_trace_transformer_block_forward_golden(self):
         t = md.tracer(device="cuda")(TinyBlock(), torch.randn(2, 3, 8))
-        self.assertExpectedInline(str(t), """\
+        self.assertExpectedInline(
+            str(t),
+            """\
 $0: f32[2, 3, 8]@cuda:0 = arg args[0]
 $1: f32[8]@cuda:0 = param norm.weight
 $2: f32[8]@cuda:0 = param norm.bias
@@ -133,12 +138,15 @@ $54: f32[16, 8]{1, 16}@cuda:0 = aten.t.default($53)  # mlp.2
 $55: f32[8]@cuda:0 = param mlp.2.bias
 $56: f32[6, 8]@cuda:0 = aten.addmm.default($55, $52, $54)  # mlp.2
 $57: f32[2, 3, 8]@cuda:0 = aten.view.default($56, [2, 3, 8])  # mlp.2
-$58: f32[2, 3, 8]@cuda:0 = aten.add.Tensor($44, $57)""")
+$58: f32[2, 3, 8]@cuda:0 = aten.add.Tensor($44, $57)""",
+        )
 
     def test_trace_summary_golden(self):
         model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
         t = md.trace(_train_step(model), torch.randn(5, 4))
-        self.assertExpectedInline(t.summary(), """\
+        self.assertExpectedInline(
+            t.summary(),
+            """\
 29 calls: 8 forward, 21 backward; answered by meta 29
 
 op                               calls
@@ -160,15 +168,15 @@ module  calls
 2          12
 0          10
 1           4
-<top>       3""")
+<top>       3""",
+        )
 
 
 def test_trace_records_what_replay_needs():
     model = nn.Linear(3, 2)
     t = md.trace(_train_step(model), torch.randn(4, 3))
     leaves = {leaf.name: leaf for leaf in t.leaves.values()}
-    assert {name: leaf.kind for name, leaf in leaves.items()} == {
-        "weight": "param", "bias": "param", "args[0]": "arg"}
+    assert {name: leaf.kind for name, leaf in leaves.items()} == {"weight": "param", "bias": "param", "args[0]": "arg"}
     mm = next(c for c in t if c.op == "aten.addmm.default")
     assert mm.func is torch.ops.aten.addmm.default
     assert [m.id for m in mm.inputs] == [leaves["bias"].meta.id, leaves["args[0]"].meta.id, t[0].outputs[0].id]

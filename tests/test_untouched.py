@@ -72,6 +72,7 @@ def s_inplace_input_slice():
     def step(x):
         x[0] = 1
         return x.sum()
+
     return step, (x,), {}
 
 
@@ -95,6 +96,7 @@ def s_double_inside():
     def step(x):
         m.double()
         return m(x.double()).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -104,6 +106,7 @@ def s_to_inside():
     def step(x):
         m.to(torch.float64)
         return m(x.to(torch.float64)).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -113,6 +116,7 @@ def s_train_eval_inside():
     def step(x):
         m.eval()
         return m(x).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -125,6 +129,7 @@ def s_zero_grad_top():
         opt.zero_grad()
         _step(m, x)
         opt.step()
+
     return step, (_x(),), {"m": m, "opt": opt}
 
 
@@ -133,6 +138,7 @@ def s_free_parameter():
 
     def step(x):
         (x @ w).sum().backward()
+
     return step, (_x(),), {"w": w}
 
 
@@ -141,6 +147,7 @@ def s_functional_weights():
 
     def step(x):
         F.linear(x, m.weight, m.bias).sum().backward()
+
     return step, (_x(),), {"m": m}
 
 
@@ -174,6 +181,7 @@ def _built_before(make_optimizer):
         opt.zero_grad()
         _step(m, x)
         opt.step()
+
     return step, (_x(),), {"m": m, "opt": opt}
 
 
@@ -193,6 +201,7 @@ def s_adamw_foreach():
         _step(m, x)
         opt.step()
         opt.zero_grad()
+
     return step, (_x(),), {"m": m, "opt": opt}
 
 
@@ -205,6 +214,7 @@ def s_scheduler():
         _step(m, x)
         opt.step()
         sched.step()
+
     return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
 
 
@@ -215,6 +225,7 @@ def s_grad_accumulation():
     def step(x):
         _step(m, x)
         _step(m, x)
+
     return step, (_x(),), {"m": m}
 
 
@@ -243,6 +254,7 @@ def s_requires_grad_toggle():
     def step(x):
         m.weight.requires_grad_(False)
         return m(x).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -252,6 +264,7 @@ def s_param_data_assign():
     def step(x):
         m.weight.data = torch.zeros(4, 4)
         return m(x).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -262,6 +275,7 @@ def s_tensor_in_list_and_dict():
         state["xs"][0].add_(1)
         state["t"][0].mul_(3)
         return x.sum()
+
     return step, (_x(),), {"state": state}
 
 
@@ -279,6 +293,7 @@ def s_no_grad_param_update():
         with torch.no_grad():
             for p in m.parameters():
                 p -= 0.1 * p.grad
+
     return step, (_x(),), {"m": m}
 
 
@@ -288,6 +303,7 @@ def s_clip_grad_norm():
     def step(x):
         _step(m, x)
         nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+
     return step, (_x(),), {"m": m}
 
 
@@ -303,6 +319,7 @@ def s_attribute_added():
         m.extra = torch.ones(2)
         m.add_module("head", nn.Linear(4, 2))
         return m.head(m(x)).sum()
+
     return step, (_x(),), {"m": m}
 
 
@@ -328,6 +345,7 @@ def _ending(step, ending):
     def ended(*args, **kwargs):
         step(*args, **kwargs)
         raise ValueError("the step fails") if ending == "raises" else KeyboardInterrupt
+
     return ended
 
 
@@ -336,10 +354,14 @@ def _ending(step, ending):
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_untouched_after_running_on_meta(scenario, verb, ending):
     if scenario == "lazy_module":
-        pytest.xfail("a lazy parameter cannot materialise on a MetaTensor (set_data refuses the subclass; md.check runs it for real)")
+        pytest.xfail(
+            "a lazy parameter cannot materialise on a MetaTensor (set_data refuses the subclass; md.check runs it for real)"
+        )
     if verb == "MetaMode" and scenario in _BEFORE_FORWARD:
-        pytest.xfail("a bare MetaMode saves a module at its first forward; this step changes it "
-                     "before (or without) running it -- md.trace saves what the function reaches")
+        pytest.xfail(
+            "a bare MetaMode saves a module at its first forward; this step changes it "
+            "before (or without) running it -- md.trace saves what the function reaches"
+        )
     torch.manual_seed(0)
     made = SCENARIOS[scenario]()
     step, args, roots = made[:3]

@@ -41,14 +41,15 @@ def test_untouched_torchvision_detection_model_runs_eagerly_after_a_cuda_trace()
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
-        weights=None, weights_backbone=None, num_classes=3).eval()
+        weights=None, weights_backbone=None, num_classes=3
+    ).eval()
 
     def step(m, images):
         return m(images)
 
     expected, got = _eager_before_and_after(
-        model, lambda: [torch.rand(3, 160, 200), torch.rand(3, 180, 150)], step,
-        raises=md.DataDependentError)  # box filtering needs values: nonzero
+        model, lambda: [torch.rand(3, 160, 200), torch.rand(3, 180, 150)], step, raises=md.DataDependentError
+    )  # box filtering needs values: nonzero
     assert len(got) == len(expected)
     for e, g in zip(expected, got):
         assert e.keys() == g.keys()

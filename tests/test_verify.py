@@ -48,11 +48,9 @@ def test_verify_rule_catches_wrong_strides_on_a_custom_op(rule):
 
 
 def test_verify_rule_catches_wrong_dtype_and_offset(rule):
-    rule("mdverifytest::first_col",
-         lambda x: x.new_empty(x.shape[0], 2, dtype=torch.float64)[:, 1:])
+    rule("mdverifytest::first_col", lambda x: x.new_empty(x.shape[0], 2, dtype=torch.float64)[:, 1:])
     (d, _) = md.verify_rule("mdverifytest::first_col").disagreements
-    assert d.problems == ("dtype torch.float64 != torch.float32", "strides (2, 1) != (1, 1)",
-                          "storage offset 1 != 0")
+    assert d.problems == ("dtype torch.float64 != torch.float32", "strides (2, 1) != (1, 1)", "storage offset 1 != 0")
 
 
 def test_verify_rule_catches_wrong_aliasing(rule):

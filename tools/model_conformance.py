@@ -55,6 +55,7 @@ def _step(config: Config):
             out = model(*inputs)
         out = _first_tensor(out)
         out.float().sum().backward()
+
     return step
 
 
@@ -65,11 +66,15 @@ def _first_tensor(out):
         out = out.to_tuple()
     if isinstance(out, dict):
         out = list(out.values())
-    return next(t for t in (_first_tensor(o) if not isinstance(o, torch.Tensor) else o
-                            for o in out if o is not None) if t is not None)
+    return next(
+        t
+        for t in (_first_tensor(o) if not isinstance(o, torch.Tensor) else o for o in out if o is not None)
+        if t is not None
+    )
 
 
 # -- configurations ---------------------------------------------------------
+
 
 def _seq(*layers):
     return nn.Sequential(*layers)
@@ -90,24 +95,49 @@ def _nn(name):
     return {
         "nn.lstm": lambda: (nn.LSTM(16, 32, num_layers=2, batch_first=True), (t(4, 7, 16),)),
         "nn.gru": lambda: (nn.GRU(16, 32, bidirectional=True), (t(7, 4, 16),)),
-        "nn.mha": lambda: (_Apply(lambda m, x: m[0](x, x, x)[0], nn.MultiheadAttention(32, 4, batch_first=True)),
-                           (t(2, 9, 32),)),
+        "nn.mha": lambda: (
+            _Apply(lambda m, x: m[0](x, x, x)[0], nn.MultiheadAttention(32, 4, batch_first=True)),
+            (t(2, 9, 32),),
+        ),
         "nn.transformer": lambda: (nn.Transformer(32, 4, 2, 2, 64, batch_first=True), (t(2, 7, 32), t(2, 5, 32))),
-        "nn.conv3d": lambda: (_seq(nn.Conv3d(3, 8, 3), nn.BatchNorm3d(8), nn.ReLU(), nn.Conv3d(8, 4, 3)),
-                              (t(2, 3, 8, 8, 8),)),
+        "nn.conv3d": lambda: (
+            _seq(nn.Conv3d(3, 8, 3), nn.BatchNorm3d(8), nn.ReLU(), nn.Conv3d(8, 4, 3)),
+            (t(2, 3, 8, 8, 8),),
+        ),
         "nn.embedding_bag": lambda: (nn.EmbeddingBag(50, 16, mode="mean"), (torch.randint(0, 50, (4, 6)),)),
-        "nn.ctc": lambda: (_Apply(lambda m, x: nn.functional.ctc_loss(
-            m[0](x).log_softmax(2), torch.tensor([[1, 2, 2], [1, 3, 4]]), torch.tensor([6, 6]),
-            torch.tensor([3, 3])), nn.Linear(8, 5)), (t(6, 2, 8),)),
+        "nn.ctc": lambda: (
+            _Apply(
+                lambda m, x: nn.functional.ctc_loss(
+                    m[0](x).log_softmax(2),
+                    torch.tensor([[1, 2, 2], [1, 3, 4]]),
+                    torch.tensor([6, 6]),
+                    torch.tensor([3, 3]),
+                ),
+                nn.Linear(8, 5),
+            ),
+            (t(6, 2, 8),),
+        ),
         "nn.convnet_channels_last": lambda: (
-            _seq(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 8, 3, groups=8)
-                 ).to(memory_format=torch.channels_last),
-            (t(2, 3, 16, 16).contiguous(memory_format=torch.channels_last),)),
-        "nn.checkpoint": lambda: (_Apply(lambda m, x: torch.utils.checkpoint.checkpoint(m[0], x, use_reentrant=False),
-                                         _seq(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))), (t(4, 16),)),
-        "nn.autocast_mlp": lambda: (_seq(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)), (t(4, 16),)),
-        "nn.autocast_convnet": lambda: (_seq(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)),
-                                        (t(2, 3, 12, 12),)),
+            _seq(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 8, 3, groups=8)).to(
+                memory_format=torch.channels_last
+            ),
+            (t(2, 3, 16, 16).contiguous(memory_format=torch.channels_last),),
+        ),
+        "nn.checkpoint": lambda: (
+            _Apply(
+                lambda m, x: torch.utils.checkpoint.checkpoint(m[0], x, use_reentrant=False),
+                _seq(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)),
+            ),
+            (t(4, 16),),
+        ),
+        "nn.autocast_mlp": lambda: (
+            _seq(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 8)),
+            (t(4, 16),),
+        ),
+        "nn.autocast_convnet": lambda: (
+            _seq(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3)),
+            (t(2, 3, 12, 12),),
+        ),
         "nn.autocast_lstm": lambda: (nn.LSTM(16, 32), (t(7, 4, 16),)),
     }[name]
 
@@ -117,8 +147,14 @@ def _hf(kind):
         import transformers as tf
 
         ids = torch.randint(0, 100, (2, 12))
-        small = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2)
+        small = dict(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
         if kind == "llama":
             return tf.LlamaForCausalLM(tf.LlamaConfig(**small)), (ids,)
         if kind == "gpt2":
@@ -127,28 +163,47 @@ def _hf(kind):
             cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
             return tf.T5ForConditionalGeneration(cfg), (ids, None, ids)
         if kind == "bert":
-            cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=64)
+            cfg = tf.BertConfig(
+                vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+            )
             return tf.BertModel(cfg), (ids,)
         if kind == "vit":
-            cfg = tf.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                               num_attention_heads=4, intermediate_size=64)
+            cfg = tf.ViTConfig(
+                image_size=32,
+                patch_size=8,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+            )
             return tf.ViTModel(cfg), (torch.randn(2, 3, 32, 32),)
         if kind == "qwen3_moe":
-            cfg = tf.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                    head_dim=8)
+            cfg = tf.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8)
             return tf.Qwen3MoeForCausalLM(cfg), (ids,)
         if kind == "mamba":
             cfg = tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=8)
             return tf.MambaForCausalLM(cfg), (ids,)
         if kind == "whisper":
-            cfg = tf.WhisperConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
-                                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                   decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
-                                   max_target_positions=16, pad_token_id=1, bos_token_id=2,
-                                   eos_token_id=2, decoder_start_token_id=2)
+            cfg = tf.WhisperConfig(
+                vocab_size=100,
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                num_mel_bins=16,
+                max_source_positions=16,
+                max_target_positions=16,
+                pad_token_id=1,
+                bos_token_id=2,
+                eos_token_id=2,
+                decoder_start_token_id=2,
+            )
             return tf.WhisperModel(cfg), (torch.randn(2, 16, 32), None, ids[:, :4])
         raise KeyError(kind)
+
     return build
 
 
@@ -161,6 +216,7 @@ def _tv(name, shape=(2, 3, 64, 64), channels_last=False, **kwargs):
         if channels_last:
             model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
         return model, (x,)
+
     return build
 
 
@@ -169,21 +225,41 @@ def _diffusers(kind):
         import diffusers as df
 
         if kind == "unet":
-            model = df.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
-                                   block_out_channels=(16, 32), norm_num_groups=8,
-                                   down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                                   up_block_types=("AttnUpBlock2D", "UpBlock2D"))
+            model = df.UNet2DModel(
+                sample_size=16,
+                in_channels=3,
+                out_channels=3,
+                layers_per_block=1,
+                block_out_channels=(16, 32),
+                norm_num_groups=8,
+                down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+            )
             return model, (torch.randn(2, 3, 16, 16), torch.tensor([10, 20]))
         if kind == "vae":
-            model = df.AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(16, 32), norm_num_groups=8,
-                                     down_block_types=("DownEncoderBlock2D",) * 2,
-                                     up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4)
+            model = df.AutoencoderKL(
+                in_channels=3,
+                out_channels=3,
+                block_out_channels=(16, 32),
+                norm_num_groups=8,
+                down_block_types=("DownEncoderBlock2D",) * 2,
+                up_block_types=("UpDecoderBlock2D",) * 2,
+                latent_channels=4,
+            )
             return model, (torch.randn(2, 3, 16, 16),)
         if kind == "dit":
-            model = df.DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4,
-                                             num_layers=2, sample_size=8, patch_size=2, num_embeds_ada_norm=10)
+            model = df.DiTTransformer2DModel(
+                num_attention_heads=2,
+                attention_head_dim=8,
+                in_channels=4,
+                num_layers=2,
+                sample_size=8,
+                patch_size=2,
+                num_embeds_ada_norm=10,
+            )
             return model, (torch.randn(2, 4, 8, 8), torch.tensor([1, 2]), torch.tensor([0, 3]))
         raise KeyError(kind)
+
     return build
 
 
@@ -193,18 +269,36 @@ def _timm(name, **kwargs):
 
         model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
         return model, (torch.randn(2, 3, 64, 64),)
+
     return build
 
 
 CONFIGS: dict[str, Config] = {
-    **{n: Config(_nn_builder) for n, _nn_builder in
-       ((n, (lambda n=n: _nn(n)())) for n in (
-           "nn.lstm", "nn.gru", "nn.mha", "nn.transformer", "nn.conv3d", "nn.embedding_bag", "nn.ctc",
-           "nn.convnet_channels_last", "nn.checkpoint"))},
-    **{n: Config(lambda n=n: _nn(n)(), autocast=True)
-       for n in ("nn.autocast_mlp", "nn.autocast_convnet", "nn.autocast_lstm")},
-    **{f"hf.{k}": Config(_hf(k), needs="transformers")
-       for k in ("llama", "gpt2", "t5", "bert", "vit", "qwen3_moe", "mamba", "whisper")},
+    **{
+        n: Config(_nn_builder)
+        for n, _nn_builder in (
+            (n, (lambda n=n: _nn(n)()))
+            for n in (
+                "nn.lstm",
+                "nn.gru",
+                "nn.mha",
+                "nn.transformer",
+                "nn.conv3d",
+                "nn.embedding_bag",
+                "nn.ctc",
+                "nn.convnet_channels_last",
+                "nn.checkpoint",
+            )
+        )
+    },
+    **{
+        n: Config(lambda n=n: _nn(n)(), autocast=True)
+        for n in ("nn.autocast_mlp", "nn.autocast_convnet", "nn.autocast_lstm")
+    },
+    **{
+        f"hf.{k}": Config(_hf(k), needs="transformers")
+        for k in ("llama", "gpt2", "t5", "bert", "vit", "qwen3_moe", "mamba", "whisper")
+    },
     "hf.llama_autocast": Config(_hf("llama"), needs="transformers", autocast=True),
     "tv.resnet18": Config(_tv("resnet18"), needs="torchvision"),
     "tv.resnet18_channels_last": Config(_tv("resnet18", channels_last=True), needs="torchvision"),
@@ -222,6 +316,7 @@ CONFIGS: dict[str, Config] = {
 
 # -- the checks -------------------------------------------------------------
 
+
 def _ok(fn) -> tuple[str, str]:
     try:
         return ("yes" if fn() else "no"), ""
@@ -230,8 +325,11 @@ def _ok(fn) -> tuple[str, str]:
 
 
 def _grads_meta(model) -> dict:
-    return {n: (tuple(p.grad.shape), p.grad.dtype, _significant(p.grad.shape, p.grad.stride()))
-            for n, p in model.named_parameters() if p.grad is not None}
+    return {
+        n: (tuple(p.grad.shape), p.grad.dtype, _significant(p.grad.shape, p.grad.stride()))
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
 
 
 def _significant(shape, stride) -> tuple:
@@ -264,8 +362,9 @@ def check(name: str) -> dict:
         return {"config": name, "skipped": f"the real run fails: {type(e).__name__}: {str(e)[:80]}"}
     if trace is not None:
         traced = trace_calls(trace)
-        row["ops"] = "yes" if [c.op for c in traced] == [c.op for c in real] else \
-            f"no ({len(traced)} vs {len(real)} calls)"
+        row["ops"] = (
+            "yes" if [c.op for c in traced] == [c.op for c in real] else f"no ({len(traced)} vs {len(real)} calls)"
+        )
         grads = {n: (tuple(g.shape), g.dtype, _significant(g.shape, g.stride)) for n, g in trace.grads.items()}
         row["meta"] = "yes" if traced == real and grads == _grads_meta(real_model) else "no"
         with FlopCounterMode(display=False) as counter:

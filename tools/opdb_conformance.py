@@ -75,19 +75,18 @@ def samples(opinfo, dtypes=None):
 
 def _call(opinfo, s, convert):
     inp, args, kwargs = pytree.tree_map(
-        lambda x: convert(x) if isinstance(x, torch.Tensor) else x, (s.input, s.args, s.kwargs))
+        lambda x: convert(x) if isinstance(x, torch.Tensor) else x, (s.input, s.args, s.kwargs)
+    )
     return opinfo.op(inp, *args, **kwargs)
 
 
 def _is_data_dependent(e: Exception) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-    if isinstance(e, (md.DataDependentError, DataDependentOutputException,
-                      DynamicOutputShapeException)):
+    if isinstance(e, (md.DataDependentError, DataDependentOutputException, DynamicOutputShapeException)):
         return True
     text = str(e)
-    return ("cannot be called on meta tensors" in text or "data-dependent" in text
-            or "unbacked" in text.lower())
+    return "cannot be called on meta tensors" in text or "data-dependent" in text or "unbacked" in text.lower()
 
 
 def compare(real, ours, check_device=True) -> str | None:
@@ -169,8 +168,12 @@ def cache_differential(run, distractors, seed: int = 0) -> str | None:
     return None
 
 
-_OTHER_FLOAT = {torch.float32: torch.float64, torch.float64: torch.float32,
-                torch.float16: torch.float32, torch.bfloat16: torch.float32}
+_OTHER_FLOAT = {
+    torch.float32: torch.float64,
+    torch.float64: torch.float32,
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+}
 
 
 def _cast(x):
@@ -181,6 +184,7 @@ def cache_variants(fn, args, devices=("cuda", "cuda:1")):
     """``run`` and the distractors for :func:`cache_differential`: ``fn(*args)``
     traced, and the same on other logical devices, other float dtypes, and
     under ``no_grad``."""
+
     def traced(device=None, cache=True, args=args):
         return md.tracer(mode_factory=lambda: md.MetaMode(device=device, cache=cache))(fn, *args)
 
@@ -201,8 +205,7 @@ def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0) -> dict:
         if max_samples is not None and n >= max_samples:
             break
         n += 1
-        run, others = cache_variants(lambda inp, a, k: opinfo.op(inp, *a, **k),
-                                     (s.input, s.args, s.kwargs))
+        run, others = cache_variants(lambda inp, a, k: opinfo.op(inp, *a, **k), (s.input, s.args, s.kwargs))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             problem = cache_differential(run, others, seed + n)
@@ -216,8 +219,7 @@ def run_sample(opinfo, s, standins=("ours",)) -> dict:
     """{standin: (status, detail)} for one sample; empty when the real kernel rejects it."""
     try:
         real = _call(opinfo, s, lambda t: t)
-        if any(isinstance(x, torch.Tensor) and x.layout != torch.strided
-               for x in pytree.tree_leaves(real)):
+        if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in pytree.tree_leaves(real)):
             return {}  # sparse outputs: MetaTensors are strided only
     except Exception:
         return {}
@@ -229,8 +231,10 @@ def run_sample(opinfo, s, standins=("ours",)) -> dict:
                 got = STANDINS[name](opinfo, s)
         except Exception as e:  # the stand-in failed: data-dependent or a real failure
             status = DATA if _is_data_dependent(e) else FAIL
-            out[name] = (status, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150]}"
-                         if str(e).strip() else type(e).__name__)
+            out[name] = (
+                status,
+                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:150]}" if str(e).strip() else type(e).__name__,
+            )
             continue
         try:
             problem = compare(real, got, check_device=name != "meta")
@@ -278,13 +282,14 @@ def summarise(results, standins) -> str:
             total.update(r["counts"].get(name, {}))
         n = sum(total.values())
         ok = total[PASS] + total[DATA]
-        lines.append(f"{name}: {ok}/{n} samples pass ({100.0 * ok / max(n, 1):.2f}%); "
-                     f"{total[DATA]} data-dependent, {total[FAIL]} fail")
+        lines.append(
+            f"{name}: {ok}/{n} samples pass ({100.0 * ok / max(n, 1):.2f}%); "
+            f"{total[DATA]} data-dependent, {total[FAIL]} fail"
+        )
         failing = [r for r in results if r["counts"].get(name, {}).get(FAIL)]
         lines.append(f"  failing ops ({len(failing)}):")
         for r in sorted(failing, key=lambda r: r["op"]):
-            lines.append(f"    {r['op']}: {r['counts'][name][FAIL]} samples; "
-                         f"{r['failures'][name][0]}")
+            lines.append(f"    {r['op']}: {r['counts'][name][FAIL]} samples; {r['failures'][name][0]}")
     return "\n".join(lines)
 
 
@@ -293,8 +298,9 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", action="store_true", help="also measure FakeTensorMode and meta")
     p.add_argument("--ops", nargs="*", help="only these OpInfo names (name or name.variant)")
     p.add_argument("--max-samples", type=int, default=None, help="per op, over all dtypes")
-    p.add_argument("--cache-diff", action="store_true",
-                   help="check instead that the metadata cache never changes a trace")
+    p.add_argument(
+        "--cache-diff", action="store_true", help="check instead that the metadata cache never changes a trace"
+    )
     p.add_argument("-j", "--jobs", type=int, default=1)
     ns = p.parse_args(argv)
     standins = ("cache",) if ns.cache_diff else ("ours", "fake", "meta") if ns.anchors else ("ours",)

@@ -49,6 +49,7 @@ from .allocconfig import (
 
 __all__ = ["CachingAllocator", "Block", "Segment"]
 
+
 class Segment:
     __slots__ = ("id", "address", "size", "small", "expandable", "last")
 
@@ -151,8 +152,11 @@ class CachingAllocator:
     def _take(self, b: Block, size: int, nbytes: int) -> Block:
         self._remove(b)
         rest = b.size - size
-        split = rest >= MIN_BLOCK if b.segment.small or b.segment.expandable else (
-            size < self.config.max_split and rest > SMALL_SIZE)
+        split = (
+            rest >= MIN_BLOCK
+            if b.segment.small or b.segment.expandable
+            else (size < self.config.max_split and rest > SMALL_SIZE)
+        )
         if split:
             tail = Block(b.segment, b.offset + size, rest, b, b.next)
             if b.next:
@@ -210,8 +214,9 @@ class CachingAllocator:
     def _grow(self, size: int, small: bool) -> Block | None:
         seg = self._expandable.get(small)
         if seg is None:
-            seg = self._expandable[small] = Segment(len(self.segments) and max(self.segments) + 1,
-                                                    self._next_address, 0, small, True)
+            seg = self._expandable[small] = Segment(
+                len(self.segments) and max(self.segments) + 1, self._next_address, 0, small, True
+            )
             self._next_address += 1 << 40  # the source reserves address space for the whole device
             self.segments[seg.id] = seg
         tail = seg.last

@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AllocatorConfig", "round_size", "segment_size", "MIN_BLOCK", "SMALL_SIZE", "SMALL_BUFFER",
-           "LARGE_BUFFER", "MIN_LARGE_ALLOC", "ROUND_LARGE"]
+__all__ = [
+    "AllocatorConfig",
+    "round_size",
+    "segment_size",
+    "MIN_BLOCK",
+    "SMALL_SIZE",
+    "SMALL_BUFFER",
+    "LARGE_BUFFER",
+    "MIN_LARGE_ALLOC",
+    "ROUND_LARGE",
+]
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20

@@ -34,19 +34,35 @@ COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 
 # op name (namespace and overload stripped) -> kind
 _KINDS = {
-    "allgather_": "all_gather", "_allgather_base_": "all_gather",
-    "allgather_coalesced_": "all_gather", "allgather_into_tensor_coalesced_": "all_gather",
-    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
     "all_gather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
-    "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce", "all_reduce_coalesced_": "all_reduce",
-    "broadcast_": "broadcast", "broadcast": "broadcast",
-    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "all_to_all_single": "all_to_all",
-    "send": "send", "recv_": "recv", "recv_any_source_": "recv",
-    "reduce_": "reduce", "gather_": "gather", "scatter_": "scatter",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
+    "broadcast_": "broadcast",
+    "broadcast": "broadcast",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "scatter_": "scatter",
 }
 # The payload: the outputs' bytes (gathers) or the inputs' (everything else).
 _PAYLOAD_IS_OUTPUT = {"all_gather", "gather", "recv"}
@@ -67,8 +83,9 @@ class Collective(NamedTuple):
     index: int = -1  # the call's index in the trace (-1: logged from a real run)
 
 
-def collective(op: str, args: list, outputs: list, group: Group | None, module: str = "",
-               phase: str = "forward", index: int = -1) -> Collective | None:
+def collective(
+    op: str, args: list, outputs: list, group: Group | None, module: str = "", phase: str = "forward", index: int = -1
+) -> Collective | None:
     """The :class:`Collective` of one call, or None for calls that move nothing.
 
     ``args`` is ``[(argument name, [(dtype, shape), ...]), ...]`` in schema
@@ -124,10 +141,13 @@ class Comms:
             row[0] += 1
             row[1] += c.bytes
             row[2] += c.sent
-        body = [(k, g, m, p, str(n), fmt_bytes(b), fmt_bytes(s))
-                for (k, g, m, p), (n, b, s) in sorted(rows.items())]
-        lines = render(("collective", "group", "module", "phase", "calls", "bytes", "sent/rank"),
-                       body, align="<<<<>>>", width=width)
+        body = [(k, g, m, p, str(n), fmt_bytes(b), fmt_bytes(s)) for (k, g, m, p), (n, b, s) in sorted(rows.items())]
+        lines = render(
+            ("collective", "group", "module", "phase", "calls", "bytes", "sent/rank"),
+            body,
+            align="<<<<>>>",
+            width=width,
+        )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -152,7 +172,7 @@ def comms(trace: Trace, start: int = 0) -> Comms:
             continue
         schema = call.func._schema
         args, group = [], None
-        values = list(call.args) + [call.kwargs.get(a.name) for a in schema.arguments[len(call.args):]]
+        values = list(call.args) + [call.kwargs.get(a.name) for a in schema.arguments[len(call.args) :]]
         for a, v in zip(schema.arguments, values):
             if isinstance(v, Group):
                 group = v
@@ -160,8 +180,7 @@ def comms(trace: Trace, start: int = 0) -> Comms:
                 group = trace.groups.get(v)
             else:
                 args.append((a.name, [(m.dtype, m.shape) for m in tensor_metas(v)]))
-        fresh = [(m.dtype, m.shape) for m in tensor_metas(call.outputs)
-                 if m.id not in {x.id for x in call.inputs}]
+        fresh = [(m.dtype, m.shape) for m in tensor_metas(call.outputs) if m.id not in {x.id for x in call.inputs}]
         c = collective(call.op, args, fresh, group, call.module, call.phase, call.index)
         if c is not None:
             out.append(c)

@@ -66,14 +66,17 @@ def chrome_trace(trace: Trace, flops=None, memory=None, clock=None) -> dict:
     for i, call in enumerate(trace.calls):
         want = _nesting(call)
         common = 0
-        while (common < len(open_spans) and common < len(want)
-               and open_spans[common][0] == want[common]):
+        while common < len(open_spans) and common < len(want) and open_spans[common][0] == want[common]:
             common += 1
         close_to(common, i)
         open_spans.extend([name, i] for name in want[common:])
-        args = {"inputs": [m.type_str() for m in call.inputs],
-                "outputs": [m.type_str() for m in call.output_metas],
-                "call": f"#{i}", "module": call.module, "rule": call.rule}
+        args = {
+            "inputs": [m.type_str() for m in call.inputs],
+            "outputs": [m.type_str() for m in call.output_metas],
+            "call": f"#{i}",
+            "module": call.module,
+            "rule": call.rule,
+        }
         if flops.per_call[i] is not None:
             args["flops"] = flops.per_call[i]
         events.append(_span(call.op, "op", clock[i], clock[i + 1] - clock[i], args))
@@ -81,10 +84,15 @@ def chrome_trace(trace: Trace, flops=None, memory=None, clock=None) -> dict:
     for i in range(len(trace.calls)):
         bytes_ = {c: memory.by_category_timeline[c][i] for c in CATEGORIES}
         events.append({"name": "live bytes", "ph": "C", "ts": clock[i], "pid": 0, "args": bytes_})
-    meta = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "metadispatch trace"}},
-            {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "calls"}}]
-    return {"traceEvents": meta + events, "displayTimeUnit": "ns",
-            "otherData": {"calls": len(trace.calls), "flops": flops.total, "peak_bytes": memory.peak}}
+    meta = [
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "metadispatch trace"}},
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "calls"}},
+    ]
+    return {
+        "traceEvents": meta + events,
+        "displayTimeUnit": "ns",
+        "otherData": {"calls": len(trace.calls), "flops": flops.total, "peak_bytes": memory.peak},
+    }
 
 
 def save_perfetto(trace: Trace, path, flops=None, memory=None) -> None:
@@ -104,11 +112,13 @@ def save_plot(trace: Trace, path, memory=None) -> None:
         raise ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]") from e
     memory = memory if memory is not None else measure(trace)
     # The largest binary unit the peak fills at least once.
-    unit, gib = next(((u, 2 ** e) for u, e in (("GiB", 30), ("MiB", 20), ("KiB", 10))
-                      if memory.peak >= 2 ** e), ("B", 1))
+    unit, gib = next(((u, 2**e) for u, e in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if memory.peak >= 2**e), ("B", 1))
     xs = range(len(memory.timeline))
-    series = [(c, [b / gib for b in memory.by_category_timeline[c]]) for c in CATEGORIES
-              if any(memory.by_category_timeline[c])]
+    series = [
+        (c, [b / gib for b in memory.by_category_timeline[c]])
+        for c in CATEGORIES
+        if any(memory.by_category_timeline[c])
+    ]
     fig = Figure(figsize=(10, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -116,8 +126,13 @@ def save_plot(trace: Trace, path, memory=None) -> None:
         ax.stackplot(xs, *[s for _, s in series], labels=[c for c, _ in series])
     if memory.peak_call is not None:
         ax.axvline(memory.peak_call, color="k", linestyle=":", linewidth=1)
-        ax.annotate(f"peak {memory.peak / gib:.2f} {unit}", (memory.peak_call, memory.peak / gib),
-                    textcoords="offset points", xytext=(4, -12), fontsize=8)
+        ax.annotate(
+            f"peak {memory.peak / gib:.2f} {unit}",
+            (memory.peak_call, memory.peak / gib),
+            textcoords="offset points",
+            xytext=(4, -12),
+            fontsize=8,
+        )
     ax.set_xlabel("call")
     ax.set_ylabel(f"live {unit}")
     ax.legend(loc="upper left", fontsize=8)

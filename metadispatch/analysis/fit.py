@@ -26,7 +26,7 @@ def _gib(n: float) -> str:
     """``fmt_bytes`` with a space before the unit: ``33.1 GiB``."""
     text = fmt_bytes(n)
     number = text.rstrip("KMGTiB")
-    return f"{number} {text[len(number):]}"
+    return f"{number} {text[len(number) :]}"
 
 
 class OOMCall:
@@ -42,21 +42,25 @@ class OOMCall:
         if index < 0:  # the leaves, before any call
             live = [s for s in memory.storages.values() if s.nbytes and s.born < 0]
         else:
-            live = [s for s in memory.storages.values() if s.nbytes and max(s.born, 0) <= index
-                    and (s.died is None or s.died > index)]
+            live = [
+                s
+                for s in memory.storages.values()
+                if s.nbytes and max(s.born, 0) <= index and (s.died is None or s.died > index)
+            ]
         self.live_by_category: Counter = Counter()
         for s in live:
             self.live_by_category[s.category] += s.allocated
         metas = _metas(memory.trace)
-        self.largest = [(s.allocated, s.category, s.module, metas.get(s.number))
-                        for s in sorted(live, key=lambda s: -s.allocated)[:3]]
+        self.largest = [
+            (s.allocated, s.category, s.module, metas.get(s.number))
+            for s in sorted(live, key=lambda s: -s.allocated)[:3]
+        ]
 
     def __str__(self) -> str:
         where = "before the first call" if self.index < 0 else f"at call #{self.index} {self.op}"
         ctx = ", ".join(x for x in (self.phase, self.module, self.source) if x)
         cats = ", ".join(f"{c} {_gib(b)}" for c, b in self.live_by_category.most_common() if b)
-        big = ", ".join(f"{_gib(b)} {_shape(m)} ({c}{', ' + mod if mod else ''})"
-                        for b, c, mod, m in self.largest)
+        big = ", ".join(f"{_gib(b)} {_shape(m)} ({c}{', ' + mod if mod else ''})" for b, c, mod, m in self.largest)
         return f"it runs out {where}" + (f" ({ctx})" if ctx else "") + f"; live then: {cats}; largest: {big}"
 
 
@@ -102,7 +106,7 @@ class Fit:
         return f"<Fit {self.line()}>"
 
     def __str__(self) -> str:
-        head = (f"{self.line()} of {_gib(self.capacity)}, peak allocated {_gib(self.memory.peak)}")
+        head = f"{self.line()} of {_gib(self.capacity)}, peak allocated {_gib(self.memory.peak)}"
         if self.fits:
             return f"{head}; {_gib(self.headroom)} to spare."
         return f"{head}; short by {_gib(-self.headroom)}: {self.first_oom_call}."

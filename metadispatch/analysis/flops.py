@@ -148,8 +148,11 @@ class Flops:
         if self.uncounted:
             top = self.uncounted.most_common(6)
             more = len(self.uncounted) - len(top)
-            lines.append(f"no formula: {len(self.uncounted)} ops, {sum(self.uncounted.values())} calls ("
-                         + ", ".join(f"{op} x{n}" for op, n in top) + (f", {more} more)" if more else ")"))
+            lines.append(
+                f"no formula: {len(self.uncounted)} ops, {sum(self.uncounted.values())} calls ("
+                + ", ".join(f"{op} x{n}" for op, n in top)
+                + (f", {more} more)" if more else ")")
+            )
         return "\n".join(lines)
 
 
@@ -174,4 +177,3 @@ def fmt_count(n: float) -> str:
 
 def _pct(n: int, total: int) -> str:
     return f"{100 * n / total:.1f}%" if total else "-"
-

@@ -124,7 +124,8 @@ class LiveStorages(_compat.TorchDispatchMode):
 
     def _restore(self) -> None:
         while self._undo:
-            self._undo[-1](); self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            self._undo[-1]()
+            self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

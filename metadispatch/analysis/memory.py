@@ -90,8 +90,9 @@ def _storages(trace: Trace) -> dict:
         for m in call.output_metas:
             info = out.get(m.storage)
             if info is None:
-                info = out[m.storage] = StorageInfo(m.storage, m.device, i,
-                                                    _BY_PHASE.get(call.phase, "other"), call.module)
+                info = out[m.storage] = StorageInfo(
+                    m.storage, m.device, i, _BY_PHASE.get(call.phase, "other"), call.module
+                )
             info.nbytes = max(info.nbytes, tensor_bytes(m))
             info.last_use = i
     for g in trace.grads.values():
@@ -191,8 +192,7 @@ class Memory:
         if self.peak_call is None:
             return ""
         call = self.trace.calls[self.peak_call]
-        return f" after call #{self.peak_call} {call.op} ({call.phase}" + (
-            f", {call.module})" if call.module else ")")
+        return f" after call #{self.peak_call} {call.op} ({call.phase}" + (f", {call.module})" if call.module else ")")
 
 
 def _running(deltas: list) -> list:
@@ -203,8 +203,9 @@ def _running(deltas: list) -> list:
     return out
 
 
-def memory(trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | None = None,
-           capacity: int | None = None, **conf) -> Memory | CudaMemory:
+def memory(
+    trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | None = None, capacity: int | None = None, **conf
+) -> Memory | CudaMemory:
     """The memory timeline of a trace; with ``allocator="cuda"``, as the caching allocator holds it.
 
     >>> import torch, metadispatch as md

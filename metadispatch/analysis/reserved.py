@@ -94,20 +94,24 @@ class CudaMemory:
         return self.first_oom_call is None
 
     def __repr__(self) -> str:
-        return (f"<CudaMemory on {self.gpu.title}: peak {fmt_bytes(self.peak)} allocated, "
-                f"{fmt_bytes(self.reserved_peak)} reserved>")
+        return (
+            f"<CudaMemory on {self.gpu.title}: peak {fmt_bytes(self.peak)} allocated, "
+            f"{fmt_bytes(self.reserved_peak)} reserved>"
+        )
 
     def __str__(self) -> str:
-        return "\n".join([
-            f"{self.gpu.title}, caching allocator ({self._conf()})",
-            f"peak allocated {fmt_bytes(self.peak)} (whole blocks {fmt_bytes(self.allocated_peak)})",
-            f"peak reserved  {fmt_bytes(self.reserved_peak)} after call #{self.reserved_peak_call}, "
-            f"{100 * self.fragmentation:.1f}% of it unallocated then",
-            f"segments {self.segments} at the end ({self.segments_peak} cudaMalloc calls), "
-            f"{self.retries} free-and-retry",
-            f"capacity {fmt_bytes(self.capacity)}: " + ("fits" if self.fits else
-                                                       f"out of memory at call #{self.first_oom_call}"),
-        ])
+        return "\n".join(
+            [
+                f"{self.gpu.title}, caching allocator ({self._conf()})",
+                f"peak allocated {fmt_bytes(self.peak)} (whole blocks {fmt_bytes(self.allocated_peak)})",
+                f"peak reserved  {fmt_bytes(self.reserved_peak)} after call #{self.reserved_peak_call}, "
+                f"{100 * self.fragmentation:.1f}% of it unallocated then",
+                f"segments {self.segments} at the end ({self.segments_peak} cudaMalloc calls), "
+                f"{self.retries} free-and-retry",
+                f"capacity {fmt_bytes(self.capacity)}: "
+                + ("fits" if self.fits else f"out of memory at call #{self.first_oom_call}"),
+            ]
+        )
 
     def _conf(self) -> str:
         c = self.config
@@ -120,28 +124,48 @@ class CudaMemory:
         Save it with ``pickle.dump`` and open it at https://pytorch.org/memory_viz.
         """
         calls = self.memory.trace.calls
-        trace = [{"action": action, "addr": addr, "size": size, "stream": 0, "time_us": k,
-                  "frames": _frames(calls[i]) if 0 <= i < len(calls) else []}
-                 for k, ((action, addr, size), i) in enumerate(zip(self.allocator.events, self.event_calls))]
-        return {"segments": [_segment(s) for s in self.allocator.segments.values()],
-                "device_traces": [trace]}
+        trace = [
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": k,
+                "frames": _frames(calls[i]) if 0 <= i < len(calls) else [],
+            }
+            for k, ((action, addr, size), i) in enumerate(zip(self.allocator.events, self.event_calls))
+        ]
+        return {"segments": [_segment(s) for s in self.allocator.segments.values()], "device_traces": [trace]}
 
 
 def _frames(call) -> list:
     where, _, line = (call.source or "").partition(":")
-    return [{"filename": where or call.module or "<top>", "line": int(line.split()[0]) if line else 0,
-             "name": call.op}]
+    return [{"filename": where or call.module or "<top>", "line": int(line.split()[0]) if line else 0, "name": call.op}]
 
 
 def _segment(seg) -> dict:
     blocks, b = [], seg.last
     while b is not None:
-        blocks.append({"address": b.address, "size": b.size, "requested_size": b.requested if b.allocated else 0,
-                       "state": "active_allocated" if b.allocated else "inactive", "frames": []})
+        blocks.append(
+            {
+                "address": b.address,
+                "size": b.size,
+                "requested_size": b.requested if b.allocated else 0,
+                "state": "active_allocated" if b.allocated else "inactive",
+                "frames": [],
+            }
+        )
         b = b.prev
     blocks.reverse()
     allocated = sum(x["size"] for x in blocks if x["state"] == "active_allocated")
-    return {"device": 0, "address": seg.address, "total_size": seg.size, "stream": 0,
-            "segment_type": "small" if seg.small else "large", "allocated_size": allocated,
-            "active_size": allocated, "requested_size": sum(x["requested_size"] for x in blocks),
-            "blocks": blocks}
+    return {
+        "device": 0,
+        "address": seg.address,
+        "total_size": seg.size,
+        "stream": 0,
+        "segment_type": "small" if seg.small else "large",
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "requested_size": sum(x["requested_size"] for x in blocks),
+        "blocks": blocks,
+    }

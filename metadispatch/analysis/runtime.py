@@ -73,8 +73,7 @@ class Efficiency:
             buckets = getattr(self, name)
             bounds = [b for b, _ in buckets]
             if not buckets or bounds != sorted(bounds) or bounds[-1] != INF:
-                raise MetaDispatchError(f"Efficiency.{name}: buckets must be sorted and end at inf, "
-                                        f"got {buckets!r}")
+                raise MetaDispatchError(f"Efficiency.{name}: buckets must be sorted and end at inf, got {buckets!r}")
             for _, e in buckets:
                 _check_fraction(f"Efficiency.{name}", e)
         _check_fraction("Efficiency.memory", self.memory)
@@ -108,20 +107,47 @@ def efficiency_for(profile: GPUProfile) -> Efficiency:
 
 # -- classes of ops
 
-_MATMUL = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
-           aten.addmv.default, aten.mv.default, aten.dot.default, aten.addbmm.default,
-           aten._int_mm.default}
-_ATTENTION_NAMES = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                    "_scaled_dot_product_cudnn_attention", "_flash_attention", "_efficient_attention",
-                    "_scaled_dot_product_flash_attention_for_cpu")
+_MATMUL = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.addmv.default,
+    aten.mv.default,
+    aten.dot.default,
+    aten.addbmm.default,
+    aten._int_mm.default,
+}
+_ATTENTION_NAMES = (
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_flash_attention",
+    "_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
 _CONV_NAMES = ("convolution", "cudnn_convolution", "_convolution", "mkldnn_convolution")
-_FREE = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
-         aten.new_empty_strided.default, aten.detach.default, aten.alias.default,
-         aten.lift_fresh.default, aten._unsafe_view.default, aten.set_.source_Storage_storage_offset,
-         aten.resize_.default, aten.empty_like.default}
+_FREE = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+    aten.detach.default,
+    aten.alias.default,
+    aten.lift_fresh.default,
+    aten._unsafe_view.default,
+    aten.set_.source_Storage_storage_offset,
+    aten.resize_.default,
+    aten.empty_like.default,
+}
 _COLLECTIVE_NS = ("c10d", "_c10d_functional", "c10d_functional", "_dtensor")
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-           torch.float64: "fp64", torch.int8: "int8"}
+_DTYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.int8: "int8",
+}
 
 
 def classify(call) -> str:
@@ -234,17 +260,25 @@ class Runtime:
         return f"<Runtime {self.total * 1e3:.1f} ms on {self.gpu.title}, MFU {self.mfu:.0%}>"
 
     def __str__(self) -> str:
-        head = (f"estimated step time on {self.gpu.title}: {self.total * 1e3:.1f} ms "
-                f"({fmt_count(self.flops)} FLOPs, MFU {self.mfu:.0%} of {self.main_dtype} peak; "
-                + ", ".join(f"{b} {t * 1e3:.1f} ms" for b, t in _largest(self.by_bound) if t)
-                + ")" + ("" if self.efficiency is not DEFAULT_EFFICIENCY else
-                         " -- uncalibrated efficiency table"))
-        phases = [(p, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-")
-                  for p, t in sorted(self.by_phase.items())]
-        ops = [(op, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-")
-               for op, t in _largest(self.by_op)[:8]]
-        return "\n".join([head] + render(("phase", "ms", "share"), phases, align="<>>")
-                         + render(("op", "ms", "share"), ops, align="<>>"))
+        head = (
+            f"estimated step time on {self.gpu.title}: {self.total * 1e3:.1f} ms "
+            f"({fmt_count(self.flops)} FLOPs, MFU {self.mfu:.0%} of {self.main_dtype} peak; "
+            + ", ".join(f"{b} {t * 1e3:.1f} ms" for b, t in _largest(self.by_bound) if t)
+            + ")"
+            + ("" if self.efficiency is not DEFAULT_EFFICIENCY else " -- uncalibrated efficiency table")
+        )
+        phases = [
+            (p, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-")
+            for p, t in sorted(self.by_phase.items())
+        ]
+        ops = [
+            (op, f"{t * 1e3:.2f}", f"{t / self.total:.0%}" if self.total else "-") for op, t in _largest(self.by_op)[:8]
+        ]
+        return "\n".join(
+            [head]
+            + render(("phase", "ms", "share"), phases, align="<>>")
+            + render(("op", "ms", "share"), ops, align="<>>")
+        )
 
     def chrome_trace(self, trace: Trace) -> dict:
         """The trace as Chrome trace events laid out on the estimated times (microseconds)."""
@@ -259,8 +293,7 @@ class Runtime:
             json.dump(self.chrome_trace(trace), f)
 
 
-def runtime(trace: Trace, gpu: str | GPUProfile | None = None,
-            efficiency: Efficiency | None = None) -> Runtime:
+def runtime(trace: Trace, gpu: str | GPUProfile | None = None, efficiency: Efficiency | None = None) -> Runtime:
     """Estimate how long the traced step takes on ``gpu`` (Note [Step time from a roofline]).
 
     ``gpu``: a profile name or :class:`GPUProfile`; by default the one the
@@ -294,5 +327,4 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None,
         for m in ancestors(call.module):
             by_module[m] += t
     main = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else "fp32"
-    return Runtime(profile, eff, per_call, bounds, total_flops, by_op, by_phase, by_module, by_bound,
-                   main_dtype=main)
+    return Runtime(profile, eff, per_call, bounds, total_flops, by_op, by_phase, by_module, by_bound, main_dtype=main)

@@ -38,13 +38,12 @@ def _tree_key(order: list):
 
     def key(name: str):
         parts = name.split(".") if name else []
-        return tuple(first.get(".".join(parts[:i + 1]), 0) for i in range(len(parts)))
+        return tuple(first.get(".".join(parts[: i + 1]), 0) for i in range(len(parts)))
 
     return key
 
 
-def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None,
-                 width: int | None = None) -> str:
+def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None, width: int | None = None) -> str:
     """Per module (inclusive of its children): calls and FLOPs in forward and
     backward, parameter bytes and the activation bytes it holds at the peak.
 
@@ -81,11 +80,25 @@ def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None
             continue
         s = stats.get(name, Counter())
         cls = f" ({trace.modules[name]})" if name in trace.modules else ""
-        rows.append((level, name.rpartition(".")[2], cls,
-                     (s["fw calls"], s["bw calls"], fmt_count(s["fw FLOPs"]),
-                      fmt_count(s["bw FLOPs"]), fmt_bytes(s["params"]), fmt_bytes(s["act@peak"]))))
-    rows = [(("<top>" if not level else "  " * level + leaf) + cls, *cells)
-            for level, leaf, cls, cells in _fold_repeats(rows)]
+        rows.append(
+            (
+                level,
+                name.rpartition(".")[2],
+                cls,
+                (
+                    s["fw calls"],
+                    s["bw calls"],
+                    fmt_count(s["fw FLOPs"]),
+                    fmt_count(s["bw FLOPs"]),
+                    fmt_bytes(s["params"]),
+                    fmt_bytes(s["act@peak"]),
+                ),
+            )
+        )
+    rows = [
+        (("<top>" if not level else "  " * level + leaf) + cls, *cells)
+        for level, leaf, cls, cells in _fold_repeats(rows)
+    ]
     headers = ("module", "fw calls", "bw calls", "fw FLOPs", "bw FLOPs", "params", "act@peak")
     return "\n".join(render(headers, rows, width=width))
 
@@ -101,15 +114,21 @@ def _fold_repeats(rows: list) -> list:
         j = i + 1
         level, _, cls, cells = rows[i]
         leaf_row = i + 1 >= len(rows) or rows[i + 1][0] <= level
-        while (leaf_row and j < len(rows) and rows[j][0] == level and rows[j][2] == cls
-               and rows[j][3] == cells and (j + 1 >= len(rows) or rows[j + 1][0] <= level)):
+        while (
+            leaf_row
+            and j < len(rows)
+            and rows[j][0] == level
+            and rows[j][2] == cls
+            and rows[j][3] == cells
+            and (j + 1 >= len(rows) or rows[j + 1][0] <= level)
+        ):
             j += 1
         out.append(rows[i])
         if j - i > 2:
             same = cls[:-1] + ", each as above)" if cls else " (each as above)"
             out.append((level, f"{rows[i + 1][1]}-{rows[j - 1][1]}", same, cells))
         else:
-            out.extend(rows[i + 1:j])
+            out.extend(rows[i + 1 : j])
         i = j
     return out
 
@@ -126,7 +145,9 @@ class ShapeLog:
         self.entries = entries
 
     def __str__(self) -> str:
-        rows = [(op, sig, n) for (op, sig), n in sorted(self.entries.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))]
+        rows = [
+            (op, sig, n) for (op, sig), n in sorted(self.entries.items(), key=lambda kv: (kv[0][0], -kv[1], kv[0][1]))
+        ]
         return "\n".join(render(("op", "inputs", "calls"), rows, align="<<>"))
 
     def __len__(self) -> int:
@@ -146,6 +167,7 @@ def shape_log(trace: Trace, ops=None) -> ShapeLog:
     aten.mm.default  f32[4, 4], f32[4, 4]            1
     aten.mm.default  f32[4, 4], f32[4, 4]{1, 4}      1
     """
+
     def chosen(call) -> bool:
         if ops is None:
             return formula_for(call.func) is not None

@@ -148,8 +148,7 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def example(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048,
-            dtype=torch.bfloat16, device="cuda"):
+def example(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048, dtype=torch.bfloat16, device="cuda"):
     """(model, (ids, labels)) built under a MetaMode: nothing is allocated."""
     from ..core.mode import MetaMode
 

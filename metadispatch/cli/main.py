@@ -103,8 +103,11 @@ def report(trace, *, top: int = 10, depth: int = 2, width: int | None = None) ->
         calls[call.op] = calls.get(call.op, 0) + 1
     ops = sorted(calls, key=lambda op: (-f.by_op.get(op, 0), -calls[op], op))[:top]
     phases = {p: sum(1 for c in trace.calls if c.phase == p) for p in ("forward", "backward", "optimizer")}
-    lines = [f"{len(trace.calls)} calls (" + ", ".join(f"{n} {p}" for p, n in phases.items() if n)
-             + f"), {len(calls)} distinct ops"]
+    lines = [
+        f"{len(trace.calls)} calls ("
+        + ", ".join(f"{n} {p}" for p, n in phases.items() if n)
+        + f"), {len(calls)} distinct ops"
+    ]
     rows = [(op, calls[op], fmt_count(f.by_op[op]) if op in f.by_op else "-") for op in ops]
     lines += render(("op", "calls", "FLOPs"), rows, width=width)
     lines += ["", str(f).split("\n")[0] + (f"; no formula for {len(f.uncounted)} ops" if f.uncounted else "")]
@@ -128,8 +131,16 @@ def _cmd_trace(args) -> int:
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
             seq = args.seq if args.seq is not None else 128
-            t = targets.hf_target(args.hf, targets.parse_overrides(args.config), device,
-                                  not args.forward_only, args.batch, seq, dtype, lazy=distributed)
+            t = targets.hf_target(
+                args.hf,
+                targets.parse_overrides(args.config),
+                device,
+                not args.forward_only,
+                args.batch,
+                seq,
+                dtype,
+                lazy=distributed,
+            )
         elif args.target:
             t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed)
         else:
@@ -179,8 +190,11 @@ def _trace_rank(t, plan, args) -> int:
 def _exports(trace, args) -> int:
     from ..analysis.export import save_perfetto, save_plot
 
-    for path, save, label in ((args.perfetto, save_perfetto, " (open in https://ui.perfetto.dev)"),
-                              (args.plot, save_plot, ""), (args.out, lambda t, p: t.save(p), "")):
+    for path, save, label in (
+        (args.perfetto, save_perfetto, " (open in https://ui.perfetto.dev)"),
+        (args.plot, save_plot, ""),
+        (args.out, lambda t, p: t.save(p), ""),
+    ):
         if path:
             with _stage(f"could not write {path}"):
                 save(trace, path)
@@ -243,9 +257,11 @@ def _cmd_check(args) -> int:
     from ..debug.check import checker
 
     if args.device is not None and torch.device(args.device).type != "cpu" and not args.no_recheck:
-        raise UsageError(f"--device {args.device}: check re-runs every call on the CPU, which is no "
-                         f"reference for {args.device}; add --no-recheck to trace on logical "
-                         f"{args.device} without re-checking")
+        raise UsageError(
+            f"--device {args.device}: check re-runs every call on the CPU, which is no "
+            f"reference for {args.device}; add --no-recheck to trace on logical "
+            f"{args.device} without re-checking"
+        )
     with _stage("building the model"):
         built = targets.load_callable(args.target)()
         if not (isinstance(built, tuple) and len(built) == 2):
@@ -275,6 +291,7 @@ def _at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
+
     return parse
 
 
@@ -295,17 +312,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="metadispatch", description=__doc__.split("\n\n")[0], epilog=EXIT_CODES,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="metadispatch",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of an error")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
+    )
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     kw = {"parents": [common], "epilog": EXIT_CODES, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    t = sub.add_parser("trace", **kw, help="trace a model's training step and print what it costs",
-                       description="Trace a model (default: built-in LLaMA-7B) without running it; "
-                                   "print ops, FLOPs, peak memory and a per-module table.")
+    t = sub.add_parser(
+        "trace",
+        **kw,
+        help="trace a model's training step and print what it costs",
+        description="Trace a model (default: built-in LLaMA-7B) without running it; "
+        "print ops, FLOPs, peak memory and a per-module table.",
+    )
     t.add_argument("target", nargs="?", help="MODULE:CALLABLE returning (model, example inputs)")
     t.add_argument("--hf", metavar="ARCH", help="a transformers model type built from its config, e.g. llama")
     t.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides for --hf")
@@ -317,29 +343,51 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")
-    t.add_argument("--gpu", metavar="NAME", type=_gpu, help="trace logical cuda as this GPU (h100, a100-80gb, ...; default h100), say whether the step fits on it and estimate its time")
-    t.add_argument("--world-size", type=_at_least(1), metavar="N",
-                   help="trace one rank of an N-GPU step (docs/distributed.md)")
+    t.add_argument(
+        "--gpu",
+        metavar="NAME",
+        type=_gpu,
+        help="trace logical cuda as this GPU (h100, a100-80gb, ...; default h100), say whether the step fits on it and estimate its time",
+    )
+    t.add_argument(
+        "--world-size", type=_at_least(1), metavar="N", help="trace one rank of an N-GPU step (docs/distributed.md)"
+    )
     t.add_argument("--rank", type=_at_least(0), default=0, help="the rank to trace (default 0)")
     t.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard every block and the root")
     t.add_argument("--tp", type=_at_least(1), default=1, metavar="K", help="tensor parallelism over K ranks")
     t.add_argument("--dp", action="store_true", help="DistributedDataParallel")
-    for q in (t, s := sub.add_parser("summary", **kw, help="print the report of a saved trace",
-                                      description="Print ops, FLOPs, memory and modules of a saved trace.")):
+    for q in (
+        t,
+        s := sub.add_parser(
+            "summary",
+            **kw,
+            help="print the report of a saved trace",
+            description="Print ops, FLOPs, memory and modules of a saved trace.",
+        ),
+    ):
         q.add_argument("--top", type=_at_least(1), default=10, help="ops to list (default 10)")
         q.add_argument("--depth", type=_at_least(0), default=2, help="module tree depth (default 2)")
     s.add_argument("file", help="a saved trace")
-    r = sub.add_parser("replay", **kw, help="run a saved trace for real and verify it",
-                       description="Replay a saved trace on a real device and check every result.")
+    r = sub.add_parser(
+        "replay",
+        **kw,
+        help="run a saved trace for real and verify it",
+        description="Replay a saved trace on a real device and check every result.",
+    )
     r.add_argument("file", help="a saved trace")
     r.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
-    c = sub.add_parser("check", **kw, help="trace past unsupported ops and compare with the real kernels",
-                       description="Run md.check on MODULE:CALLABLE's (model, inputs) and print the "
-                                   "report; exit 1 when it finds anything.")
+    c = sub.add_parser(
+        "check",
+        **kw,
+        help="trace past unsupported ops and compare with the real kernels",
+        description="Run md.check on MODULE:CALLABLE's (model, inputs) and print the "
+        "report; exit 1 when it finds anything.",
+    )
     c.add_argument("target", help="MODULE:CALLABLE returning (model, example inputs)")
     c.add_argument("--device", type=_device, default=None, help="logical device for factories (e.g. cuda)")
-    c.add_argument("--limit", type=_at_least(0), default=None,
-                   help="bytes of real inputs one call may materialise (default 1 GiB)")
+    c.add_argument(
+        "--limit", type=_at_least(0), default=None, help="bytes of real inputs one call may materialise (default 1 GiB)"
+    )
     c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
     t.set_defaults(run=_cmd_trace)
     s.set_defaults(run=_cmd_summary)

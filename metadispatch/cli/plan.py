@@ -120,6 +120,8 @@ def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | N
     if gpu:
         profile = gpu_profile(gpu)
         verdict = "fits" if peak <= profile.memory else "does NOT fit"
-        lines.append(f"\n{verdict} on {profile.name} ({fmt_bytes(profile.memory)}): "
-                     f"{fmt_bytes(peak)} allocated at peak, caching-allocator overhead not included")
+        lines.append(
+            f"\n{verdict} on {profile.name} ({fmt_bytes(profile.memory)}): "
+            f"{fmt_bytes(peak)} allocated at peak, caching-allocator overhead not included"
+        )
     return "\n".join(lines)

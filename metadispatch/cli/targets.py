@@ -22,8 +22,17 @@ import torch
 from ..core.mode import MetaMode
 from . import llama
 
-__all__ = ["Target", "default_target", "callable_target", "hf_target", "load_callable", "parse_overrides",
-           "check_overrides", "UsageError", "SUPPORTED_HF"]
+__all__ = [
+    "Target",
+    "default_target",
+    "callable_target",
+    "hf_target",
+    "load_callable",
+    "parse_overrides",
+    "check_overrides",
+    "UsageError",
+    "SUPPORTED_HF",
+]
 
 
 class UsageError(ValueError):
@@ -73,8 +82,13 @@ def _first_tensor(out):
 
 def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False) -> Target:
     """LLaMA-7B in bf16, a batch of ``batch`` x ``seq`` tokens."""
-    return _built(f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)",
-                  lambda: llama.build(llama.LlamaConfig(), batch, seq), _train_step(backward), device, lazy)
+    return _built(
+        f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)",
+        lambda: llama.build(llama.LlamaConfig(), batch, seq),
+        _train_step(backward),
+        device,
+        lazy,
+    )
 
 
 def load_callable(spec: str) -> Callable:
@@ -129,16 +143,20 @@ def check_overrides(config, overrides: dict) -> None:
         default = getattr(config, key)
         is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1
         if is_count and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"--config {key}={value!r}: must be an integer of at least 1 "
-                             f"({name}'s default is {default})")
+            raise UsageError(
+                f"--config {key}={value!r}: must be an integer of at least 1 ({name}'s default is {default})"
+            )
 
 
-SUPPORTED_HF = ("decoder-only language models (llama, gpt2, ...), encoder-decoder language models "
-                "(bart, t5, ...), speech encoder-decoders (whisper) and image classifiers (vit, resnet, ...)")
+SUPPORTED_HF = (
+    "decoder-only language models (llama, gpt2, ...), encoder-decoder language models "
+    "(bart, t5, ...), speech encoder-decoders (whisper) and image classifiers (vit, resnet, ...)"
+)
 
 
-def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128,
-              dtype=None, lazy: bool = False) -> Target:
+def hf_target(
+    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128, dtype=None, lazy: bool = False
+) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
     with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``)."""
@@ -177,8 +195,13 @@ def hf_target(arch: str, overrides: dict, device="cuda", backward=True, batch=1,
         return model(**dict(zip(names, values)))
 
     shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
-    return _built(lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
-                  build, _train_step(backward, call), device, lazy)
+    return _built(
+        lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
+        build,
+        _train_step(backward, call),
+        device,
+        lazy,
+    )
 
 
 def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:

@@ -155,6 +155,7 @@ def _relu(a: _Args) -> Bounds:
 
 def _affine(op: str) -> Callable[[_Args], Bounds | None]:
     """``x op number``: the bounds of ``x`` moved along."""
+
     def rule(a: _Args) -> Bounds | None:
         own, other = a.self_bounds, a.get(1, "other")
         if own is None or isinstance(other, torch.Tensor) or not isinstance(other, (int, float)):
@@ -172,6 +173,7 @@ def _affine(op: str) -> Callable[[_Args], Bounds | None]:
             ends = (own.lo / other, own.hi / other)
         ends = tuple(0.0 if math.isnan(e) else e for e in ends)
         return Bounds(min(ends), max(ends), f"{own.how} {op} {other}")
+
     return rule
 
 
@@ -179,6 +181,7 @@ def _index_of(size_from: Callable[[_Args], int | None], how: str) -> Callable[[_
     def rule(a: _Args) -> Bounds | None:
         n = size_from(a)
         return None if n is None else Bounds(0.0, float(max(n - 1, 0)), f"{how} of a size-{n} dimension")
+
     return rule
 
 
@@ -191,11 +194,13 @@ def _dim_size(a: _Args) -> int | None:
 
 def _values_and_indices(how: str) -> Callable[[_Args], list]:
     """``topk``, ``sort``: values keep their bounds, indices lie within the dimension."""
+
     def rule(a: _Args) -> list:
         x = a.args[0]
         dim = a.get(2 if how == "topk" else 1, "dim", -1)
         n = x.shape[dim] if x.dim() else 1
         return [a.self_bounds, Bounds(0.0, float(max(n - 1, 0)), f"{how} indices of a size-{n} dimension")]
+
     return rule
 
 
@@ -205,8 +210,9 @@ def _random_from(a: _Args) -> Bounds | None:
 
 
 _RULES: dict[str, Callable[[_Args], Bounds | list | None]] = {
-    "aten.uniform_.default": lambda a: _b(a.get(1, "from", 0.0), a.get(2, "to", 1.0),
-                                          f"uniform_({a.get(1, 'from', 0.0)}, {a.get(2, 'to', 1.0)})"),
+    "aten.uniform_.default": lambda a: _b(
+        a.get(1, "from", 0.0), a.get(2, "to", 1.0), f"uniform_({a.get(1, 'from', 0.0)}, {a.get(2, 'to', 1.0)})"
+    ),
     "aten.rand.default": lambda a: Bounds(0.0, 1.0, "rand"),
     "aten.rand.generator": lambda a: Bounds(0.0, 1.0, "rand"),
     "aten.rand_like.default": lambda a: Bounds(0.0, 1.0, "rand_like"),
@@ -215,21 +221,26 @@ _RULES: dict[str, Callable[[_Args], Bounds | list | None]] = {
     "aten.bernoulli_.float": lambda a: Bounds(0.0, 1.0, "bernoulli_"),
     "aten.randint.default": lambda a: _b(0, a.get(0, "high") - 1, f"randint({a.get(0, 'high')})"),
     "aten.randint.generator": lambda a: _b(0, a.get(0, "high") - 1, f"randint({a.get(0, 'high')})"),
-    "aten.randint.low": lambda a: _b(a.get(0, "low"), a.get(1, "high") - 1,
-                                     f"randint({a.get(0, 'low')}, {a.get(1, 'high')})"),
-    "aten.randint.low_generator": lambda a: _b(a.get(0, "low"), a.get(1, "high") - 1,
-                                               f"randint({a.get(0, 'low')}, {a.get(1, 'high')})"),
+    "aten.randint.low": lambda a: _b(
+        a.get(0, "low"), a.get(1, "high") - 1, f"randint({a.get(0, 'low')}, {a.get(1, 'high')})"
+    ),
+    "aten.randint.low_generator": lambda a: _b(
+        a.get(0, "low"), a.get(1, "high") - 1, f"randint({a.get(0, 'low')}, {a.get(1, 'high')})"
+    ),
     "aten.randint_like.default": lambda a: _b(0, a.get(1, "high") - 1, f"randint_like({a.get(1, 'high')})"),
-    "aten.randint_like.low_dtype": lambda a: _b(a.get(1, "low"), a.get(2, "high") - 1,
-                                                f"randint_like({a.get(1, 'low')}, {a.get(2, 'high')})"),
+    "aten.randint_like.low_dtype": lambda a: _b(
+        a.get(1, "low"), a.get(2, "high") - 1, f"randint_like({a.get(1, 'low')}, {a.get(2, 'high')})"
+    ),
     "aten.random_.from": _random_from,
     "aten.random_.to": lambda a: _b(0, a.get(1, "to") - 1, f"random_({a.get(1, 'to')})"),
     "aten.randperm.default": lambda a: _b(0, a.get(0, "n") - 1, f"randperm({a.get(0, 'n')})"),
     "aten.randperm.generator": lambda a: _b(0, a.get(0, "n") - 1, f"randperm({a.get(0, 'n')})"),
-    "aten.clamp.default": lambda a: _intersect(a, a.get(1, "min"), a.get(2, "max"),
-                                               f"clamp({a.get(1, 'min')}, {a.get(2, 'max')})"),
-    "aten.clamp_.default": lambda a: _intersect(a, a.get(1, "min"), a.get(2, "max"),
-                                                f"clamp({a.get(1, 'min')}, {a.get(2, 'max')})"),
+    "aten.clamp.default": lambda a: _intersect(
+        a, a.get(1, "min"), a.get(2, "max"), f"clamp({a.get(1, 'min')}, {a.get(2, 'max')})"
+    ),
+    "aten.clamp_.default": lambda a: _intersect(
+        a, a.get(1, "min"), a.get(2, "max"), f"clamp({a.get(1, 'min')}, {a.get(2, 'max')})"
+    ),
     "aten.clamp_min.default": lambda a: _intersect(a, a.get(1, "min"), None, f"clamp(min={a.get(1, 'min')})"),
     "aten.clamp_min_.default": lambda a: _intersect(a, a.get(1, "min"), None, f"clamp(min={a.get(1, 'min')})"),
     "aten.clamp_max.default": lambda a: _intersect(a, None, a.get(1, "max"), f"clamp(max={a.get(1, 'max')})"),
@@ -272,9 +283,37 @@ def _sum(a: _Args) -> Bounds | None:
 for _name in ("aten.sum.default", "aten.count_nonzero.default", "aten.count_nonzero.dim_IntList"):
     _RULES[_name] = _sum
 # Rounding, casts, copies and views keep their input's values (or round them inward).
-for _name in ("floor", "ceil", "trunc", "round", "_to_copy", "clone", "alias", "view", "_unsafe_view",
-              "select.int", "slice.Tensor", "squeeze.default", "squeeze.dim", "squeeze.dims", "unsqueeze",
-              "expand", "permute", "t", "transpose.int", "detach", "index.Tensor", "max", "min", "amax",
-              "amin", "mean", "reshape", "flatten.using_ints", "unbind.int", "split.Tensor"):
+for _name in (
+    "floor",
+    "ceil",
+    "trunc",
+    "round",
+    "_to_copy",
+    "clone",
+    "alias",
+    "view",
+    "_unsafe_view",
+    "select.int",
+    "slice.Tensor",
+    "squeeze.default",
+    "squeeze.dim",
+    "squeeze.dims",
+    "unsqueeze",
+    "expand",
+    "permute",
+    "t",
+    "transpose.int",
+    "detach",
+    "index.Tensor",
+    "max",
+    "min",
+    "amax",
+    "amin",
+    "mean",
+    "reshape",
+    "flatten.using_ints",
+    "unbind.int",
+    "split.Tensor",
+):
     _full = f"aten.{_name}" if "." in _name else f"aten.{_name}.default"
     _RULES[_full] = _same

@@ -87,8 +87,7 @@ _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
 _WEIGHTS: dict = {}  # key -> its entry's bytes
 _TOTAL = [0]  # bytes of every entry in _SHARED
 _STORE_LOCK = threading.Lock()
-_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-             torch.memory_format)
+_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 _TORCH = torch.__version__
@@ -96,9 +95,17 @@ _TORCH = torch.__version__
 
 def context(mode, f) -> tuple:
     """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
-    state: tuple = (_TORCH, registry.version(), mode.device, mode.device_profile, mode.known_limit,
-             torch.get_default_dtype(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-             _compat.autocast_state() if _compat.any_autocast() else None)
+    state: tuple = (
+        _TORCH,
+        registry.version(),
+        mode.device,
+        mode.device_profile,
+        mode.known_limit,
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        _compat.autocast_state() if _compat.any_autocast() else None,
+    )
     if f.reads_sdp_switches:
         state += _compat.sdp_switches()
     return state
@@ -217,8 +224,16 @@ def _tensor_key(a, storages):
     """A MetaTensor's metadata, or None for anything else."""
     if isinstance(a, MetaTensor):
         storages.append(_compat.storage_key(a))
-        return (tuple(a.shape), a.stride(), a.storage_offset(), a.dtype, a._md_device,
-                a.requires_grad, a.is_conj(), a.is_neg())
+        return (
+            tuple(a.shape),
+            a.stride(),
+            a.storage_offset(),
+            a.dtype,
+            a._md_device,
+            a.requires_grad,
+            a.is_conj(),
+            a.is_neg(),
+        )
     return None
 
 

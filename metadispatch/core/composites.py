@@ -46,14 +46,21 @@ def _tensor_split(self, indices, dim=0):
     op = aten.tensor_split.tensor_indices_or_sections
     if not isinstance(indices, MetaTensor):
         return op.decompose(self, indices, dim)
-    torch._check(indices.device.type == "cpu", lambda: (
-        f"tensor_split expected tensor_indices_or_sections to be on cpu, but it's on {indices.device}"))
-    torch._check(indices.dtype == torch.long, lambda: (
-        f"tensor_split expected tensor_indices_or_sections to have dtype of long, "
-        f"but got {indices.dtype}"))
-    torch._check(indices.dim() in (0, 1), lambda: (
-        f"tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
-        f"one-dimensional tensor, but got a tensor with {indices.dim()} dims"))
+    torch._check(
+        indices.device.type == "cpu",
+        lambda: f"tensor_split expected tensor_indices_or_sections to be on cpu, but it's on {indices.device}",
+    )
+    torch._check(
+        indices.dtype == torch.long,
+        lambda: f"tensor_split expected tensor_indices_or_sections to have dtype of long, but got {indices.dtype}",
+    )
+    torch._check(
+        indices.dim() in (0, 1),
+        lambda: (
+            f"tensor_split expected tensor_indices_or_sections to be a zero-dimensional or "
+            f"one-dimensional tensor, but got a tensor with {indices.dim()} dims"
+        ),
+    )
     if indices.dim() == 0:
         return torch.tensor_split(self, indices.item(), dim)  # item() as in the C++ body
     value = read_value(indices)  # Note [Known values]
@@ -96,9 +103,13 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
     sizes = value.tolist()
     steps, max_batch = len(sizes), sizes[0]
     if total_length != -1:
-        torch._check(total_length >= steps, lambda: (
-            f"Expected total_length to be at least the length of the longest sequence, "
-            f"but got total_length={total_length} and max sequence length being {steps}"))
+        torch._check(
+            total_length >= steps,
+            lambda: (
+                f"Expected total_length to be at least the length of the longest sequence, "
+                f"but got total_length={total_length} and max sequence length being {steps}"
+            ),
+        )
     rest = tuple(data.shape[1:])
     output = data.new_full((max(total_length, steps), max_batch) + rest, padding_value)
     lengths = [0] * max_batch
@@ -131,8 +142,7 @@ def _tensor_indices(args, kwargs) -> bool:
 
 def _packed(args, kwargs) -> bool:
     # (data, batch_sizes, hx, params, ...) rather than (input, hx, params, has_biases, ...)
-    return (not kwargs and len(args) > 3 and isinstance(args[1], torch.Tensor)
-            and isinstance(args[3], (list, tuple)))
+    return not kwargs and len(args) > 3 and isinstance(args[1], torch.Tensor) and isinstance(args[3], (list, tuple))
 
 
 # torch function -> (override, whether a call is the overload it replaces)

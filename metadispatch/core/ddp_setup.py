@@ -47,7 +47,7 @@ def _broadcast_coalesced(process_group, tensors, buffer_size: int, src: int = 0)
         offset = 0
         with torch.no_grad():
             for t in bucket:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
                 offset += t.numel()
 
 
@@ -67,7 +67,9 @@ def _buckets(tensors, limit: int) -> list:
 
 def install(steps: list) -> None:
     """Replace the two helpers until the undo steps run."""
-    for name, replacement in (("_verify_params_across_processes", _verify_params),
-                              ("_broadcast_coalesced", _broadcast_coalesced)):
+    for name, replacement in (
+        ("_verify_params_across_processes", _verify_params),
+        ("_broadcast_coalesced", _broadcast_coalesced),
+    ):
         steps.append(functools.partial(setattr, _compat.dist, name, getattr(_compat.dist, name)))
         setattr(_compat.dist, name, replacement)

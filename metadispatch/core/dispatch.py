@@ -21,10 +21,16 @@ __all__ = ["dispatch"]
 
 # Ops whose tensor arguments may legitimately sit on different devices.
 _CROSS_DEVICE = {
-    "aten.copy_.default", "aten._to_copy.default", "aten.copy.default",
-    "aten._copy_from.default", "aten._copy_from_and_resize.default",
-    "aten.index.Tensor", "aten.index_put_.default", "aten.index_put.default",
-    "aten._index_put_impl_.default", "aten.lift_fresh.default",
+    "aten.copy_.default",
+    "aten._to_copy.default",
+    "aten.copy.default",
+    "aten._copy_from.default",
+    "aten._copy_from_and_resize.default",
+    "aten.index.Tensor",
+    "aten.index_put_.default",
+    "aten.index_put.default",
+    "aten._index_put_impl_.default",
+    "aten.lift_fresh.default",
     "aten.lift_fresh_copy.default",
 }
 
@@ -59,8 +65,9 @@ def dispatch(func, args, kwargs, mode):
     note = None
     try:
         try:
-            out, stage = _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors,
-                                 pending if recording else None)
+            out, stage = _answer(
+                func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, pending if recording else None
+            )
         except (DataDependentError, UnsupportedOpError) as e:
             # Inputs built from constants alone are answered from their real
             # values (Note [Known values] in known.py).  Else, under md.check
@@ -126,8 +133,11 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
 
 
 def _written_keys(f, args, kwargs):
-    return [MetaCache.key(None, (args[w] if isinstance(w, int) else kwargs[w],), None, None, None)
-            for w in f.returns_write if w is not None]
+    return [
+        MetaCache.key(None, (args[w] if isinstance(w, int) else kwargs[w],), None, None, None)
+        for w in f.returns_write
+        if w is not None
+    ]
 
 
 # Note [Wrapper subclasses dispatch first]
@@ -232,8 +242,8 @@ def _device(f, args, kwargs, tensors, mode):
                 kwargs = dict(kwargs)
                 kwargs[name] = device  # what the trace records
             else:
-                kargs = args[:pos] + (META,) + args[pos + 1:]
-                args = args[:pos] + (device,) + args[pos + 1:]
+                kargs = args[:pos] + (META,) + args[pos + 1 :]
+                args = args[:pos] + (device,) + args[pos + 1 :]
         elif f.is_factory and mode is not None and mode.device is not None:
             device = mode.device
     if device is None:
@@ -241,8 +251,7 @@ def _device(f, args, kwargs, tensors, mode):
         if device is not None:
             STATE.ambient = device
     if device is None:
-        device = (mode.device if mode is not None and mode.device is not None
-                  else torch.device("cpu"))
+        device = mode.device if mode is not None and mode.device is not None else torch.device("cpu")
     return device, args, kwargs, kargs, kkwargs
 
 
@@ -274,7 +283,8 @@ def _common_device(f, tensors):
         elif d != device and f.name not in _CROSS_DEVICE:
             raise RuntimeError(
                 f"{f.name}: expected all tensors to be on the same device, but found at "
-                f"least two devices, {device} and {d}!")
+                f"least two devices, {device} and {d}!"
+            )
     if f.name in _CROSS_DEVICE and tensors:
         return tensors[0]._md_device
     return device or scalar or loose
@@ -297,8 +307,7 @@ def _wrap_one(o, write, args, kwargs, device):
         return o
     if isinstance(o, torch.Tensor):
         if o.device.type != "meta":
-            raise TypeError(f"a meta rule returned a real tensor on {o.device}; "
-                            "return MetaTensors or meta tensors")
+            raise TypeError(f"a meta rule returned a real tensor on {o.device}; return MetaTensors or meta tensors")
         return wrap(o, device)
     if type(o) in (list, tuple):
         return type(o)(_wrap_one(x, None, args, kwargs, device) for x in o)

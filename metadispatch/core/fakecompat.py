@@ -29,8 +29,10 @@ _STATIC = "MetaMode traces static shapes only (no SymInts, no ShapeEnv)"
 # FakeTensorMode keyword -> (values MetaMode behaves as, why others are refused)
 _MODE = {
     "allow_non_fake_inputs": ((True,), "MetaMode always converts real tensors that reach an op"),
-    "allow_fallback_kernels": ((False,), "MetaMode never runs real kernels; md.check() "
-                               "runs the ops no rule can answer for real"),
+    "allow_fallback_kernels": (
+        (False,),
+        "MetaMode never runs real kernels; md.check() runs the ops no rule can answer for real",
+    ),
     "static_shapes": ((True,), _STATIC),
     "shape_env": ((None,), _STATIC),
     "propagate_real_tensors": ((False,), "use md.check() to compare with a real run"),
@@ -59,5 +61,5 @@ def _check(where: str, table: dict, options: dict) -> None:
         accepted, why = table[name]
         if accepted is not _ANY and not any(value is a or value == a for a in accepted):
             raise UnsupportedFeatureError(
-                f"{where}({name}={value!r}) is not supported: {why}; "
-                "see docs/fake-tensor-mode.md")
+                f"{where}({name}={value!r}) is not supported: {why}; see docs/fake-tensor-mode.md"
+            )

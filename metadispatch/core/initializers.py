@@ -35,8 +35,11 @@ def _trunc_normal_(tensor, mean, std, a, b, generator=None):
     if not isinstance(tensor, MetaTensor):
         return TRUNC_NORMAL_BODY(tensor, mean, std, a, b, generator=generator)
     if (mean < a - 2 * std) or (mean > b + 2 * std):  # the warning torch's body gives
-        warnings.warn("mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
-                      "The distribution of values may be incorrect.", stacklevel=3)
+        warnings.warn(
+            "mean is more than 2 std from [a, b] in nn.init.trunc_normal_. "
+            "The distribution of values may be incorrect.",
+            stacklevel=3,
+        )
     with torch.no_grad():
         trunc_normal_op()(tensor, float(mean), float(std), float(a), float(b), generator)
     return tensor
@@ -64,11 +67,13 @@ class InitializerRoute:
             trunc_normal_op()  # define the op before the first call needs it
             _compat.set_trunc_normal_body(_trunc_normal_)
         if not self._in:
-            cls._users += 1; self._in = True  # noqa: E702
+            cls._users += 1
+            self._in = True  # noqa: E702
 
     def _exit(self) -> None:
         cls = InitializerRoute
         if self._in:
-            cls._users -= 1; self._in = False  # noqa: E702
+            cls._users -= 1
+            self._in = False  # noqa: E702
         if cls._users == 0 and _compat.trunc_normal_body() is _trunc_normal_:
             _compat.set_trunc_normal_body(TRUNC_NORMAL_BODY)

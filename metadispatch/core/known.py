@@ -52,8 +52,14 @@ DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, 
 # Ops whose outputs hold uninitialised memory: never a known value.
 _GARBAGE = ("empty", "resize", "set_")
 # Ops whose output values depend on their input's shape, not its values.
-_SHAPE_ONLY = {"aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
-               "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default"}
+_SHAPE_ONLY = {
+    "aten.zeros_like.default",
+    "aten.ones_like.default",
+    "aten.full_like.default",
+    "aten.new_zeros.default",
+    "aten.new_ones.default",
+    "aten.new_full.default",
+}
 _LIFT = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
 SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their first input is not
 
@@ -190,11 +196,13 @@ def _invalidate(func, args, kwargs) -> None:
     where = _MUTATED.get(func)
     if where is None:
         where = _MUTATED[func] = tuple(
-            a.name if a.kwarg_only else i for i, a in enumerate(func._schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write)
+            a.name if a.kwarg_only else i
+            for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
     for w in where:
         x = kwargs.get(w) if isinstance(w, str) else (args[w] if w < len(args) else None)
-        for t in (x if isinstance(x, (list, tuple)) else (x,)):
+        for t in x if isinstance(x, (list, tuple)) else (x,):
             kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
             if kv is not None:
                 kv[1].valid = False

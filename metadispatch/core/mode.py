@@ -58,11 +58,20 @@ class MetaMode(_compat.TorchDispatchMode):
     records the backend that GPU runs with the installed torch.
     """
 
-    def __init__(self, device=None, *, stack: bool = False, record: bool = True,
-                 const_limit: int = 4096, cache: bool = True,
-                 known_limit: int = known.DEFAULT_LIMIT, gpu: str | GPUProfile | None = None,
-                 world_size: int | None = None, rank: int = 0,
-                 **fake_options) -> None:
+    def __init__(
+        self,
+        device=None,
+        *,
+        stack: bool = False,
+        record: bool = True,
+        const_limit: int = 4096,
+        cache: bool = True,
+        known_limit: int = known.DEFAULT_LIMIT,
+        gpu: str | GPUProfile | None = None,
+        world_size: int | None = None,
+        rank: int = 0,
+        **fake_options,
+    ) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
         super().__init__()
         self.device = normalize_device(device) if device is not None else None
@@ -129,8 +138,13 @@ class MetaMode(_compat.TorchDispatchMode):
         scope (a closure, a global, an index): :meth:`from_tensor`, knowing
         its value while small, as a constant's (Note [Known values])."""
         meta = self.from_tensor(t)
-        if (meta is not t and not t.requires_grad and t.device.type != "meta"
-                and "_md_known" not in meta.__dict__ and "_md_name" not in meta.__dict__):
+        if (
+            meta is not t
+            and not t.requires_grad
+            and t.device.type != "meta"
+            and "_md_known" not in meta.__dict__
+            and "_md_name" not in meta.__dict__
+        ):
             known.know(meta, t, self)
         return meta
 
@@ -161,15 +175,21 @@ class MetaMode(_compat.TorchDispatchMode):
     def __exit__(self, exc_type, exc, tb):
         # Note [Interrupts in mode entry and exit]: the try's body shares its
         # line; without ``entry`` an interrupt hit that line before it ran.
-        try: entry = self._saved[-1]; entry.leaving = True; self._note_stop(entry, exc_type); self._leave_unfinished()  # noqa: E501,E701,E702
-        finally: self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
+        try:
+            entry = self._saved[-1]
+            entry.leaving = True
+            self._note_stop(entry, exc_type)
+            self._leave_unfinished()  # noqa: E501,E701,E702
+        finally:
+            self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
 
     def _install(self, entry: _Entry) -> None:
         outer = _compat.get_infra_mode(_compat.mode_key)
         if outer is not None and not isinstance(outer, MetaMode):
             raise MetaDispatchError(
                 f"MetaMode cannot be entered inside {type(outer).__name__}: both take torch's "
-                "FAKE dispatch-mode slot; leave that mode first")
+                "FAKE dispatch-mode slot; leave that mode first"
+            )
         rngstate.start_states(self.trace)
         # Random ops that run for real (known values, md.check's fallback)
         # must not move the user's generators.
@@ -253,7 +273,8 @@ class _Entry:
 
     def undo(self) -> None:
         while self.steps:
-            self.steps[-1](); self.steps.pop()  # noqa: E702 (one line: Note above)
+            self.steps[-1]()
+            self.steps.pop()  # noqa: E702 (one line: Note above)
 
     def restore_generators(self) -> None:
         for generator, state in self.generators.values():
@@ -282,9 +303,14 @@ def _activate(mode: MetaMode, entry: _Entry) -> None:
         _compat.push_function_mode(_SWAP)
     active.entries.append((mode, entry))
     _compat.set_dispatch_mode_flags(
-        (True, active.before[0][1] or not mode.is_infra_mode(),
-         active.before[0][2] or not mode.ignore_compile_internals()))
-    _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(mode)  # noqa: E702
+        (
+            True,
+            active.before[0][1] or not mode.is_infra_mode(),
+            active.before[0][2] or not mode.ignore_compile_internals(),
+        )
+    )
+    _compat.unset_infra_mode(_compat.mode_key)
+    _compat.set_infra_mode(mode)  # noqa: E702
 
 
 def _deactivate(entry: _Entry) -> None:
@@ -292,7 +318,8 @@ def _deactivate(entry: _Entry) -> None:
     active.entries[:] = [(m, e) for m, e in active.entries if e is not entry]
     if active.entries:
         # Out of order: the newest remaining entry holds the slot.
-        _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
+        _compat.unset_infra_mode(_compat.mode_key)
+        _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
         return
     _compat.unset_infra_mode(_compat.mode_key)
     if active.before is not None:

@@ -48,7 +48,8 @@ class ModuleStack(ModuleTracker):
 
     def close(self) -> None:
         while self._handles:
-            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (one line: see above)
+            self._handles[-1].remove()
+            self._handles.pop()  # noqa: E702 (one line: see above)
 
     def _opt_pre(self, *args):
         if self._mine():

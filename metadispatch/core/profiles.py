@@ -31,8 +31,8 @@ from ..errors import MetaDispatchError
 __all__ = ["GPUProfile", "register_gpu", "gpu_profile", "gpu_profiles", "DEFAULT_GPU", "WHEEL"]
 
 DEFAULT_GPU = "h100"  # the GPU most published step times are measured on
-MiB = 2 ** 20
-T = 10 ** 12
+MiB = 2**20
+T = 10**12
 
 # (CUDA_VERSION, cuDNN runtime version) of the default Linux CUDA wheel of each
 # torch release, as C++ encodes them (13000 = 13.0, 92400 = 9.24.0): from the
@@ -73,8 +73,17 @@ class GPUProfile:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
 
     def __hash__(self) -> int:  # flops is a mapping; the profile keys cached answers (cache.context)
-        return hash((self.name, self.compute_capability, self.sm_count, self.memory,
-                     self.cuda_version, self.cudnn_version, self.cudnn_frontend_d256))
+        return hash(
+            (
+                self.name,
+                self.compute_capability,
+                self.sm_count,
+                self.memory,
+                self.cuda_version,
+                self.cudnn_version,
+                self.cudnn_frontend_d256,
+            )
+        )
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a dtype name, the nearest wider one if absent."""
@@ -84,8 +93,13 @@ class GPUProfile:
         raise MetaDispatchError(f"GPU profile {self.name!r} has no peak for {dtype!r}")
 
 
-_WIDER = {"fp8": ("fp8", "fp16"), "int8": ("int8", "fp16"), "bf16": ("bf16", "fp16", "fp32"),
-          "fp16": ("fp16", "bf16", "fp32"), "tf32": ("tf32", "fp32")}
+_WIDER = {
+    "fp8": ("fp8", "fp16"),
+    "int8": ("int8", "fp16"),
+    "bf16": ("bf16", "fp16", "fp32"),
+    "fp16": ("fp16", "bf16", "fp32"),
+    "tf32": ("tf32", "fp32"),
+}
 
 
 def _flops(fp64, fp32, tf32, bf16, fp16, fp8, int8) -> dict:
@@ -117,8 +131,9 @@ def gpu_profile(name: str | GPUProfile | None = None) -> GPUProfile:
         return name
     key = (name or DEFAULT_GPU).lower()
     if key not in _PROFILES:
-        raise MetaDispatchError(f"unknown GPU {name!r}; known: {', '.join(sorted(_PROFILES))}"
-                                " (md.register_gpu adds one)")
+        raise MetaDispatchError(
+            f"unknown GPU {name!r}; known: {', '.join(sorted(_PROFILES))} (md.register_gpu adds one)"
+        )
     return _PROFILES[key]
 
 
@@ -131,24 +146,70 @@ def gpu_profiles() -> dict:
 # taken from public logs where one was found, else nvidia-smi's total.
 for _p in (
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5 column); 81,089 MiB printed by torch on an H100 80GB HBM3.
-    GPUProfile("h100", "H100 80 GB", (9, 0), 132, 81089 * MiB, 3.35e12,
-               _flops(67, 67, 494.5, 989.5, 989.5, 1979, 1979), 50 * MiB, 900e9),
+    GPUProfile(
+        "h100",
+        "H100 80 GB",
+        (9, 0),
+        132,
+        81089 * MiB,
+        3.35e12,
+        _flops(67, 67, 494.5, 989.5, 989.5, 1979, 1979),
+        50 * MiB,
+        900e9,
+    ),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM); 143,156 MiB printed by torch on an H200.
-    GPUProfile("h200", "H200 141 GB", (9, 0), 132, 143156 * MiB, 4.8e12,
-               _flops(67, 67, 494.5, 989.5, 989.5, 1979, 1979), 50 * MiB, 900e9),
+    GPUProfile(
+        "h200",
+        "H200 141 GB",
+        (9, 0),
+        132,
+        143156 * MiB,
+        4.8e12,
+        _flops(67, 67, 494.5, 989.5, 989.5, 1979, 1979),
+        50 * MiB,
+        900e9,
+    ),
     # NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column); 81,920 MiB nvidia-smi total (approximate).
-    GPUProfile("a100-80gb", "A100 80 GB", (8, 0), 108, 81920 * MiB, 2.039e12,
-               _flops(19.5, 19.5, 156, 312, 312, None, 624), 40 * MiB, 600e9),
+    GPUProfile(
+        "a100-80gb",
+        "A100 80 GB",
+        (8, 0),
+        108,
+        81920 * MiB,
+        2.039e12,
+        _flops(19.5, 19.5, 156, 312, 312, None, 624),
+        40 * MiB,
+        600e9,
+    ),
     # NVIDIA A100 datasheet (40GB SXM column); 40,536 MiB printed on an A100-SXM4-40GB.
-    GPUProfile("a100-40gb", "A100 40 GB", (8, 0), 108, 40536 * MiB, 1.555e12,
-               _flops(19.5, 19.5, 156, 312, 312, None, 624), 40 * MiB, 600e9),
+    GPUProfile(
+        "a100-40gb",
+        "A100 40 GB",
+        (8, 0),
+        108,
+        40536 * MiB,
+        1.555e12,
+        _flops(19.5, 19.5, 156, 312, 312, None, 624),
+        40 * MiB,
+        600e9,
+    ),
     # NVIDIA L4 Tensor Core GPU datasheet (dense = half the sparse figures); 23,034 MiB nvidia-smi total;
     # fp64 is 1/64 of fp32; interconnect is PCIe Gen4 x16.
-    GPUProfile("l4", "L4 24 GB", (8, 9), 58, 23034 * MiB, 300e9,
-               _flops(0.47, 30.3, 60, 121, 121, 242.5, 242.5), 48 * MiB, 64e9),
+    GPUProfile(
+        "l4", "L4 24 GB", (8, 9), 58, 23034 * MiB, 300e9, _flops(0.47, 30.3, 60, 121, 121, 242.5, 242.5), 48 * MiB, 64e9
+    ),
     # NVIDIA HGX B200 datasheet, per GPU (dense = half the sparse figures); 183,359 MiB nvidia-smi
     # total (approximate); L2 126 MB is from NVIDIA's Blackwell tuning guide, not the datasheet.
-    GPUProfile("b200", "B200 180 GB", (10, 0), 148, 183359 * MiB, 8e12,
-               _flops(37, 75, 1100, 2250, 2250, 4500, 4500), 126 * MiB, 1.8e12),
+    GPUProfile(
+        "b200",
+        "B200 180 GB",
+        (10, 0),
+        148,
+        183359 * MiB,
+        8e12,
+        _flops(37, 75, 1100, 2250, 2250, 4500, 4500),
+        126 * MiB,
+        1.8e12,
+    ),
 ):
     register_gpu(_p)

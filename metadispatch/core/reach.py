@@ -34,8 +34,20 @@ from .. import _compat
 
 __all__ = ["walk", "find"]
 
-_ATOMS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device,
-          torch.layout, torch.memory_format, torch.Size)
+_ATOMS = (
+    int,
+    float,
+    complex,
+    bool,
+    str,
+    bytes,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    torch.Size,
+)
 _SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
 _OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
 
@@ -137,8 +149,15 @@ def _library_callable(obj) -> bool:
     if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
         return False
     module = _module_of(obj)
-    return callable(obj) and module.split(".")[0] in ("torch", "builtins", "functools", "math",
-                                                      "metadispatch", "numpy", "typing")
+    return callable(obj) and module.split(".")[0] in (
+        "torch",
+        "builtins",
+        "functools",
+        "math",
+        "metadispatch",
+        "numpy",
+        "typing",
+    )
 
 
 def _module_of(obj) -> str:

@@ -33,8 +33,17 @@ from .bounds import bounds_of, fill_within
 from .tensor import META, in_kernel, wrap
 from .tensor import value_of as known_value
 
-__all__ = ["materialize", "run_real", "map_args", "flat", "meta_like", "to_meta_outputs", "nbytes",
-           "alias_pattern", "DEFAULT_LIMIT"]
+__all__ = [
+    "materialize",
+    "run_real",
+    "map_args",
+    "flat",
+    "meta_like",
+    "to_meta_outputs",
+    "nbytes",
+    "alias_pattern",
+    "DEFAULT_LIMIT",
+]
 
 DEFAULT_LIMIT = 1 << 30  # bytes of real inputs md.check may allocate for one call
 CPU = torch.device("cpu")
@@ -74,8 +83,7 @@ def _stands_in(x) -> bool:
     return isinstance(x, TensorMeta) or (isinstance(x, torch.Tensor) and _is_meta(x))
 
 
-def materialize(args, kwargs=None, *, limit: int | None = DEFAULT_LIMIT, seed: int = 0,
-                ints: int = 1, value_of=None):
+def materialize(args, kwargs=None, *, limit: int | None = DEFAULT_LIMIT, seed: int = 0, ints: int = 1, value_of=None):
     """Real CPU copies of the MetaTensors (or TensorMetas) in ``(args, kwargs)``.
 
     See Note [Made-up data]; ``value_of(t)`` gives a tensor's real value when
@@ -89,7 +97,10 @@ def materialize(args, kwargs=None, *, limit: int | None = DEFAULT_LIMIT, seed: i
     if limit is not None and need > limit:
         raise MaterializeLimitError(
             f"running it for real needs {need:,} bytes of inputs, above the limit of "
-            f"{limit:,}; raise it with md.checker(limit=BYTES)", need=need, limit=limit)
+            f"{limit:,}; raise it with md.checker(limit=BYTES)",
+            need=need,
+            limit=limit,
+        )
     gen = torch.Generator().manual_seed(seed)
     bases: dict = {}  # storage key -> real flat storage tensor
 
@@ -131,8 +142,10 @@ def map_args(fn, args, kwargs):
     An aten schema nests arguments at most one list deep (``Tensor[]``,
     ``int[]``), and pytree's general walk costs ten times this per call.
     """
+
     def one(x):
         return type(x)(fn(y) for y in x) if type(x) in (list, tuple) else fn(x)
+
     return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
 
 
@@ -162,12 +175,14 @@ def meta_like(real: torch.Tensor) -> torch.Tensor:
 
 def to_meta_outputs(out, device):
     """Real outputs -> MetaTensors on the logical ``device`` (plain values pass)."""
-    return pytree.tree_map(
-        lambda o: wrap(meta_like(o), device) if isinstance(o, torch.Tensor) else o, out)
+    return pytree.tree_map(lambda o: wrap(meta_like(o), device) if isinstance(o, torch.Tensor) else o, out)
 
 
 def alias_pattern(outputs, inputs, key) -> tuple:
     """For each output tensor, the index of the input whose storage it shares, or None."""
     keys = [key(t) if isinstance(t, torch.Tensor) else None for t in inputs]
-    return tuple(next((i for i, k in enumerate(keys) if k is not None and k == key(o)), None)
-                 for o in outputs if isinstance(o, torch.Tensor))
+    return tuple(
+        next((i for i, k in enumerate(keys) if k is not None and k == key(o)), None)
+        for o in outputs
+        if isinstance(o, torch.Tensor)
+    )

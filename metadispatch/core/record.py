@@ -130,8 +130,9 @@ class Recorder:
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
-        return TensorMeta(tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(),
-                          t._md_device, t.requires_grad, storage)
+        return TensorMeta(
+            tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t._md_device, t.requires_grad, storage
+        )
 
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
@@ -185,11 +186,21 @@ class Recorder:
         """
         m = self._meta(t, self._new_id(), base.storage)
         t._md = (self.token, m, len(self.trace.calls))
-        self.trace.calls.append(OpCall(
-            len(self.trace.calls), _AS_STRIDED, "aten.as_strided.default",
-            (base, m.shape, m.stride, m.storage_offset), None, (m,),
-            self.modules.current() if self.modules is not None else "",
-            "backward" if _compat.in_backward() else "forward", "meta", None, "untraced view"))
+        self.trace.calls.append(
+            OpCall(
+                len(self.trace.calls),
+                _AS_STRIDED,
+                "aten.as_strided.default",
+                (base, m.shape, m.stride, m.storage_offset),
+                None,
+                (m,),
+                self.modules.current() if self.modules is not None else "",
+                "backward" if _compat.in_backward() else "forward",
+                "meta",
+                None,
+                "untraced view",
+            )
+        )
         return m
 
     def _new_id(self) -> int:
@@ -276,8 +287,9 @@ class Recorder:
         else:
             self.backward_modules.note(module)
         source = user_frame() if self.stack else None
-        call = OpCall(len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs,
-                      module, phase, stage, source, note)
+        call = OpCall(
+            len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs, module, phase, stage, source, note
+        )
         self.trace.calls.append(call)
         return call
 

@@ -26,8 +26,7 @@ import torch
 from .. import _compat
 from .schema import op_name
 
-__all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for",
-           "resolve_ops", "rule_skeleton", "version"]
+__all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for", "resolve_ops", "rule_skeleton", "version"]
 
 _USER: dict = {}
 _BUILTIN: dict = {}
@@ -59,16 +58,18 @@ def resolve_ops(op) -> list:
         if overload:
             return [getattr(packet, overload)]
         return resolve_ops(packet)
-    raise TypeError(f"register_meta: expected an OpOverload, OpOverloadPacket or "
-                    f"'ns::name' string, got {type(op).__name__}: {op!r}")
+    raise TypeError(
+        f"register_meta: expected an OpOverload, OpOverloadPacket or 'ns::name' string, got {type(op).__name__}: {op!r}"
+    )
 
 
 def _register(table: dict, ops: list, fn: Callable, override: bool) -> Callable:
     if not override:
         taken = [op_name(o) for o in ops if o in table]
         if taken:
-            raise RuntimeError(f"a meta rule is already registered for {', '.join(taken)}; "
-                               "pass override=True to replace it")
+            raise RuntimeError(
+                f"a meta rule is already registered for {', '.join(taken)}; pass override=True to replace it"
+            )
     wants = "fallback" in inspect.signature(fn).parameters
     for o in ops:
         table[o] = fn
@@ -138,13 +139,20 @@ def rule_skeleton(func) -> str:
     for a in schema.arguments:
         if a.kwarg_only and "*" not in params:
             params.append("*")
-        params.append(a.name if a.default_value is None and not a.kwarg_only
-                      else f"{a.name}={a.default_value!r}" if a.default_value is not None else f"{a.name}=None")
+        params.append(
+            a.name
+            if a.default_value is None and not a.kwarg_only
+            else f"{a.name}={a.default_value!r}"
+            if a.default_value is not None
+            else f"{a.name}=None"
+        )
     fn_name = f"{schema.name.split('::')[-1]}_{schema.overload_name or 'default'}_meta"
     ns, _, name = schema.name.partition("::")
     target = f"{ns}::{name}" + (f".{schema.overload_name}" if schema.overload_name else "")
-    return (f"@metadispatch.register_meta(\"{target}\")\n"
-            f"def {fn_name}({', '.join(params)}):\n"
-            f"    # schema: {schema}\n"
-            f"    # return tensors with the shape, dtype, strides and device the real kernel gives\n"
-            f"    raise NotImplementedError")
+    return (
+        f'@metadispatch.register_meta("{target}")\n'
+        f"def {fn_name}({', '.join(params)}):\n"
+        f"    # schema: {schema}\n"
+        f"    # return tensors with the shape, dtype, strides and device the real kernel gives\n"
+        f"    raise NotImplementedError"
+    )

@@ -96,6 +96,7 @@ class RngLog:
             event = RngEvent(len(self.trace.calls), "load", stream, -1, state)
         self.trace.rng_events.append(event)
 
+
 def start_states(trace) -> None:
     """Note the default generators' states a run starts from, once per trace."""
     if trace.rng_state is None:

@@ -29,9 +29,11 @@ def route(func, f, args, kwargs, kargs, kkwargs, device, mode):
     rule, stage = registry.rule_for(func)
     if rule is not None:
         if registry.wants_fallback(rule):
+
             def fallback(*a, **k):
                 out, _ = _native_or_decomp(func, f, a, k, a, k, device, mode)
                 return _wrap_all(out, device)
+
             return run_nested(mode, rule, args, dict(kwargs, fallback=fallback)), stage
         return run_nested(mode, rule, args, kwargs), stage
     if f.data_dependent:
@@ -54,8 +56,9 @@ def _native_or_decomp(func, f, args, kwargs, kargs, kkwargs, device, mode):
     decomp = _compat.decomposition_table().get(func)
     if decomp is not None:
         return run_nested(mode, decomp, args, kwargs), "decomp"
-    raise UnsupportedOpError(_unsupported_message(func, f.name, args, kwargs),
-                             op=f.name, inputs=describe_inputs(args, kwargs))
+    raise UnsupportedOpError(
+        _unsupported_message(func, f.name, args, kwargs), op=f.name, inputs=describe_inputs(args, kwargs)
+    )
 
 
 _NO_NATIVE: set = set()  # ops whose meta kernel turned out to be missing
@@ -108,13 +111,17 @@ def _data_dependent_message(name, args, kwargs) -> str:
     what = name
     if name == "aten._local_scalar_dense.default":
         what = f"{name} (Tensor.item(), bool(t), int(t), float(t))"
-    return (f"{what} needs the values of its input ({describe_inputs(args, kwargs)}); "
-            "a MetaTensor holds no data. Use md.check() to answer it with the real "
-            "kernel, or register a rule with @metadispatch.register_meta.")
+    return (
+        f"{what} needs the values of its input ({describe_inputs(args, kwargs)}); "
+        "a MetaTensor holds no data. Use md.check() to answer it with the real "
+        "kernel, or register a rule with @metadispatch.register_meta."
+    )
 
 
 def _unsupported_message(func, name, args, kwargs) -> str:
-    return (f"{name} has no meta rule, no meta kernel and no decomposition.\n"
-            f"  inputs: {describe_inputs(args, kwargs)}\n"
-            f"  Register a rule that returns outputs with the right metadata:\n\n"
-            + "\n".join("    " + line for line in registry.rule_skeleton(func).splitlines()))
+    return (
+        f"{name} has no meta rule, no meta kernel and no decomposition.\n"
+        f"  inputs: {describe_inputs(args, kwargs)}\n"
+        f"  Register a rule that returns outputs with the right metadata:\n\n"
+        + "\n".join("    " + line for line in registry.rule_skeleton(func).splitlines())
+    )

@@ -92,7 +92,7 @@ def _writes_and_aliases(func) -> tuple:
     writes += [ref[i] for i in _UNANNOTATED_WRITES.get(func.name(), ())]
     by_set: dict = {}
     for i, a in enumerate(args):
-        for s in (a.alias_info.before_set if a.alias_info is not None else ()):
+        for s in a.alias_info.before_set if a.alias_info is not None else ():
             by_set.setdefault(s, []).append(ref[i])
     marked = [ref[i] for i, a in enumerate(args) if a.alias_info is not None]
     aliases: list = []
@@ -106,8 +106,7 @@ def _writes_and_aliases(func) -> tuple:
     if view_of is not None:
         aliases = [(ref[view_of],)] * len(schema.returns)
     joins: tuple = ()
-    if func.name().startswith("aten::set_") and any(a.name == _SET_SOURCE and "Tensor" in str(a.type)
-                                                    for a in args):
+    if func.name().startswith("aten::set_") and any(a.name == _SET_SOURCE and "Tensor" in str(a.type) for a in args):
         source = next(x for x in ref if x[1] == _SET_SOURCE)
         joins = ((ref[0], source),)
         aliases = [tuple(a) + (source,) for a in aliases]
@@ -151,8 +150,9 @@ def _compute(func) -> OpFacts:
         if target is None and not info.is_write:
             # ``Tensor(a)[]`` returns (unbind, split) show an empty alias set
             # from Python; they alias the one argument marked ``(a -> *)``.
-            target = next((i for i, a in enumerate(args)
-                           if a.alias_info is not None and not a.alias_info.is_write), None)
+            target = next(
+                (i for i, a in enumerate(args) if a.alias_info is not None and not a.alias_info.is_write), None
+            )
         if info.is_write:
             returns_write.append(target)
         else:
@@ -171,8 +171,9 @@ def _compute(func) -> OpFacts:
         torch.Tag.dynamic_output_shape in tags and name not in _SHAPE_DEPENDS_ONLY_SOMETIMES
     )
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args)
-    cacheable = (not data_dependent and torch.Tag.inplace_view not in tags
-                 and name.partition("::")[0] not in _ACTS_BEYOND_SCHEMA)
+    cacheable = (
+        not data_dependent and torch.Tag.inplace_view not in tags and name.partition("::")[0] not in _ACTS_BEYOND_SCHEMA
+    )
     writes, aliases, joins = _writes_and_aliases(func)
     return OpFacts(
         name=op_name(func),

@@ -17,8 +17,11 @@ __all__ = ["user_frame", "traceback_frame"]
 
 # The whole metadispatch package (this file is in its core/ subpackage).
 _PACKAGE = os.path.dirname(os.path.dirname(__file__))
-_SKIP = (os.path.dirname(torch.__file__) + os.sep, _PACKAGE + os.sep,
-         os.path.dirname(os.__file__) + os.sep + "contextlib.py")
+_SKIP = (
+    os.path.dirname(torch.__file__) + os.sep,
+    _PACKAGE + os.sep,
+    os.path.dirname(os.__file__) + os.sep + "contextlib.py",
+)
 
 
 def user_frame(skip: tuple = ()) -> str | None:

@@ -79,7 +79,8 @@ class StandIns:
     def __exit__(self, *exc) -> None:
         """Put everything back; idempotent, so a retry finishes an interrupted exit."""
         while self._handles:
-            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            self._handles[-1].remove()
+            self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
         if _ACTIVE.standins is self:
             _ACTIVE.standins = None
         _compat.call_without_torch_function(self._restore)
@@ -87,7 +88,8 @@ class StandIns:
 
     def _restore(self) -> None:
         while self._states:
-            self._states[-1].restore(); self._states.pop()  # noqa: E702
+            self._states[-1].restore()
+            self._states.pop()  # noqa: E702
         while self._optimizers:
             _, (opt, params, state) = self._optimizers.popitem()
             for group, original in zip(opt.param_groups, params):
@@ -245,8 +247,9 @@ class _ModuleState:
         self.cls = type(mod)
         self.attrs = dict(mod.__dict__)
         self.containers = [(c, _contents(c)) for c in _containers(self.attrs.values())]
-        self.tensors = [(t, t._version, t.grad, type(t), t.data if _uninitialized(t) else None)
-                        for t in _tensors(self.containers)]
+        self.tensors = [
+            (t, t._version, t.grad, type(t), t.data if _uninitialized(t) else None) for t in _tensors(self.containers)
+        ]
 
     def restore(self) -> None:
         mod = self.mod

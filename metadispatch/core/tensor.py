@@ -35,8 +35,17 @@ from .. import _compat
 from ..errors import DataDependentError
 from ..ir.records import type_str
 
-__all__ = ["MetaTensor", "Converter", "in_kernel", "is_wrapper_subclass", "value_of", "read_value", "note_value_read",
-           "value_reads", "WIRING"]
+__all__ = [
+    "MetaTensor",
+    "Converter",
+    "in_kernel",
+    "is_wrapper_subclass",
+    "value_of",
+    "read_value",
+    "note_value_read",
+    "value_reads",
+    "WIRING",
+]
 
 META = torch.device("meta")
 
@@ -83,8 +92,13 @@ def is_wrapper_subclass(t: torch.Tensor) -> bool:
     dispatch.py).
     """
     cls = type(t)
-    return (cls is not torch.Tensor and cls is not torch.nn.Parameter and cls is not MetaTensor
-            and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ and not _compat.is_fake(t))
+    return (
+        cls is not torch.Tensor
+        and cls is not torch.nn.Parameter
+        and cls is not MetaTensor
+        and cls.__torch_dispatch__ is not torch.Tensor.__torch_dispatch__
+        and not _compat.is_fake(t)
+    )
 
 
 def normalize_device(device) -> torch.device:
@@ -111,8 +125,9 @@ def _data_error(what: str):
             with _compat.no_torch_function():  # the value is ours, not the user's
                 return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
-            f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, "
-            "which holds no data", op=what)
+            f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, which holds no data", op=what
+        )
+
     method.__name__ = what
     return method
 
@@ -249,7 +264,7 @@ class MetaTensor(torch.Tensor):
             args = (args[0]._md_device, args[0].dtype) + args[1:]
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
-            copy, args = args[flags[1]], args[:flags[1]] + args[flags[1] + 1:]
+            copy, args = args[flags[1]], args[: flags[1]] + args[flags[1] + 1 :]
         device, dtype, non_blocking, memory_format = _compat.parse_to(*args, **kwargs)
         same_device = device is None or normalize_device(device) == self._md_device
         same_dtype = dtype is None or dtype == self.dtype
@@ -264,8 +279,11 @@ class MetaTensor(torch.Tensor):
             target["dtype"] = dtype
         if memory_format is not None:
             target["memory_format"] = memory_format
-        if device is not None and device.type not in ("cpu", "meta") \
-                and _compat.get_infra_mode(_compat.mode_key) is None:
+        if (
+            device is not None
+            and device.type not in ("cpu", "meta")
+            and _compat.get_infra_mode(_compat.mode_key) is None
+        ):
             # Outside any MetaMode torch's binding would initialise CUDA for
             # the target first (Note [Logical CUDA without CUDA]): convert
             # under a non-recording mode, which spares that.
@@ -288,8 +306,11 @@ class MetaTensor(torch.Tensor):
         name), convert as a real tensor would."""
         if dtype is None:
             name = torch.Tensor.type(self)
-            return name.replace("torch.meta.", f"torch.{self._md_device.type}.", 1) \
-                if self._md_device.type not in ("cpu", "meta") else name
+            return (
+                name.replace("torch.meta.", f"torch.{self._md_device.type}.", 1)
+                if self._md_device.type not in ("cpu", "meta")
+                else name
+            )
         if isinstance(dtype, torch.dtype):
             return self.to(dtype, non_blocking=non_blocking)
         cls = _compat.legacy_tensor_type(dtype)
@@ -300,8 +321,11 @@ class MetaTensor(torch.Tensor):
         return self.to(device, cls.dtype, non_blocking=non_blocking)
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
-        return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),
-                       non_blocking=non_blocking, memory_format=memory_format)
+        return self.to(
+            torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"),
+            non_blocking=non_blocking,
+            memory_format=memory_format,
+        )
 
     def cpu(self, memory_format=torch.preserve_format):
         return self.to("cpu", memory_format=memory_format)

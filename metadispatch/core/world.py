@@ -75,12 +75,14 @@ class World:
         if _compat.dist.is_initialized():
             raise MetaDispatchError(
                 "MetaMode(world_size=...) needs torch.distributed uninitialised: a process group "
-                "already exists in this process; destroy it first")
+                "already exists in this process; destroy it first"
+            )
         steps.append(functools.partial(_restore_env, {k: os.environ.get(k) for k in _ENV}))
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         steps.append(_destroy_all)
-        _compat.dist.init_process_group("fake", store=_compat.fake_process_group_store(),
-                                        rank=self.rank, world_size=self.world_size)
+        _compat.dist.init_process_group(
+            "fake", store=_compat.fake_process_group_store(), rank=self.rank, world_size=self.world_size
+        )
         fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
         ddp_setup.install(steps)
         # Note [A DTensor's logical device]
@@ -90,21 +92,35 @@ class World:
         funcol = _compat.functional_collectives_module()
         steps.append(functools.partial(setattr, funcol, "_are_we_tracing", funcol._are_we_tracing))
         funcol._are_we_tracing = functools.partial(_are_we_tracing, funcol._are_we_tracing)
-        steps.append(functools.partial(setattr, _compat.tensor_experimental, "context_parallel",
-                                       _compat.tensor_experimental.context_parallel))
+        steps.append(
+            functools.partial(
+                setattr, _compat.tensor_experimental, "context_parallel", _compat.tensor_experimental.context_parallel
+            )
+        )
         _compat.tensor_experimental.context_parallel = _refuse_context_parallel
         for owner in (_compat.dist, _compat.distributed_c10d):
             steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
             owner.init_process_group = self._join  # type: ignore[attr-defined]
 
-    def _join(self, backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
-              store=None, group_name="", pg_options=None, device_id=None):
+    def _join(
+        self,
+        backend=None,
+        init_method=None,
+        timeout=None,
+        world_size=-1,
+        rank=-1,
+        store=None,
+        group_name="",
+        pg_options=None,
+        device_id=None,
+    ):
         """``init_process_group`` inside the mode: the world exists; check it is the one meant."""
         if world_size not in (-1, None, self.world_size) or rank not in (-1, None, self.rank):
             raise MetaDispatchError(
                 f"init_process_group(world_size={world_size}, rank={rank}) inside "
                 f"MetaMode(world_size={self.world_size}, rank={self.rank}): trace the rank you mean "
-                "with MetaMode's own options")
+                "with MetaMode's own options"
+            )
 
     def record_groups(self, into: dict) -> None:
         """Add every live process group to ``into``, by name."""
@@ -176,7 +192,8 @@ def _are_we_tracing(original) -> bool:
 def _refuse_context_parallel(*args, **kwargs):
     raise UnsupportedFeatureError(
         "context parallelism (context_parallel) is not traced in a logical world: its ring "
-        "attention exchanges key/value shards between ranks; see docs/distributed.md")
+        "attention exchanges key/value shards between ranks; see docs/distributed.md"
+    )
 
 
 def _destroy_all() -> None:

@@ -60,8 +60,14 @@ _SCALAR_READ = "aten._local_scalar_dense.default"
 _DYNAMIC = ("data-dependent", "data dependent", "dynamic output shape", "dynamic shape", "unbacked")
 
 
-def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bool = True,
-            known_limit: int = known.DEFAULT_LIMIT, values: dict | None = None) -> Callable[..., Report]:
+def checker(
+    device=None,
+    *,
+    limit: int | None = DEFAULT_LIMIT,
+    recheck_calls: bool = True,
+    known_limit: int = known.DEFAULT_LIMIT,
+    values: dict | None = None,
+) -> Callable[..., Report]:
     """``md.check`` with options: ``md.checker(limit=1 << 20)(fn, x)``.
 
     ``limit`` bounds the bytes of real inputs materialised for one call
@@ -71,6 +77,7 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
     without ``in fn``) or ``{"aten.nonzero.default": tensor}`` (an op) --
     a number for ``.item()``-style reads, the outputs for other ops.
     """
+
     def run(fn: Callable, *args, **kwargs) -> Report:
         mode = MetaMode(device=device, stack=True, known_limit=known_limit)
         state = _State(mode, limit, dict(values or {}))
@@ -78,8 +85,10 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
         error = None
         # Calls run for real draw from the global and the user's generators.
         rng = _compat.rng_states()
-        generators = [(g, g.get_state()) for g in find(
-            {"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))]
+        generators = [
+            (g, g.get_state())
+            for g in find({"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))
+        ]
         try:
             try:
                 run_traced(mode, fn, args, kwargs)
@@ -95,8 +104,7 @@ def checker(device=None, *, limit: int | None = DEFAULT_LIMIT, recheck_calls: bo
             for g, state_ in generators:
                 g.set_state(state_)
         stop = _stop(error, mode, state.assumptions) if error is not None else None
-        return Report(trace, state.answers, state.refused, mismatches, skipped, error,
-                      state.assumptions, stop)
+        return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop)
 
     return run
 

@@ -48,8 +48,10 @@ __all__ = ["diff", "canonical"]
 
 # Keyword values that mean "the default" whatever the schema says.
 _DEFAULT_LIKE = {
-    ("pin_memory", False), ("layout", torch.strided),
-    ("memory_format", torch.preserve_format), ("non_blocking", False),
+    ("pin_memory", False),
+    ("layout", torch.strided),
+    ("memory_format", torch.preserve_format),
+    ("non_blocking", False),
 }
 _ID = re.compile(r"\$(\d+)")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
@@ -69,8 +71,7 @@ def canonical(trace: Trace | str, *, modules: bool = True, names: bool = True) -
     return _renumber([_mask(line) for line in lines])
 
 
-def diff(a: Trace | str, b: Trace | str, *, modules: bool = False, names: bool = False,
-         context: int = 3) -> str:
+def diff(a: Trace | str, b: Trace | str, *, modules: bool = False, names: bool = False, context: int = 3) -> str:
     """A unified diff of two traces' ops and shapes; ``""`` when equivalent.
 
     ``modules=True`` also compares module attribution, ``names=True`` the
@@ -123,8 +124,19 @@ def _lines(trace: Trace, *, modules: bool, names: bool) -> list[str]:
 def _bare(call: OpCall, modules: bool) -> OpCall:
     """``call`` without what equivalent runs may differ in."""
     kwargs = {k: _round(v) for k, v in call.kwargs.items() if not _is_default(call.func, k, v)}
-    return OpCall(call.index, call.func, call.op, _round(call.args), kwargs, call.outputs,
-                  call.module if modules else "", call.phase, "meta", None, call.note)
+    return OpCall(
+        call.index,
+        call.func,
+        call.op,
+        _round(call.args),
+        kwargs,
+        call.outputs,
+        call.module if modules else "",
+        call.phase,
+        "meta",
+        None,
+        call.note,
+    )
 
 
 def _round(v):

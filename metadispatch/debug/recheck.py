@@ -59,10 +59,19 @@ def recheck(trace, limit) -> tuple[list, list]:
             # One Mismatch per call, its fields prefixed with the output where
             # the call has several ("output 1: stride").
             fields = tuple(f for f, _, _ in found)
-            mismatches.append(Mismatch(
-                call.index, call.op, call.module, call.rule, None, fields,
-                {f: want for f, want, _ in found}, {f: got for f, _, got in found},
-                tuple(_words(f, want, got) for f, want, got in found)))
+            mismatches.append(
+                Mismatch(
+                    call.index,
+                    call.op,
+                    call.module,
+                    call.rule,
+                    None,
+                    fields,
+                    {f: want for f, want, _ in found},
+                    {f: got for f, _, got in found},
+                    tuple(_words(f, want, got) for f, want, got in found),
+                )
+            )
     return mismatches, skipped
 
 
@@ -79,16 +88,19 @@ def _words(field: str, recorded, real) -> str:
 
 def _check_call(call, consts, limit) -> list[tuple]:
     """``(field, recorded, real)`` for each difference of ``call``'s outputs."""
-    args, kwargs = pytree.tree_map(lambda x: None if is_generator(x) else x,
-                                   (call.args, dict(call.kwargs)),
-                                   is_leaf=lambda x: isinstance(x, TensorMeta))
-    real_args, real_kwargs = materialize(args, kwargs, limit=limit, ints=0,
-                                         value_of=lambda m: consts.get(m))
-    storage_of = {_compat.storage_key(r): m.storage for m, r in zip(
-        _metas((args, kwargs)), _metas((real_args, real_kwargs)))}
+    args, kwargs = pytree.tree_map(
+        lambda x: None if is_generator(x) else x,
+        (call.args, dict(call.kwargs)),
+        is_leaf=lambda x: isinstance(x, TensorMeta),
+    )
+    real_args, real_kwargs = materialize(args, kwargs, limit=limit, ints=0, value_of=lambda m: consts.get(m))
+    storage_of = {
+        _compat.storage_key(r): m.storage for m, r in zip(_metas((args, kwargs)), _metas((real_args, real_kwargs)))
+    }
     input_storages = {m.storage for m in call.inputs}
-    real_outs = [o for o in pytree.tree_leaves(run_real(call.func, real_args, real_kwargs))
-                 if isinstance(o, torch.Tensor)]
+    real_outs = [
+        o for o in pytree.tree_leaves(run_real(call.func, real_args, real_kwargs)) if isinstance(o, torch.Tensor)
+    ]
     recorded = call.output_metas
     if len(real_outs) != len(recorded):
         return [("outputs", len(recorded), len(real_outs))]
@@ -104,8 +116,11 @@ def _check_call(call, consts, limit) -> list[tuple]:
 
 
 def _metas(tree) -> list:
-    return [x for x in pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, TensorMeta))
-            if isinstance(x, (TensorMeta, torch.Tensor))]
+    return [
+        x
+        for x in pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, TensorMeta))
+        if isinstance(x, (TensorMeta, torch.Tensor))
+    ]
 
 
 def _alias(storage) -> str:

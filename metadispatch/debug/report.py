@@ -41,8 +41,10 @@ class Assumption(NamedTuple):
     basis: str  # "a value in [0, 5] from uniform_(0.0, 5.0)", "given by values="
 
     def __str__(self) -> str:
-        return (f"call #{self.index} {self.op} at {self.source or '?'} ({self.module or '<top>'}): "
-                f"assumed {self.value}, {self.basis}")
+        return (
+            f"call #{self.index} {self.op} at {self.source or '?'} ({self.module or '<top>'}): "
+            f"assumed {self.value}, {self.basis}"
+        )
 
 
 class Stop(NamedTuple):
@@ -56,8 +58,9 @@ class Stop(NamedTuple):
 
     def __str__(self) -> str:
         message = (str(self.error).strip().splitlines() or [""])[0]
-        where = ", ".join(([f"in {self.op}"] if self.op else [])
-                          + [f"module {self.module or '<top>'}", f"at {self.source or '?'}"])
+        where = ", ".join(
+            ([f"in {self.op}"] if self.op else []) + [f"module {self.module or '<top>'}", f"at {self.source or '?'}"]
+        )
         line = f"Stopped: {type(self.error).__name__}: {message} ({where})"
         if self.after is not None:
             line += f"\n  after a made-up value: {self.after}"
@@ -85,8 +88,18 @@ def _group(answers, refused, kind, trace) -> list[OpIssue]:
     for index, a in list(answers.items()) + [(None, r) for r in refused]:
         if a.kind != kind:
             continue
-        g = groups.setdefault(a.op, {"func": a.func, "count": 0, "modules": [], "source": None,
-                                     "refused": None, "outputs": (), "reason": a.reason})
+        g = groups.setdefault(
+            a.op,
+            {
+                "func": a.func,
+                "count": 0,
+                "modules": [],
+                "source": None,
+                "refused": None,
+                "outputs": (),
+                "reason": a.reason,
+            },
+        )
         g["count"] += 1
         if a.module not in g["modules"]:
             g["modules"].append(a.module)
@@ -95,8 +108,10 @@ def _group(answers, refused, kind, trace) -> list[OpIssue]:
             g["refused"] = a.note
         elif not g["outputs"] and index < len(trace.calls):
             g["outputs"] = tuple(m.type_str() for m in trace.calls[index].output_metas)
-    return [OpIssue(op, g["func"], g["count"], tuple(g["modules"]), g["source"], g["refused"],
-                    g["outputs"], g["reason"]) for op, g in groups.items()]
+    return [
+        OpIssue(op, g["func"], g["count"], tuple(g["modules"]), g["source"], g["refused"], g["outputs"], g["reason"])
+        for op, g in groups.items()
+    ]
 
 
 class Report:
@@ -109,8 +124,9 @@ class Report:
     the end) and ``stop`` where it stopped, ``trace`` everything recorded.
     """
 
-    def __init__(self, trace, answers, refused, mismatches, skipped, error,
-                 assumptions=(), stop: Stop | None = None) -> None:
+    def __init__(
+        self, trace, answers, refused, mismatches, skipped, error, assumptions=(), stop: Stop | None = None
+    ) -> None:
         self.trace = trace
         self.unsupported = _group(answers, refused, "unsupported", trace)
         self.meta_refused = _group(answers, refused, "refused", trace)
@@ -124,14 +140,15 @@ class Report:
     @property
     def ok(self) -> bool:
         """True when every call was answered from metadata and re-checked equal."""
-        return not (self.unsupported or self.meta_refused or self.data_dependent or self.mismatches
-                    or self.error)
+        return not (self.unsupported or self.meta_refused or self.data_dependent or self.mismatches or self.error)
 
     def __repr__(self) -> str:
         refused = f"{len(self.meta_refused)} refused by meta kernels, " if self.meta_refused else ""
-        return (f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, {refused}"
-                f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
-                f"{', stopped' if self.error else ''}>")
+        return (
+            f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, {refused}"
+            f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
+            f"{', stopped' if self.error else ''}>"
+        )
 
     def __str__(self) -> str:
         lines = [repr(self)[1:-1].replace("Report: ", "md.check: ")]
@@ -141,32 +158,45 @@ class Report:
         cols = ("op", "calls", "modules", "first called at")
         if self.unsupported:
             lines += ["", "Ops with no rule (answered by the real CPU kernel)"]
-            lines += _table(cols + ("",), [_row(i) + (f"REFUSED: {i.refused}" if i.refused else "",)
-                                           for i in self.unsupported])
+            lines += _table(
+                cols + ("",), [_row(i) + (f"REFUSED: {i.refused}" if i.refused else "",) for i in self.unsupported]
+            )
         if self.meta_refused:
-            lines += ["", "Ops whose meta kernel refused what the real kernel accepts (answered by the real "
-                      "CPU kernel)"]
-            lines += _table(cols + ("the meta kernel said",),
-                            [_row(i) + (f"REFUSED: {i.refused}" if i.refused else i.reason[:100],)
-                             for i in self.meta_refused])
+            lines += [
+                "",
+                "Ops whose meta kernel refused what the real kernel accepts (answered by the real CPU kernel)",
+            ]
+            lines += _table(
+                cols + ("the meta kernel said",),
+                [_row(i) + (f"REFUSED: {i.refused}" if i.refused else i.reason[:100],) for i in self.meta_refused],
+            )
         if self.data_dependent:
             lines += ["", "Data-dependent ops (answered from made-up data: sizes are assumptions)"]
-            lines += _table(cols + ("assumed",), [_row(i) + (i.refused and "REFUSED: " + i.refused
-                                                            or ", ".join(i.outputs),)
-                                                  for i in self.data_dependent])
+            lines += _table(
+                cols + ("assumed",),
+                [
+                    _row(i) + (i.refused and "REFUSED: " + i.refused or ", ".join(i.outputs),)
+                    for i in self.data_dependent
+                ],
+            )
         if self.assumptions:
             lines += ["", "Made-up values (assumptions: what follows them depends on them)"]
-            lines += _table(("call", "op", "assumed", "because", "at"),
-                            [(f"#{a.index}", a.op, a.value, a.basis, a.source or "?")
-                             for a in self.assumptions])
+            lines += _table(
+                ("call", "op", "assumed", "because", "at"),
+                [(f"#{a.index}", a.op, a.value, a.basis, a.source or "?") for a in self.assumptions],
+            )
         if self.mismatches:
             lines += ["", "Metadata that differ from the real CPU kernel (recorded != real)"]
-            lines += _table(("call", "op", "module", "rule", "problem"),
-                            [(f"#{m.index}", m.op, m.module or "<top>", m.rule, "; ".join(m.problems))
-                             for m in self.mismatches])
+            lines += _table(
+                ("call", "op", "module", "rule", "problem"),
+                [(f"#{m.index}", m.op, m.module or "<top>", m.rule, "; ".join(m.problems)) for m in self.mismatches],
+            )
         if self.skipped:
-            lines += ["", f"{len(self.skipped)} calls not re-checked on CPU "
-                      f"(first: #{self.skipped[0][0]} {self.skipped[0][1]}: {self.skipped[0][2]})"]
+            lines += [
+                "",
+                f"{len(self.skipped)} calls not re-checked on CPU "
+                f"(first: #{self.skipped[0][0]} {self.skipped[0][1]}: {self.skipped[0][2]})",
+            ]
         for issue in self.unsupported:
             lines += ["", f"# A rule for {issue.op}:", issue.skeleton()]
         return "\n".join(lines)

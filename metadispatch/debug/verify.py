@@ -56,8 +56,10 @@ class RuleCheck:
         return self.ok
 
     def __repr__(self) -> str:
-        return (f"<RuleCheck {self.op}: {self.tried} samples, {len(self.disagreements)} "
-                f"disagreements, {len(self.unusable)} unusable>")
+        return (
+            f"<RuleCheck {self.op}: {self.tried} samples, {len(self.disagreements)} "
+            f"disagreements, {len(self.unusable)} unusable>"
+        )
 
     def __str__(self) -> str:
         lines = [repr(self)[1:-1]]
@@ -104,8 +106,7 @@ class _Unusable(Exception):
 def _normalise(samples, func):
     if samples is None:
         return schema_samples(func)
-    return [(s[0], s[1]) if _is_pair(s) else (tuple(s) if isinstance(s, (list, tuple)) else (s,), {})
-            for s in samples]
+    return [(s[0], s[1]) if _is_pair(s) else (tuple(s) if isinstance(s, (list, tuple)) else (s,), {}) for s in samples]
 
 
 def _is_pair(s) -> bool:
@@ -121,8 +122,7 @@ def _clone(x):
 
 def _compare(func, args, kwargs) -> list[str]:
     convert = Converter()
-    meta_args, meta_kwargs = pytree.tree_map(
-        lambda x: convert(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
+    meta_args, meta_kwargs = pytree.tree_map(lambda x: convert(x) if isinstance(x, torch.Tensor) else x, (args, kwargs))
     real_args, real_kwargs = pytree.tree_map(_clone, (args, kwargs))
     try:
         with torch.no_grad():
@@ -179,5 +179,6 @@ def _plain(t: str):
         return None
     if "int" in t.lower():
         return [3, 4] if t.startswith("List") else 1
-    return {"float": 0.5, "bool": False, "Scalar": 2, "str": "none", "Device": "cpu",
-            "ScalarType": torch.float32}.get(t)
+    return {"float": 0.5, "bool": False, "Scalar": 2, "str": "none", "Device": "cpu", "ScalarType": torch.float32}.get(
+        t
+    )

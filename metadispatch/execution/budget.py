@@ -108,15 +108,21 @@ def costs(trace: Trace, keep_all: bool = False) -> Costs:
 def check_budget(trace: Trace, budget: Budget, leaf_bytes: int = 0, keep_all: bool = False) -> None:
     """Raise BudgetExceededError naming the first call that crosses ``budget``."""
     c = costs(trace, keep_all)
-    for what, limit, running, extra in (("bytes", budget.bytes, c.peak, leaf_bytes),
-                                        ("flops", budget.flops, c.flops, 0)):
+    for what, limit, running, extra in (
+        ("bytes", budget.bytes, c.peak, leaf_bytes),
+        ("flops", budget.flops, c.flops, 0),
+    ):
         if limit is None:
             continue
         if extra > limit:
             raise BudgetExceededError(
                 f"replay refused: its leaves need {_fmt(extra)} bytes, over the budget of "
                 f"{_fmt(limit)} (md.replay(..., budget=Budget(bytes=N, flops=M)) sets it)",
-                call=-1, what=what, need=extra, limit=limit)
+                call=-1,
+                what=what,
+                need=extra,
+                limit=limit,
+            )
         n = bisect.bisect_right(running, limit - extra)
         if n < len(running):
             call = trace.calls[n]
@@ -125,7 +131,11 @@ def check_budget(trace: Trace, budget: Budget, leaf_bytes: int = 0, keep_all: bo
                 f"replay refused: call #{call.index} {call.op} brings the trace to {_fmt(need)} "
                 f"{what}, over the budget of {_fmt(limit)} (md.replay(..., budget=Budget("
                 "bytes=N, flops=M)) sets it; None means no limit)",
-                call=call.index, what=what, need=need, limit=limit)
+                call=call.index,
+                what=what,
+                need=need,
+                limit=limit,
+            )
 
 
 def _fmt(n: int) -> str:
@@ -196,10 +206,17 @@ class _Account:
                 k += 1
                 before = self.allocs.get(m.id, ())
                 if shared:
-                    ids = {a for arg in shared for x in tensor_metas(arg_value(call, arg))
-                           for a in self.allocs.get(x.id, ())}
-                    grow = _nbytes(real) - sum(self.sizes[a] for a in before) if m.id in {
-                        x.id for arg in f.writes for x in tensor_metas(arg_value(call, arg))} else 0
+                    ids = {
+                        a
+                        for arg in shared
+                        for x in tensor_metas(arg_value(call, arg))
+                        for a in self.allocs.get(x.id, ())
+                    }
+                    grow = (
+                        _nbytes(real) - sum(self.sizes[a] for a in before)
+                        if m.id in {x.id for arg in f.writes for x in tensor_metas(arg_value(call, arg))}
+                        else 0
+                    )
                     if grow > 0:
                         ids.add(self.new(grow))
                 else:
@@ -237,12 +254,14 @@ def _nbytes(t) -> int:
 def _meta_like(m: TensorMeta, call) -> torch.Tensor:
     try:
         return torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=_META).as_strided(
-            m.shape, m.stride, m.storage_offset)
+            m.shape, m.stride, m.storage_offset
+        )
     except (RuntimeError, ValueError, OverflowError) as e:
         where = f"call #{call.index} {call.op}" if call is not None else f"leaf ${m.id}"
-        raise ReplayError(f"replay refused: {where} records an impossible tensor "
-                          f"{m.dtype}{list(m.shape)} ({e})",
-                          call=None if call is None else call.index) from None
+        raise ReplayError(
+            f"replay refused: {where} records an impossible tensor {m.dtype}{list(m.shape)} ({e})",
+            call=None if call is None else call.index,
+        ) from None
 
 
 def _flat(r):
@@ -253,10 +272,14 @@ def _flat(r):
         yield r
 
 
-_PRODUCTS = re.compile(r"_*(?:matmul|einsum|linear|bilinear|tensordot|addmv|mv|dot|vdot|addr|outer"
-                       r"|ger|kron|cdist|addbmm|chain_matmul|trilinear)(?:_|$)")
-_CUBIC = re.compile(r"_*(?:linalg|cholesky|lu|qr|svd|eig|symeig|solve|inverse|triangular|geqrf"
-                    r"|ormqr|householder|slogdet|logdet|det|lstsq|matrix_exp|pinverse)(?:_|$)")
+_PRODUCTS = re.compile(
+    r"_*(?:matmul|einsum|linear|bilinear|tensordot|addmv|mv|dot|vdot|addr|outer"
+    r"|ger|kron|cdist|addbmm|chain_matmul|trilinear)(?:_|$)"
+)
+_CUBIC = re.compile(
+    r"_*(?:linalg|cholesky|lu|qr|svd|eig|symeig|solve|inverse|triangular|geqrf"
+    r"|ormqr|householder|slogdet|logdet|det|lstsq|matrix_exp|pinverse)(?:_|$)"
+)
 
 
 def _flops(call, real_outs: list, env) -> int:
@@ -270,9 +293,13 @@ def _flops(call, real_outs: list, env) -> int:
     inputs = [_as_meta(m, env) for m in call.inputs]
     if formula is not None:
         try:
-            return int(formula(*[_on_meta(a, env) for a in call.args],
-                               **{k: _on_meta(v, env) for k, v in call.kwargs.items()},
-                               out_val=_out_val(call, real_outs)))
+            return int(
+                formula(
+                    *[_on_meta(a, env) for a in call.args],
+                    **{k: _on_meta(v, env) for k, v in call.kwargs.items()},
+                    out_val=_out_val(call, real_outs),
+                )
+            )
         except Exception:  # a formula that cannot read these arguments
             pass
     biggest = max((t for t in inputs if t.dim()), key=lambda t: t.numel(), default=None)
@@ -280,7 +307,7 @@ def _flops(call, real_outs: list, env) -> int:
         return out_elems
     if cubic:
         n = max(biggest.shape[-2:])
-        return math.prod(biggest.shape[:-2]) * n ** 3 + out_elems
+        return math.prod(biggest.shape[:-2]) * n**3 + out_elems
     return 2 * max(out_elems, 1) * biggest.shape[-1]
 
 

@@ -58,15 +58,17 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
     """Raise :class:`ReplayInputError` for inputs that cannot be bound (see the
     module docstring); else return :func:`given_tensors` of them."""
     if not isinstance(args, (tuple, list)):
-        raise ReplayInputError(f"replay: args must be a tuple of the traced call's positional "
-                               f"arguments, got {type(args).__name__}")
+        raise ReplayInputError(
+            f"replay: args must be a tuple of the traced call's positional arguments, got {type(args).__name__}"
+        )
     if module is not None and not isinstance(module, nn.Module):
         raise ReplayInputError(f"replay: module must be an nn.Module, got {type(module).__name__}")
     given = given_tensors(args, kwargs, module)
     for (kind, name), t in given.items():
         if isinstance(t, MetaTensor) or t.device.type == "meta":
-            raise ReplayInputError(f"replay: {kind} {name} is a MetaTensor (or on meta) and holds "
-                                   "no data; pass the real tensor or module")
+            raise ReplayInputError(
+                f"replay: {kind} {name} is a MetaTensor (or on meta) and holds no data; pass the real tensor or module"
+            )
     needed = [leaf for leaf in trace.leaves.values() if leaf.kind in ("arg", *_FROM_MODULE)]
     if args or kwargs:
         for leaf in needed:
@@ -74,12 +76,15 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
                 found = _found(args, kwargs or {}, leaf.name)
                 raise ReplayInputError(
                     f"replay: argument {leaf.name}: the trace read a tensor {leaf.meta.type_str()} "
-                    f"there, {'but it was not given' if found is None else f'got {found}'}")
+                    f"there, {'but it was not given' if found is None else f'got {found}'}"
+                )
         if trace.arg_names is not None:
             extra = sorted(n for k, n in given if k == "arg" and n not in set(trace.arg_names))
             if extra:
-                raise ReplayInputError(f"replay: argument {extra[0]} was not an argument of the "
-                                       f"traced call (it had {', '.join(trace.arg_names) or 'none'})")
+                raise ReplayInputError(
+                    f"replay: argument {extra[0]} was not an argument of the "
+                    f"traced call (it had {', '.join(trace.arg_names) or 'none'})"
+                )
     if module is not None or any(k != "arg" for k, _ in given):
         for leaf in needed:
             if leaf.kind in _FROM_MODULE and (leaf.kind, leaf.name) not in given:
@@ -99,13 +104,14 @@ def _found(args, kwargs, name: str) -> str | None:
 
 def _not_in_module(leaf, given: dict) -> str:
     if leaf.kind == "grad":
-        return (f"replay: param {leaf.name} had a .grad when traced, which backward accumulated "
-                "into; the module given has none (set it, or trace without it)")
+        return (
+            f"replay: param {leaf.name} had a .grad when traced, which backward accumulated "
+            "into; the module given has none (set it, or trace without it)"
+        )
     kind = "parameter" if leaf.kind == "param" else "buffer"
     have = [n for k, n in given if k == leaf.kind]
     shown = ", ".join(have[:6]) + (", ..." if len(have) > 6 else "")
-    return (f"replay: {leaf.kind} {leaf.name}: the module given has no {kind} of that name "
-            f"(it has {shown or 'none'})")
+    return f"replay: {leaf.kind} {leaf.name}: the module given has no {kind} of that name (it has {shown or 'none'})"
 
 
 def check_device(device) -> torch.device:
@@ -117,8 +123,7 @@ def check_device(device) -> torch.device:
     if d.type == "meta":
         raise ReplayInputError("replay: device 'meta' runs no kernels; replay on a real device")
     if d.type == "cuda" and not (torch.cuda.is_available() and (d.index or 0) < torch.cuda.device_count()):
-        raise ReplayInputError(f"replay: device {d} is not available here "
-                               f"({torch.cuda.device_count()} CUDA devices)")
+        raise ReplayInputError(f"replay: device {d} is not available here ({torch.cuda.device_count()} CUDA devices)")
     try:
         torch.empty(0, device=d)
     except Exception as e:  # any backend's way of saying it is not there

@@ -35,8 +35,9 @@ from .writes import written_leaves
 __all__ = ["bind_leaves", "caller_tensors", "leaf_bytes", "index_bounds", "make_tensor"]
 
 
-def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: list | None = None,
-                given: dict | None = None) -> dict:
+def bind_leaves(
+    trace: Trace, args, kwargs, module, device, seed: int, made_up: list | None = None, given: dict | None = None
+) -> dict:
     """id -> real tensor on ``device`` for every leaf; see the module docstring.
 
     Leaves the trace may write are copies, and so is every leaf whose real
@@ -61,7 +62,8 @@ def bind_leaves(trace: Trace, args, kwargs, module, device, seed: int, made_up: 
         if tuple(t.shape) != m.shape or t.dtype != m.dtype:
             raise ReplayInputError(
                 f"replay: {leaf.kind} {leaf.name or f'${tid}'} is {t.dtype}{list(t.shape)}, "
-                f"the trace recorded {m.dtype}{list(m.shape)}")
+                f"the trace recorded {m.dtype}{list(m.shape)}"
+            )
         moved = t.detach().to(device)
         if moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
             shared.setdefault(_compat.storage_key(t), []).append(tid)
@@ -102,8 +104,7 @@ def _copy_keeping_aliases(t: torch.Tensor, copies: dict) -> torch.Tensor:
     storage = copies.get(key)
     if storage is None:
         storage = copies[key] = t.untyped_storage().clone()
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
-        storage, t.storage_offset(), t.size(), t.stride())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
 
 
 # -- made-up leaves
@@ -114,7 +115,7 @@ _WHY = {
     "buffer": "no module was given; filled with made-up values",
     "grad": "no module was given; its .grad filled with made-up values",
     "input": "the trace recorded no source for this tensor (it reached the traced code from "
-             "outside any recorded call, without a name); filled with made-up values",
+    "outside any recorded call, without a name); filled with made-up values",
 }
 
 
@@ -133,6 +134,7 @@ def _listed(trace: Trace, missing: list) -> list:
         name = f"{leaf.kind} {leaf.name}" if leaf.name else f"{leaf.kind} ${m.id}"
         out.append(MadeUp(name, first.get(m.id), _WHY.get(leaf.kind, _WHY["input"])))
     return out
+
 
 def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
     if not missing:
@@ -183,6 +185,7 @@ def make_tensor(shape, dtype, stride, offset=0, device="cpu", gen=None) -> torch
 
 # -- valid index values
 
+
 def _dim_size(t: TensorMeta, dim: int) -> int:
     return t.shape[dim] if t.shape else 1
 
@@ -198,8 +201,7 @@ _CONSUMERS = {
     "aten.gather.default": lambda a: [(a[2], _dim_size(a[0], a[1]))],
     "aten.scatter.src": lambda a: [(a[2], _dim_size(a[0], a[1]))],
     "aten.scatter_add.default": lambda a: [(a[2], _dim_size(a[0], a[1]))],
-    "aten.index.Tensor": lambda a: [(i, a[0].shape[k]) for k, i in enumerate(a[1])
-                                    if isinstance(i, TensorMeta)],
+    "aten.index.Tensor": lambda a: [(i, a[0].shape[k]) for k, i in enumerate(a[1]) if isinstance(i, TensorMeta)],
     "aten.nll_loss_forward.default": lambda a: [(a[1], _nll_classes(a[0]))],
     "aten.nll_loss2d_forward.default": lambda a: [(a[1], _nll_classes(a[0]))],
 }
@@ -207,14 +209,32 @@ _CONSUMERS = {
 # Ops whose outputs hold only values of their inputs: a bound on the output
 # is a bound on the inputs.
 _PASS_THROUGH = {
-    "aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
-    "aten.slice.Tensor", "aten.select.int", "aten.clone.default", "aten.alias.default",
-    "aten.detach.default", "aten.expand.default", "aten.t.default", "aten.transpose.int",
-    "aten.permute.default", "aten.unsqueeze.default", "aten.squeeze.dim",
-    "aten.squeeze.dims", "aten.squeeze.default", "aten.constant_pad_nd.default",
-    "aten._to_copy.default", "aten.lift_fresh.default", "aten.lift_fresh_copy.default",
-    "aten.cat.default", "aten.stack.default", "aten.narrow.default",
-    "aten.contiguous.default", "aten.copy_.default", "aten.flatten.using_ints",
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.reshape.default",
+    "aten.slice.Tensor",
+    "aten.select.int",
+    "aten.clone.default",
+    "aten.alias.default",
+    "aten.detach.default",
+    "aten.expand.default",
+    "aten.t.default",
+    "aten.transpose.int",
+    "aten.permute.default",
+    "aten.unsqueeze.default",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.squeeze.default",
+    "aten.constant_pad_nd.default",
+    "aten._to_copy.default",
+    "aten.lift_fresh.default",
+    "aten.lift_fresh_copy.default",
+    "aten.cat.default",
+    "aten.stack.default",
+    "aten.narrow.default",
+    "aten.contiguous.default",
+    "aten.copy_.default",
+    "aten.flatten.using_ints",
 }
 
 

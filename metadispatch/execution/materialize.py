@@ -63,18 +63,23 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     if stuck:
         raise MetaDispatchError(
             "materialize: MetaTensors held where materialize cannot replace them (only "
-            "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck))
+            "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck)
+        )
     names = {id(t): path for path, t in reachable.items()}
     real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
     for rec, metas in _by_recorder(reachable, names).items():
         trace = rec.trace
         _refuse_outside_data(trace, metas, names)
-        env, _, _ = execute(trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0),
-                            device, check=False, keep_all=True)
+        env, _, _ = execute(
+            trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0), device, check=False, keep_all=True
+        )
         for t in metas:
             value = env[t.__dict__["_md"][1].id]
-            real[id(t)] = nn.Parameter(value, requires_grad=t.requires_grad) if isinstance(
-                t, nn.Parameter) or getattr(t, "_is_param", False) else value
+            real[id(t)] = (
+                nn.Parameter(value, requires_grad=t.requires_grad)
+                if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False)
+                else value
+            )
     _swap_all(module, lambda t: real[id(t)])
     return module
 
@@ -83,8 +88,11 @@ def _reachable_metas(module: nn.Module) -> dict:
     """path -> MetaTensor, for each MetaTensor reachable from ``module`` (first path only)."""
     # Tensors reached only through a function (its globals, closure,
     # defaults) are not the module's to hold: another model in a global.
-    return {_attribute_path(path): obj for path, obj, first in walk({"module": module})
-            if first is None and isinstance(obj, MetaTensor) and not _through_function(path)}
+    return {
+        _attribute_path(path): obj
+        for path, obj, first in walk({"module": module})
+        if first is None and isinstance(obj, MetaTensor) and not _through_function(path)
+    }
 
 
 def _attribute_path(path: str) -> str:
@@ -94,8 +102,10 @@ def _attribute_path(path: str) -> str:
 
 
 def _through_function(path: str) -> bool:
-    return any(s in path for s in (".<global ", ".<closure ", ".__defaults__", ".__kwdefaults__",
-                                   ".__func__", ".func", ".keywords"))
+    return any(
+        s in path
+        for s in (".<global ", ".<closure ", ".__defaults__", ".__kwdefaults__", ".__func__", ".func", ".keywords")
+    )
 
 
 def _by_recorder(reachable: dict, names: dict) -> dict:
@@ -106,7 +116,8 @@ def _by_recorder(reachable: dict, names: dict) -> dict:
             raise MetaDispatchError(
                 f"materialize: {names[id(t)]} was not built under a recording MetaMode, so "
                 "there is no construction to replay (md.to_meta copies hold no values; use "
-                "load_state_dict instead)")
+                "load_state_dict instead)"
+            )
         groups.setdefault(md[0], []).append(t)
     return groups
 
@@ -121,10 +132,12 @@ def _refuse_outside_data(trace, metas, names) -> None:
             f"mode's tensors) read real tensors from outside the mode that the trace keeps no "
             f"values for ({what}; larger than the mode's const_limit); replaying would fill "
             "them with made-up numbers. Build them inside the mode, raise "
-            "MetaMode(const_limit=...), or load them with load_state_dict after materialising")
+            "MetaMode(const_limit=...), or load them with load_state_dict after materialising"
+        )
 
 
 # -- finding and replacing every tensor a module holds
+
 
 def _swap_all(module: nn.Module, new) -> list:
     """Apply ``new`` to every MetaTensor in ``module``'s modules; return those met.

@@ -124,8 +124,9 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
 
 def free_points(trace: Trace) -> dict:
     """Call index -> ids whose last use is that call (Note [Freeing early])."""
-    keep = {m.id for m in tensor_metas(pytree.tree_leaves(
-        trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))}
+    keep = {
+        m.id for m in tensor_metas(pytree.tree_leaves(trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))
+    }
     keep.update(m.id for m in trace.grads.values())
     keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
     last: dict = {}
@@ -193,21 +194,20 @@ class _Writer:
         self.lines.append("    return")
         source = "\n".join(self.lines) + "\n"
         exec(compile(source, _FILENAME, "exec"), self.names)  # noqa: S102 -- our own code
-        return Program(self.names["run"], source, list(calls), singles, starts,
-                       self.generator_uses, self.default_draws)
+        return Program(self.names["run"], source, list(calls), singles, starts, self.generator_uses, self.default_draws)
 
     def _note_draw(self, n: int, call) -> None:
         """Note the first call drawing from each default generator (streams.py)."""
-        if not facts(call.func).random or any(
-                is_generator(a) for a in (*call.args, *call.kwargs.values())):
+        if not facts(call.func).random or any(is_generator(a) for a in (*call.args, *call.kwargs.values())):
             return
         outs = call.output_metas or call.inputs
         if outs:
             self.default_draws.setdefault(stream_of(outs[0].device), n)
 
     def _call(self, n: int, call, single: TensorMeta | None) -> None:
-        args = ", ".join([self._arg(a) for a in call.args] +
-                         [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()])
+        args = ", ".join(
+            [self._arg(a) for a in call.args] + [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()]
+        )
         op = self._op(call.func)
         written = written_args(call)
         if written:
@@ -226,8 +226,9 @@ class _Writer:
             if type(o) is TensorMeta:
                 self.lines.append(f"    {self._define(o.id)} = {result}[{k}]")
             elif type(o) is tuple:  # a list return
-                self.lines += [f"    {self._define(x.id)} = {result}[{k}][{j}]"
-                               for j, x in enumerate(o) if type(x) is TensorMeta]
+                self.lines += [
+                    f"    {self._define(x.id)} = {result}[{k}][{j}]" for j, x in enumerate(o) if type(x) is TensorMeta
+                ]
         self.lines.append(f"    if ck: chk({n}, {result})")
 
     def _arg(self, a) -> str:
@@ -280,8 +281,14 @@ class _Writer:
 
 def _keyword(call, name) -> str:
     """``name`` if it is a parameter of the op's schema (Note [Generated code from untrusted traces])."""
-    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
-            and any(a.name == name for a in call.func._schema.arguments)):
-        raise ReplayError(f"call #{call.index} {call.op}: {name!r} is not a parameter of its "
-                          "schema; replay does not pass it", call=call.index)
+    if not (
+        isinstance(name, str)
+        and name.isidentifier()
+        and not keyword.iskeyword(name)
+        and any(a.name == name for a in call.func._schema.arguments)
+    ):
+        raise ReplayError(
+            f"call #{call.index} {call.op}: {name!r} is not a parameter of its schema; replay does not pass it",
+            call=call.index,
+        )
     return name

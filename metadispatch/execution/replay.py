@@ -61,8 +61,18 @@ from .writes import write_guard
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
 
 
-def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int = 0,
-           check: bool = True, budget: Budget | None = None, allow_made_up: bool = False) -> Replay:
+def replay(
+    trace,
+    args=(),
+    kwargs=None,
+    *,
+    module=None,
+    device="cpu",
+    seed: int = 0,
+    check: bool = True,
+    budget: Budget | None = None,
+    allow_made_up: bool = False,
+) -> Replay:
     """Run ``trace`` for real on ``device`` and check each call's metadata.
 
     ``trace`` is a :class:`Trace` or the path of a saved one.  Inputs are
@@ -96,15 +106,23 @@ def replay(trace, args=(), kwargs=None, *, module=None, device="cpu", seed: int 
     given = check_inputs(trace, args, kwargs, module)
     made_up: list = []
     env, mismatches, streams = execute(
-        trace, lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up, given),
-        device, check, seed=seed, protect=caller_tensors(trace, args, kwargs, module, given),
-        budget=budget or default_budget(device), leaf_bytes=leaf_bytes(trace, args, kwargs, module, given))
-    out = pytree.tree_map(lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
-                          trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta))
+        trace,
+        lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up, given),
+        device,
+        check,
+        seed=seed,
+        protect=caller_tensors(trace, args, kwargs, module, given),
+        budget=budget or default_budget(device),
+        leaf_bytes=leaf_bytes(trace, args, kwargs, module, given),
+    )
+    out = pytree.tree_map(
+        lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
+        trace.output_meta,
+        is_leaf=lambda x: isinstance(x, TensorMeta),
+    )
     grads = {name: env[m.id] for name, m in trace.grads.items()}
     buffers = {leaf.name: env[tid] for tid, leaf in trace.leaves.items() if leaf.kind == "buffer"}
-    return Replay(out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up,
-                  _tolerance(device))
+    return Replay(out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up, _tolerance(device))
 
 
 def _as_trace(trace) -> Trace:
@@ -112,20 +130,33 @@ def _as_trace(trace) -> Trace:
         return trace
     if isinstance(trace, (str, os.PathLike)):
         return Trace.load(trace)
-    raise ReplayInputError(f"replay: expected a Trace or the path of a saved one, "
-                           f"got {type(trace).__name__}")
+    raise ReplayInputError(f"replay: expected a Trace or the path of a saved one, got {type(trace).__name__}")
 
 
 def _tolerance(device) -> Tolerance | None:
     if device.type == "cpu" or torch.are_deterministic_algorithms_enabled():
         return None
-    return Tolerance(1e-5, 1e-5, f"{device.type} kernels that accumulate with atomics (index_add, "
-                     "scatter_add, embedding backward) sum in no fixed order; "
-                     "torch.use_deterministic_algorithms(True) makes them exact")
+    return Tolerance(
+        1e-5,
+        1e-5,
+        f"{device.type} kernels that accumulate with atomics (index_add, "
+        "scatter_add, embedding backward) sum in no fixed order; "
+        "torch.use_deterministic_algorithms(True) makes them exact",
+    )
 
 
-def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, keep_all: bool = False,
-            protect=(), budget: Budget | None = None, leaf_bytes: int = 0):
+def execute(
+    trace: Trace,
+    bind,
+    device,
+    check: bool,
+    *,
+    seed: int = 0,
+    keep_all: bool = False,
+    protect=(),
+    budget: Budget | None = None,
+    leaf_bytes: int = 0,
+):
     """Run every call; return (id -> real tensor, mismatches, :class:`Streams`).
 
     ``bind()`` gives the leaves.  The returned map holds outputs, gradients
@@ -137,8 +168,10 @@ def execute(trace: Trace, bind, device, check: bool, *, seed: int = 0, keep_all:
     included, runs.
     """
     if _compat.dispatch_mode_stack():
-        raise RuntimeError("md.replay runs real kernels and cannot run while a dispatch "
-                           "mode (such as MetaMode) is active; leave the mode first")
+        raise RuntimeError(
+            "md.replay runs real kernels and cannot run while a dispatch "
+            "mode (such as MetaMode) is active; leave the mode first"
+        )
     if budget is not None:
         check_budget(trace, budget, leaf_bytes, keep_all)
     prog = program(trace, device, keep_all)
@@ -173,9 +206,11 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard) -> list:
         if n is None:
             raise
         call = calls[n]
-        raise ReplayError(f"replay: call #{call.index} {printable(call.format())} failed: "
-                          f"{type(e).__name__}: {printable(str(e), keep=chr(10))}",
-                          call=call.index) from e
+        raise ReplayError(
+            f"replay: call #{call.index} {printable(call.format())} failed: "
+            f"{type(e).__name__}: {printable(str(e), keep=chr(10))}",
+            call=call.index,
+        ) from e
     return mismatches
 
 
@@ -228,20 +263,33 @@ def _pairs(outputs, results):
 def _same(m: TensorMeta, t: torch.Tensor, device) -> bool:
     # The common case, kept cheap: this runs for every output of every call.
     # On CPU, t.is_cpu rather than t.device, which builds a torch.device.
-    return (t.stride() == m.stride and t.shape == m.shape and t.dtype is m.dtype
-            and t.storage_offset() == m.storage_offset
-            and (t.is_cpu if device.type == "cpu" else t.device == device))
+    return (
+        t.stride() == m.stride
+        and t.shape == m.shape
+        and t.dtype is m.dtype
+        and t.storage_offset() == m.storage_offset
+        and (t.is_cpu if device.type == "cpu" else t.device == device)
+    )
 
 
 def compare(m: TensorMeta, t: torch.Tensor, device) -> tuple | None:
     """(fields, expected, actual) where real ``t`` differs from ``m``, else None."""
-    expected = {"shape": m.shape, "dtype": m.dtype, "stride": m.stride,
-                "storage_offset": m.storage_offset, "device": device}
-    actual = {"shape": tuple(t.shape), "dtype": t.dtype, "stride": t.stride(),
-              "storage_offset": t.storage_offset(), "device": t.device}
+    expected = {
+        "shape": m.shape,
+        "dtype": m.dtype,
+        "stride": m.stride,
+        "storage_offset": m.storage_offset,
+        "device": device,
+    }
+    actual = {
+        "shape": tuple(t.shape),
+        "dtype": t.dtype,
+        "stride": t.stride(),
+        "storage_offset": t.storage_offset(),
+        "device": t.device,
+    }
     fields = tuple(f for f in expected if expected[f] != actual[f])
-    if "stride" in fields and "shape" not in fields and _same_significant_strides(
-            m.shape, m.stride, actual["stride"]):
+    if "stride" in fields and "shape" not in fields and _same_significant_strides(m.shape, m.stride, actual["stride"]):
         fields = tuple(f for f in fields if f != "stride")
     if not fields:
         return None

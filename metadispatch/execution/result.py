@@ -32,8 +32,16 @@ class Replay:
     else the :class:`Tolerance` within which they do.
     """
 
-    def __init__(self, output, grads: dict, buffers: dict, mismatches: list,
-                 made_up: list | tuple = (), allow_made_up: bool = False, tolerance: Tolerance | None = None) -> None:
+    def __init__(
+        self,
+        output,
+        grads: dict,
+        buffers: dict,
+        mismatches: list,
+        made_up: list | tuple = (),
+        allow_made_up: bool = False,
+        tolerance: Tolerance | None = None,
+    ) -> None:
         self.output = output  # what fn returned, with real tensors
         self.grads = grads  # parameter name -> real gradient
         self.buffers = buffers  # buffer name -> its real value after the trace
@@ -58,12 +66,20 @@ class Replay:
             lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
             lines += [f"  {m}" for m in self.mismatches]
         else:
-            lines = [f"replay {'ok' if self.ok else 'not ok'}: every recorded result matched the real kernel"
-                     + (", but" if not self.ok else "")]
+            lines = [
+                f"replay {'ok' if self.ok else 'not ok'}: every recorded result matched the real kernel"
+                + (", but" if not self.ok else "")
+            ]
         if self.made_up:
-            lines.append(f"replay made up {len(self.made_up)} input(s) or random stream(s)"
-                         + (" (allowed: values are not eager's)" if self.allow_made_up
-                            else "; its values are not eager's (allow_made_up=True accepts this)") + ":")
+            lines.append(
+                f"replay made up {len(self.made_up)} input(s) or random stream(s)"
+                + (
+                    " (allowed: values are not eager's)"
+                    if self.allow_made_up
+                    else "; its values are not eager's (allow_made_up=True accepts this)"
+                )
+                + ":"
+            )
             lines += [f"  {m}" for m in self.made_up[:_SHOWN]]
             if len(self.made_up) > _SHOWN:
                 lines.append(f"  ... and {len(self.made_up) - _SHOWN} more (Replay.made_up)")

@@ -69,8 +69,10 @@ class Streams:
 
     def _why_not(self, stream: str) -> str:
         if stream.partition(":")[0] != self.device.type:
-            return (f"the trace drew from the {stream} generator; {self._here}'s draws "
-                    f"other numbers, so random values differ from eager on {stream}")
+            return (
+                f"the trace drew from the {stream} generator; {self._here}'s draws "
+                f"other numbers, so random values differ from eager on {stream}"
+            )
         if self._start_state(stream) is None:
             return "the trace holds no start state for it; drawn from seed"
         return ""
@@ -78,10 +80,13 @@ class Streams:
     def _generator(self, k: int, call: int) -> torch.Generator:
         gen = torch.Generator(device=self.device)
         recorded = self.trace.generators[k] if 0 <= k < len(self.trace.generators) else None
-        why = ("the trace holds no state for it (written before generators were recorded)"
-               if recorded is None or recorded[1] is None else
-               f"it was a {recorded[0]} generator, replay draws on {self.device}"
-               if torch.device(recorded[0]).type != self.device.type else "")
+        why = (
+            "the trace holds no state for it (written before generators were recorded)"
+            if recorded is None or recorded[1] is None
+            else f"it was a {recorded[0]} generator, replay draws on {self.device}"
+            if torch.device(recorded[0]).type != self.device.type
+            else ""
+        )
         if why:
             self.made_up.append(MadeUp(f"generator {k}" if k >= 0 else "generator", call, why))
             return gen.manual_seed(self.seed)

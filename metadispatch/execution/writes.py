@@ -97,7 +97,10 @@ def write_guard(protected, calls: list):
                 raise ReplayError(
                     f"replay refused call #{call.index} {call.op}: it would write memory of a "
                     "tensor you passed in (an argument, parameter, buffer or the trace's "
-                    "constant), which replay never changes", call=call.index)
+                    "constant), which replay never changes",
+                    call=call.index,
+                )
+
     return guard
 
 

@@ -15,11 +15,9 @@ _NO_KWARGS: dict = {}
 class OpCall:
     """One recorded aten call.  Immutable by convention; ``__slots__`` keep it small."""
 
-    __slots__ = ("index", "func", "op", "args", "kwargs", "outputs", "module",
-                 "phase", "rule", "source", "note")
+    __slots__ = ("index", "func", "op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
 
-    def __init__(self, index, func, op, args, kwargs, outputs, module, phase, rule,
-                 source=None, note=None):
+    def __init__(self, index, func, op, args, kwargs, outputs, module, phase, rule, source=None, note=None):
         self.index = index
         self.func = func  # the OpOverload
         self.op = op  # its name, "aten.mm.default"

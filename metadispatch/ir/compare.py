@@ -53,7 +53,8 @@ class Mismatch(NamedTuple):
         where = f" in {self.module}" if self.module else ""
         output = "" if self.output is None else f" output {self.output}"
         diffs = "; ".join(self.problems) or "; ".join(
-            f"{f} expected {self.expected[f]}, got {self.actual[f]}" for f in self.fields)
+            f"{f} expected {self.expected[f]}, got {self.actual[f]}" for f in self.fields
+        )
         return f"#{self.index} {self.op}{where} [{self.rule}]{output}: {diffs}"
 
 
@@ -104,4 +105,3 @@ def describe(field: str, recorded, real) -> str:
 def explain(recorded, real: torch.Tensor, device: torch.device | None = None) -> list[str]:
     """:func:`differences` in words."""
     return [describe(*d) for d in differences(recorded, real, device)]
-

@@ -81,12 +81,15 @@ def _enum(kind):
         if v is None:
             raise ValueError(name)
         return v
+
     return decode
 
 
 # Device types a trace may name; str(torch.device) spells them so.
-_DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|hpu|mtia|xla|lazy|ipu|maia|privateuseone)"
-                     r"(?::(0|[1-9][0-9]{0,3}))?")
+_DEVICE = re.compile(
+    r"(cpu|cuda|meta|mps|xpu|hpu|mtia|xla|lazy|ipu|maia|privateuseone)"
+    r"(?::(0|[1-9][0-9]{0,3}))?"
+)
 
 
 def decode_device(name) -> torch.device:
@@ -114,8 +117,9 @@ def decode_group(v) -> Group:
         raise ValueError(name)
     if not (type(size) is int and 0 < size <= _MAX_GROUP and type(rank) is int and 0 <= rank < size):
         raise ValueError(v)
-    if not (isinstance(ranks, list) and len(ranks) == size
-            and all(type(r) is int and 0 <= r < _MAX_GROUP for r in ranks)):
+    if not (
+        isinstance(ranks, list) and len(ranks) == size and all(type(r) is int and 0 <= r < _MAX_GROUP for r in ranks)
+    ):
         raise ValueError(v)
     return Group(name, size, rank, tuple(ranks))
 
@@ -168,8 +172,13 @@ def resolve_op(name: str):
 
 
 _EFFECTS = {  # aten ops whose effects reach past their tensors (Note [Ops a file may name])
-    "aten::from_file", "aten::from_file.out", "aten::_print", "aten::_backward",
-    "aten::record_stream", "aten::_cufft_clear_plan_cache", "aten::_cufft_set_plan_cache_max_size",
+    "aten::from_file",
+    "aten::from_file.out",
+    "aten::_print",
+    "aten::_backward",
+    "aten::record_stream",
+    "aten::_cufft_clear_plan_cache",
+    "aten::_cufft_set_plan_cache_max_size",
 }
 _OPAQUE_TYPES = ("Storage", "Stream", "ScriptObject", "Any", "__torch__", "Capsule")
 _FILE_ARGS = {"filename", "file", "path", "f"}
@@ -184,8 +193,7 @@ def refusal(func) -> str | None:
     if name in _EFFECTS:
         return "it acts outside its tensor arguments (files, printing, autograd, streams)"
     args = schema.arguments
-    if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write
-                                      for a in args):
+    if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write for a in args):
         return "it returns nothing and writes no argument, so it runs for an effect"
     for a in args:
         t = str(a.type)

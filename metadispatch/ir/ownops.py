@@ -49,8 +49,9 @@ def _define() -> None:
     if _LIBRARY:
         return
     lib = _compat.library(NAMESPACE, "FRAGMENT")
-    lib.define("trunc_normal_(Tensor(a!) tensor, float mean, float std, float a, float b, "
-               "Generator? generator=None) -> ()")
+    lib.define(
+        "trunc_normal_(Tensor(a!) tensor, float mean, float std, float a, float b, Generator? generator=None) -> ()"
+    )
     # One kernel for every backend: on meta the body returns at once (it
     # checks tensor.is_meta), on CPU and CUDA it draws as eager does.
     lib.impl("trunc_normal_", _trunc_normal_kernel, "CompositeExplicitAutograd")

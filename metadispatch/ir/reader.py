@@ -49,8 +49,7 @@ _KINDS = {"arg", "param", "buffer", "const", "input", "grad"}
 _PHASES = {"forward", "backward", "optimizer"}
 _INT = {int}
 _PLAIN = {type(None), bool, int, float, str}
-_TENSOR_COLUMNS = ("id", "shape", "dtype", "stride", "storage_offset", "device",
-                   "requires_grad", "storage")
+_TENSOR_COLUMNS = ("id", "shape", "dtype", "stride", "storage_offset", "device", "requires_grad", "storage")
 _LEAF_COLUMNS = ("tensor", "kind", "name", "value")
 _CALL_COLUMNS = ("op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
 
@@ -79,8 +78,7 @@ class Reader:
     def trace(self, doc: dict, t: Trace) -> Trace:
         """Fill the empty trace ``t`` from ``doc``."""
         self.strings = self.field(doc, "strings", "file", list)
-        if not set(map(type, self.strings)) <= {str} or (
-                self.strings and max(map(len, self.strings)) > MAX_STRING):
+        if not set(map(type, self.strings)) <= {str} or (self.strings and max(map(len, self.strings)) > MAX_STRING):
             self.first_bad(self.strings, "strings", _is_short_str, "expected a string")
         ops = [self.op(name, f"ops[{i}]") for i, name in enumerate(self.field(doc, "ops", "file", list))]
         self.tensors = self.tensor_table(self.columns(doc, "tensors", _TENSOR_COLUMNS))
@@ -127,8 +125,9 @@ class Reader:
             devices, states = self.columns(doc, "generators", ("device", "state"))
             for i, (d, v) in enumerate(zip(devices, states)):
                 self.device(self.text(d, ("generators.device", i)), ("generators.device", i))
-                t.generators.append((d, None if v is None else self.bytes_tensor(
-                    v, ("generators.state", i), _RNG_BYTES)))
+                t.generators.append(
+                    (d, None if v is None else self.bytes_tensor(v, ("generators.state", i), _RNG_BYTES))
+                )
         if doc.get("rng_events") is not None:
             cols = self.columns(doc, "rng_events", ("at", "action", "stream", "slot", "state"))
             self.counts(cols[0], "rng_events.at")
@@ -136,8 +135,11 @@ class Reader:
                 if action not in ("save", "load"):
                     self.fail(("rng_events.action", i), f"expected save or load, got {_short(action)}")
                 self.stream(stream, ("rng_events.stream", i))
-                if type(slot) is not int or not -1 <= slot < _SIZE_LIMIT or (slot < 0) != (
-                        action == "load" and v is not None):
+                if (
+                    type(slot) is not int
+                    or not -1 <= slot < _SIZE_LIMIT
+                    or (slot < 0) != (action == "load" and v is not None)
+                ):
                     self.fail(("rng_events.slot", i), f"not a slot for this event: {_short(slot)}")
                 state = None if v is None else self.bytes_tensor(v, ("rng_events.state", i), _RNG_BYTES)
                 t.rng_events.append(RngEvent(at, action, stream, slot, state))
@@ -150,8 +152,9 @@ class Reader:
         """A logical world's size and rank, and its process groups (version 4)."""
         world = doc.get("world")
         if world is not None:
-            if not (isinstance(world, list) and len(world) == 2 and all(_is_count(v) for v in world)
-                    and world[1] < world[0]):
+            if not (
+                isinstance(world, list) and len(world) == 2 and all(_is_count(v) for v in world) and world[1] < world[0]
+            ):
                 self.fail("world", "expected [world size, rank]")
             t.world = tuple(world)
         groups = doc.get("groups") or []
@@ -196,8 +199,12 @@ class Reader:
         """Every entry an index into a table of ``n`` (or null, where ``nullable``)."""
         ints = [i for i in col if i is not None] if nullable else col
         if not (set(map(type, ints)) <= _INT and (not ints or (min(ints) >= 0 and max(ints) < n))):
-            self.first_bad(col, where, lambda i: (i is None and nullable) or _is_count(i) and i < n,
-                           f"expected an index into {what} (which has {n} entries)")
+            self.first_bad(
+                col,
+                where,
+                lambda i: (i is None and nullable) or _is_count(i) and i < n,
+                f"expected an index into {what} (which has {n} entries)",
+            )
 
     def strs(self, col: list, where: str, nullable: bool = False) -> list:
         """A column of indexes into ``strings``, as the strings."""
@@ -227,16 +234,18 @@ class Reader:
         self.sizes(shapes, "tensors.shape", "size")
         self.sizes(strides, "tensors.stride", "stride")
         if shapes and max(map(math.prod, shapes)) >= _SIZE_LIMIT:
-            self.first_bad(shapes, "tensors.shape", lambda s: math.prod(s) < _SIZE_LIMIT,
-                           "2**63 or more elements")
+            self.first_bad(shapes, "tensors.shape", lambda s: math.prod(s) < _SIZE_LIMIT, "2**63 or more elements")
         if list(map(len, shapes)) != list(map(len, strides)):
-            self.first_bad(list(zip(shapes, strides)), "tensors.stride",
-                           lambda p: len(p[0]) == len(p[1]), "(shape, stride) differ in length")
+            self.first_bad(
+                list(zip(shapes, strides)),
+                "tensors.stride",
+                lambda p: len(p[0]) == len(p[1]),
+                "(shape, stride) differ in length",
+            )
         self.counts(offsets, "tensors.storage_offset")
         self.counts(storages, "tensors.storage")
         if not set(map(type, rgs)) <= {bool}:
-            self.first_bad(rgs, "tensors.requires_grad", lambda v: type(v) is bool,
-                           "expected true or false")
+            self.first_bad(rgs, "tensors.requires_grad", lambda v: type(v) is bool, "expected true or false")
         dtypes = self.strs(dtypes, "tensors.dtype")
         devices = self.strs(devices, "tensors.device")
         # A bad name is located only when one fails: searching the column for
@@ -245,9 +254,22 @@ class Reader:
         by_device = {n: self.device(n, _Lazy(devices, n, "tensors.device")) for n in set(devices)}
         # tuple.__new__ on rows from zip: the NamedTuple's own __new__ is
         # Python code, and this table has a row per tensor record.
-        return list(map(tuple.__new__, repeat(TensorMeta), zip(
-            ids, map(tuple, shapes), map(by_dtype.__getitem__, dtypes), map(tuple, strides),
-            offsets, map(by_device.__getitem__, devices), rgs, storages)))
+        return list(
+            map(
+                tuple.__new__,
+                repeat(TensorMeta),
+                zip(
+                    ids,
+                    map(tuple, shapes),
+                    map(by_dtype.__getitem__, dtypes),
+                    map(tuple, strides),
+                    offsets,
+                    map(by_device.__getitem__, devices),
+                    rgs,
+                    storages,
+                ),
+            )
+        )
 
     def leaves(self, cols: list) -> list:
         tensors, kinds, names, values = cols
@@ -256,8 +278,7 @@ class Reader:
         if not set(kinds) <= _KINDS:
             self.first_bad(kinds, "leaves.kind", _KINDS.__contains__, "unknown leaf kind")
         out = []
-        for i, (ti, kind, name, value) in enumerate(zip(tensors, kinds, self.strs(names, "leaves.name"),
-                                                        values)):
+        for i, (ti, kind, name, value) in enumerate(zip(tensors, kinds, self.strs(names, "leaves.name"), values)):
             meta = self.tensors[ti]
             if value is not None:
                 value = self.const(value, meta, f"leaves.value[{i}]")
@@ -268,8 +289,7 @@ class Reader:
     def calls(self, cols: list, ops: list) -> list:
         op_col, args_col, kwargs_col, outputs_col = cols[:4]
         self.indexes(op_col, len(ops), "calls.op", "ops")
-        modules, phases, rules = (self.strs(c, f"calls.{n}") for c, n in zip(
-            cols[4:7], ("module", "phase", "rule")))
+        modules, phases, rules = (self.strs(c, f"calls.{n}") for c, n in zip(cols[4:7], ("module", "phase", "rule")))
         if not set(phases) <= _PHASES:
             self.first_bad(phases, "calls.phase", _PHASES.__contains__, "unknown phase")
         sources, notes = self.strs(cols[7], "calls.source", True), self.strs(cols[8], "calls.note", True)
@@ -287,16 +307,21 @@ class Reader:
                 self.keywords(kwargs, params, len(args), ("calls.kwargs", i), name)
                 kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
             outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
-            calls.append(OpCall(i, func, name, args, kwargs or None, outputs, modules[i], phases[i],
-                                rules[i], sources[i], notes[i]))
+            calls.append(
+                OpCall(
+                    i, func, name, args, kwargs or None, outputs, modules[i], phases[i], rules[i], sources[i], notes[i]
+                )
+            )
         return calls
 
     def keywords(self, kwargs: dict, params: tuple, n_args: int, where, op: str) -> None:
         """Keyword names must be parameters of the schema not already given by position."""
         for k in kwargs:
             if k not in params:
-                self.fail((where, _short(k)), f"{op} has no parameter {_short(k)} "
-                          f"(its schema has {', '.join(params) or 'none'})")
+                self.fail(
+                    (where, _short(k)),
+                    f"{op} has no parameter {_short(k)} (its schema has {', '.join(params) or 'none'})",
+                )
             if params.index(k) < n_args:
                 self.fail((where, k), f"{op}'s parameter {k!r} is also given by position")
 
@@ -304,12 +329,16 @@ class Reader:
         """``(OpOverload, name, parameter names, number of positional ones, number of returns)``."""
         func = resolve_op(name) if isinstance(name, str) else None
         if func is None:
-            self.fail(where, f"unknown op {_short(name)}: this torch ({torch.__version__}) "
-                      "has no such operator overload")
+            self.fail(
+                where, f"unknown op {_short(name)}: this torch ({torch.__version__}) has no such operator overload"
+            )
         why = refusal(func)
         if why is not None and name not in self.allow_ops and func.name() not in self.allow_ops:
-            self.fail(where, f"replay will not run {name}: {why}; a trace you trust can "
-                      f"allow it with load(..., allow_ops=[{name!r}])")
+            self.fail(
+                where,
+                f"replay will not run {name}: {why}; a trace you trust can "
+                f"allow it with load(..., allow_ops=[{name!r}])",
+            )
         schema = func._schema
         params = tuple(a.name for a in schema.arguments)
         return func, name, params, sum(not a.kwarg_only for a in schema.arguments), len(schema.returns)
@@ -337,13 +366,19 @@ class Reader:
         if set(map(type, xs)) <= _NUMBERS:  # [1, 0], shapes, scalars
             return tuple(xs)
         ref, value = self.ref, self.value
-        return tuple([ref(x["t"], (where, k), mode) if type(x) is dict and len(x) == 1 and "t" in x
-                      else value(x, (where, k), mode, depth) for k, x in enumerate(xs)])
+        return tuple(
+            [
+                ref(x["t"], (where, k), mode)
+                if type(x) is dict and len(x) == 1 and "t" in x
+                else value(x, (where, k), mode, depth)
+                for k, x in enumerate(xs)
+            ]
+        )
 
     def tagged(self, x: dict, where, mode: int, depth: int):
         if len(x) != 1:
             self.fail(where, "expected a value or a one-key tagged object")
-        (tag, v), = x.items()
+        ((tag, v),) = x.items()
         if tag == "dict":
             if not isinstance(v, list) or not all(isinstance(p, list) and len(p) == 2 for p in v):
                 self.fail(where, "a dict must be a list of [key, value] pairs")
@@ -390,8 +425,7 @@ class Reader:
         dtype = self.dtype(self.field(d, "dtype", where, str), where)
         shape = self.field(d, "shape", where, list)
         if tuple(shape) != meta.shape or dtype != meta.dtype:
-            self.fail(where, f"value {dtype}{shape} does not match its leaf "
-                      f"{meta.dtype}{list(meta.shape)}")
+            self.fail(where, f"value {dtype}{shape} does not match its leaf {meta.dtype}{list(meta.shape)}")
         t = self.bytes_tensor(self.field(d, "data", where, str), where, meta.numel * dtype.itemsize)
         if t.numel() != meta.numel * dtype.itemsize:
             self.fail(where, f"{t.numel()} bytes of data for {meta.numel} elements of {dtype}")
@@ -404,8 +438,7 @@ class Reader:
             raw = base64.b64decode(s, validate=True)
         except (TypeError, ValueError):
             self.fail(where, "data is not base64")
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(
-            0, dtype=torch.uint8)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
 
 
 # What a tensor reference means where it appears: a use (its id must be

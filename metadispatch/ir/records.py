@@ -17,12 +17,24 @@ from .._compat import pytree
 __all__ = ["TensorMeta", "Leaf", "Group", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
 
 _DTYPE_ABBR = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
-    torch.bfloat16: "bf16", torch.int64: "i64", torch.int32: "i32",
-    torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "b8",
-    torch.complex64: "c64", torch.complex128: "c128", torch.complex32: "c32",
-    torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
-    torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+    torch.complex32: "c32",
+    torch.uint16: "u16",
+    torch.uint32: "u32",
+    torch.uint64: "u64",
+    torch.float8_e4m3fn: "f8e4m3",
+    torch.float8_e5m2: "f8e5m2",
 }
 
 
@@ -38,8 +50,9 @@ def contiguous_strides(shape: tuple) -> tuple:
     return tuple(reversed(strides))
 
 
-def type_str(dtype: torch.dtype, shape, stride=None, storage_offset: int = 0, device=None,
-             show_cpu: bool = False) -> str:
+def type_str(
+    dtype: torch.dtype, shape, stride=None, storage_offset: int = 0, device=None, show_cpu: bool = False
+) -> str:
     """``f32[2, 4]``; strides in braces when given and not contiguous, ``+offset``,
     ``@device`` when not CPU (or always, with ``show_cpu``: error messages about devices).
 

@@ -49,14 +49,14 @@ def tensors(r):
 
 '''
 
-_FOOTER = '''
+_FOOTER = """
 for i, (o, (shape, dtype, stride, offset)) in enumerate(zip(outputs, expected)):
     got = (tuple(o.shape), o.dtype, o.stride(), o.storage_offset())
     if got != (shape, dtype, stride, offset):
         print(f"output {{i}}: recorded {{(shape, dtype, stride, offset)}}, real {{got}}")
     else:
         print(f"output {{i}}: ok {{got}}")
-'''
+"""
 
 
 def repro(call, device="cpu") -> str:
@@ -69,15 +69,13 @@ def repro(call, device="cpu") -> str:
     """
     lines = [_HEADER.format(device=str(device))]
     where = f" in {call.module}" if call.module else ""
-    lines.append(printable(f"# call #{call.index}{where} ({call.phase}), metadata from rule "
-                           f"{call.rule!r}:"))
+    lines.append(printable(f"# call #{call.index}{where} ({call.phase}), metadata from rule {call.rule!r}:"))
     lines.append(printable(f"#   {call.format()}"))
     seen = set()
     for m in call.inputs:
         if m.id not in seen:
             seen.add(m.id)
-            lines.append(f"t{m.id} = make({m.shape!r}, {m.dtype}, {m.stride!r}, "
-                         f"{m.storage_offset})")
+            lines.append(f"t{m.id} = make({m.shape!r}, {m.dtype}, {m.stride!r}, {m.storage_offset})")
     sources = [_src(a) for a in call.args]
     params = {a.name for a in call.func._schema.arguments}
     for k in call.kwargs:
@@ -89,8 +87,9 @@ def repro(call, device="cpu") -> str:
     lines.append(f"result = torch.ops.{ns}.{name}.{overload or 'default'}({args})")
     outs = list(tensor_metas(call.outputs))
     lines.append("outputs = tensors(result)")
-    lines.append("expected = [" + ", ".join(
-        f"({m.shape!r}, {m.dtype}, {m.stride!r}, {m.storage_offset})" for m in outs) + "]")
+    lines.append(
+        "expected = [" + ", ".join(f"({m.shape!r}, {m.dtype}, {m.stride!r}, {m.storage_offset})" for m in outs) + "]"
+    )
     lines.append(_FOOTER.format())
     return "\n".join(lines)
 

@@ -60,6 +60,7 @@ _INT_RANGE = range(-(1 << 63), 1 << 64)  # what orjson writes and reads exactly
 
 # -- writing
 
+
 def save(trace: Trace, path) -> None:
     """Write ``trace`` to ``path``; gzip when the name ends in ``.gz``.
 
@@ -97,14 +98,20 @@ class _Writer:
         tensors = self.tensors()  # last: it adds the dtype and device strings
         deaths = trace.deaths
         return {
-            "format": FORMAT, "version": VERSION, "torch": torch.__version__,
-            "strings": list(self.strings), "ops": list(self.ops), "tensors": tensors,
-            "leaves": leaves, "calls": calls,
-            "output": output, "grads": grads, "modules": dict(trace.modules),
+            "format": FORMAT,
+            "version": VERSION,
+            "torch": torch.__version__,
+            "strings": list(self.strings),
+            "ops": list(self.ops),
+            "tensors": tensors,
+            "leaves": leaves,
+            "calls": calls,
+            "output": output,
+            "grads": grads,
+            "modules": dict(trace.modules),
             "gpu": trace.gpu,
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
-            "deaths": ({"storage": list(deaths), "call": list(deaths.values())}
-                       if deaths is not None else None),
+            "deaths": ({"storage": list(deaths), "call": list(deaths.values())} if deaths is not None else None),
             **self.streams(trace),
             "world": list(trace.world) if trace.world is not None else None,
             "groups": [self.enc(g, "groups") for g in trace.groups.values()],
@@ -116,11 +123,17 @@ class _Writer:
         events = trace.rng_events
         return {
             "rng_cuda": {k: _b64(v) for k, v in trace.rng_cuda.items()},
-            "generators": {"device": [d for d, _ in trace.generators],
-                           "state": [None if v is None else _b64(v) for _, v in trace.generators]},
-            "rng_events": {"at": [e.at for e in events], "action": [e.action for e in events],
-                           "stream": [e.stream for e in events], "slot": [e.slot for e in events],
-                           "state": [None if e.state is None else _b64(e.state) for e in events]},
+            "generators": {
+                "device": [d for d, _ in trace.generators],
+                "state": [None if v is None else _b64(v) for _, v in trace.generators],
+            },
+            "rng_events": {
+                "at": [e.at for e in events],
+                "action": [e.action for e in events],
+                "stream": [e.stream for e in events],
+                "slot": [e.slot for e in events],
+                "state": [None if e.state is None else _b64(e.state) for e in events],
+            },
         }
 
     def s(self, text: str) -> int:
@@ -139,11 +152,16 @@ class _Writer:
         ms = list(self.refs)  # dicts keep insertion order: index order
         dtypes = {d: self.s(_dtype_name(d)) for d in {m.dtype for m in ms}}
         devices = {d: self.s(str(d)) for d in {m.device for m in ms}}
-        return {"id": [m.id for m in ms], "shape": [m.shape for m in ms],
-                "dtype": [dtypes[m.dtype] for m in ms], "stride": [m.stride for m in ms],
-                "storage_offset": [m.storage_offset for m in ms],
-                "device": [devices[m.device] for m in ms],
-                "requires_grad": [m.requires_grad for m in ms], "storage": [m.storage for m in ms]}
+        return {
+            "id": [m.id for m in ms],
+            "shape": [m.shape for m in ms],
+            "dtype": [dtypes[m.dtype] for m in ms],
+            "stride": [m.stride for m in ms],
+            "storage_offset": [m.storage_offset for m in ms],
+            "device": [devices[m.device] for m in ms],
+            "requires_grad": [m.requires_grad for m in ms],
+            "storage": [m.storage for m in ms],
+        }
 
     def leaf(self, leaf) -> tuple:
         value = _value_doc(leaf.value) if leaf.value is not None else None
@@ -155,9 +173,17 @@ class _Writer:
             op = self.ops[c.op] = len(self.ops)
         s, i = self.s, c.index
         kwargs = {k: self.enc(v, i) for k, v in c.kwargs.items()} if c.kwargs else _NONE
-        return (op, self.seq(c.args, i), kwargs, self.seq(c.outputs, i), s(c.module), s(c.phase),
-                s(c.rule), None if c.source is None else s(c.source),
-                None if c.note is None else s(c.note))
+        return (
+            op,
+            self.seq(c.args, i),
+            kwargs,
+            self.seq(c.outputs, i),
+            s(c.module),
+            s(c.phase),
+            s(c.rule),
+            None if c.source is None else s(c.source),
+            None if c.note is None else s(c.note),
+        )
 
     def seq(self, xs: tuple, i: int) -> list:
         """``enc`` of each of ``xs``, with tensors (most arguments) taken first."""
@@ -279,8 +305,9 @@ def _gunzip(data: bytes, name: str, max_size: int) -> bytes:
         size += len(chunk)
         out.append(chunk)
         if size > max_size or d.unconsumed_tail:
-            raise TraceFormatError(f"{name}: decompresses to more than {max_size} bytes "
-                                   "(load(..., max_size=N) reads more)")
+            raise TraceFormatError(
+                f"{name}: decompresses to more than {max_size} bytes (load(..., max_size=N) reads more)"
+            )
         if not d.eof:
             raise TraceFormatError(f"{name}: broken gzip data (truncated?)")
         data = d.unused_data
@@ -303,11 +330,12 @@ def _parse(data: bytes, name: str, max_size: int = MAX_SIZE) -> dict:
     except orjson.JSONDecodeError:
         doc = _parse_exactly(text, name)  # for its messages: where, and NaN by name
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TraceFormatError(f"{name}: not a trace: expected a JSON object with "
-                               f"\"format\": \"{FORMAT}\"")
+        raise TraceFormatError(f'{name}: not a trace: expected a JSON object with "format": "{FORMAT}"')
     if doc.get("version") not in _READS:
-        raise TraceFormatError(f"{name}: unknown format version {doc.get('version')!r}; "
-                               f"this metadispatch reads versions {', '.join(map(str, _READS))}")
+        raise TraceFormatError(
+            f"{name}: unknown format version {doc.get('version')!r}; "
+            f"this metadispatch reads versions {', '.join(map(str, _READS))}"
+        )
     if doc["version"] == 2:
         doc = _parse_exactly(text, name)  # orjson would read a big integer as a float
     return doc
@@ -319,8 +347,8 @@ def _parse_exactly(text: str, name: str) -> dict:
         return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise TraceFormatError(
-            f"{name}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
-            "truncated or not a trace?") from None
+            f"{name}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); truncated or not a trace?"
+        ) from None
     except RecursionError:
         raise TraceFormatError(f"{name}: JSON nested too deeply to be a trace") from None
 

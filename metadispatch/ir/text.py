@@ -25,8 +25,7 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
     """
     align = align or "<" + ">" * (len(headers) - 1)
     rows = [tuple(str(c) for c in r) for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h))
-              for i, h in enumerate(headers)]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
     if width is not None:
         while len(widths) > 1 and 8 + sum(widths[1:]) + 2 * (len(widths) - 1) > width:
             widths.pop()
@@ -34,10 +33,10 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
         widths[0] = max(8, min(widths[0], width - rest))
 
     def line(cells):
-        cells = cells[:len(widths)]
+        cells = cells[: len(widths)]
         out = []
         for c, w, a in zip(cells, widths, align):
-            c = c if len(c) <= w else c[:w - 1] + "~"
+            c = c if len(c) <= w else c[: w - 1] + "~"
             out.append(f"{c:<{w}}" if a == "<" else f"{c:>{w}}")
         return "  ".join(out).rstrip()
 
@@ -46,7 +45,7 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
 
 def fmt_bytes(n: float) -> str:
     """``1536`` -> ``1.5KiB``."""
-    for div, suffix in ((2 ** 40, "TiB"), (2 ** 30, "GiB"), (2 ** 20, "MiB"), (2 ** 10, "KiB")):
+    for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(n) >= div:
             return f"{n / div:.3g}{suffix}"
     return f"{int(n)}B"

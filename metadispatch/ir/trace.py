@@ -132,9 +132,12 @@ class Trace:
         by_mod = Counter(c.module or "<top>" for c in self.calls)
         by_phase = Counter(c.phase for c in self.calls)
         by_rule = Counter(c.rule for c in self.calls)
-        lines = [f"{len(self.calls)} calls: " + ", ".join(
-            f"{by_phase[p]} {p}" for p in ("forward", "backward")) + "; answered by " +
-            ", ".join(f"{k} {v}" for k, v in sorted(by_rule.items()))]
+        lines = [
+            f"{len(self.calls)} calls: "
+            + ", ".join(f"{by_phase[p]} {p}" for p in ("forward", "backward"))
+            + "; answered by "
+            + ", ".join(f"{k} {v}" for k, v in sorted(by_rule.items()))
+        ]
         lines += _table("op", by_op, top) + _table("module", by_mod, top)
         return "\n".join(lines)
 

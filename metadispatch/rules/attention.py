@@ -44,8 +44,9 @@ def _profile():
 
 
 @builtin_rule(aten._fused_sdp_choice.default)
-def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
-                     scale=None, enable_gqa=False, fallback):
+def fused_sdp_choice(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False, fallback
+):
     """_fused_sdp_choice_meta with CUDA's stub answered for the mode's GPU profile."""
     if query.device.type != "cuda":
         return fallback(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -54,19 +55,35 @@ def fused_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
 
 
 def _validate(query, key, value, attn_mask) -> None:  # validate_sdpa_input
-    torch._check(query.dtype == key.dtype == value.dtype, lambda: (
-        f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} "
-        f"key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."))
-    torch._check(query.device == key.device == value.device, lambda: (
-        f"Expected query, key, and value to have the same device type, but got query.device: "
-        f"{query.device} key.device: {key.device} and value.device: {value.device} instead."))
-    torch._check(query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2, lambda: (
-        f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
-        f"{query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead."))
+    torch._check(
+        query.dtype == key.dtype == value.dtype,
+        lambda: (
+            f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} "
+            f"key.dtype: {key.dtype} and value.dtype: {value.dtype} instead."
+        ),
+    )
+    torch._check(
+        query.device == key.device == value.device,
+        lambda: (
+            f"Expected query, key, and value to have the same device type, but got query.device: "
+            f"{query.device} key.device: {key.device} and value.device: {value.device} instead."
+        ),
+    )
+    torch._check(
+        query.dim() >= 2 and key.dim() >= 2 and value.dim() >= 2,
+        lambda: (
+            f"Expected query, key, and value to all be  at least 2 dimensional, but got query.dim: "
+            f"{query.dim()} key.dim: {key.dim()} and value.dim: {value.dim()} instead."
+        ),
+    )
     if attn_mask is not None:
-        torch._check(attn_mask.dtype in (torch.bool, query.dtype), lambda: (
-            f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
-            f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead."))
+        torch._check(
+            attn_mask.dtype in (torch.bool, query.dtype),
+            lambda: (
+                f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                f"attn_mask.dtype: {attn_mask.dtype} and  query.dtype: {query.dtype} instead."
+            ),
+        )
 
 
 def _additive(mask, dtype, fill: float):
@@ -90,8 +107,9 @@ def _efficient_mask(mask, query, key):  # preprocess_mask (pad_bias<8> where not
     return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """attention.cpp's ``scaled_dot_product_attention`` for a CUDA device."""
     _validate(query, key, value, attn_mask)
     unbatched = TORCH_2_14 and query.dim() == key.dim() == value.dim() == 3
@@ -105,14 +123,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if backend == CUDNN:
         out = aten._scaled_dot_product_cudnn_attention(
-            query, key, value, _additive(attn_mask, query.dtype, -65504.0), grad, dropout_p, is_causal,
-            False, scale=scale)[0]
+            query,
+            key,
+            value,
+            _additive(attn_mask, query.dtype, -65504.0),
+            grad,
+            dropout_p,
+            is_causal,
+            False,
+            scale=scale,
+        )[0]
     elif backend == FLASH:
         size = query.shape[-1]
         scale = scale if scale is not None else 1.0 / math.sqrt(size)  # sdp::calculate_scale on the unpadded size
         out = aten._scaled_dot_product_flash_attention(
-            _pad_last(query, 8), _pad_last(key, 8), _pad_last(value, 8), dropout_p, is_causal, False,
-            scale=scale)[0]
+            _pad_last(query, 8), _pad_last(key, 8), _pad_last(value, 8), dropout_p, is_causal, False, scale=scale
+        )[0]
         if out.shape[-1] != size:  # post_process_flash_output
             out = out[..., :size]
     elif backend == EFFICIENT:
@@ -120,7 +146,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if mask is not None:
             mask = _efficient_mask(mask, query, key)
         out = aten._scaled_dot_product_efficient_attention(
-            query, key, value, mask, grad, dropout_p, is_causal, scale=scale)[0]
+            query, key, value, mask, grad, dropout_p, is_causal, scale=scale
+        )[0]
     else:
         assert backend == MATH, backend
         # The C++ body on a meta tensor takes the math path, as a real GPU would here.

@@ -56,10 +56,24 @@ def _register(name: str) -> None:
 
 
 # The c10d ops that return a Work (``monitored_barrier_`` returns nothing).
-for _name in ("broadcast_", "allreduce_", "allreduce_coalesced_", "allgather_", "_allgather_base_",
-              "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_",
-              "_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_", "reduce_", "gather_",
-              "scatter_", "alltoall_", "alltoall_base_", "barrier"):
+for _name in (
+    "broadcast_",
+    "allreduce_",
+    "allreduce_coalesced_",
+    "allgather_",
+    "_allgather_base_",
+    "allgather_coalesced_",
+    "allgather_into_tensor_coalesced_",
+    "reduce_scatter_",
+    "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_",
+    "reduce_",
+    "gather_",
+    "scatter_",
+    "alltoall_",
+    "alltoall_base_",
+    "barrier",
+):
     if hasattr(torch.ops.c10d, _name):
         _register(_name)
 
@@ -69,7 +83,8 @@ def point_to_point(*args, **kwargs):
     exchange activations and their shapes), which one traced rank cannot see."""
     raise UnsupportedFeatureError(
         "point-to-point send/recv (pipeline parallelism) is not traced in a logical world: "
-        "one rank cannot know what another sends; see docs/distributed.md")
+        "one rank cannot know what another sends; see docs/distributed.md"
+    )
 
 
 for _name in ("send", "recv_", "recv_any_source_"):

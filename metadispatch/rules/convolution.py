@@ -46,8 +46,9 @@ def convolution(x, weight, bias, *conv_args, fallback):
 
 
 @builtin_rule(aten._convolution.default)
-def convolution_underscore(x, weight, bias, stride, padding, dilation, transposed,
-                           output_padding, groups, *flags, fallback):
+def convolution_underscore(
+    x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *flags, fallback
+):
     conv_args = (stride, padding, dilation, transposed, output_padding, groups)
     out = fallback(x, weight, bias, *conv_args, *flags)
     return _laid_out(out, _format(x, weight, bias, None, conv_args))

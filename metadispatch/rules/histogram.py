@@ -17,17 +17,21 @@ aten = torch.ops.aten
 
 
 def _check(x, weight, name, n_dims=None):
-    torch._check(x.dtype in (torch.float32, torch.float64),
-                 lambda: f"torch.{name}: input tensor and bins tensors should have the same "
-                         f"floating-point dtype, got {x.dtype}")
+    torch._check(
+        x.dtype in (torch.float32, torch.float64),
+        lambda: f"torch.{name}: input tensor and bins tensors should have the same floating-point dtype, got {x.dtype}",
+    )
     if n_dims is not None:
-        torch._check(x.dim() >= 1 and x.shape[-1] == n_dims,
-                     lambda: f"torch.{name}: expected input to have {n_dims} innermost dimensions, "
-                             f"got shape {tuple(x.shape)}")
+        torch._check(
+            x.dim() >= 1 and x.shape[-1] == n_dims,
+            lambda: f"torch.{name}: expected input to have {n_dims} innermost dimensions, got shape {tuple(x.shape)}",
+        )
     if weight is not None:
         want = x.shape if n_dims is None else x.shape[:-1]
-        torch._check(weight.shape == want and weight.dtype == x.dtype,
-                     lambda: f"torch.{name}: weight should have the same shape and dtype as input")
+        torch._check(
+            weight.shape == want and weight.dtype == x.dtype,
+            lambda: f"torch.{name}: weight should have the same shape and dtype as input",
+        )
 
 
 def _counts(bins, name):
@@ -49,8 +53,10 @@ def histogram_bins_tensor(x, bins, *, weight=None, density=False, fallback):
     if x.device.type != "cpu":
         return fallback(x, bins, weight=weight, density=density)
     _check(x, weight, "histogram")
-    torch._check(bins.dim() == 1 and bins.numel() >= 1 and bins.dtype == x.dtype,
-                 lambda: "torch.histogram: bins should be a 1-d tensor of at least one edge")
+    torch._check(
+        bins.dim() == 1 and bins.numel() >= 1 and bins.dtype == x.dtype,
+        lambda: "torch.histogram: bins should be a 1-d tensor of at least one edge",
+    )
     return x.new_empty((bins.numel() - 1,)), x.new_empty((bins.numel(),))
 
 
@@ -75,6 +81,8 @@ def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False, fallbac
     if x.device.type != "cpu":
         return fallback(x, bins, weight=weight, density=density)
     _check(x, weight, "histogramdd", len(bins))
-    torch._check(all(b.dim() == 1 and b.numel() >= 1 and b.dtype == x.dtype for b in bins),
-                 lambda: "torch.histogramdd: bins should be 1-d tensors of at least one edge")
+    torch._check(
+        all(b.dim() == 1 and b.numel() >= 1 and b.dtype == x.dtype for b in bins),
+        lambda: "torch.histogramdd: bins should be 1-d tensors of at least one edge",
+    )
     return x.new_empty([b.numel() - 1 for b in bins])

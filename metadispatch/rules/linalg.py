@@ -19,9 +19,10 @@ aten = torch.ops.aten
 @builtin_rule(aten.geqrf.default)
 def geqrf(x):
     torch._check(x.dim() >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
-    torch._check(x.is_floating_point() or x.is_complex(),
-                 lambda: f"torch.geqrf: Expected a floating point or complex tensor as input. "
-                         f"Got {x.dtype}")
+    torch._check(
+        x.is_floating_point() or x.is_complex(),
+        lambda: f"torch.geqrf: Expected a floating point or complex tensor as input. Got {x.dtype}",
+    )
     m, n = x.shape[-2:]
     strides, step = [1, max(m, 1)], max(m, 1) * max(n, 1)  # column-major matrices
     for size in reversed(x.shape[:-2]):

@@ -61,8 +61,7 @@ def batch_norm_functional(x, weight, bias, running_mean, running_var, training, 
 
 @builtin_rule(aten.native_batch_norm.default)
 @builtin_rule(aten._native_batch_norm_legit.default)
-def batch_norm_with_running_stats(x, weight, bias, running_mean, running_var, training,
-                                  *args, fallback):
+def batch_norm_with_running_stats(x, weight, bias, running_mean, running_var, training, *args, fallback):
     out = fallback(x, weight, bias, running_mean, running_var, training, *args)
     return _stats_in_input_dtype(out, x, training, weight)
 

@@ -20,7 +20,6 @@ aten = torch.ops.aten
 @builtin_rule(aten.max_unpool2d.default)
 def max_unpool2d(x, indices, output_size, *, fallback):
     out = fallback(x, indices, output_size)
-    if (x.device.type == "cpu" and x.dim() == 4
-            and _compat.suggest_memory_format(x) == torch.channels_last):
+    if x.device.type == "cpu" and x.dim() == 4 and _compat.suggest_memory_format(x) == torch.channels_last:
         return torch.empty_like(out, memory_format=torch.channels_last)
     return out

@@ -37,29 +37,46 @@ def _fill(x, what: str, argument_ok: bool, refusal: str, dtype_ok: bool):
 
 @builtin_rule(aten.normal_.default)
 def normal_(x, mean=0.0, std=1.0, *, generator=None):
-    return _fill(x, "normal_", std >= 0.0, f"normal expects std >= 0.0, but found std {std}",
-                 x.is_floating_point() or x.is_complex())
+    return _fill(
+        x,
+        "normal_",
+        std >= 0.0,
+        f"normal expects std >= 0.0, but found std {std}",
+        x.is_floating_point() or x.is_complex(),
+    )
 
 
 @builtin_rule(aten.cauchy_.default)
 def cauchy_(x, median=0.0, sigma=1.0, *, generator=None):
-    return _fill(x, "cauchy_", sigma > 0.0, f"cauchy_ expects sigma > 0.0, but found sigma={sigma}",
-                 x.is_floating_point())
+    return _fill(
+        x, "cauchy_", sigma > 0.0, f"cauchy_ expects sigma > 0.0, but found sigma={sigma}", x.is_floating_point()
+    )
 
 
 @builtin_rule(aten.exponential_.default)
 def exponential_(x, lambd=1.0, *, generator=None):
-    return _fill(x, "exponential_", lambd > 0.0, f"exponential_ expects lambda > 0.0, but found lambda={lambd}",
-                 x.is_floating_point())
+    return _fill(
+        x,
+        "exponential_",
+        lambd > 0.0,
+        f"exponential_ expects lambda > 0.0, but found lambda={lambd}",
+        x.is_floating_point(),
+    )
 
 
 @builtin_rule(aten.geometric_.default)
 def geometric_(x, p, *, generator=None):
-    return _fill(x, "geometric_", 0 < p < 1, f"geometric_ expects p to be in (0, 1), but got p={p}",
-                 x.dtype != torch.bool and not x.is_complex())
+    return _fill(
+        x,
+        "geometric_",
+        0 < p < 1,
+        f"geometric_ expects p to be in (0, 1), but got p={p}",
+        x.dtype != torch.bool and not x.is_complex(),
+    )
 
 
 @builtin_rule(aten.log_normal_.default)
 def log_normal_(x, mean=1.0, std=2.0, *, generator=None):
-    return _fill(x, "log_normal_", std > 0.0, f"log_normal_ expects std > 0.0, but found std={std}",
-                 x.is_floating_point())
+    return _fill(
+        x, "log_normal_", std > 0.0, f"log_normal_ expects std > 0.0, but found std={std}", x.is_floating_point()
+    )

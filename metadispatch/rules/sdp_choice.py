@@ -65,8 +65,10 @@ def select_sdp_backend(p: SDPParams, gpu) -> int:
     """The backend number a GPU of profile ``gpu`` runs ``p`` with; raises as torch does when none can."""
     flash_on, efficient_on, math_on, cudnn_on, fa3_on, order, *_ = _compat.sdp_switches()
     if not (math_on or flash_on or efficient_on or cudnn_on):
-        raise RuntimeError("No viable backend for scaled_dot_product_attention was found. "
-                           "This is likely due to turning off both the math kernel and the fused kernels.")
+        raise RuntimeError(
+            "No viable backend for scaled_dot_product_attention was found. "
+            "This is likely due to turning off both the math kernel and the fused kernels."
+        )
     if TORCH_2_14:
         p = _normalize_unbatched(p)
     order = tuple(order)
@@ -74,10 +76,12 @@ def select_sdp_backend(p: SDPParams, gpu) -> int:
     # unless the user has set an order (sdpa_kernel(..., set_priority=True)).
     if order == _DEFAULT_ORDER and _prefer_cudnn(gpu):
         order = (CUDNN, FLASH, EFFICIENT, MATH)
-    can_use = {CUDNN: lambda: cudnn_on and _can_use_cudnn(p, gpu),
-               FLASH: lambda: flash_on and _can_use_flash(p, gpu, fa3_on),
-               EFFICIENT: lambda: efficient_on and _can_use_efficient(p, gpu),
-               MATH: lambda: math_on}
+    can_use = {
+        CUDNN: lambda: cudnn_on and _can_use_cudnn(p, gpu),
+        FLASH: lambda: flash_on and _can_use_flash(p, gpu, fa3_on),
+        EFFICIENT: lambda: efficient_on and _can_use_efficient(p, gpu),
+        MATH: lambda: math_on,
+    }
     for backend in order:
         if backend in can_use and can_use[backend]():
             return backend
@@ -90,8 +94,9 @@ def _normalize_unbatched(p: SDPParams) -> SDPParams:
     mask = p.attn_mask
     while mask is not None and mask.dim() < 4:
         mask = mask.unsqueeze(0)
-    return SDPParams(p.query.unsqueeze(0), p.key.unsqueeze(0), p.value.unsqueeze(0), mask,
-                     p.dropout, p.is_causal, p.enable_gqa)
+    return SDPParams(
+        p.query.unsqueeze(0), p.key.unsqueeze(0), p.value.unsqueeze(0), mask, p.dropout, p.is_causal, p.enable_gqa
+    )
 
 
 def _prefer_cudnn(gpu) -> bool:  # check_prefer_cudnn_attention
@@ -192,12 +197,22 @@ def _can_use_cudnn(p: SDPParams, gpu) -> bool:  # can_use_cudnn_attention
     if p.dropout > 0.0 and 91100 < gpu.cudnn_version < 91400:
         return False
     deterministic, warn_only = _compat.sdp_switches()[6:8]
-    general = (_tensor_shapes(p) and not (deterministic and not warn_only)
-               and _sm_in(gpu, (8, 0), (12, 1)) and _dtype_in(p, _HALF) and _attn_mask_shape(p)
-               and p.dropout * 16.0 == math.floor(p.dropout * 16.0))  # check_cudnn_dropout
-    return (general and _nonzero_seq_lens(p) and _last_stride_1(p, True)
-            and _batch_and_heads(p, requires_same_num_heads=False)
-            and _cudnn_tensor_shapes(p, gpu) and _cudnn_d256_backward(p, gpu))
+    general = (
+        _tensor_shapes(p)
+        and not (deterministic and not warn_only)
+        and _sm_in(gpu, (8, 0), (12, 1))
+        and _dtype_in(p, _HALF)
+        and _attn_mask_shape(p)
+        and p.dropout * 16.0 == math.floor(p.dropout * 16.0)
+    )  # check_cudnn_dropout
+    return (
+        general
+        and _nonzero_seq_lens(p)
+        and _last_stride_1(p, True)
+        and _batch_and_heads(p, requires_same_num_heads=False)
+        and _cudnn_tensor_shapes(p, gpu)
+        and _cudnn_d256_backward(p, gpu)
+    )
 
 
 def _can_use_flash(p: SDPParams, gpu, fa3_on: bool) -> bool:  # can_use_flash_attention
@@ -235,8 +250,9 @@ def _can_use_efficient(p: SDPParams, gpu) -> bool:  # can_use_mem_efficient_atte
         return False
     # check_data_ptr_alignment_mem_efficient: the caching allocator aligns bases to 256 bytes.
     align_bytes = align * p.query.element_size()
-    misaligned = [t for t in (p.query, p.key, p.value)
-                  if t.numel() and (t.storage_offset() * t.element_size()) % align_bytes]
+    misaligned = [
+        t for t in (p.query, p.key, p.value) if t.numel() and (t.storage_offset() * t.element_size()) % align_bytes
+    ]
     if gpu.compute_capability[0] >= 8 and misaligned:
         return False
     # Efficient attention takes GQA from 2.14 (2.13's meta backward gives

@@ -43,8 +43,18 @@ from ..ir.trace import Trace
 from ..tracing.tracer import tracer
 from .collectives import CollectiveLog
 
-__all__ = ["assert_same_ops", "assert_trace", "expected_form", "Call", "eager_calls",
-           "trace_calls", "assert_matches_eager", "snapshot", "Snapshot", "CollectiveLog"]
+__all__ = [
+    "assert_same_ops",
+    "assert_trace",
+    "expected_form",
+    "Call",
+    "eager_calls",
+    "trace_calls",
+    "assert_matches_eager",
+    "snapshot",
+    "Snapshot",
+    "CollectiveLog",
+]
 
 
 class Call(NamedTuple):
@@ -75,8 +85,11 @@ class _EagerLog(_compat.TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func is _PRIM_DEVICE:  # a functorch wrapper asking for its device: not an op
             return out
-        metas = tuple(_meta(tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.device)
-                      for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
+        metas = tuple(
+            _meta(tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t.device)
+            for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor)
+        )
         self.calls.append(Call(str(func), metas))
         return out
 
@@ -90,9 +103,10 @@ def eager_calls(fn: Callable, *args, **kwargs) -> list[Call]:
 
 def trace_calls(trace: Trace) -> list[Call]:
     """A trace's calls in the form :func:`eager_calls` gives."""
-    return [Call(c.op, tuple(_meta(tuple(m.shape), m.dtype, m.stride, m.storage_offset, m.device)
-                             for m in c.output_metas))
-            for c in trace.calls]
+    return [
+        Call(c.op, tuple(_meta(tuple(m.shape), m.dtype, m.stride, m.storage_offset, m.device) for m in c.output_metas))
+        for c in trace.calls
+    ]
 
 
 def _first_difference(real: list[Call], traced: list[Call]) -> str | None:
@@ -125,8 +139,9 @@ def assert_matches_eager(fn: Callable, *args, **kwargs) -> Trace:
     return trace
 
 
-def assert_same_ops(fn_a: Callable, fn_b: Callable, *args, device=None, modules: bool = False,
-                    names: bool = False, **kwargs) -> None:
+def assert_same_ops(
+    fn_a: Callable, fn_b: Callable, *args, device=None, modules: bool = False, names: bool = False, **kwargs
+) -> None:
     """Fail, showing :func:`metadispatch.diff`, unless both run the same ops.
 
     Each function is traced with ``md.trace`` on the same arguments (on
@@ -229,8 +244,18 @@ def _describe(obj) -> tuple:
     if isinstance(obj, torch.Tensor):
         kind = type(obj).__name__
         data = "no data" if isinstance(obj, MetaTensor) or obj.is_meta else _digest(obj)
-        return (kind, id(obj), str(obj.dtype), tuple(obj.shape), obj.stride(), obj.storage_offset(),
-                str(obj.device), obj.requires_grad, f"v{obj._version}", data)
+        return (
+            kind,
+            id(obj),
+            str(obj.dtype),
+            tuple(obj.shape),
+            obj.stride(),
+            obj.storage_offset(),
+            str(obj.device),
+            obj.requires_grad,
+            f"v{obj._version}",
+            data,
+        )
     if isinstance(obj, torch.Generator):
         return ("Generator", id(obj), _digest(obj.get_state()))
     if isinstance(obj, (int, float, complex, bool, str, bytes, type(None))):

@@ -42,7 +42,7 @@ class CollectiveLog(_compat.TorchDispatchMode):
 
     def _log(self, func, args, kwargs, out) -> None:
         schema = func._schema
-        values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+        values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
         inputs: list = []
         group = None
         ids: set = set()
@@ -56,8 +56,11 @@ class CollectiveLog(_compat.TorchDispatchMode):
                 ts = [t for t in pytree.tree_leaves(v) if isinstance(t, torch.Tensor)]
                 ids.update(id(t) for t in ts)
                 inputs.append((a.name, [(t.dtype, tuple(t.shape)) for t in ts]))
-        fresh = [(t.dtype, tuple(t.shape)) for t in pytree.tree_leaves(out)
-                 if isinstance(t, torch.Tensor) and id(t) not in ids]
+        fresh = [
+            (t.dtype, tuple(t.shape))
+            for t in pytree.tree_leaves(out)
+            if isinstance(t, torch.Tensor) and id(t) not in ids
+        ]
         c = collective(str(func), inputs, fresh, group, module="", phase="")
         if c is not None:
             self.calls.append(c)

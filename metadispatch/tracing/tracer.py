@@ -36,8 +36,15 @@ def to_meta(x: Any, device=None) -> Any:
     if isinstance(x, nn.Module):
         return _module_to_meta(x, convert)
     return pytree.tree_map(
-        lambda v: convert(v) if isinstance(v, torch.Tensor)
-        else _module_to_meta(v, convert) if isinstance(v, nn.Module) else v, x)
+        lambda v: (
+            convert(v)
+            if isinstance(v, torch.Tensor)
+            else _module_to_meta(v, convert)
+            if isinstance(v, nn.Module)
+            else v
+        ),
+        x,
+    )
 
 
 def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
@@ -49,17 +56,22 @@ def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def tracer(device=None, *, stack: bool = False, gpu=None, world_size: int | None = None, rank: int = 0,
-           mode_factory=None) -> Callable[..., Trace]:
+def tracer(
+    device=None, *, stack: bool = False, gpu=None, world_size: int | None = None, rank: int = 0, mode_factory=None
+) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
     ``gpu`` names the profile a logical CUDA device answers as (MetaMode's
     ``gpu``); ``world_size`` and ``rank`` trace rank ``rank`` of a logical
     world (``MetaMode``'s options of the same names; ``docs/distributed.md``).
     """
+
     def run(fn: Callable, *args, **kwargs) -> Trace:
-        mode = mode_factory() if mode_factory is not None else MetaMode(
-            device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
+        mode = (
+            mode_factory()
+            if mode_factory is not None
+            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
+        )
         return run_traced(mode, fn, args, kwargs)
 
     return run
@@ -95,15 +107,15 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
             margs, mkwargs = _convert_args(mode, standins, args, kwargs)
-            mode.trace.arg_names = [arg_name(p) for p, v in pytree.tree_flatten_with_path(
-                (args, kwargs))[0] if isinstance(v, torch.Tensor)]
+            mode.trace.arg_names = [
+                arg_name(p) for p, v in pytree.tree_flatten_with_path((args, kwargs))[0] if isinstance(v, torch.Tensor)
+            ]
             with mode:
                 out = fn(*margs, **mkwargs)
             rec = mode._recorder
             tr = mode.trace
             tr.output = out
-            tr.output_meta = pytree.tree_map(
-                lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
+            tr.output_meta = pytree.tree_map(lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
             tr.grads = standins.grads(rec.meta_of)
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
