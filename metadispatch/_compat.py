@@ -330,12 +330,10 @@ def torch_function_enabled() -> bool:
 
 def _call_inside(enter, leave, fn, args):
     enter()
-    try:
-        result = fn(*args)
-        leave()  # noqa: E701,E702
-    except BaseException:
-        leave()
-        raise  # noqa: E701,E702
+    # fmt: off
+    try: result = fn(*args); leave()  # noqa: E701,E702
+    except BaseException: leave(); raise  # noqa: E701,E702
+    # fmt: on
     return result
 
 
@@ -367,17 +365,20 @@ class deferred_full_gc:
         cls = deferred_full_gc
         if cls._users == 0 and cls._saved is None:
             t = gc.get_threshold()
-            cls._saved = t
-            gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
+            # fmt: off
+            cls._saved = t; gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
+            # fmt: on
         if not self._in:
-            cls._users += 1
-            self._in = True  # noqa: E702
+            # fmt: off
+            cls._users += 1; self._in = True  # noqa: E702
+            # fmt: on
 
     def _exit(self) -> None:
         cls = deferred_full_gc
         if self._in:
-            cls._users -= 1
-            self._in = False  # noqa: E702
+            # fmt: off
+            cls._users -= 1; self._in = False  # noqa: E702
+            # fmt: on
         if cls._users == 0 and cls._saved is not None:
             if gc.get_threshold()[2] == cls.OUT_OF_REACH:
                 gc.set_threshold(*cls._saved)

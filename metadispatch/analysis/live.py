@@ -124,8 +124,9 @@ class LiveStorages(_compat.TorchDispatchMode):
 
     def _restore(self) -> None:
         while self._undo:
-            self._undo[-1]()
-            self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            # fmt: off
+            self._undo[-1](); self._undo.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            # fmt: on
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

@@ -67,13 +67,15 @@ class InitializerRoute:
             trunc_normal_op()  # define the op before the first call needs it
             _compat.set_trunc_normal_body(_trunc_normal_)
         if not self._in:
-            cls._users += 1
-            self._in = True  # noqa: E702
+            # fmt: off
+            cls._users += 1; self._in = True  # noqa: E702
+            # fmt: on
 
     def _exit(self) -> None:
         cls = InitializerRoute
         if self._in:
-            cls._users -= 1
-            self._in = False  # noqa: E702
+            # fmt: off
+            cls._users -= 1; self._in = False  # noqa: E702
+            # fmt: on
         if cls._users == 0 and _compat.trunc_normal_body() is _trunc_normal_:
             _compat.set_trunc_normal_body(TRUNC_NORMAL_BODY)

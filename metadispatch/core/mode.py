@@ -175,13 +175,10 @@ class MetaMode(_compat.TorchDispatchMode):
     def __exit__(self, exc_type, exc, tb):
         # Note [Interrupts in mode entry and exit]: the try's body shares its
         # line; without ``entry`` an interrupt hit that line before it ran.
-        try:
-            entry = self._saved[-1]
-            entry.leaving = True
-            self._note_stop(entry, exc_type)
-            self._leave_unfinished()  # noqa: E501,E701,E702
-        finally:
-            self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
+        # fmt: off
+        try: entry = self._saved[-1]; entry.leaving = True; self._note_stop(entry, exc_type); self._leave_unfinished()  # noqa: E501,E701,E702
+        finally: self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
+        # fmt: on
 
     def _install(self, entry: _Entry) -> None:
         outer = _compat.get_infra_mode(_compat.mode_key)
@@ -273,8 +270,9 @@ class _Entry:
 
     def undo(self) -> None:
         while self.steps:
-            self.steps[-1]()
-            self.steps.pop()  # noqa: E702 (one line: Note above)
+            # fmt: off
+            self.steps[-1](); self.steps.pop()  # noqa: E702 (one line: Note above)
+            # fmt: on
 
     def restore_generators(self) -> None:
         for generator, state in self.generators.values():
@@ -309,8 +307,9 @@ def _activate(mode: MetaMode, entry: _Entry) -> None:
             active.before[0][2] or not mode.ignore_compile_internals(),
         )
     )
-    _compat.unset_infra_mode(_compat.mode_key)
-    _compat.set_infra_mode(mode)  # noqa: E702
+    # fmt: off
+    _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(mode)  # noqa: E702
+    # fmt: on
 
 
 def _deactivate(entry: _Entry) -> None:
@@ -318,8 +317,9 @@ def _deactivate(entry: _Entry) -> None:
     active.entries[:] = [(m, e) for m, e in active.entries if e is not entry]
     if active.entries:
         # Out of order: the newest remaining entry holds the slot.
-        _compat.unset_infra_mode(_compat.mode_key)
-        _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
+        # fmt: off
+        _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
+        # fmt: on
         return
     _compat.unset_infra_mode(_compat.mode_key)
     if active.before is not None:

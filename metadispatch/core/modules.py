@@ -48,8 +48,9 @@ class ModuleStack(ModuleTracker):
 
     def close(self) -> None:
         while self._handles:
-            self._handles[-1].remove()
-            self._handles.pop()  # noqa: E702 (one line: see above)
+            # fmt: off
+            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (one line: see above)
+            # fmt: on
 
     def _opt_pre(self, *args):
         if self._mine():

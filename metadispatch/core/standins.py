@@ -79,8 +79,9 @@ class StandIns:
     def __exit__(self, *exc) -> None:
         """Put everything back; idempotent, so a retry finishes an interrupted exit."""
         while self._handles:
-            self._handles[-1].remove()
-            self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            # fmt: off
+            self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
+            # fmt: on
         if _ACTIVE.standins is self:
             _ACTIVE.standins = None
         _compat.call_without_torch_function(self._restore)
@@ -88,8 +89,9 @@ class StandIns:
 
     def _restore(self) -> None:
         while self._states:
-            self._states[-1].restore()
-            self._states.pop()  # noqa: E702
+            # fmt: off
+            self._states[-1].restore(); self._states.pop()  # noqa: E702
+            # fmt: on
         while self._optimizers:
             _, (opt, params, state) = self._optimizers.popitem()
             for group, original in zip(opt.param_groups, params):
