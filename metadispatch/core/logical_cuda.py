@@ -69,6 +69,9 @@ class Stream:
     def synchronize(self) -> None:
         pass
 
+    def is_capturing(self) -> bool:  # optimizers ask before step(): no CUDA graph is captured
+        return False
+
     def __eq__(self, other) -> bool:
         return self is other
 
@@ -97,10 +100,29 @@ def _answers(profile) -> dict:
     }
 
 
+# torch.accelerator delegates is_available() to torch.cuda (answered above)
+# but asks C++ for the rest: on a CUDA build of torch without a driver,
+# ``optimizer.step()``'s graph-capture check then calls into the CUDA runtime
+# and fails ("driver version is insufficient").  On a CPU build the
+# accelerator is None and these are never asked.
+def _accelerator_answers() -> dict:
+    return {
+        "current_stream": lambda device=None: _DEFAULT,
+        "set_stream": lambda stream: None,
+        "current_device_index": lambda: 0,
+        "set_device_index": lambda device: None,
+        "device_count": lambda: 1,
+        "synchronize": lambda device=None: None,
+    }
+
+
 def install(steps: list, profile: GPUProfile) -> None:
-    """Answer ``torch.cuda``'s host-side questions, as ``profile``'s GPU would
-    for its name and compute capability, until the undo steps run (Note
-    [Interrupts in mode entry and exit] in mode.py)."""
-    for name, answer in _answers(profile).items():
-        steps.append(functools.partial(setattr, torch.cuda, name, getattr(torch.cuda, name)))
-        setattr(torch.cuda, name, answer)
+    """Answer ``torch.cuda``'s (and ``torch.accelerator``'s) host-side
+    questions, as ``profile``'s GPU would for its name and compute capability,
+    until the undo steps run (Note [Interrupts in mode entry and exit] in
+    mode.py)."""
+    for owner, answers in ((torch.cuda, _answers(profile)), (torch.accelerator, _accelerator_answers())):
+        for name, answer in answers.items():
+            if hasattr(owner, name):
+                steps.append(functools.partial(setattr, owner, name, getattr(owner, name)))
+                setattr(owner, name, answer)
