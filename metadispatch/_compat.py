@@ -17,8 +17,6 @@ import torch.utils.checkpoint
 from torch._ops import OpOverload, OpOverloadPacket
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed import distributed_c10d
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor import experimental as tensor_experimental
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -27,8 +25,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 __all__ = [
     "dist",
     "distributed_c10d",
-    "DTensor",
-    "tensor_experimental",
+    "dtensor_class",
+    "tensor_experimental_module",
     "FakeTensor",
     "FakeTensorMode",
     "OpOverload",
@@ -551,3 +549,17 @@ def functional_collectives_module():
     from torch.distributed import _functional_collectives
 
     return _functional_collectives
+
+
+# torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
+# logical world (core/world.py) needs it, so it is imported on first use.
+def dtensor_class():
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def tensor_experimental_module():
+    from torch.distributed.tensor import experimental
+
+    return experimental

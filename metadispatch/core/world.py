@@ -86,18 +86,16 @@ class World:
         fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
         ddp_setup.install(steps)
         # Note [A DTensor's logical device]
-        steps.append(functools.partial(setattr, _compat.DTensor, "device", _compat.DTensor.device))
-        _compat.DTensor.device = property(_dtensor_device)  # type: ignore[assignment]
+        dtensor = _compat.dtensor_class()
+        steps.append(functools.partial(setattr, dtensor, "device", dtensor.device))
+        dtensor.device = property(_dtensor_device)
         # Note [Eager, not compiling]
         funcol = _compat.functional_collectives_module()
         steps.append(functools.partial(setattr, funcol, "_are_we_tracing", funcol._are_we_tracing))
         funcol._are_we_tracing = functools.partial(_are_we_tracing, funcol._are_we_tracing)
-        steps.append(
-            functools.partial(
-                setattr, _compat.tensor_experimental, "context_parallel", _compat.tensor_experimental.context_parallel
-            )
-        )
-        _compat.tensor_experimental.context_parallel = _refuse_context_parallel
+        experimental = _compat.tensor_experimental_module()
+        steps.append(functools.partial(setattr, experimental, "context_parallel", experimental.context_parallel))
+        experimental.context_parallel = _refuse_context_parallel
         for owner in (_compat.dist, _compat.distributed_c10d):
             steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
             owner.init_process_group = self._join  # type: ignore[attr-defined]
