@@ -29,6 +29,7 @@ __all__ = [
     "tensor_experimental_module",
     "FakeTensor",
     "FakeTensorMode",
+    "CountedClaim",
     "OpOverload",
     "OpOverloadPacket",
     "pytree",
@@ -335,49 +336,77 @@ def _call_inside(enter, leave, fn, args):
     return result
 
 
-class deferred_full_gc:
-    """Counted across threads: the first entry raises the oldest generation's
-    threshold, the last exit restores it (Note [Garbage collection during tracing]).
+class CountedClaim:
+    """A process-wide change held while at least one claim is entered.
 
-    Each instance counts once, however often its ``__exit__`` runs, and every
-    line leaves the counters consistent (Note [Interrupts in mode entry and
-    exit] in mode.py): a retried exit finishes what an interrupted one began.
+    Each subclass counts its claims across threads under its own lock: the
+    first entry calls ``_first()``, the last exit ``_last()``.  Each instance
+    counts once, however often its ``__exit__`` runs, and every line leaves
+    the counters consistent (Note [Interrupts in mode entry and exit] in
+    mode.py): a retried exit finishes what an interrupted one began.
     """
 
-    OUT_OF_REACH = 1 << 30
-    _lock = threading.Lock()
-    _users = 0
-    _saved: tuple | None = None
+    _lock: threading.Lock
+    _users: int
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._lock = threading.Lock()
+        cls._users = 0
 
     def __init__(self) -> None:
         self._in = False
 
     def __enter__(self):
-        call_locked(deferred_full_gc._lock, self._enter)
+        call_locked(type(self)._lock, self._enter)
         return self
 
     def __exit__(self, *exc):
-        call_locked(deferred_full_gc._lock, self._exit)
+        call_locked(type(self)._lock, self._exit)
 
     def _enter(self) -> None:
-        cls = deferred_full_gc
-        if cls._users == 0 and cls._saved is None:
-            t = gc.get_threshold()
-            # fmt: off
-            cls._saved = t; gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
-            # fmt: on
+        cls = type(self)
+        if cls._users == 0:
+            self._first()
         if not self._in:
             # fmt: off
             cls._users += 1; self._in = True  # noqa: E702
             # fmt: on
 
     def _exit(self) -> None:
-        cls = deferred_full_gc
+        cls = type(self)
         if self._in:
             # fmt: off
             cls._users -= 1; self._in = False  # noqa: E702
             # fmt: on
-        if cls._users == 0 and cls._saved is not None:
+        if cls._users == 0:
+            self._last()
+
+    def _first(self) -> None:
+        raise NotImplementedError
+
+    def _last(self) -> None:
+        raise NotImplementedError
+
+
+class deferred_full_gc(CountedClaim):
+    """The first entry raises the oldest generation's threshold, the last exit
+    restores it (Note [Garbage collection during tracing])."""
+
+    OUT_OF_REACH = 1 << 30
+    _saved: tuple | None = None
+
+    def _first(self) -> None:
+        cls = deferred_full_gc
+        if cls._saved is None:
+            t = gc.get_threshold()
+            # fmt: off
+            cls._saved = t; gc.set_threshold(t[0], t[1], cls.OUT_OF_REACH)  # noqa: E702 (see the docstring)
+            # fmt: on
+
+    def _last(self) -> None:
+        cls = deferred_full_gc
+        if cls._saved is not None:
             if gc.get_threshold()[2] == cls.OUT_OF_REACH:
                 gc.set_threshold(*cls._saved)
             cls._saved = None

@@ -19,7 +19,6 @@ loop on values (none known in timm, transformers or diffusers: timm's
 
 from __future__ import annotations
 
-import threading
 import warnings
 
 import torch
@@ -45,37 +44,13 @@ def _trunc_normal_(tensor, mean, std, a, b, generator=None):
     return tensor
 
 
-class InitializerRoute:
+class InitializerRoute(_compat.CountedClaim):
     """One mode entry's claim on the rerouted initialisers; the first installs, the last restores."""
 
-    _lock = threading.Lock()
-    _users = 0
+    def _first(self) -> None:
+        trunc_normal_op()  # define the op before the first call needs it
+        _compat.set_trunc_normal_body(_trunc_normal_)
 
-    def __init__(self) -> None:
-        self._in = False
-
-    def __enter__(self):
-        _compat.call_locked(InitializerRoute._lock, self._enter)
-        return self
-
-    def __exit__(self, *exc):
-        _compat.call_locked(InitializerRoute._lock, self._exit)
-
-    def _enter(self) -> None:
-        cls = InitializerRoute
-        if cls._users == 0:
-            trunc_normal_op()  # define the op before the first call needs it
-            _compat.set_trunc_normal_body(_trunc_normal_)
-        if not self._in:
-            # fmt: off
-            cls._users += 1; self._in = True  # noqa: E702
-            # fmt: on
-
-    def _exit(self) -> None:
-        cls = InitializerRoute
-        if self._in:
-            # fmt: off
-            cls._users -= 1; self._in = False  # noqa: E702
-            # fmt: on
-        if cls._users == 0 and _compat.trunc_normal_body() is _trunc_normal_:
+    def _last(self) -> None:
+        if _compat.trunc_normal_body() is _trunc_normal_:
             _compat.set_trunc_normal_body(TRUNC_NORMAL_BODY)
