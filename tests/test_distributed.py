@@ -27,13 +27,38 @@ from tests.distributed_cases import comparable, real_rank, traced_rank
 _REAL: dict = {}
 
 
+def _spawn(case: str, world_size: int, tmp_path_factory) -> list:
+    out = tmp_path_factory.mktemp(f"{case}-{world_size}")
+    mp.spawn(real_rank, args=(world_size, case, str(out)), nprocs=world_size)
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(world_size)]
+
+
 def _real(case: str, world_size: int, tmp_path_factory) -> list:
     """Each rank's peak and collectives from one real run, spawned once per case."""
     if (case, world_size) not in _REAL:
-        out = tmp_path_factory.mktemp(f"{case}-{world_size}")
-        mp.spawn(real_rank, args=(world_size, case, str(out)), nprocs=world_size)
-        _REAL[case, world_size] = [json.loads((out / f"{r}.json").read_text()) for r in range(world_size)]
+        _REAL[case, world_size] = _spawn(case, world_size, tmp_path_factory)
     return _REAL[case, world_size]
+
+
+def _real_peak(case: str, world_size: int, rank: int, traced: int, tmp_path_factory) -> int:
+    """Note [A real peak raised by timing]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    gloo runs each collective on a worker thread, whose loop drops its
+    reference to the work object (and so to the collective's tensors) only
+    after marking it complete -- after the caller's ``wait`` may already
+    have returned (``ProcessGroupGloo::runLoop``).  On a loaded 2-core
+    machine that thread can be descheduled while the caller allocates on,
+    and the real run's peak rises (once in CI: rank 0 of fsdp-foreach at
+    +22,976 bytes over the trace; never seen in hundreds of runs here, with
+    or without load).  Timing can only delay a free, never advance one, so
+    the program's peak is the lowest a run shows: when the first run
+    disagrees with the trace, the case runs up to twice more and the
+    lowest peak stands.  A trace that is really off disagrees every time.
+    """
+    peaks = [_real(case, world_size, tmp_path_factory)[rank]["peak"]]
+    while abs(min(peaks) - traced) > 1024 and len(peaks) < 3:
+        peaks.append(_spawn(case, world_size, tmp_path_factory)[rank]["peak"])
+    return min(peaks)
 
 
 RUNS = [
@@ -57,7 +82,8 @@ def test_distributed_rank_matches_real_gloo_run(case, world_size, tmp_path_facto
         assert shards == real[rank]["shards"], f"rank {rank}"
         collectives = json.loads(json.dumps(comparable(md.comms(trace).calls)))  # tuples as lists
         assert collectives == real[rank]["collectives"], f"rank {rank}"
-        assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
+        peak = md.memory(trace).peak
+        assert abs(peak - _real_peak(case, world_size, rank, peak, tmp_path_factory)) <= 1024, f"rank {rank}"
 
 
 def test_distributed_ranks_traced_one_after_another_use_their_own_groups():
