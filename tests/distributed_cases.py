@@ -117,21 +117,29 @@ def comparable(calls) -> list:
     return [(c.op, c.kind, c.tensors, c.bytes, c.sent, c.group.rank, list(c.group.ranks)) for c in calls]
 
 
-def real_rank(rank: int, world_size: int, case: str, out_dir: str) -> None:
+def real_rank(rank: int, world_size: int, cases: list, out_dir: str) -> None:
+    """Run ``cases`` one after another in this rank's process, writing ``out_dir/<case>/<rank>.json``.
+
+    One process group serves every case: starting a process and a group
+    costs more than the cases themselves, and a real job also trains in a
+    process whose group outlives one model.
+    """
     # A file store, not a TCP port: a free port picked by the parent can be
     # taken by another process before the children bind it.
     store = f"file://{os.path.join(out_dir, 'rendezvous')}"
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
     try:
-        torch.manual_seed(0)
-        with (
-            md.testing.CollectiveLog() as log,
-            md.LiveStorages(count_untracked=False) as live,
-        ):  # Note [Storages made out of sight]
-            model = CASES[case]()
-        result = {"peak": live.peak, "collectives": comparable(log.calls), "shards": local_shapes(model)}
-        with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-            json.dump(result, f)
+        for case in cases:
+            torch.manual_seed(0)
+            with (
+                md.testing.CollectiveLog() as log,
+                md.LiveStorages(count_untracked=False) as live,
+            ):  # Note [Storages made out of sight]
+                model = CASES[case]()
+            result = {"peak": live.peak, "collectives": comparable(log.calls), "shards": local_shapes(model)}
+            os.makedirs(os.path.join(out_dir, case), exist_ok=True)
+            with open(os.path.join(out_dir, case, f"{rank}.json"), "w") as f:
+                json.dump(result, f)
     finally:
         dist.destroy_process_group()
 

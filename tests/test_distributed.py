@@ -27,16 +27,19 @@ from tests.distributed_cases import comparable, real_rank, traced_rank
 _REAL: dict = {}
 
 
-def _spawn(case: str, world_size: int, tmp_path_factory) -> list:
-    out = tmp_path_factory.mktemp(f"{case}-{world_size}")
-    mp.spawn(real_rank, args=(world_size, case, str(out)), nprocs=world_size)
-    return [json.loads((out / f"{r}.json").read_text()) for r in range(world_size)]
+def _spawn(cases: list, world_size: int, tmp_path_factory) -> dict:
+    """case -> each rank's result, from one real run of ``cases`` over ``world_size`` processes."""
+    out = tmp_path_factory.mktemp(f"world{world_size}")
+    mp.spawn(real_rank, args=(world_size, cases, str(out)), nprocs=world_size)
+    return {c: [json.loads((out / c / f"{r}.json").read_text()) for r in range(world_size)] for c in cases}
 
 
 def _real(case: str, world_size: int, tmp_path_factory) -> list:
-    """Each rank's peak and collectives from one real run, spawned once per case."""
+    """Each rank's peak and collectives from a real run: every case of a world size in one spawn."""
     if (case, world_size) not in _REAL:
-        _REAL[case, world_size] = _spawn(case, world_size, tmp_path_factory)
+        cases = [c for c, n in RUNS if n == world_size]
+        for c, ranks in _spawn(cases, world_size, tmp_path_factory).items():
+            _REAL[c, world_size] = ranks
     return _REAL[case, world_size]
 
 
@@ -57,7 +60,7 @@ def _real_peak(case: str, world_size: int, rank: int, traced: int, tmp_path_fact
     """
     peaks = [_real(case, world_size, tmp_path_factory)[rank]["peak"]]
     while abs(min(peaks) - traced) > 1024 and len(peaks) < 3:
-        peaks.append(_spawn(case, world_size, tmp_path_factory)[rank]["peak"])
+        peaks.append(_spawn([case], world_size, tmp_path_factory)[case][rank]["peak"])
     return min(peaks)
 
 
