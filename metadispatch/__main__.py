@@ -1,6 +1,6 @@
 """``python -m metadispatch``: the command line (``metadispatch/cli/``)."""
 
-from .cli.main import main
+from .cli.main import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import metadispatch as md
 from metadispatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,7 @@ def test_cli_help_on_every_subcommand(command, capsys):
 def test_cli_default_trace_prints_summary(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
-        [sys.executable, "-m", "metadispatch", "trace", "--perfetto", str(tmp_path / "t.json")],
+        [sys.executable, "-X", "importtime", "-m", "metadispatch", "trace", "--perfetto", str(tmp_path / "t.json")],
         env=env,
         capture_output=True,
         text=True,
@@ -38,6 +39,17 @@ def test_cli_default_trace_prints_summary(tmp_path):
     assert "FLOPs (backward" in text and "peak 25.1GiB" in text and "1-31 (Block, each as above)" in text
     assert "\r" not in out.stderr  # no progress line when not on a terminal
     json.loads((tmp_path / "t.json").read_text())
+    # Note [Reference kernels without dynamo in the command line]
+    assert "| torch._dynamo\n" not in out.stderr
+
+
+def test_cli_main_in_the_callers_process_leaves_torch_reference_kernels_alone():
+    # Only the console entry fills dynamo's wrapper caches; main() runs in
+    # the user's (or pytest's) process, where torch must stay as it was.
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu"]) == 0
+    wrapped = md._compat.functions_behind_dynamo_wrappers()
+    assert len(wrapped) > 100  # the walk finds them (torch 2.13: 160)
+    assert not [f for f in wrapped if getattr(f, "__dynamo_disable", None) is f]
 
 
 def test_cli_trace_module_callable(tmp_path, capsys):

@@ -22,6 +22,7 @@ import traceback
 
 import torch
 
+from .. import _compat
 from ..analysis.fit import fits
 from ..analysis.runtime import runtime as step_time
 from ..core.profiles import gpu_profile
@@ -394,6 +395,17 @@ def _parser() -> argparse.ArgumentParser:
     r.set_defaults(run=_cmd_replay)
     c.set_defaults(run=_cmd_check)
     return p
+
+
+def console() -> int:
+    """The ``metadispatch`` program: :func:`main` in a process of its own.
+
+    Only here, never in :func:`main` (which tests and users call in their
+    own process), torch's reference kernels skip their dynamo import: Note
+    [Reference kernels without dynamo in the command line].
+    """
+    _compat.skip_dynamo_in_reference_kernels()
+    return main()
 
 
 def main(argv=None) -> int:
