@@ -31,9 +31,9 @@ WORLD = 2
 def real_peaks(case: str) -> tuple[list, float]:
     out = tempfile.mkdtemp()
     start = time.perf_counter()
-    mp.spawn(cases.real_rank, args=(WORLD, case, out), nprocs=WORLD)
+    mp.spawn(cases.real_rank, args=(WORLD, [case], out), nprocs=WORLD)
     seconds = time.perf_counter() - start
-    return [json.load(open(os.path.join(out, f"{r}.json")))["peak"] for r in range(WORLD)], seconds
+    return [json.load(open(os.path.join(out, case, f"{r}.json")))["peak"] for r in range(WORLD)], seconds
 
 
 def tracker_peak(rank: int, foreach: bool) -> int:
