@@ -50,11 +50,20 @@ def _eager(step: Step, trace: md.Trace):
     step.eager_model = copy.deepcopy(step.model)
     for p, q in zip(step.model.parameters(), step.eager_model.parameters()):
         q.grad = None if p.grad is None else p.grad.clone()  # deepcopy drops a Parameter's .grad
+    inputs = tuple(_copy(v) for v in step.inputs)  # eager must not give them a .grad replay would see
     with torch.random.fork_rng():
         torch.set_rng_state(trace.rng_state)
-        out = step.fn(step.eager_model, *step.inputs)
+        out = step.fn(step.eager_model, *inputs)
     grads = {n: p.grad for n, p in step.eager_model.named_parameters() if p.grad is not None}
     return out, grads
+
+
+def _copy(v):
+    if not isinstance(v, torch.Tensor):
+        return v
+    c = v.detach().clone().requires_grad_(v.requires_grad)
+    c.grad = None if v.grad is None else v.grad.clone()
+    return c
 
 
 def _equal(a, b, tolerance) -> bool:
