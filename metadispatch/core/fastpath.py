@@ -37,7 +37,7 @@ __all__ = ["install"]
 _FORWARDS = frozenset(
     m.forward.__code__ for m in (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 )
-_TORCH = {}  # "has_torch_function" -> torch's function
+_TORCH: dict = {}  # "has_torch_function" -> torch's function
 
 
 def _overridden(arg) -> bool:
