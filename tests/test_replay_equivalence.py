@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 from torch._subclasses import FakeTensorMode
+from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
 
 import metadispatch as md
