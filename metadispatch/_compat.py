@@ -47,6 +47,7 @@ __all__ = [
     "pop_mode",
     "dispatch_mode_stack",
     "has_meta_kernel",
+    "runs_on",
     "decomposition_table",
     "python_meta_kernel",
     "suggest_memory_format",
@@ -132,6 +133,17 @@ def dispatch_mode_stack() -> list:
 
 def has_meta_kernel(name: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
+
+
+def runs_on(func, device_type: str) -> bool:
+    """Whether ``func`` (an OpOverload) has a kernel for ``device_type``, composites included."""
+    schema = func._schema
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}.get(device_type, device_type.upper())
+    try:
+        return torch._C._dispatch_has_computed_kernel_for_dispatch_key(name, key)
+    except RuntimeError:  # a key this torch does not know: let the call say so
+        return True
 
 
 def decomposition_table() -> dict:

@@ -103,6 +103,18 @@ SAMPLES = {
     aten.convolution_backward.default: [_conv_backward(*c) for c in _CONV],
     aten.native_layer_norm.default: [(_x(3, 4, 5, dtype=d), [5], _x(5, dtype=d), None, 1e-5) for d in _DT]
     + [(_x(3, 4, 5, dtype=d), [5], _x(5), _x(5), 1e-5) for d in _DT[1:]],  # mixed: autocast
+    # channels-last 4-d and 5-d (torch 2.14's meta says contiguous), a permuted
+    # input that is neither (contiguous), and a 3-d one
+    aten.native_group_norm.default: [
+        (x, _x(4), _x(4), 2, 4, x[0, 0].numel(), 2, 1e-5)
+        for x in (
+            _x(2, 4, 3, 3).to(memory_format=torch.channels_last),
+            _x(2, 4, 1, 3).to(memory_format=torch.channels_last),
+            _x(2, 4, 2, 3, 3).to(memory_format=torch.channels_last_3d),
+            _x(2, 3, 3, 4).permute(0, 3, 1, 2),
+            _x(2, 4, 5),
+        )
+    ],
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit_functional.default: [_bn(d, True) for d in _DT],

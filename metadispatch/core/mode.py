@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
-from . import composites, known, rngstate
+from . import composites, fastpath, known, rngstate
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -200,6 +200,7 @@ class MetaMode(_compat.TorchDispatchMode):
             entry.steps.append(functools.partial(setattr, self._recorder, "modules", self._recorder.modules))
             self._recorder.modules = tracker
             rngstate.install(entry.steps)  # Note [RNG state as slots] in rngstate.py
+            fastpath.install(entry.steps)  # Note [Inference fast paths] in fastpath.py
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.

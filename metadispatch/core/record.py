@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .. import _compat
+from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
 from . import world
 from .rngstate import RngLog
@@ -203,6 +204,39 @@ class Recorder:
         )
         return m
 
+    def bind_views(self, named) -> None:
+        """Note [Views of leaves], second half: unnamed leaves on a named tensor's storage.
+
+        A view of a parameter made outside the traced code (a closure's
+        ``w.t()``, a module attribute ``self.wt = lin.weight.detach().t()``)
+        may reach an op before the parameter does, or the parameter may never
+        reach one; it was then recorded as a constant (a copy of its value) or
+        an anonymous input.  Neither is right once the parameter changes in
+        place, or replay is given another module: it is that parameter's
+        data.  Once the trace is done, each such leaf becomes a ``view`` leaf
+        naming its base, whatever the order; replay binds it as the same view
+        of the tensor it binds to that base.  ``named`` are the stand-ins
+        ``md.trace`` named (parameters, buffers, arguments, gradients).
+        """
+        unnamed: dict = {}
+        for tid, leaf in self.trace.leaves.items():
+            if leaf.kind in ("const", "input"):
+                unnamed.setdefault(leaf.meta.storage, []).append(tid)
+        if not unnamed:
+            return
+        bases: dict = {}  # storage number -> "kind name" of the first named tensor on it
+        for t in named:
+            hit = self._live.get(t.untyped_storage()._cdata)
+            if hit is None or hit[0] not in unnamed or hit[0] in bases:
+                continue
+            kind, name = t.__dict__["_md_name"]
+            if not any(leaf.kind == kind and leaf.name == name for leaf in self.trace.leaves.values()):
+                self.meta_of(t)  # a base the traced code never read itself: a leaf replay binds
+            bases[hit[0]] = f"{kind} {name}"
+        for storage, base in bases.items():
+            for tid in unnamed[storage]:
+                self.trace.leaves[tid] = Leaf(self.trace.leaves[tid].meta, "view", base)
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
@@ -290,8 +324,17 @@ class Recorder:
         call = OpCall(
             len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs, module, phase, stage, source, note
         )
+        if f.random:
+            self._before_draw(call)
         self.trace.calls.append(call)
         return call
+
+    def _before_draw(self, call: OpCall) -> None:
+        """Note [States that change unseen] in rngstate.py, for a random op about to be appended."""
+        gen = next((a for a in (*call.args, *call.kwargs.values()) if type(a) is GeneratorRef), None)
+        metas = call.output_metas or call.inputs
+        if gen is not None or (metas and metas[0].device.type == "cpu"):
+            self.rng.before_draw(gen, call.index)
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default

@@ -26,22 +26,45 @@ before) is recorded with its bytes.
 
 The functions are patched only while a recording mode is entered, restored
 on exit (also when it raises), and record only for the mode active on the
-calling thread; elsewhere they are torch's.  Limits: ``Generator.set_state``
-and ``manual_seed`` called on an explicit generator inside the traced code
-are methods of a C type and are not seen (its first-use state is).
+calling thread; elsewhere they are torch's.
+
+Note [States that change unseen]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Not every write goes through a function we can patch: ``Generator``'s
+methods (``torch.default_generator.set_state``, ``g.manual_seed``) belong to
+a C type, and ``from torch import set_rng_state`` binds torch's function
+before any mode exists.  But tracing never advances a real generator, so a
+generator whose real state is not the one the log last knew has been
+written by the traced code.  Before each random op, the state of the
+generator it draws from is compared with the one known; a difference is
+recorded as a write of the state found: its bytes, or -- where it is a marker (Note [Marker states])
+-- "load the state the stream had at that point", so replay sets the same
+state at the same point.  One write cannot be replayed and says so instead:
+``torch.seed()`` (patched) seeds from the operating system, so eager draws
+other numbers on every run; it is a ``seed`` event, and replay lists the
+stream as made up.
+
+Limit: ``Generator.seed()`` called as a method (on an explicit generator,
+or ``torch.default_generator.seed()``) looks like any other write and is
+recorded as the state it set: replay then draws that run's numbers.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import weakref
 
 import torch
 
 from .. import _compat
+from ..errors import UnsupportedFeatureError
 from ..ir.rng import GeneratorRef, RngEvent
 
 __all__ = ["RngLog", "install", "WIRING", "start_states"]
+
+_CPU_BYTES = 5056  # a CPU generator's state
+_MARK = slice(32, 48)  # Note [Marker states]: a word of the Mersenne Twister's table, past seed and counters
 
 
 class _Wiring:
@@ -66,18 +89,105 @@ class RngLog:
         self._generators: dict = {}  # generator key -> (wrapper, index)
         self._saved: dict = {}  # id(state tensor) -> (weakref, slot)
         self._slots = 0
+        # Note [States that change unseen]: stream -> the real state it was
+        # last known to hold ("cpu", or an explicit generator's index).
+        self._known: dict = {}
+        self._real: dict = {}  # generator index -> its last state not a marker (restored at the end)
+        self._markers: dict = {}  # marker bytes -> (stream, call) (Note [Marker states])
+        self._slot_at: dict = {}  # (stream, call) -> the slot saving that state
+        self._count = 0
 
-    def generator(self, g: torch.Generator) -> GeneratorRef:
+    def generator(self, g: torch.Generator) -> GeneratorRef | None:
+        """An explicit generator argument as recorded; None for the default CPU generator itself."""
         key = _compat.generator_key(g)
+        if key == _compat.generator_key(torch.default_generator):
+            return None  # ``generator=torch.default_generator``: the default stream, drawn as such
         hit = self._generators.get(key)
         if hit is None:
-            hit = self._generators[key] = (g, len(self.trace.generators))
-            self.trace.generators.append((str(g.device), g.get_state()))
+            index = len(self.trace.generators)
+            hit = self._generators[key] = (g, index)
+            state = g.get_state()
+            self.trace.generators.append((str(g.device), state))
+            self._known[index] = self._real[index] = state
+            self._loaded(f"generator {index}", state)  # a marker copied into it (below)
         return GeneratorRef(hit[1])
 
+    def before_draw(self, generator, at: int) -> None:
+        """Note [States that change unseen]: call ``at`` draws from ``generator``
+        (a GeneratorRef, or None: the default CPU one)."""
+        if generator is None:
+            key, stream, g = "cpu", "cpu", torch.default_generator
+        else:
+            key, stream = generator.index, f"generator {generator.index}"
+            g = next(w for w, i in self._generators.values() if i == key)
+        with _compat.no_torch_function():  # our own comparisons, not the traced code's
+            self._check(g, key, stream, at)
+
+    def _check(self, g: torch.Generator, key, stream: str, at: int) -> None:
+        now = g.get_state()
+        if not torch.equal(now, self._known.get(key, self.trace.rng_state)):
+            if not self._loaded(stream, now):
+                self._real[key] = now
+                self.trace.rng_events.append(RngEvent(at, "load", stream, -1, now))
+        if g.device.type == "cpu":
+            self._known[key] = self._mark(g, now, stream, at + 1)
+
+    def _mark(self, g: torch.Generator, state: torch.Tensor, stream: str, at: int) -> torch.Tensor:
+        """Give ``g`` a state of its own, standing for ``stream``'s state before call ``at``.
+
+        Note [Marker states]
+        ~~~~~~~~~~~~~~~~~~~~
+        Tracing draws nothing, so without this a generator would hold the
+        same bytes throughout, and a write restoring a state read earlier
+        (``s = g.get_state()``, a draw, ``g.set_state(s)``) would change
+        nothing we could see.  After each draw the generator is given a
+        *marker*: its state with one word of the Mersenne Twister's table
+        replaced by a counter (the seed it reports is kept).  A state read
+        later holds the marker; a write of it is recognised and becomes
+        "load the state the stream had before call ``at``", which replay
+        saves at that point.  Real generators end the trace as they began.
+        """
+        self._count += 1
+        marker = state.clone()
+        marker[_MARK].copy_(torch.tensor([self._count, 0x6D64], dtype=torch.int64).view(torch.uint8))
+        g.set_state(marker)
+        self._markers[_key(marker)] = (stream, at)
+        return marker
+
+    def _loaded(self, stream: str, state: torch.Tensor) -> bool:
+        """If ``state`` is a marker, record "load the state it stands for" into ``stream``."""
+        hit = self._markers.get(_key(state)) if type(state) is torch.Tensor and state.numel() == _CPU_BYTES else None
+        if hit is None:
+            return False
+        source, at = hit
+        slot = self._slot_at.get(hit)
+        if slot is None:
+            slot = self._slot_at[hit] = self._slots
+            self._slots += 1
+            events = self.trace.rng_events
+            i = next((n for n, e in enumerate(events) if e.at >= at), len(events))
+            events.insert(i, RngEvent(at, "save", source, slot))
+        self.trace.rng_events.append(RngEvent(len(self.trace.calls), "load", stream, slot))
+        return True
+
+    def wrote(self, stream: str) -> None:
+        """A patched function wrote ``stream``: its state now is known."""
+        if stream == "cpu":
+            self._known["cpu"] = torch.default_generator.get_state()
+
+    def seeded(self, stream: str) -> None:
+        """``torch.seed()``: a state from the operating system (Note [States that change unseen])."""
+        self.trace.rng_events.append(RngEvent(len(self.trace.calls), "seed", stream, -1))
+        self.wrote(stream)
+
     def forget(self) -> None:
-        """Let go of the generators seen (Note [No real tensor outlives the recording] in mode.py)."""
+        """Let go of the generators seen (Note [No real tensor outlives the recording] in mode.py),
+        each given back the last state it held that was not a marker."""
+        for g, index in self._generators.values():
+            if _key(g.get_state()) in self._markers:
+                g.set_state(self._real[index])
         self._generators.clear()
+        self._markers.clear()
 
     def save(self, stream: str, state: torch.Tensor) -> None:
         """The traced code read ``stream``'s state and got ``state`` (Note [RNG state as slots])."""
@@ -88,13 +198,32 @@ class RngLog:
 
     def load(self, stream: str, state: torch.Tensor) -> None:
         """The traced code set ``stream``'s state to ``state``."""
+        self.wrote(stream)
         hit = self._saved.get(id(state))
+        if (hit is None or hit[0]() is not state) and self._loaded(stream, state):
+            return
         if hit is not None and hit[0]() is state:
             event = RngEvent(len(self.trace.calls), "load", stream, hit[1])
         else:
             # Kept as given: a copy made here would be an op, traced on meta.
             event = RngEvent(len(self.trace.calls), "load", stream, -1, state)
         self.trace.rng_events.append(event)
+
+
+def _key(state: torch.Tensor) -> bytes:
+    """A (contiguous, CPU) state's bytes, read without an op: the mode may be active."""
+    return ctypes.string_at(state.data_ptr(), state.numel())
+
+
+def _refuse_computed(stream: str, state) -> None:
+    """A state computed inside the traced code is a MetaTensor: no bytes to set or record."""
+    if isinstance(state, torch.Tensor) and type(state) is not torch.Tensor:  # a MetaTensor
+        raise UnsupportedFeatureError(
+            f"torch.set_rng_state ({stream}) was given a tensor computed inside the traced code "
+            "(a .clone() of what torch.get_rng_state returned, say): it holds no bytes while "
+            "tracing, so the state eager restores cannot be recorded. Pass the tensor "
+            "get_rng_state returned itself, or copy it outside the traced code"
+        )
 
 
 def start_states(trace) -> None:
@@ -106,7 +235,7 @@ def start_states(trace) -> None:
     if torch.cuda.is_initialized() and not trace.rng_cuda:
         # Only where a real CUDA already runs: initialising it here would
         # create a context the user did not ask for.
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+        for i, state in enumerate(_TORCH.get("cuda.get_rng_state_all", torch.cuda.get_rng_state_all)()):
             trace.rng_cuda[f"cuda:{i}"] = state
 
 
@@ -129,10 +258,22 @@ def _get_rng_state() -> torch.Tensor:
 
 
 def _set_rng_state(new_state: torch.Tensor) -> None:
-    _TORCH["set_rng_state"](new_state)
     log = WIRING.current()
     if log is not None:
+        _refuse_computed("cpu", new_state)
+    _TORCH["set_rng_state"](new_state)
+    if log is not None:
         log.load("cpu", new_state)
+
+
+def _seed() -> int:
+    out = _TORCH["seed"]()
+    log = WIRING.current()
+    if log is not None:
+        log.seeded("cpu")
+        for stream in log.trace.rng_cuda:
+            log.seeded(stream)
+    return out
 
 
 def _manual_seed(seed):
@@ -154,10 +295,39 @@ def _cuda_get_rng_state(device="cuda") -> torch.Tensor:
 
 
 def _cuda_set_rng_state(new_state: torch.Tensor, device="cuda") -> None:
-    _TORCH["cuda.set_rng_state"](new_state, device)
     log = WIRING.current()
     if log is not None:
+        _refuse_computed(_cuda_stream(device), new_state)
+    _TORCH["cuda.set_rng_state"](new_state, device)
+    if log is not None:
         log.load(_cuda_stream(device), new_state)
+
+
+def _cuda_get_rng_state_all() -> list:
+    return [_cuda_get_rng_state(i) for i in range(torch.cuda.device_count())]
+
+
+def _cuda_set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        _cuda_set_rng_state(state, i)
+
+
+def _cuda_written(name: str, every: bool):
+    """torch.cuda's ``manual_seed``/``manual_seed_all``/``seed``/``seed_all``, recorded."""
+
+    def written(*args):
+        out = _TORCH[name](*args)
+        log = WIRING.current()
+        if log is not None and torch.cuda.is_initialized():
+            streams = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if every else [_cuda_stream("cuda")]
+            for stream in streams:
+                if "seed" in name and "manual" not in name:
+                    log.seeded(stream)
+                else:
+                    log.load(stream, _TORCH["cuda.get_rng_state"](stream))
+        return out
+
+    return written
 
 
 # (module, attribute, key in _TORCH, replacement)
@@ -170,6 +340,14 @@ _PATCHES = [
     (torch.random, "manual_seed", "manual_seed", _manual_seed),
     (torch.cuda, "get_rng_state", "cuda.get_rng_state", _cuda_get_rng_state),
     (torch.cuda, "set_rng_state", "cuda.set_rng_state", _cuda_set_rng_state),
+    (torch.cuda, "get_rng_state_all", "cuda.get_rng_state_all", _cuda_get_rng_state_all),
+    (torch.cuda, "set_rng_state_all", "cuda.set_rng_state_all", _cuda_set_rng_state_all),
+    (torch.cuda, "manual_seed", "cuda.manual_seed", _cuda_written("cuda.manual_seed", every=False)),
+    (torch.cuda, "manual_seed_all", "cuda.manual_seed_all", _cuda_written("cuda.manual_seed_all", every=True)),
+    (torch.cuda, "seed", "cuda.seed", _cuda_written("cuda.seed", every=False)),
+    (torch.cuda, "seed_all", "cuda.seed_all", _cuda_written("cuda.seed_all", every=True)),
+    (torch, "seed", "seed", _seed),
+    (torch.random, "seed", "seed", _seed),
 ]
 
 

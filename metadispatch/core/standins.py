@@ -162,10 +162,12 @@ class StandIns:
         if id(root) in self._swapped:
             return
         names: dict = {}
-        for name, p in root.named_parameters():
-            names.setdefault(id(p), ("param", name))
-        for name, b in root.named_buffers():
-            names.setdefault(id(b), ("buffer", name))
+        tables = (("param", root.named_parameters), ("buffer", root.named_buffers))
+        for kind, named in tables:
+            for name, t in named(remove_duplicate=False):
+                first = names.setdefault(id(t), (kind, name))
+                if first != (kind, name):  # tied: the trace reads it by its first name
+                    self.mode.trace.aliases.setdefault(f"{kind} {name}", f"{first[0]} {first[1]}")
         for mod in root.modules():
             if id(mod) not in self._swapped:
                 self._swapped.add(id(mod))
@@ -208,7 +210,14 @@ class StandIns:
         meta = self.mode.from_tensor(grad)
         if named is not None and named[0] == "param" and "_md_name" not in meta.__dict__:
             meta._md_name = ("grad", named[1])
+            # A leaf now, read or not: that the step began with a .grad is a
+            # fact replay checks (a zero_grad() first makes it unread).
+            self.mode._recorder.meta_of(meta)
         stand.grad = meta
+
+    def stand_ins(self) -> list:
+        """The stand-ins made so far, in the order they were made."""
+        return list(self._stand_of.values())
 
     def grads(self, meta_of) -> dict:
         """Parameter name -> TensorMeta of its gradient, for every root that ran."""

@@ -13,7 +13,7 @@ parameter:
   trace knows its arguments (files of format 4 and later);
 * a module without a parameter or buffer the trace read (differently named),
   or without the ``.grad`` the trace accumulated into;
-* a MetaTensor (or a tensor on ``meta``) anywhere: it holds no data;
+* a MetaTensor, a FakeTensor or a tensor on ``meta`` anywhere: it holds no data;
 * a device that is not available here.
 
 Passing nothing at all (``md.replay(trace)``) is allowed: every leaf is then
@@ -25,10 +25,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import _compat
 from .._compat import pytree
 from ..core.tensor import MetaTensor, normalize_device
 from ..errors import ReplayInputError
-from ..ir.records import arg_name
+from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 
 __all__ = ["given_tensors", "check_inputs", "check_device"]
@@ -37,11 +38,16 @@ _FROM_MODULE = ("param", "buffer", "grad")
 
 
 def given_tensors(args, kwargs, module) -> dict:
-    """(kind, name) -> tensor, named as ``md.trace`` named them."""
+    """(kind, name) -> tensor, named as ``md.trace`` named them.
+
+    A tensor argument's ``.grad`` is ``("grad", its name)``, as a parameter's is.
+    """
     named, modules = {}, [module] if module is not None else []
     for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]:
         if isinstance(v, torch.Tensor):
             named[("arg", arg_name(path))] = v
+            if v.grad is not None:
+                named[("grad", arg_name(path))] = v.grad
         elif isinstance(v, nn.Module):
             modules.append(v)
     for mod in modules:
@@ -65,10 +71,9 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
         raise ReplayInputError(f"replay: module must be an nn.Module, got {type(module).__name__}")
     given = given_tensors(args, kwargs, module)
     for (kind, name), t in given.items():
-        if isinstance(t, MetaTensor) or t.device.type == "meta":
-            raise ReplayInputError(
-                f"replay: {kind} {name} is a MetaTensor (or on meta) and holds no data; pass the real tensor or module"
-            )
+        what = _dataless(t)
+        if what:
+            raise ReplayInputError(f"replay: {kind} {name} is {what} and holds no data; pass the real tensor or module")
     needed = [leaf for leaf in trace.leaves.values() if leaf.kind in ("arg", *_FROM_MODULE)]
     if args or kwargs:
         for leaf in needed:
@@ -85,11 +90,102 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
                     f"replay: argument {extra[0]} was not an argument of the "
                     f"traced call (it had {', '.join(trace.arg_names) or 'none'})"
                 )
-    if module is not None or any(k != "arg" for k, _ in given):
-        for leaf in needed:
-            if leaf.kind in _FROM_MODULE and (leaf.kind, leaf.name) not in given:
+    _check_constants(trace, args, kwargs, module)
+    args_named = set(trace.arg_names or ())
+    from_module = module is not None or any(k not in ("arg", "grad") or n not in args_named for k, n in given)
+    for leaf in needed:
+        if leaf.kind in _FROM_MODULE and (leaf.kind, leaf.name) not in given:
+            if leaf.kind == "grad" and leaf.name in args_named:
+                if args or kwargs:
+                    raise ReplayInputError(
+                        f"replay: argument {leaf.name} had a .grad when traced, which backward "
+                        "accumulated into; the tensor given has none (set it, or trace without it)"
+                    )
+            elif from_module:
                 raise ReplayInputError(_not_in_module(leaf, given))
+    _check_grads(trace, given)
+    _check_aliasing(trace, given)
     return given
+
+
+def _check_constants(trace: Trace, args, kwargs, module) -> None:
+    """Note [Non-tensor arguments are constants] (ir/records.py): the same, or refused."""
+    flat = [(arg_name(p), v) for p, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]]
+    passed = [n for n, v in flat if isinstance(v, nn.Module)]
+    if module is not None and passed:
+        raise ReplayInputError(
+            f"replay: a module was given as argument {passed[0]} and as module=; pass it once "
+            "(module= is for a module the traced code reached without being given it)"
+        )
+    recorded = trace.arg_constants
+    if recorded is None or not (args or kwargs):
+        return
+    given = {n: describe_constant(v) for n, v in flat if not isinstance(v, torch.Tensor)}
+    for name, was in recorded.items():
+        now = given.get(name)
+        if now != was:
+            raise ReplayInputError(
+                f"replay: argument {name}: the trace ran with {was}, "
+                f"{'it was not given' if now is None else f'got {now}'} "
+                "(a non-tensor argument is a constant of the trace: trace again to change it)"
+            )
+    extra = sorted(set(given) - set(recorded) - set(trace.arg_names or ()))
+    if extra:
+        raise ReplayInputError(
+            f"replay: argument {extra[0]} ({given[extra[0]]}) was not an argument of the traced call"
+        )
+
+
+def _check_grads(trace: Trace, given: dict) -> None:
+    """A ``.grad`` the traced step would accumulate into: given iff it was there when traced."""
+    leaves = {(leaf.kind, leaf.name) for leaf in trace.leaves.values()}
+    accumulated = set(trace.grads) | {
+        leaf.name for leaf in trace.leaves.values() if leaf.kind == "arg" and leaf.meta.requires_grad
+    }
+    backward = any(c.phase == "backward" for c in trace.calls)
+    for kind, name in given:
+        if kind == "grad" and ("grad", name) not in leaves and backward and name in accumulated:
+            owner = "param" if ("param", name) in given else "argument"
+            raise ReplayInputError(
+                f"replay: {owner} {name} has a .grad, but had none when traced: eager would "
+                "accumulate into it, the trace does not (set it to None, or trace with it)"
+            )
+
+
+def _check_aliasing(trace: Trace, given: dict) -> None:
+    """The tensors given alias each other as the traced ones did, or a refusal naming them.
+
+    Tied weights are the common case: a module whose head shares the
+    embedding's weight reads one tensor where an untied one reads two.
+    """
+    for alias, canonical in (trace.aliases or {}).items():
+        a, c = tuple(alias.split(" ", 1)), tuple(canonical.split(" ", 1))
+        if c in given and given.get(a) is not given[c]:
+            raise ReplayInputError(
+                f"replay: {alias} was the same tensor as {canonical} when traced (tied); "
+                f"in what was given it is {'missing' if a not in given else 'a tensor of its own'}"
+            )
+    by_storage: dict = {}  # real storage -> (recorded storage number, leaf)
+    for leaf in trace.leaves.values():
+        t = given.get((leaf.kind, leaf.name))
+        if t is None or t.layout != torch.strided:
+            continue
+        seen = by_storage.setdefault(_compat.storage_key(t), (leaf.meta.storage, leaf))
+        if seen[0] != leaf.meta.storage:
+            raise ReplayInputError(
+                f"replay: {seen[1].kind} {seen[1].name} and {leaf.kind} {leaf.name} share memory "
+                "in what was given (tied, or the same tensor twice) but were separate tensors "
+                "when traced; eager would see writes to one in the other"
+            )
+
+
+def _dataless(t: torch.Tensor) -> str:
+    """What ``t`` is if it holds no data replay could run on, else ''."""
+    if isinstance(t, MetaTensor) or t.device.type == "meta":
+        return "a MetaTensor (or on meta)"
+    if _compat.is_fake(t):
+        return "a FakeTensor"
+    return ""
 
 
 def _found(args, kwargs, name: str) -> str | None:

@@ -54,7 +54,7 @@ def bind_leaves(
     shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
     out, missing = {}, []
     for tid, leaf in trace.leaves.items():
-        t = leaf.value if leaf.kind == "const" else given.get((leaf.kind, leaf.name))
+        t = _real(leaf, given)
         if t is None:
             missing.append(leaf.meta)
             continue
@@ -78,13 +78,29 @@ def bind_leaves(
     return out
 
 
+def _real(leaf, given: dict) -> torch.Tensor | None:
+    """The real tensor for ``leaf``, or None: not given (Note [Views of leaves] in core/record.py)."""
+    if leaf.kind == "const":
+        return leaf.value
+    if leaf.kind != "view":
+        return given.get((leaf.kind, leaf.name))
+    base = given.get(tuple(leaf.name.split(" ", 1)))
+    if base is None or base.layout != torch.strided:
+        return None
+    m = leaf.meta
+    try:
+        return base.detach().as_strided(m.shape, m.stride, m.storage_offset)
+    except RuntimeError as e:  # out of the base's storage: the trace and the base disagree
+        raise ReplayInputError(f"replay: view of {leaf.name} ${m.id}: {e}") from None
+
+
 def leaf_bytes(trace: Trace, args, kwargs, module, given: dict | None = None) -> int:
     """Bytes ``bind_leaves`` will allocate: made-up leaves, and copies of written ones."""
     given = given_tensors(args, kwargs, module) if given is None else given
     written = written_leaves(trace)
     total = 0
     for tid, leaf in trace.leaves.items():
-        t = leaf.value if leaf.kind == "const" else given.get((leaf.kind, leaf.name))
+        t = _real(leaf, given)
         if t is None:
             total += _extent(leaf.meta) * leaf.meta.dtype.itemsize
         elif tid in written:
@@ -114,6 +130,7 @@ _WHY = {
     "param": "no module was given; filled with made-up values",
     "buffer": "no module was given; filled with made-up values",
     "grad": "no module was given; its .grad filled with made-up values",
+    "view": "a view of a tensor that was not given; filled with made-up values",
     "input": "the trace recorded no source for this tensor (it reached the traced code from "
     "outside any recorded call, without a name); filled with made-up values",
 }

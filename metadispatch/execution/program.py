@@ -117,9 +117,33 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
     per_trace = _PROGRAMS.setdefault(trace, {})
     key = (device, len(trace.calls), keep_all)
     if key not in per_trace:
+        _check_kernels(trace.calls, device)
         free = {} if keep_all else free_points(trace)
         per_trace[key] = _Writer(device).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
+
+
+def _check_kernels(calls: list, device: torch.device) -> None:
+    """Refuse, before anything runs, a trace holding an op with no kernel on ``device``.
+
+    A trace for a logical CUDA device holds the kernels torch would pick
+    there (``_scaled_dot_product_efficient_attention``); the CPU has none of
+    them, and a kernel that computes the same function (the math attention)
+    does not compute the same bits, so replay does not substitute one.
+    """
+    seen: set = set()
+    for call in calls:
+        if call.func in seen:
+            continue
+        seen.add(call.func)
+        if not _compat.runs_on(call.func, device.type):
+            on = sorted({str(m.device) for m in call.inputs + call.output_metas})
+            raise ReplayError(
+                f"replay: call #{call.index} {call.op} has no {device.type} kernel (the trace chose it "
+                f"for {', '.join(on) or 'another device'}); replay there, or trace for {device.type}. "
+                "Nothing was run",
+                call=call.index,
+            )
 
 
 def free_points(trace: Trace) -> dict:

@@ -122,7 +122,9 @@ def replay(
     )
     grads = {name: env[m.id] for name, m in trace.grads.items()}
     buffers = {leaf.name: env[tid] for tid, leaf in trace.leaves.items() if leaf.kind == "buffer"}
-    return Replay(out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up, _tolerance(device))
+    return Replay(
+        out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up, _tolerance(device), checked=check
+    )
 
 
 def _as_trace(trace) -> Trace:

@@ -41,6 +41,7 @@ class Replay:
         made_up: list | tuple = (),
         allow_made_up: bool = False,
         tolerance: Tolerance | None = None,
+        checked: bool = True,
     ) -> None:
         self.output = output  # what fn returned, with real tensors
         self.grads = grads  # parameter name -> real gradient
@@ -49,20 +50,27 @@ class Replay:
         self.made_up = list(made_up)
         self.allow_made_up = allow_made_up
         self.tolerance = tolerance
+        self.checked = checked  # False: ``check=False``, no call was compared with its record
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches and (self.allow_made_up or not self.made_up)
+        """True only when checked, every call matched and nothing was made up (unless allowed)."""
+        return self.checked and not self.mismatches and (self.allow_made_up or not self.made_up)
+
+    def _verdict(self) -> str:
+        return "ok" if self.ok else "not ok" if self.checked else "unchecked"
 
     def __repr__(self) -> str:
         parts = [f"{len(self.mismatches)} mismatches"] if self.mismatches else []
         if self.made_up:
             parts.append(f"{len(self.made_up)} made up" + (" (allowed)" if self.allow_made_up else ""))
-        return f"<Replay: {'ok' if self.ok else 'not ok'}{': ' if parts else ''}{', '.join(parts)}>"
+        return f"<Replay: {self._verdict()}{': ' if parts else ''}{', '.join(parts)}>"
 
     def __str__(self) -> str:
         """One line if every call matched on the user's data, else one line per problem."""
-        if self.mismatches:
+        if not self.checked:
+            lines = ["replay unchecked (check=False): no result was compared with its record; not ok"]
+        elif self.mismatches:
             lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
             lines += [f"  {m}" for m in self.mismatches]
         else:

@@ -43,6 +43,12 @@ class MadeUp(NamedTuple):
         return f"{self.name}{at}: {self.why}"
 
 
+_LOST = {
+    "seed": "reseeded from the operating system (torch.seed()) by the traced code: "
+    "eager draws other numbers on every run",
+}
+
+
 def stream_of(device: torch.device) -> str:
     """The default generator a tensor on ``device`` draws from: ``cpu``, ``cuda:0``."""
     return "cpu" if device.type == "cpu" else f"{device.type}:{device.index or 0}"
@@ -63,6 +69,11 @@ class Streams:
             if why:
                 self.made_up.append(MadeUp(f"{stream} generator", call, why))
         self.gens = {k: self._generator(k, call) for k, call in prog.generator_uses.items()}
+        self.made_up += [
+            MadeUp(f"{e.stream} generator" if not e.stream.startswith("generator") else e.stream, e.at, _LOST[e.action])
+            for e in trace.rng_events
+            if e.action in _LOST
+        ]
 
     def _start_state(self, stream: str):
         return self.trace.rng_state if stream == "cpu" else self.trace.rng_cuda.get(stream)
@@ -112,6 +123,14 @@ class Streams:
     def event(self, i: int) -> None:
         """Perform the trace's ``i``-th state read or write (program.py calls this)."""
         e = self.trace.rng_events[i]
+        if e.action in _LOST:
+            return  # listed in made_up: the stream goes on from whatever it holds
+        if e.stream.startswith("generator "):
+            gen = self.gens.get(int(e.stream.split()[1]))
+            state = e.state if e.state is not None else self.slots.get(e.slot)
+            if gen is not None and state is not None and gen.device.type == state.device.type:
+                gen.set_state(state)
+            return
         if e.stream == "cpu":
             get, put = torch.get_rng_state, torch.set_rng_state
         elif e.stream.partition(":")[0] == self.device.type == "cuda":

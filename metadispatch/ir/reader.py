@@ -45,7 +45,7 @@ MAX_DEPTH = 32  # nesting of values: HF outputs (tuples of tuples) need about 5
 MAX_STRING = 1 << 16  # characters in any string but constant data
 _SIZE_LIMIT = 1 << 63  # sizes, strides, offsets, ids: what an int64 holds
 
-_KINDS = {"arg", "param", "buffer", "const", "input", "grad"}
+_KINDS = {"arg", "param", "buffer", "const", "input", "grad", "view"}
 _PHASES = {"forward", "backward", "optimizer"}
 _INT = {int}
 _PLAIN = {type(None), bool, int, float, str}
@@ -104,6 +104,17 @@ class Reader:
             if not isinstance(names, list):
                 self.fail("arg_names", f"expected a list, got {type(names).__name__}")
             t.arg_names = [self.text(n, ("arg_names", i)) for i, n in enumerate(names)]
+        aliases = doc.get("aliases") or {}
+        if not isinstance(aliases, dict):
+            self.fail("aliases", f"expected an object, got {type(aliases).__name__}")
+        t.aliases = {self.text(k, "aliases"): self.text(v, ("aliases", k)) for k, v in aliases.items()}
+        constants = doc.get("arg_constants")
+        if constants is not None:
+            if not isinstance(constants, dict):
+                self.fail("arg_constants", f"expected an object, got {type(constants).__name__}")
+            t.arg_constants = {
+                self.text(k, "arg_constants"): self.text(v, ("arg_constants", k)) for k, v in constants.items()
+            }
         deaths = doc.get("deaths")
         if deaths is not None:
             storages, calls = self.columns(doc, "deaths", ("storage", "call"))
@@ -132,20 +143,20 @@ class Reader:
             cols = self.columns(doc, "rng_events", ("at", "action", "stream", "slot", "state"))
             self.counts(cols[0], "rng_events.at")
             for i, (at, action, stream, slot, v) in enumerate(zip(*cols)):
-                if action not in ("save", "load"):
-                    self.fail(("rng_events.action", i), f"expected save or load, got {_short(action)}")
+                if action not in _ACTIONS:
+                    self.fail(("rng_events.action", i), f"expected one of {sorted(_ACTIONS)}, got {_short(action)}")
                 self.stream(stream, ("rng_events.stream", i))
                 if (
                     type(slot) is not int
                     or not -1 <= slot < _SIZE_LIMIT
-                    or (slot < 0) != (action == "load" and v is not None)
+                    or (slot < 0) != (action != "save" and (v is not None or action != "load"))
                 ):
                     self.fail(("rng_events.slot", i), f"not a slot for this event: {_short(slot)}")
                 state = None if v is None else self.bytes_tensor(v, ("rng_events.state", i), _RNG_BYTES)
                 t.rng_events.append(RngEvent(at, action, stream, slot, state))
 
     def stream(self, name, where, cuda_only: bool = False) -> None:
-        if not (type(name) is str and _STREAM.fullmatch(name)) or (cuda_only and name == "cpu"):
+        if not (type(name) is str and _STREAM.fullmatch(name)) or (cuda_only and not name.startswith("cuda:")):
             self.fail(where, f"not a generator stream: {_short(name)}")
 
     def world(self, doc: dict, t: Trace) -> None:
@@ -446,7 +457,8 @@ class Reader:
 _PLAIN_REF, _USE, _DEFINE = 0, 1, 2
 _NUMBERS = {type(None), bool, int, float}
 _RNG_BYTES = 1 << 16  # torch.get_rng_state() is 5056 bytes
-_STREAM = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})")
+_ACTIONS = {"save", "load", "seed"}  # ir/rng.py
+_STREAM = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})|generator (0|[1-9][0-9]{0,8})")
 
 
 class _Lazy:

@@ -14,7 +14,17 @@ import torch
 
 from .._compat import pytree
 
-__all__ = ["TensorMeta", "Leaf", "Group", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
+__all__ = [
+    "TensorMeta",
+    "Leaf",
+    "Group",
+    "dtype_abbr",
+    "type_str",
+    "tensor_metas",
+    "contiguous_strides",
+    "arg_name",
+    "describe_constant",
+]
 
 _DTYPE_ABBR = {
     torch.float32: "f32",
@@ -101,12 +111,14 @@ class Leaf(NamedTuple):
     """A tensor that came from outside the trace."""
 
     meta: TensorMeta
-    kind: str  # "arg", "param", "buffer", "const" or "input"
-    name: str
+    kind: str  # "arg", "param", "buffer", "grad", "const", "input", or "view"
+    name: str  # for a view: its base, "param fc1.weight"
     value: Any = None  # a small real tensor for constants, else None
 
     def describe(self) -> str:
-        """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``."""
+        """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``, ``view of param w``."""
+        if self.kind == "view":
+            return f"view of {self.name}"
         text = f"{self.kind} {self.name}".rstrip()
         if self.value is not None and self.value.numel() <= 8:
             text += f" {self.value.tolist()}"
@@ -135,6 +147,27 @@ def tensor_metas(x) -> Iterator[TensorMeta]:
     elif isinstance(x, (tuple, list)):
         for y in x:
             yield from tensor_metas(y)
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
+
+
+def describe_constant(v) -> str:
+    """How a non-tensor argument is recorded: ``2``, ``'mean'``, ``<module>``, ``<Config>``.
+
+    Note [Non-tensor arguments are constants]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A number, string or flag the traced call was given decided what the
+    trace recorded (``x * n`` baked ``n`` into the call), so replay must be
+    given the same one: a trace is not a function of it.  Plain values are
+    recorded by ``repr``; modules (bound by their tensors) and other objects
+    by their kind only, which is all replay can compare.
+    """
+    if isinstance(v, _PLAIN):
+        return repr(v)
+    if isinstance(v, torch.nn.Module):
+        return "<module>"
+    return f"<{type(v).__qualname__}>"
 
 
 def arg_name(path) -> str:

@@ -50,11 +50,14 @@ class GeneratorRef:
 
 
 class RngEvent(NamedTuple):
-    """A read or write of a default generator's state, before call ``at``.
+    """A read or write of a generator's state, before call ``at``.
 
-    ``action`` is ``"save"`` (the state goes into ``slot``) or ``"load"``
-    (the state comes from ``slot``, or from ``state`` when that is set).
-    ``stream`` is ``"cpu"`` or ``"cuda:N"``.
+    ``action`` is ``"save"`` (the state goes into ``slot``), ``"load"``
+    (the state comes from ``slot``, or from ``state`` when that is set), or
+    ``"seed"`` (slot -1, no state), a seed from the operating system
+    (``torch.seed()``) that replay cannot repeat (Note [States that change
+    unseen] in ``core/rngstate.py``).  ``stream`` is ``"cpu"``, ``"cuda:N"`` or
+    ``"generator K"`` (``trace.generators[K]``).
     """
 
     at: int

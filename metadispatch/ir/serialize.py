@@ -116,6 +116,8 @@ class _Writer:
             "world": list(trace.world) if trace.world is not None else None,
             "groups": [self.enc(g, "groups") for g in trace.groups.values()],
             "arg_names": trace.arg_names,
+            "arg_constants": trace.arg_constants,
+            "aliases": trace.aliases,
         }
 
     def streams(self, trace: Trace) -> dict:

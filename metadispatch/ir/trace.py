@@ -71,6 +71,13 @@ class Trace:
         # The name of every tensor argument md.trace was given, used or not,
         # so that replay can refuse arguments the trace never saw; None: unknown.
         self.arg_names: list[str] | None = None
+        # Every other argument, name -> describe_constant(value) (Note
+        # [Non-tensor arguments are constants] in records.py); None: unknown.
+        self.arg_constants: dict[str, str] | None = None
+        # A second name of a tensor the traced code was given under another
+        # ("param head.weight" -> "param emb.weight": tied weights; the same
+        # tensor passed twice), so replay can refuse inputs tied otherwise.
+        self.aliases: dict[str, str] = {}
         # Loaded from a file: replay re-derives what the file claims about
         # sizes before trusting it (Note [Budgets] in execution/budget.py).
         self.untrusted = False

@@ -6,12 +6,16 @@ the CUDA kernels do.  The CPU kernels return them in the input's dtype.  For
 a MetaTensor on a logical CPU device the CPU behaviour wins; other devices
 keep the meta kernel's answer.  In eval mode the CPU batch-norm kernels
 save no statistics at all (empty outputs).
+
+Group norm's output keeps the input's memory format on CPU (Note [Group
+norm keeps channels-last]).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import _compat
 from ..core.registry import builtin_rule
 
 aten = torch.ops.aten
@@ -69,3 +73,24 @@ def batch_norm_with_running_stats(x, weight, bias, running_mean, running_var, tr
 @builtin_rule(aten._native_batch_norm_legit.no_stats)
 def batch_norm_no_stats(x, weight, bias, training, *args, fallback):
     return _stats_in_input_dtype(fallback(x, weight, bias, training, *args), x, training, weight)
+
+
+@builtin_rule(aten.native_group_norm.default)
+def group_norm(x, weight, bias, n, c, hxw, group, eps, *, fallback):
+    """Note [Group norm keeps channels-last]
+
+    The CPU kernel allocates its output in ``X.suggest_memory_format()``
+    (``native_group_norm`` in ATen's group_norm.cpp; other devices:
+    contiguous).  torch 2.13's meta function did the same; torch 2.14's
+    returns a contiguous tensor for a channels-last input, so a diffusers
+    UNet's group norms (channels-last activations) were recorded with the
+    wrong strides.  The statistics are unaffected.
+    """
+    out = fallback(x, weight, bias, n, c, hxw, group, eps)
+    if x.device.type != "cpu":
+        return out
+    fmt = _compat.suggest_memory_format(x)
+    y = out[0]
+    if y.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty_like(y, memory_format=fmt), *out[1:])

@@ -14,7 +14,7 @@ from ..core.mode import MetaMode
 from ..core.reach import find
 from ..core.standins import StandIns
 from ..core.tensor import Converter, MetaTensor
-from ..ir.records import arg_name
+from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 
 __all__ = ["to_meta", "trace", "tracer"]
@@ -107,9 +107,11 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
             margs, mkwargs = _convert_args(mode, standins, args, kwargs)
-            mode.trace.arg_names = [
-                arg_name(p) for p, v in pytree.tree_flatten_with_path((args, kwargs))[0] if isinstance(v, torch.Tensor)
-            ]
+            flat = pytree.tree_flatten_with_path((args, kwargs))[0]
+            mode.trace.arg_names = [arg_name(p) for p, v in flat if isinstance(v, torch.Tensor)]
+            mode.trace.arg_constants = {
+                arg_name(p): describe_constant(v) for p, v in flat if not isinstance(v, torch.Tensor)
+            }
             with mode:
                 out = fn(*margs, **mkwargs)
             rec = mode._recorder
@@ -117,9 +119,18 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             tr.output = out
             tr.output_meta = pytree.tree_map(lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
             tr.grads = standins.grads(rec.meta_of)
+            rec.bind_views(_named(standins, margs, mkwargs))
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
     return tr
+
+
+def _named(standins: StandIns, margs, mkwargs) -> list:
+    """Every stand-in ``md.trace`` named: arguments, parameters, buffers, and their ``.grad``."""
+    found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
+    found += standins.stand_ins()
+    found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
+    return [t for t in found if "_md_name" in t.__dict__]
 
 
 def _saved_kind(obj) -> bool:
@@ -134,8 +145,22 @@ def _convert_args(mode, standins, args, kwargs):
             standins.add_root(v)
         elif isinstance(v, torch.Tensor):
             m = mode.from_tensor(v)
+            name = arg_name(path)
             if "_md_name" not in m.__dict__:
-                m._md_name = ("arg", arg_name(path))
+                m._md_name = ("arg", name)
+                _stand_grad(mode, v, m, name)
+            else:  # the same tensor given twice
+                mode.trace.aliases.setdefault(f"arg {name}", " ".join(m._md_name))
             v = m
         out.append(v)
     return pytree.tree_unflatten(out, spec)
+
+
+def _stand_grad(mode: MetaMode, real: torch.Tensor, meta: MetaTensor, name: str) -> None:
+    """An argument's ``.grad`` is a leaf ``grad <name>``, as a parameter's is: backward accumulates into it."""
+    grad = real.grad
+    if grad is not None and type(grad) is torch.Tensor and meta.grad is None:
+        g = mode.from_tensor(grad)
+        g.__dict__["_md_name"] = ("grad", name)
+        mode._recorder.meta_of(g)  # a leaf, read or not (see StandIns._stand_grad)
+        meta.grad = g
