@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._compat import pytree
+from .text import clip
 
 __all__ = ["TensorMeta", "Leaf", "Group", "dtype_abbr", "type_str", "tensor_metas", "contiguous_strides", "arg_name"]
 
@@ -67,7 +68,12 @@ def type_str(
         s += f"+{storage_offset}"
     if device is not None and (show_cpu or torch.device(device).type != "cpu"):
         s += f"@{device}"
-    return s
+    return clip(s, _SHOWN_CHARS)
+
+
+# A record is stored once and printed at every use; an 8-dimensional tensor
+# with large strides prints in about 100 characters (see ``clip``).
+_SHOWN_CHARS = 200
 
 
 class TensorMeta(NamedTuple):
@@ -107,7 +113,7 @@ class Leaf(NamedTuple):
 
     def describe(self) -> str:
         """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``."""
-        text = f"{self.kind} {self.name}".rstrip()
+        text = f"{self.kind} {clip(self.name, _SHOWN_CHARS)}".rstrip()
         if self.value is not None and self.value.numel() <= 8:
             text += f" {self.value.tolist()}"
         return text
