@@ -27,7 +27,7 @@ class TestSource(expecttest.TestCase):
         self.assertExpectedInline(
             program(t, CPU).source,
             """\
-def run(env, gens, ck, chk, same, wr, rng):
+def run(env, gens, ck, chk, same, wr, rng, fit, pre):
     grad(True)
     t0 = env.pop(0)
     t1 = t_default(t0)

@@ -11,7 +11,9 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
     del t5
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
-of writes.py.
+of writes.py.  A trace loaded from a file also gets its fences (Note
+[Fences] in fences.py): ``fit(12, t7)`` after each call, ``pre(12, ...)``
+before one whose output size is read from its inputs' values.
 
 Tensor ids become local variables and constants are bound once; checking
 stays with ``replay.py``, which passes it in.  (Checks written inline, as
@@ -68,6 +70,7 @@ from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
 
@@ -77,7 +80,7 @@ _FILENAME = "<metadispatch replay>"
 
 
 class Program(NamedTuple):
-    """``run(env, gens, ck, chk, same, wr, rng)`` executes every call of the trace.
+    """``run(env, gens, ck, chk, same, wr, rng, fit, pre)`` executes every call of the trace.
 
     ``env`` maps ids to real tensors: it holds the leaves on entry and the
     tensors that outlive the program on exit; ``gens`` maps a recorded
@@ -85,7 +88,8 @@ class Program(NamedTuple):
     version recorded without an index); ``rng(i)`` performs the trace's
     ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
-    ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs.
+    ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs;
+    ``fit`` and ``pre`` are the fences of an untrusted trace (fences.py).
     """
 
     run: Any
@@ -112,13 +116,14 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Progr
     """``trace`` compiled for replay on ``device``, cached per trace.
 
     With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
-    after its last use (Note [Freeing early]).
+    after its last use (Note [Freeing early]).  A trace loaded from a file
+    (``trace.untrusted``) gets fences around its calls.
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
-    key = (device, len(trace.calls), keep_all)
+    key = (device, len(trace.calls), keep_all, trace.untrusted)
     if key not in per_trace:
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device).write(trace.calls, free, trace.rng_events)
+        per_trace[key] = _Writer(device, trace.untrusted).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -157,13 +162,14 @@ def free_points(trace: Trace) -> dict:
 class _Writer:
     """Writes one program; holds the names it has bound so far."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, fenced: bool = False) -> None:
         self.device = device
+        self.fenced = fenced
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
         self.bound: set = set()  # ids that are local variables by now
-        self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng):"]
+        self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng, fit, pre):"]
         self.generator_uses: dict = {}
         self.call_number = 0
         self.default_draws: dict = {}
@@ -212,12 +218,18 @@ class _Writer:
         written = written_args(call)
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
+        if self.fenced and value_sized(call.func) is not None:
+            self.lines.append(f"    pre({n}{', ' if args else ''}{args})")
         if single is not None:
             t = self._define(single.id)
             self.lines.append(f"    {t} = {op}({args})")
+            if self.fenced:
+                self.lines.append(f"    fit({n}, {t})")
             self.lines.append(f"    ck and same({n}, {t})")
             return
         self.lines.append(f"    r = {op}({args})")
+        if self.fenced:
+            self.lines.append(f"    fit({n}, r)")
         outs = call.outputs
         if not outs:  # ops returning nothing (``_foreach_add_``) only mutate
             return

@@ -128,24 +128,29 @@ def write_guard(protected, calls: list):
     """``guard(n, *tensors)``: refuse call ``n`` if it would write a protected tensor.
 
     ``protected`` holds the caller's tensors; a guard with nothing to protect
-    does nothing.
+    does nothing.  A sparse tensor is the memory of its indices and values
+    (a file can build one over the caller's tensor, and the schema says its
+    result is fresh); a tensor whose memory replay cannot name (MKL-DNN,
+    nested) is refused where it would be written.
     """
-    keys = set()
+    keys: set = set()
     for t in protected:
-        key = _key(t)
-        if key is not None:
-            keys.add(key)
+        keys.update(_keys(t) or ())
     if not keys:
         return _nothing
 
     def guard(n: int, *tensors) -> None:
         for t in tensors:
-            if _key(t) in keys:
+            if not isinstance(t, torch.Tensor):
+                continue
+            mine = _keys(t)
+            if mine is None or not keys.isdisjoint(mine):
                 call = calls[n]
                 raise ReplayError(
                     f"replay refused call #{call.index} {call.op}: it would write memory of a "
                     "tensor you passed in (an argument, parameter, buffer or the trace's "
-                    "constant), which replay never changes",
+                    "constant), which replay never changes"
+                    + ("" if mine is not None else f", or memory of a {t.layout} tensor replay cannot place"),
                     call=call.index,
                 )
 
@@ -156,10 +161,26 @@ def _nothing(n: int, *tensors) -> None:
     return None
 
 
-def _key(t) -> int | None:
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
-        return None
+_COMPRESSED = {
+    torch.sparse_csr: ("crow_indices", "col_indices"),
+    torch.sparse_bsr: ("crow_indices", "col_indices"),
+    torch.sparse_csc: ("ccol_indices", "row_indices"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices"),
+}
+
+
+def _keys(t) -> tuple | None:
+    """Storage keys of the memory ``t`` holds; None where replay cannot tell."""
+    if not isinstance(t, torch.Tensor):
+        return ()
     try:
-        return _compat.storage_key(t)
+        if t.layout == torch.strided and not t.is_nested:
+            return (_compat.storage_key(t),)
+        if t.layout == torch.sparse_coo:
+            return (_compat.storage_key(t._indices()), _compat.storage_key(t._values()))
+        if t.layout in _COMPRESSED:
+            parts = [getattr(t, name)() for name in _COMPRESSED[t.layout]] + [t.values()]
+            return tuple(_compat.storage_key(p) for p in parts)
     except (RuntimeError, NotImplementedError):
-        return None
+        pass
+    return None
