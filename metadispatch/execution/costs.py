@@ -58,6 +58,7 @@ class Costs(NamedTuple):
 
 
 _COSTS: WeakKeyDictionary = WeakKeyDictionary()  # trace -> {(number of calls, keep_all): Costs}
+_FIXED: WeakKeyDictionary = WeakKeyDictionary()  # trace -> (number of calls, fixed_costs)
 
 
 def fixed_costs(trace: Trace) -> tuple:
@@ -65,8 +66,12 @@ def fixed_costs(trace: Trace) -> tuple:
     the tensor objects of its outputs, and its own work per call.  Known
     without the walk, so that a trace of a million empty calls is refused
     before anything is done for each of them."""
-    outputs = sum(len(c.output_metas) for c in trace.calls)
-    return len(trace.calls) * CALL_BYTES + outputs * OUTPUT_BYTES, len(trace.calls) * CALL_WORK
+    n, cached = _FIXED.get(trace, (None, None))
+    if n != len(trace.calls):
+        outputs = sum(len(c.output_metas) for c in trace.calls)
+        cached = (len(trace.calls) * CALL_BYTES + outputs * OUTPUT_BYTES, len(trace.calls) * CALL_WORK)
+        _FIXED[trace] = (len(trace.calls), cached)
+    return cached
 
 
 def costs(trace: Trace, keep_all: bool = False) -> Costs:

@@ -13,12 +13,15 @@ meta kernels; what it cannot see, replay of an untrusted trace checks as it
 goes, in the generated program (program.py), before a later call can use
 the result:
 
-- ``fit(n, result)`` after call ``n``: every tensor it returned is dense
-  and strided (not sparse, nested, MKL-DNN or quantized -- a trace records
-  no others), every tensor of a call that may return a view of an argument
-  lies inside its storage, and a call the budget sized from its record
-  (``Costs.unchecked``) returned the recorded shapes and dtypes, so that the
-  sizes the budget worked out for the calls after it hold;
+- ``fit(n, result, may_alias)`` after call ``n`` where the schema lets an
+  output alias an argument (a view) or the budget sized the call from its
+  record (``Costs.unchecked``): every tensor it returned is dense and
+  strided (not sparse, nested, MKL-DNN or quantized -- a trace records no
+  others), a view lies inside its storage, and an unchecked call returned
+  the recorded shapes and dtypes, so that the sizes the budget worked out
+  for the calls after it hold.  Other calls need no fence: the budget ran
+  them on meta, which showed their outputs' layout, and their kernels
+  allocate their fresh outputs to fit;
 - ``pre(n, *args, **kwargs)`` before a call whose output size is read from
   its inputs' values (``value_sized`` in sizes.py): those values ask for no
   more bytes than the trace records.
@@ -46,18 +49,22 @@ def no_fence(n: int, *args, **kwargs) -> None:
 
 
 def fences(calls: list, unchecked: frozenset):
-    """``(fit, pre)`` for the program of an untrusted trace (Note [Fences])."""
-    aliasing = {n for n, c in enumerate(calls) if any(facts(c.func).aliases)}
+    """``(fit, pre)`` for the program of an untrusted trace (Note [Fences]).
 
-    def fit(n: int, result) -> None:
-        call = calls[n]
-        for t in _tensors(result):
-            if t.layout != torch.strided or t.is_nested or t.is_quantized:
-                _refuse(call, f"returned a {str(t.layout).removeprefix('torch.')} tensor that is not plain strided")
-            if n in aliasing and not _inside(t):
-                _refuse(call, f"returned a view {list(t.shape)} with strides {list(t.stride())} beyond its storage")
+    The program passes ``fit`` a third argument, true for a call whose
+    schema lets an output alias an argument: only those are bounds-checked.
+    ``fit`` runs after every view, so the common case -- one plain tensor --
+    is kept to a few attribute reads.
+    """
+
+    def fit(n: int, result, may_alias: int) -> None:
+        for t in (result,) if result.__class__ is torch.Tensor else _tensors(result):
+            if t.layout is not _STRIDED or t.is_nested or t.is_quantized:
+                _refuse(calls[n], f"returned a {str(t.layout).removeprefix('torch.')} tensor that is not plain strided")
+            if may_alias and not _inside(t):
+                _refuse(calls[n], f"returned a view {list(t.shape)} with strides {list(t.stride())} beyond its storage")
         if n in unchecked:
-            _as_recorded(call, result)
+            _as_recorded(calls[n], result)
 
     def pre(n: int, *args, **kwargs) -> None:
         call = calls[n]
@@ -70,6 +77,9 @@ def fences(calls: list, unchecked: frozenset):
             _refuse(call, f"would allocate {need} bytes from its inputs' values; the trace records {recorded}")
 
     return fit, pre
+
+
+_STRIDED = torch.strided
 
 
 def _refuse(call, what: str):
@@ -85,8 +95,15 @@ def _tensors(r):
 
 
 def _inside(t: torch.Tensor) -> bool:
-    """``t`` reaches no byte past its storage."""
-    return extent_bytes(t) <= t.untyped_storage().nbytes()
+    """``t`` reaches no byte past its storage (extent_bytes, without its checks of the type)."""
+    shape = t.shape
+    if 0 in shape:
+        return True
+    if t.is_contiguous():
+        last = t.storage_offset() + t.numel()
+    else:
+        last = t.storage_offset() + 1 + sum((s - 1) * st for s, st in zip(shape, t.stride()))
+    return last * t.element_size() <= t.untyped_storage().nbytes()
 
 
 def _as_recorded(call, result) -> None:

@@ -12,7 +12,7 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
 of writes.py.  A trace loaded from a file also gets its fences (Note
-[Fences] in fences.py): ``fit(12, t7)`` after each call, ``pre(12, ...)``
+[Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values.
 
 Tensor ids become local variables and constants are bound once; checking
@@ -112,18 +112,19 @@ class Program(NamedTuple):
 _PROGRAMS: WeakKeyDictionary = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): Program}
 
 
-def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Program:
+def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: frozenset | None = None) -> Program:
     """``trace`` compiled for replay on ``device``, cached per trace.
 
     With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
-    after its last use (Note [Freeing early]).  A trace loaded from a file
-    (``trace.untrusted``) gets fences around its calls.
+    after its last use (Note [Freeing early]).  With ``fenced`` (a trace
+    loaded from a file: the calls the budget sized from their record), the
+    calls get their fences (Note [Fences] in fences.py).
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
-    key = (device, len(trace.calls), keep_all, trace.untrusted)
+    key = (device, len(trace.calls), keep_all, fenced)
     if key not in per_trace:
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device, trace.untrusted).write(trace.calls, free, trace.rng_events)
+        per_trace[key] = _Writer(device, fenced).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -162,7 +163,7 @@ def free_points(trace: Trace) -> dict:
 class _Writer:
     """Writes one program; holds the names it has bound so far."""
 
-    def __init__(self, device: torch.device, fenced: bool = False) -> None:
+    def __init__(self, device: torch.device, fenced: frozenset | None = None) -> None:
         self.device = device
         self.fenced = fenced
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
@@ -218,18 +219,19 @@ class _Writer:
         written = written_args(call)
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
-        if self.fenced and value_sized(call.func) is not None:
+        fit = self._fit(n, call)
+        if self.fenced is not None and value_sized(call.func) is not None:
             self.lines.append(f"    pre({n}{', ' if args else ''}{args})")
         if single is not None:
             t = self._define(single.id)
             self.lines.append(f"    {t} = {op}({args})")
-            if self.fenced:
-                self.lines.append(f"    fit({n}, {t})")
+            if fit:
+                self.lines.append(f"    fit({n}, {t}, {fit})")
             self.lines.append(f"    ck and same({n}, {t})")
             return
         self.lines.append(f"    r = {op}({args})")
-        if self.fenced:
-            self.lines.append(f"    fit({n}, r)")
+        if fit:
+            self.lines.append(f"    fit({n}, r, {fit})")
         outs = call.outputs
         if not outs:  # ops returning nothing (``_foreach_add_``) only mutate
             return
@@ -242,6 +244,17 @@ class _Writer:
                     f"    {self._define(x.id)} = {result}[{k}][{j}]" for j, x in enumerate(o) if type(x) is TensorMeta
                 ]
         self.lines.append(f"    if ck: chk({n}, {result})")
+
+    def _fit(self, n: int, call) -> str:
+        """The fence after call ``n``: ``1`` where an output may alias an argument
+        (a view to bounds-check), ``0`` where the budget sized the call from its
+        record, ``""`` for none -- a fresh output of a call the budget ran on
+        meta is allocated to fit, in the layout meta showed."""
+        if self.fenced is None:
+            return ""
+        if any(facts(call.func).aliases):
+            return "1"
+        return "0" if n in self.fenced else ""
 
     def _arg(self, a) -> str:
         if isinstance(a, TensorMeta):

@@ -176,9 +176,10 @@ def execute(
         )
     if budget is not None:
         check_budget(trace, budget, leaf_bytes, keep_all)
-    prog = program(trace, device, keep_all)
+    unchecked = costs(trace, keep_all).unchecked if trace.untrusted else None
+    prog = program(trace, device, keep_all, unchecked)
     guard = write_guard(protect, prog.calls)
-    fit, pre = fences(prog.calls, costs(trace, keep_all).unchecked) if trace.untrusted else (no_fence, no_fence)
+    fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         env = bind()
