@@ -159,9 +159,12 @@ class _Walk:
         elif f.data_dependent:
             bounds = read_bound([self.env[m.id] for m in call.inputs], metas)
         else:
-            why = "it has no meta kernel" if isinstance(error, NotImplementedError) else "its meta kernel raised"
             first = (str(error).strip().splitlines() or [""])[0]
-            self.unknown.append((n, f"{why}: {type(error).__name__}: {clip(printable(first), 200)}"))
+            said = f"{type(error).__name__}: {clip(printable(first), 200)}"
+            if isinstance(error, NotImplementedError):
+                self.unknown.append((n, f"it has no meta kernel ({said})"))
+            else:  # most often arguments the real kernel refuses too
+                self.unknown.append((n, f"it fails on the meta device with these arguments ({said})"))
             bounds = [None] * len(metas)
         return [
             (m.id, _meta_like(m, call), max(extent_bytes(m), b) if b is not None else None)
