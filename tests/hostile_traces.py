@@ -13,123 +13,24 @@
 
 Every file, whatever its class, must leave no marker file (payloads try to
 create ``outside/pwned*``), write no file outside the corpus directory, leave
-the caller's tensors unchanged and import no module.  ``check(directory)``
-runs in a child process under an address-space limit (``python
-tests/hostile_traces.py check DIR``) and prints one JSON line per file;
-``tests/test_hostile.py`` runs it.  ``python tests/hostile_traces.py write
-DIR OUTSIDE`` writes the corpus by hand.
+the caller's tensors unchanged and import no module.  hostile_check.py runs
+the files in a child process under an address-space limit and
+``tests/test_hostile.py`` holds each to its class.  ``python
+tests/hostile_traces.py DIR OUTSIDE`` writes the corpus by hand.
 """
 
 from __future__ import annotations
 
-import copy
 import gzip
 import json
 import os
 import sys
 
+from tests import hostile_memory
+from tests.hostile_doc import Doc, base_doc, ref
+
 CLASSES = ("load", "replay", "budget", "safe")
 BIG = 1 << 40  # bytes no default budget allows
-
-
-# -- the base trace and edits to it
-
-
-def base_doc(tmp: str) -> dict:
-    """A small trace of ``(lin(x) + y).relu().sum()`` as a document."""
-    import metadispatch as md
-
-    lin, x, y = user_tensors()
-    path = os.path.join(tmp, "base.json")
-    md.trace(_fn, lin, x, y).save(path)
-    with open(path) as f:
-        doc = json.load(f)
-    os.unlink(path)
-    return doc
-
-
-def _fn(m, x, y):
-    return (m(x) + y).relu().sum()
-
-
-def user_tensors():
-    """The caller's tensors every replay is handed: (module, x, y)."""
-    import torch
-
-    torch.manual_seed(0)
-    return torch.nn.Linear(4, 4), torch.randn(2, 4), torch.randn(4)
-
-
-class Doc:
-    """Edits to a trace document that keep it otherwise well formed."""
-
-    def __init__(self, doc: dict) -> None:
-        self.d = copy.deepcopy(doc)
-
-    def s(self, text: str) -> int:
-        self.d["strings"].append(text)
-        return len(self.d["strings"]) - 1
-
-    def tensor(self, tid: int, shape, dtype="float32", stride=None, offset=0, storage=None, device="cpu") -> int:
-        t = self.d["tensors"]
-        if stride is None:
-            stride, acc = [], 1
-            for n in reversed(shape):
-                stride.insert(0, acc)
-                acc *= max(n, 1)
-        for col, v in (
-            ("id", tid),
-            ("shape", list(shape)),
-            ("dtype", self._sidx(dtype)),
-            ("stride", list(stride)),
-            ("storage_offset", offset),
-            ("device", self._sidx(device)),
-            ("requires_grad", False),
-            ("storage", tid + 1000 if storage is None else storage),
-        ):
-            t[col].append(v)
-        return len(t["id"]) - 1
-
-    def _sidx(self, text: str) -> int:
-        strs = self.d["strings"]
-        return strs.index(text) if text in strs else self.s(text)
-
-    def leaf_index(self, name: str) -> int:
-        """The tensor-table index of leaf ``name`` (``args[1]``, ``weight``)."""
-        leaves = self.d["leaves"]
-        for ti, ni in zip(leaves["tensor"], leaves["name"]):
-            if self.d["strings"][ni] == name:
-                return ti
-        raise KeyError(name)
-
-    def leaf(self, kind: str, name: str, tensor: int, value=None) -> None:
-        leaves = self.d["leaves"]
-        leaves["tensor"].append(tensor)
-        leaves["kind"].append(self._sidx(kind))
-        leaves["name"].append(self._sidx(name))
-        leaves["value"].append(value)
-
-    def call(self, op: str, args, kwargs=None, outputs=(), module=None) -> None:
-        ops = self.d["ops"]
-        if op not in ops:
-            ops.append(op)
-        c = self.d["calls"]
-        c["op"].append(ops.index(op))
-        c["args"].append(args)
-        c["kwargs"].append(kwargs or {})
-        c["outputs"].append(list(outputs))
-        c["module"].append(self._sidx(module) if module is not None else c["module"][0])
-        c["phase"].append(c["phase"][0])
-        c["rule"].append(c["rule"][0])
-        c["source"].append(None)
-        c["note"].append(None)
-
-    def next_id(self) -> int:
-        return max(self.d["tensors"]["id"]) + 1
-
-
-def _t(i: int) -> dict:
-    return {"t": i}
 
 
 # -- the corpus
@@ -165,6 +66,8 @@ def write_corpus(directory: str, outside: str) -> list:
     _dos(put, base, directory)
     _malformed(put, base)
     _streams(put, base)
+    _limits(put, base)
+    hostile_memory.write(put, base)
     _combined(put, base, payloads, marker)
     # A FIFO and a link to a device must be refused without blocking.
     fifo = os.path.join(directory, f"load-{len(files):03d}-fifo.json")
@@ -265,7 +168,7 @@ def _effects(put, base, marker) -> None:
     for op, args, kwargs in cases:
         d = Doc(base)
         x = d.leaf_index("args[1]")
-        d.call(op, args if args is not None else [_t(x)], kwargs, [])
+        d.call(op, args if args is not None else [ref(x)], kwargs, [])
         put("load", "effect-" + op.split(".")[1], d.d)
 
 
@@ -284,12 +187,12 @@ def _writes(put, base) -> None:
     put(
         "safe",
         "self-keyword",
-        with_calls(lambda d, x, w, n: [("aten.add_.Tensor", [], {"self": _t(x), "other": 1}, [_t(x)])]),
+        with_calls(lambda d, x, w, n: [("aten.add_.Tensor", [], {"self": ref(x), "other": 1}, [ref(x)])]),
     )
     put(
         "safe",
         "self-keyword-param",
-        with_calls(lambda d, x, w, n: [("aten.mul_.Tensor", [], {"self": _t(w), "other": 0}, [_t(w)])]),
+        with_calls(lambda d, x, w, n: [("aten.mul_.Tensor", [], {"self": ref(w), "other": 0}, [ref(w)])]),
     )
     # A view given a false storage number, then written.
     put(
@@ -297,12 +200,12 @@ def _writes(put, base) -> None:
         "lying-storage",
         with_calls(
             lambda d, x, w, n: [
-                ("aten.view.default", [_t(x), [8]], {}, [_t(d.tensor(n, [8], storage=99999))]),
+                ("aten.view.default", [ref(x), [8]], {}, [ref(d.tensor(n, [8], storage=99999))]),
                 (
                     "aten.fill_.Scalar",
-                    [_t(d.tensor(n, [8], storage=99999)), 7.0],
+                    [ref(d.tensor(n, [8], storage=99999)), 7.0],
                     {},
-                    [_t(d.tensor(n, [8], storage=99999))],
+                    [ref(d.tensor(n, [8], storage=99999))],
                 ),
             ]
         ),
@@ -313,13 +216,17 @@ def _writes(put, base) -> None:
         "set-then-write",
         with_calls(
             lambda d, x, w, n: [
-                ("aten.empty.memory_format", [[0]], {}, [_t(d.tensor(n, [0]))]),
-                ("aten.set_.source_Tensor", [_t(d.tensor(n, [0])), _t(x)], {}, [_t(d.tensor(n, [2, 4]))]),
-                ("aten.add_.Tensor", [_t(d.tensor(n, [2, 4])), 1], {}, [_t(d.tensor(n, [2, 4]))]),
+                ("aten.empty.memory_format", [[0]], {}, [ref(d.tensor(n, [0]))]),
+                ("aten.set_.source_Tensor", [ref(d.tensor(n, [0])), ref(x)], {}, [ref(d.tensor(n, [2, 4]))]),
+                ("aten.add_.Tensor", [ref(d.tensor(n, [2, 4])), 1], {}, [ref(d.tensor(n, [2, 4]))]),
             ]
         ),
     )
-    put("safe", "set-caller", with_calls(lambda d, x, w, n: [("aten.set_.source_Tensor", [_t(x), _t(w)], {}, [_t(x)])]))
+    put(
+        "safe",
+        "set-caller",
+        with_calls(lambda d, x, w, n: [("aten.set_.source_Tensor", [ref(x), ref(w)], {}, [ref(x)])]),
+    )
     # Ops whose schema hides an alias: only the guard sees these.
     for op in ["aten.type_as.default", "aten._unsafe_view.default"]:
         put(
@@ -327,8 +234,8 @@ def _writes(put, base) -> None:
             "hidden-alias-" + op.split(".")[1],
             with_calls(
                 lambda d, x, w, n, op=op: [
-                    (op, [_t(x), _t(x) if "type_as" in op else [2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
-                    ("aten.mul_.Tensor", [_t(d.tensor(n, [2, 4])), 3], {}, [_t(d.tensor(n, [2, 4]))]),
+                    (op, [ref(x), ref(x) if "type_as" in op else [2, 4]], {}, [ref(d.tensor(n, [2, 4]))]),
+                    ("aten.mul_.Tensor", [ref(d.tensor(n, [2, 4])), 3], {}, [ref(d.tensor(n, [2, 4]))]),
                 ]
             ),
         )
@@ -347,23 +254,28 @@ def _writes(put, base) -> None:
         def calls(d, x, w, n, op=op, args=args):
             if args == "x_from_w":
                 return [
-                    ("aten.zeros.default", [[2, 4]], {}, [_t(d.tensor(n, [2, 4]))]),
-                    (op, [_t(x), _t(d.tensor(n, [2, 4]))], {}, [_t(x)]),
+                    ("aten.zeros.default", [[2, 4]], {}, [ref(d.tensor(n, [2, 4]))]),
+                    (op, [ref(x), ref(d.tensor(n, [2, 4]))], {}, [ref(x)]),
                 ]
             if args == "out":
-                return [(op, [_t(w), 1.0], {"out": _t(x)}, [_t(x)])]
+                return [(op, [ref(w), 1.0], {"out": ref(x)}, [ref(x)])]
             if args == "index_put":
                 return [
-                    ("aten.zeros.default", [[1]], {"dtype": {"dtype": "int64"}}, [_t(d.tensor(n, [1], dtype="int64"))]),
-                    (op, [_t(x), [_t(d.tensor(n, [1], dtype="int64"))], _t(x)], {}, [_t(x)]),
+                    (
+                        "aten.zeros.default",
+                        [[1]],
+                        {"dtype": {"dtype": "int64"}},
+                        [ref(d.tensor(n, [1], dtype="int64"))],
+                    ),
+                    (op, [ref(x), [ref(d.tensor(n, [1], dtype="int64"))], ref(x)], {}, [ref(x)]),
                 ]
             if args == "resize":
-                return [(op, [_t(x), [1, 1]], {}, [_t(x)])]
+                return [(op, [ref(x), [1, 1]], {}, [ref(x)])]
             if args == "as_strided":
-                return [(op, [_t(x), [1], [1]], {}, [_t(x)])]
+                return [(op, [ref(x), [1], [1]], {}, [ref(x)])]
             if args == "foreach":
-                return [(op, [[_t(x), _t(w)], 1.0], {}, [])]
-            return [(op, [_t(x)], {}, [_t(x)])]
+                return [(op, [[ref(x), ref(w)], 1.0], {}, [])]
+            return [(op, [ref(x)], {}, [ref(x)])]
 
         put("safe", "write-" + op.split(".")[1], with_calls(calls))
     # An output that takes the id of the caller's tensor, then is written.
@@ -372,8 +284,8 @@ def _writes(put, base) -> None:
         "id-reuse",
         with_calls(
             lambda d, x, w, n: [
-                ("aten.alias.default", [_t(x)], {}, [_t(d.tensor(d.d["tensors"]["id"][x], [2, 4]))]),
-                ("aten.add_.Tensor", [_t(x), 1], {}, [_t(x)]),
+                ("aten.alias.default", [ref(x)], {}, [ref(d.tensor(d.d["tensors"]["id"][x], [2, 4]))]),
+                ("aten.add_.Tensor", [ref(x), 1], {}, [ref(x)]),
             ]
         ),
     )
@@ -385,7 +297,7 @@ def _dos(put, base, directory) -> None:
     def one(op, args, kwargs, shape, dtype="float32"):
         d = Doc(base)
         n = d.next_id()
-        d.call(op, args, kwargs, [_t(d.tensor(n, shape, dtype=dtype))])
+        d.call(op, args, kwargs, [ref(d.tensor(n, shape, dtype=dtype))])
         return d.d
 
     huge = [1 << 20, 1 << 20]
@@ -398,8 +310,8 @@ def _dos(put, base, directory) -> None:
     d = Doc(base)
     x = d.leaf_index("args[1]")
     n = d.next_id()
-    d.call("aten.expand.default", [_t(x), [1 << 18, 2, 4]], {}, [_t(d.tensor(n, [1 << 18, 2, 4], stride=[0, 4, 1]))])
-    d.call("aten.repeat.default", [_t(x), [1 << 20, 1 << 10]], {}, [_t(d.tensor(n + 1, [1]))])
+    d.call("aten.expand.default", [ref(x), [1 << 18, 2, 4]], {}, [ref(d.tensor(n, [1 << 18, 2, 4], stride=[0, 4, 1]))])
+    d.call("aten.repeat.default", [ref(x), [1 << 20, 1 << 10]], {}, [ref(d.tensor(n + 1, [1]))])
     put("budget", "repeat-lying", d.d)
     # Big leaves (made up by replay) and big matrix products.
     for k, reps in ((1, 1), (2, 16)):
@@ -408,7 +320,7 @@ def _dos(put, base, directory) -> None:
         a = d.tensor(n, [16384, 16384])
         d.leaf("input", f"big{k}", a)
         for r in range(reps):
-            d.call("aten.mm.default", [_t(a), _t(a)], {}, [_t(d.tensor(n + 1 + r, [16384, 16384]))])
+            d.call("aten.mm.default", [ref(a), ref(a)], {}, [ref(d.tensor(n + 1 + r, [16384, 16384]))])
         put("budget", f"mm-16k-{reps}", d.d)
     # FLOPs without a big allocation: many products of moderate matrices.
     d = Doc(base)
@@ -416,20 +328,22 @@ def _dos(put, base, directory) -> None:
     a = d.tensor(n, [4096, 4096])
     d.leaf("input", "a", a)
     for _ in range(200):
-        d.call("aten.mm.default", [_t(a), _t(a)], {}, [_t(d.tensor(n + 1, [4096, 4096]))])
+        d.call("aten.mm.default", [ref(a), ref(a)], {}, [ref(d.tensor(n + 1, [4096, 4096]))])
     put("budget", "mm-many", d.d)
     d = Doc(base)
     n = d.next_id()
     a = d.tensor(n, [1 << 16, 1 << 16])
     d.leaf("input", "a", a)
     d.call(
-        "aten.linalg_inv_ex.default", [_t(a)], {}, [_t(d.tensor(n + 1, [1])), _t(d.tensor(n + 2, [1], dtype="int32"))]
+        "aten.linalg_inv_ex.default",
+        [ref(a)],
+        {},
+        [ref(d.tensor(n + 1, [1])), ref(d.tensor(n + 2, [1], dtype="int32"))],
     )
     put("budget", "inverse-huge", d.d)
     # Decompression bomb, nesting, long strings, many devices.
     text = json.dumps(base)
-    bomb = gzip.compress(text[:-1].encode() + b', "pad": "' + b" " * (300 << 20) + b'"}', compresslevel=9)
-    put("load", "gzip-bomb", raw=bomb)
+    put("load", "gzip-bomb", raw=_repeated(text[:-1].encode() + b', "pad": "', b" " * (1 << 20), 300, b'"}'))
     put("load", "gzip-trailing-garbage", raw=gzip.compress(text.encode()) + b"garbage")
     for depth in (40, 1000, 100000):
         put("load", f"nesting-{depth}", raw=(text[:-1] + ', "output": ' + "[" * depth + "]" * depth + "}").encode())
@@ -482,36 +396,36 @@ def _malformed(put, base) -> None:
     d = Doc(base)
     x, w = d.leaf_index("args[1]"), d.leaf_index("weight")
     n = d.next_id()
-    d.call("aten.mm.default", [_t(x), _t(x)], {}, [_t(d.tensor(n, [2, 2]))])
+    d.call("aten.mm.default", [ref(x), ref(x)], {}, [ref(d.tensor(n, [2, 2]))])
     put("replay", "mm-shapes", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.view.default", [_t(d.leaf_index("args[1]")), [3, 3]], {}, [_t(d.tensor(n, [3, 3]))])
+    d.call("aten.view.default", [ref(d.leaf_index("args[1]")), [3, 3]], {}, [ref(d.tensor(n, [3, 3]))])
     put("replay", "view-numel", d.d)
     d = Doc(base)
     n = d.next_id()
     d.call(
         "aten.as_strided.default",
-        [_t(d.leaf_index("args[1]")), [100], [1000]],
+        [ref(d.leaf_index("args[1]")), [100], [1000]],
         {},
-        [_t(d.tensor(n, [100], stride=[1000]))],
+        [ref(d.tensor(n, [100], stride=[1000]))],
     )
     put("replay", "as-strided-out-of-bounds", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.add.Tensor", [_t(d.leaf_index("args[1]")), 1], {"bogus": 2}, [_t(d.tensor(n, [2, 4]))])
+    d.call("aten.add.Tensor", [ref(d.leaf_index("args[1]")), 1], {"bogus": 2}, [ref(d.tensor(n, [2, 4]))])
     put("load", "unknown-kwarg", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.add.Tensor", [_t(d.leaf_index("args[1]")), 1], {"self": 2}, [_t(d.tensor(n, [2, 4]))])
+    d.call("aten.add.Tensor", [ref(d.leaf_index("args[1]")), 1], {"self": 2}, [ref(d.tensor(n, [2, 4]))])
     put("load", "kwarg-repeats-positional", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.add.out", [_t(x), _t(x), 1, _t(w)], {}, [_t(w)])
+    d.call("aten.add.out", [ref(x), ref(x), 1, ref(w)], {}, [ref(w)])
     put("load", "kwarg-only-by-position", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.relu.default", [_t(x)], {}, [_t(d.tensor(n, [2, 4])), _t(d.tensor(n, [2, 4]))])
+    d.call("aten.relu.default", [ref(x)], {}, [ref(d.tensor(n, [2, 4])), ref(d.tensor(n, [2, 4]))])
     put("load", "too-many-outputs", d.d)
     d = Doc(base)
     d.d["calls"]["args"][-1] = [{"t": 10**9}]
@@ -534,7 +448,7 @@ def _malformed(put, base) -> None:
     put("load", "dtype-index", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.index.Tensor", [_t(x), [_t(d.tensor(n, [3], dtype="int64"))]], {}, [_t(d.tensor(n + 1, [3, 4]))])
+    d.call("aten.index.Tensor", [ref(x), [ref(d.tensor(n, [3], dtype="int64"))]], {}, [ref(d.tensor(n + 1, [3, 4]))])
     put("load", "index-undefined", d.d)
     d = Doc(base)
     d.d["leaves"]["value"][0] = {"dtype": "float32", "shape": [4], "data": 5}
@@ -570,18 +484,63 @@ def _streams(put, base) -> None:
     d = Doc(base)
     d.d["generators"] = {"device": ["cpu"], "state": ["A" * (1 << 18)]}
     put("load", "generator-state-too-long", d.d)
-    for ref in (-1, 1 << 40, "0", [0]):
+    for index in (-1, 1 << 40, "0", [0]):
         d = Doc(base)
         n = d.next_id()
-        d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": ref}}, [_t(d.tensor(n, [2, 4]))])
+        d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": index}}, [ref(d.tensor(n, [2, 4]))])
         put("load", "generator-ref", d.d)
     d = Doc(base)
     n = d.next_id()
-    d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": 5}}, [_t(d.tensor(n, [2, 4]))])
+    d.call("aten.randn.generator", [[2, 4]], {"generator": {"generator": 5}}, [ref(d.tensor(n, [2, 4]))])
     put("safe", "generator-ref-without-state", d.d)  # made up, and said so
     d = Doc(base)
     d.d["arg_names"] = ["\x1b[2J" * 10, 5]
     put("load", "arg-names", d.d)
+
+
+def _repeated(head: bytes, chunk: bytes, times: int, tail: bytes) -> bytes:
+    """gzip of ``head + chunk * times + tail``, as one member per piece (load reads every
+    member): compressing the chunk once keeps writing a 300 MiB bomb instant."""
+    once = gzip.compress(chunk, compresslevel=9, mtime=0)
+    return gzip.compress(head, mtime=0) + once * times + gzip.compress(tail, mtime=0)
+
+
+def _limits(put, base) -> None:
+    """What loading bounds besides bytes: values parsed, digits, dimensions, escapes, printing."""
+    text = json.dumps(base).encode()
+    put("load", "values-bomb", raw=_repeated(text[:-1] + b', "pad": [', b"[]," * (1 << 20), 9, b"[]]}"))
+    d = Doc(base)
+    d.d["version"], d.d["output"] = 2, 12345
+    put("load", "v2-5000-digits", raw=json.dumps(d.d).replace("12345", "9" * 5000).encode())
+    d = Doc(base)
+    d.d["output"] = ref(d.tensor(999, [3]))
+    put("load", "output-undefined", d.d)
+    d = Doc(base)
+    d.d["tensors"]["shape"][0], d.d["tensors"]["stride"][0] = [1] * 65, [1] * 65
+    put("load", "65-dimensions", d.d)
+    for field, value in (
+        ("modules", {"\x1b]0;owned\x07fc": 5}),
+        ("grads", {"\x1b[2Jw": 99}),
+        ("rng_cuda", {"\x1b[31m": "A"}),
+    ):
+        d = Doc(base)
+        d.d[field] = value
+        put("load", f"escape-in-{field}-key", d.d)
+    n = Doc(base).next_id()
+    for op, args in (
+        ("aten._functional_assert_async.msg", [ref(0), "\x1b[2Jboom", ref(0)]),
+        ("aten._functional_assert_scalar.default", [False, "boom", ref(0)]),
+        ("aten._functional_sym_constrain_range.default", [1, 2, 3, ref(0)]),
+    ):
+        d = Doc(base)
+        d.call(op, args, {}, [ref(d.tensor(n, [0]))])
+        put("load", "raises-" + op.split(".")[1], d.d)
+    d = Doc(base)  # every call names a 64Ki-character module and note: printing must clip them
+    c = d.d["calls"]
+    c["module"], c["note"] = [d.s("m" * 65536)] * len(c["module"]), [d.s("n" * 65536)] * len(c["note"])
+    for col in c:
+        c[col] = c[col] * 100
+    put("safe", "print-amplification", d.d)
 
 
 def _combined(put, base, payloads, marker) -> None:
@@ -593,8 +552,8 @@ def _combined(put, base, payloads, marker) -> None:
     d = Doc(base)
     x = d.leaf_index("args[1]")
     n = d.next_id()
-    d.call("aten.empty.memory_format", [[BIG]], {}, [_t(d.tensor(n, [1]))])
-    d.call("aten.add_.Tensor", [], {"self": _t(x), "other": 1}, [_t(x)])
+    d.call("aten.empty.memory_format", [[BIG]], {}, [ref(d.tensor(n, [1]))])
+    d.call("aten.add_.Tensor", [], {"self": ref(x), "other": 1}, [ref(x)])
     put("budget", "budget-and-write", d.d)
     d = Doc(base)
     d.d["strings"][d.d["calls"]["module"][0]] = "\x1b[2J" + "m" * (1 << 17)
@@ -612,100 +571,18 @@ def _combined(put, base, payloads, marker) -> None:
     d = Doc(base)
     x = d.leaf_index("args[1]")
     n = d.next_id()
-    d.call("aten.view.default", [_t(x), [8]], {}, [_t(d.tensor(n, [8], storage=0))])
+    d.call("aten.view.default", [ref(x), [8]], {}, [ref(d.tensor(n, [8], storage=0))])
     d.call(
-        "aten.type_as.default", [_t(d.tensor(n, [8], storage=0)), _t(x)], {}, [_t(d.tensor(n + 1, [8], storage=123))]
+        "aten.type_as.default", [ref(d.tensor(n, [8], storage=0)), ref(x)], {}, [ref(d.tensor(n + 1, [8], storage=123))]
     )
     d.call(
         "aten.fill_.Scalar",
         [],
-        {"self": _t(d.tensor(n + 1, [8], storage=123)), "value": 5.0},
-        [_t(d.tensor(n + 1, [8], storage=123))],
+        {"self": ref(d.tensor(n + 1, [8], storage=123)), "value": 5.0},
+        [ref(d.tensor(n + 1, [8], storage=123))],
     )
     put("replay", "view-type_as-keyword-fill", d.d)
 
 
-# -- the check, in a child process
-
-
-def check(directory: str, limit_bytes: int) -> None:
-    """Load, print, repro and replay every file; print one JSON line of findings each."""
-    import gc
-    import resource
-    import signal
-    import time
-
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    import torch
-
-    import metadispatch as md
-    from metadispatch.cli.main import report
-    from metadispatch.ir.text import printable
-
-    lin, x, y = user_tensors()
-    originals = [t.detach().clone() for t in (x, y, *lin.parameters())]
-    # Warm up every lazy import a good file needs, so a new module means the file caused it.
-    base = os.path.join(os.getcwd(), "warm.json")  # the child runs in a scratch directory
-    md.trace(_fn, lin, x, y).save(base)
-    md.replay(md.Trace.load(base), (lin, x, y))
-    report(md.Trace.load(base))
-    md.Trace.load(base)[0].repro()
-
-    def timeout(*_):
-        raise TimeoutError("took too long")
-
-    signal.signal(signal.SIGALRM, timeout)
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        before = set(sys.modules)
-        start = time.perf_counter()
-        stage, error = "load", None
-        signal.alarm(30)
-        try:
-            t = md.Trace.load(path)
-            stage = "print"
-            text = str(t) + t.summary() + report(t)
-            stage = "replay"
-            md.replay(t, (lin, x, y))
-            stage = "repro"  # run only what replay ran within its budget
-            for call in t.calls:
-                code = compile(call.repro(), "<repro>", "exec")
-                try:
-                    exec(code, {"print": lambda *a: None})
-                except RuntimeError:  # the real kernel refusing, as it would for the user
-                    pass
-            stage = "done"
-            del text
-        except md.MetaDispatchError as e:
-            error = type(e).__name__
-            printable(str(e))
-        except BaseException as e:  # noqa: BLE001 -- reported, the test fails on it
-            error = f"untyped {type(e).__name__}: {str(e)[:300]}"
-        finally:
-            signal.alarm(0)
-            t = None
-            gc.collect()
-        seconds = time.perf_counter() - start
-        changed = not all(torch.equal(a, b) for a, b in zip(originals, (x, y, *lin.parameters())))
-        new_modules = sorted(set(sys.modules) - before)
-        print(
-            json.dumps(
-                {
-                    "file": name,
-                    "stage": stage,
-                    "error": error,
-                    "seconds": seconds,
-                    "changed": changed,
-                    "modules": new_modules[:5],
-                }
-            ),
-            flush=True,
-        )
-    print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "write":
-        print("\n".join(write_corpus(sys.argv[2], sys.argv[3])))
-    else:
-        check(sys.argv[2], int(sys.argv[3]))
+    print("\n".join(write_corpus(sys.argv[1], sys.argv[2])))

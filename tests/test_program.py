@@ -3,6 +3,10 @@ back to the recorded call."""
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+
 import expecttest
 import pytest
 import torch
@@ -11,6 +15,8 @@ import metadispatch as md
 from metadispatch.execution.leaves import bind_leaves
 from metadispatch.execution.program import program
 from metadispatch.execution.replay import execute
+from tests import hostile_memory
+from tests.hostile_doc import base_doc
 
 CPU = torch.device("cpu")
 
@@ -27,7 +33,7 @@ class TestSource(expecttest.TestCase):
         self.assertExpectedInline(
             program(t, CPU).source,
             """\
-def run(env, gens, ck, chk, same, wr, rng):
+def run(env, gens, ck, chk, same, wr, rng, fit, pre):
     grad(True)
     t0 = env.pop(0)
     t1 = t_default(t0)
@@ -43,6 +49,56 @@ def run(env, gens, ck, chk, same, wr, rng):
     env[1] = t1
     env[3] = t3
     env[4] = t4
+    return
+""",
+        )
+
+    def test_program_of_a_file_fences_views_and_value_sized_calls(self):
+        doc = hostile_memory.value_sized(base_doc(tempfile.mkdtemp()), "bincount", 3)
+        path = os.path.join(tempfile.mkdtemp(), "t.json")
+        with open(path, "w") as f:
+            json.dump(doc.d, f)
+        t = md.Trace.load(path)
+        self.assertExpectedInline(
+            program(t, CPU, fenced=frozenset([6])).source,
+            """\
+def run(env, gens, ck, chk, same, wr, rng, fit, pre):
+    grad(True)
+    t0 = env.pop(0)
+    t1 = t_default(t0)
+    fit(0, t1, 1)
+    ck and same(0, t1)
+    t2 = env.pop(2)
+    t3 = env.pop(3)
+    t4 = addmm_default(t2, t3, t1)
+    ck and same(1, t4)
+    t5 = env.pop(5)
+    t6 = add_Tensor(t4, t5)
+    ck and same(2, t6)
+    del t4
+    t7 = relu_default(t6)
+    ck and same(3, t7)
+    t8 = detach_default(t7)
+    fit(4, t8, 1)
+    ck and same(4, t8)
+    del t6
+    t9 = sum_default(t7)
+    ck and same(5, t9)
+    del t5
+    t10 = env.pop(10)
+    pre(6, t10)
+    t11 = bincount_default(t10)
+    fit(6, t11, 0)
+    ck and same(6, t11)
+    env[0] = t0
+    env[1] = t1
+    env[2] = t2
+    env[3] = t3
+    env[7] = t7
+    env[8] = t8
+    env[9] = t9
+    env[10] = t10
+    env[11] = t11
     return
 """,
         )

@@ -417,7 +417,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"{prog}: error: {e}\n  (see {prog} --help)", file=sys.stderr)
+        print(f"{prog}: error: {printable(str(e), keep=chr(10))}\n  (see {prog} --help)", file=sys.stderr)
         return 2
     except Exception as e:  # a failure to run: one line, the traceback only with --debug
         if getattr(args, "debug", False):
@@ -438,4 +438,5 @@ def _one_line(error: BaseException) -> str:
     else:
         text = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
     where = None if isinstance(error, ImportError) else traceback_frame(error.__traceback__)
-    return text + (f" (at {where})" if where else "")
+    # Messages quote trace files (names, keys): escaped like everything printed.
+    return printable(text + (f" (at {where})" if where else ""))

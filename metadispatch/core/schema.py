@@ -14,9 +14,10 @@ its inputs] in replay.py).  The schema says most of it: ``Tensor(a!)`` is
 written, a ``Tensor(a)`` return aliases the argument marked ``(a)``.  Where
 the schema is silent the real kernel is not: ``native_batch_norm`` updates
 its running statistics, ``_unsafe_view`` returns a view, and ``set_`` makes
-``self`` share ``source``'s storage from then on.  ``writes``, ``aliases``
-and ``joins`` add those; each names an argument as ``(position, name)``, so
-it is found whether a call passed it by position or by keyword.
+``self`` share ``source``'s storage from then on (and may grow that
+storage).  ``writes``, ``aliases`` and ``joins`` add those; each names an
+argument as ``(position, name)``, so it is found whether a call passed it by
+position or by keyword.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class OpFacts:
     # Note [What an op writes and aliases]; arguments as (position, name).
     writes: tuple = ()  # arguments the op writes in place
     aliases: tuple = ()  # per return, the arguments it may share memory with
-    joins: tuple = ()  # (argument, argument whose memory it shares afterwards)
+    joins: tuple = ()  # (argument, argument whose memory it shares afterwards, its own let go)
 
 
 _CACHE: dict = {}
@@ -74,22 +75,54 @@ def arg_value(call, arg: tuple):
     return call.args[pos] if pos < len(call.args) else call.kwargs.get(name)
 
 
-# Note [What an op writes and aliases]: what the schemas leave out.
-_UNANNOTATED_WRITES = {  # hence torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``
-    "aten::native_batch_norm": (3, 4),
-    "aten::cudnn_batch_norm": (3, 4),
-    "aten::miopen_batch_norm": (3, 4),
+# Note [What an op writes and aliases]: what the schemas leave out, by op
+# packet (every overload: ``native_batch_norm.out`` writes its statistics as
+# the default does) and argument name.  tests/test_schema_writes.py runs each
+# family's CPU kernels and checks that nothing they write is missing here.
+_UNANNOTATED_WRITES = {
+    # Batch norm in training updates the running statistics in place (hence
+    # torch's later ``_native_batch_norm_legit`` with ``Tensor(a!)``);
+    # instance norm averages its per-instance statistics into them.
+    **dict.fromkeys(
+        (
+            "aten::batch_norm",
+            "aten::_batch_norm_impl_index",
+            "aten::native_batch_norm",
+            "aten::cudnn_batch_norm",
+            "aten::miopen_batch_norm",
+            "aten::instance_norm",
+            "aten::batch_norm_update_stats",
+            "aten::batch_norm_gather_stats",  # SyncBatchNorm (CUDA)
+            "aten::batch_norm_gather_stats_with_counts",
+        ),
+        ("running_mean", "running_var"),
+    ),
+    # cuDNN and MIOpen advance the dropout generator state they are handed.
+    **dict.fromkeys(
+        ("aten::_cudnn_rnn", "aten::_cudnn_rnn_backward", "aten::miopen_rnn", "aten::miopen_rnn_backward"),
+        ("dropout_state",),
+    ),
+    # Backend copies (XLA, MPS) write ``dst`` and return it.
+    "aten::_copy_from": ("dst",),
+    "aten::_copy_from_and_resize": ("dst",),
+    # With an explicit size, ``set_`` resizes ``source``'s storage to fit:
+    # the caller's storage would grow and move.
+    "aten::set_": ("source",),
 }
-_UNANNOTATED_VIEWS = {"aten::_unsafe_view": 0, "aten::_reshape_alias": 0}
-_SET_SOURCE = "source"  # set_.source_Tensor*: self shares source's storage afterwards
+_UNANNOTATED_VIEWS = {"aten::_unsafe_view": 0, "aten::_reshape_alias": 0, "aten::_copy_from": 1}
+# ``self`` shares the second argument's memory afterwards (``set_`` returns
+# it; ``set_data``, ``.data = ...``, returns nothing) and lets its own go.
+_JOINS = {"aten::set_": "source", "aten::set_data": "new_data"}
 
 
 def _writes_and_aliases(func) -> tuple:
     schema = func._schema
     args = schema.arguments
     ref = [(i, a.name) for i, a in enumerate(args)]
+    packet = func.name().partition(".")[0]
+    unannotated = _UNANNOTATED_WRITES.get(packet, ())
     writes = [ref[i] for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-    writes += [ref[i] for i in _UNANNOTATED_WRITES.get(func.name(), ())]
+    writes += [ref[i] for i, a in enumerate(args) if a.name in unannotated and "Tensor" in str(a.type)]
     by_set: dict = {}
     for i, a in enumerate(args):
         for s in a.alias_info.before_set if a.alias_info is not None else ():
@@ -102,14 +135,14 @@ def _writes_and_aliases(func) -> tuple:
         else:  # ``Tensor(a)[]`` returns show an empty set: any marked argument
             found = [x for s in r.alias_info.before_set for x in by_set.get(s, ())]
             aliases.append(tuple(found or marked))
-    view_of = _UNANNOTATED_VIEWS.get(func.name())
-    if view_of is not None:
+    view_of = _UNANNOTATED_VIEWS.get(packet)
+    if view_of is not None and not func.name().endswith(".out"):
         aliases = [(ref[view_of],)] * len(schema.returns)
     joins: tuple = ()
-    if func.name().startswith("aten::set_") and any(a.name == _SET_SOURCE and "Tensor" in str(a.type) for a in args):
-        source = next(x for x in ref if x[1] == _SET_SOURCE)
+    source = next((x for x in ref if x[1] == _JOINS.get(packet) and "Tensor" in str(args[x[0]].type)), None)
+    if source is not None:
         joins = ((ref[0], source),)
-        aliases = [tuple(a) + (source,) for a in aliases]
+        aliases = [(source,)] * len(schema.returns)
     return tuple(writes), tuple(aliases), joins
 
 

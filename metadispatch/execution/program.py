@@ -11,7 +11,9 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
     del t5
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
-of writes.py.
+of writes.py.  A trace loaded from a file also gets its fences (Note
+[Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
+before one whose output size is read from its inputs' values.
 
 Tensor ids become local variables and constants are bound once; checking
 stays with ``replay.py``, which passes it in.  (Checks written inline, as
@@ -68,6 +70,7 @@ from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
 
@@ -77,7 +80,7 @@ _FILENAME = "<metadispatch replay>"
 
 
 class Program(NamedTuple):
-    """``run(env, gens, ck, chk, same, wr, rng)`` executes every call of the trace.
+    """``run(env, gens, ck, chk, same, wr, rng, fit, pre)`` executes every call of the trace.
 
     ``env`` maps ids to real tensors: it holds the leaves on entry and the
     tensors that outlive the program on exit; ``gens`` maps a recorded
@@ -85,7 +88,8 @@ class Program(NamedTuple):
     version recorded without an index); ``rng(i)`` performs the trace's
     ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
-    ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs.
+    ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs;
+    ``fit`` and ``pre`` are the fences of an untrusted trace (fences.py).
     """
 
     run: Any
@@ -108,18 +112,20 @@ class Program(NamedTuple):
 _PROGRAMS: WeakKeyDictionary = WeakKeyDictionary()  # trace -> {(device, number of calls, keep_all): Program}
 
 
-def program(trace: Trace, device: torch.device, keep_all: bool = False) -> Program:
+def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: frozenset | None = None) -> Program:
     """``trace`` compiled for replay on ``device``, cached per trace.
 
     With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
-    after its last use (Note [Freeing early]).
+    after its last use (Note [Freeing early]).  With ``fenced`` (a trace
+    loaded from a file: the calls the budget sized from their record), the
+    calls get their fences (Note [Fences] in fences.py).
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
-    key = (device, len(trace.calls), keep_all)
+    key = (device, len(trace.calls), keep_all, fenced)
     if key not in per_trace:
         _check_kernels(trace.calls, device)
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device).write(trace.calls, free, trace.rng_events)
+        per_trace[key] = _Writer(device, fenced).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -181,13 +187,14 @@ def free_points(trace: Trace) -> dict:
 class _Writer:
     """Writes one program; holds the names it has bound so far."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, fenced: frozenset | None = None) -> None:
         self.device = device
+        self.fenced = fenced
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
         self.bound: set = set()  # ids that are local variables by now
-        self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng):"]
+        self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng, fit, pre):"]
         self.generator_uses: dict = {}
         self.call_number = 0
         self.default_draws: dict = {}
@@ -236,12 +243,19 @@ class _Writer:
         written = written_args(call)
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
+        fit = self._fit(n, call)
+        if self.fenced is not None and value_sized(call.func) is not None:
+            self.lines.append(f"    pre({n}{', ' if args else ''}{args})")
         if single is not None:
             t = self._define(single.id)
             self.lines.append(f"    {t} = {op}({args})")
+            if fit:
+                self.lines.append(f"    fit({n}, {t}, {fit})")
             self.lines.append(f"    ck and same({n}, {t})")
             return
         self.lines.append(f"    r = {op}({args})")
+        if fit:
+            self.lines.append(f"    fit({n}, r, {fit})")
         outs = call.outputs
         if not outs:  # ops returning nothing (``_foreach_add_``) only mutate
             return
@@ -254,6 +268,17 @@ class _Writer:
                     f"    {self._define(x.id)} = {result}[{k}][{j}]" for j, x in enumerate(o) if type(x) is TensorMeta
                 ]
         self.lines.append(f"    if ck: chk({n}, {result})")
+
+    def _fit(self, n: int, call) -> str:
+        """The fence after call ``n``: ``1`` where an output may alias an argument
+        (a view to bounds-check), ``0`` where the budget sized the call from its
+        record, ``""`` for none -- a fresh output of a call the budget ran on
+        meta is allocated to fit, in the layout meta showed."""
+        if self.fenced is None:
+            return ""
+        if any(facts(call.func).aliases):
+            return "1"
+        return "0" if n in self.fenced else ""
 
     def _arg(self, a) -> str:
         if isinstance(a, TensorMeta):

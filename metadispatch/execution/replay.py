@@ -51,6 +51,8 @@ from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
 from .budget import Budget, check_budget, default_budget
+from .costs import costs
+from .fences import fences, no_fence
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
@@ -176,18 +178,20 @@ def execute(
         )
     if budget is not None:
         check_budget(trace, budget, leaf_bytes, keep_all)
-    prog = program(trace, device, keep_all)
+    unchecked = costs(trace, keep_all).unchecked if trace.untrusted else None
+    prog = program(trace, device, keep_all, unchecked)
     guard = write_guard(protect, prog.calls)
+    fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         env = bind()
         streams = Streams(trace, prog, device, seed)
         streams.start()
-        mismatches = _run(prog, env, streams, device, check, guard)
+        mismatches = _run(prog, env, streams, device, check, guard, fit, pre)
     return env, mismatches, streams
 
 
-def _run(prog, env: dict, streams: Streams, device, check: bool, guard) -> list:
+def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
@@ -200,7 +204,7 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard) -> list:
             _check(calls[n], (t,), device, mismatches, wrong)
 
     try:
-        prog.run(env, streams.gens, check, chk, same, guard, streams.event)
+        prog.run(env, streams.gens, check, chk, same, guard, streams.event, fit, pre)
     except ReplayError:
         raise
     except Exception as e:

@@ -6,10 +6,15 @@ import torch
 
 from .records import Group, TensorMeta, dtype_abbr, tensor_metas
 from .repro import repro
+from .text import clip
 
 __all__ = ["OpCall"]
 
 _NO_KWARGS: dict = {}
+# A module name or note is stored once and printed on every call that names
+# it; clipped, a printed line stays a few hundred characters plus its
+# arguments however long the file's strings are (HF module paths are < 100).
+SHOWN_CHARS = 160
 
 
 class OpCall:
@@ -52,13 +57,13 @@ class OpCall:
         line = f"{outs} = {self.op}({', '.join(parts)})"
         comment = []
         if self.module:
-            comment.append(self.module)
+            comment.append(clip(self.module, SHOWN_CHARS))
         if self.phase != "forward":
             comment.append("(bw)" if self.phase == "backward" else "(opt)")
         if self.rule not in ("meta", "builtin"):
             comment.append(f"[{self.rule}]")
         if self.note:
-            comment.append(f"<{self.note}>")
+            comment.append(f"<{clip(self.note, SHOWN_CHARS)}>")
         if comment:
             line += "  # " + " ".join(comment)
         return line

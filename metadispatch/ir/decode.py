@@ -20,9 +20,11 @@ shared=True)`` maps a file of its choosing for writing, ``aten._print``
 writes to the terminal, ``aten._backward`` runs autograd, ``profiler::`` ops
 and other namespaces do what their library does.  :func:`refusal` says why
 an op may not be loaded: outside ``aten``/``prims``; named in ``_EFFECTS``;
+existing to raise (asserts, range checks -- their functional forms return a
+token, so the next rule misses them -- and torch's ``_test_`` hooks);
 returning nothing and writing no argument (so it exists for its effect:
-asserts, ``_print``, cache control); taking a file name, a storage, a stream
-or a script object.  A caller names further ops to allow (``allow_ops=``).
+``_print``, cache control); taking a file name, a storage, a stream or a
+script object.  A caller names further ops to allow (``allow_ops=``).
 """
 
 from __future__ import annotations
@@ -182,6 +184,11 @@ _EFFECTS = {  # aten ops whose effects reach past their tensors (Note [Ops a fil
 }
 _OPAQUE_TYPES = ("Storage", "Stream", "ScriptObject", "Any", "__torch__", "Capsule")
 _FILE_ARGS = {"filename", "file", "path", "f"}
+# Ops that exist to raise: asserts and range checks (``_functional_assert_*``
+# thread a ``dep_token`` so that functionalization keeps them), and torch's
+# own test hooks, which warn.
+_RAISES = re.compile(r"_*(?:functional_)?(?:assert|sym_constrain_range|test_)")
+_TOKEN_ARG = "dep_token"
 
 
 def refusal(func) -> str | None:
@@ -193,6 +200,8 @@ def refusal(func) -> str | None:
     if name in _EFFECTS:
         return "it acts outside its tensor arguments (files, printing, autograd, streams)"
     args = schema.arguments
+    if _RAISES.match(name.partition("::")[2]) or any(a.name == _TOKEN_ARG for a in args):
+        return "it exists to raise or warn (an assert, a range check, a test hook)"
     if not schema.returns and not any(a.alias_info is not None and a.alias_info.is_write for a in args):
         return "it returns nothing and writes no argument, so it runs for an effect"
     for a in args:

@@ -35,14 +35,16 @@ from .calls import OpCall
 from .decode import TAGS, decode_device, refusal, resolve_op
 from .records import Group, Leaf, TensorMeta
 from .rng import RngEvent
+from .text import clip, printable
 
 if TYPE_CHECKING:  # type-only: trace.py is above this module
     from .trace import Trace
 
-__all__ = ["Reader", "MAX_DEPTH", "MAX_STRING"]
+__all__ = ["Reader", "MAX_DEPTH", "MAX_STRING", "MAX_DIMS"]
 
 MAX_DEPTH = 32  # nesting of values: HF outputs (tuples of tuples) need about 5
 MAX_STRING = 1 << 16  # characters in any string but constant data
+MAX_DIMS = 64  # dimensions of a tensor record: torch's kernels stop at 25 (TensorIterator)
 _SIZE_LIMIT = 1 << 63  # sizes, strides, offsets, ids: what an int64 holds
 
 _KINDS = {"arg", "param", "buffer", "const", "input", "grad", "view"}
@@ -85,7 +87,7 @@ class Reader:
         for leaf in self.leaves(self.columns(doc, "leaves", _LEAF_COLUMNS)):
             t.leaves[leaf.meta.id] = leaf
         t.calls = self.calls(self.columns(doc, "calls", _CALL_COLUMNS), ops)
-        t.output_meta = self.value(doc.get("output"), "output", _PLAIN_REF)
+        t.output_meta = self.value(doc.get("output"), "output", _USE)
         for k, i in self.field(doc, "grads", "file", dict).items():
             self.text(k, "grads")
             t.grads[k] = self.ref(i, ("grads", k), _USE)
@@ -226,14 +228,16 @@ class Reader:
         return list(map(strings.__getitem__, col))
 
     def sizes(self, col: list, where: str, what: str) -> None:
-        """Every entry a list of non-negative integers (a shape or strides)."""
-        if set(map(type, col)) <= {list}:
+        """Every entry a list of at most MAX_DIMS non-negative integers (a shape or strides)."""
+        if set(map(type, col)) <= {list} and (not col or max(map(len, col)) <= MAX_DIMS):
             flat = list(chain.from_iterable(col))
             if set(map(type, flat)) <= _INT and (not flat or (min(flat) >= 0 and max(flat) < _SIZE_LIMIT)):
                 return
         for i, seq in enumerate(col):
             if not isinstance(seq, list) or not all(type(s) is int for s in seq):
                 self.fail(f"{where}[{i}]", f"{what}s must be a list of integers, got {_short(seq)}")
+            if len(seq) > MAX_DIMS:
+                self.fail(f"{where}[{i}]", f"{len(seq)} dimensions, more than {MAX_DIMS}")
             if seq and min(seq) < 0:
                 self.fail(f"{where}[{i}]", f"negative {what} in {_short(seq)}")
             if seq and max(seq) >= _SIZE_LIMIT:
@@ -482,11 +486,17 @@ def _is_short_str(v) -> bool:
 
 
 def _path(where) -> str:
-    """A JSON path from nested ``(parent, key)`` pairs, built only for a message."""
+    """A JSON path from nested ``(parent, key)`` pairs, built only for a message.
+
+    Keys may come from the file (module and parameter names): they are
+    escaped and clipped like any string from a file.
+    """
     if not isinstance(where, tuple):
         return str(where)
     parent, key = where
-    return f"{_path(parent)}[{key}]" if isinstance(key, int) else f"{_path(parent)}.{key}"
+    if isinstance(key, int):
+        return f"{_path(parent)}[{key}]"
+    return f"{_path(parent)}.{printable(clip(str(key), 80))}"
 
 
 def _misfit(what: str, v, op: str, n: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .._compat import pytree
+from .text import clip
 
 __all__ = [
     "TensorMeta",
@@ -77,7 +78,12 @@ def type_str(
         s += f"+{storage_offset}"
     if device is not None and (show_cpu or torch.device(device).type != "cpu"):
         s += f"@{device}"
-    return s
+    return clip(s, _SHOWN_CHARS)
+
+
+# A record is stored once and printed at every use; an 8-dimensional tensor
+# with large strides prints in about 100 characters (see ``clip``).
+_SHOWN_CHARS = 200
 
 
 class TensorMeta(NamedTuple):
@@ -118,8 +124,8 @@ class Leaf(NamedTuple):
     def describe(self) -> str:
         """``param fc1.weight``, ``arg args[0]``, ``const [1.0, 2.0]``, ``view of param w``."""
         if self.kind == "view":
-            return f"view of {self.name}"
-        text = f"{self.kind} {self.name}".rstrip()
+            return f"view of {clip(self.name, _SHOWN_CHARS)}"
+        text = f"{self.kind} {clip(self.name, _SHOWN_CHARS)}".rstrip()
         if self.value is not None and self.value.numel() <= 8:
             text += f" {self.value.tolist()}"
         return text

@@ -17,10 +17,12 @@ Limits: inputs that shared a storage in the trace are rebuilt separately
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import MetaDispatchError
-from .records import TensorMeta, tensor_metas
+from .records import Group, TensorMeta, tensor_metas
 from .rng import is_generator
 from .text import printable
 
@@ -95,19 +97,26 @@ def repro(call, device="cpu") -> str:
 
 
 def _src(a) -> str:
-    """Python source for one recorded argument."""
+    """Python source for one recorded argument: literals only, nested ones too."""
     if isinstance(a, TensorMeta):
         return f"t{a.id}"
-    if isinstance(a, tuple):
+    if isinstance(a, (tuple, list)):
         return "[" + ", ".join(_src(x) for x in a) + "]"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{_src(k)}: {_src(v)}" for k, v in a.items()) + "}"
     if isinstance(a, torch.device):
         return "device"
     if isinstance(a, (torch.dtype, torch.layout, torch.memory_format)):
         return str(a)
     if is_generator(a):
         return "None"
-    if isinstance(a, float) and a != a:
-        return "float('nan')"
-    if isinstance(a, float) and a in (float("inf"), float("-inf")):
-        return f"float('{a}')"
+    if isinstance(a, Group):  # c10d's functional ops name a group by its name
+        return repr(a.name)
+    if isinstance(a, bool) or a is None:
+        return repr(a)
+    if isinstance(a, float):
+        # repr(nan) is ``nan``, which is no Python literal
+        return repr(a) if math.isfinite(a) else f"float({str(a)!r})"
+    if isinstance(a, complex):
+        return f"complex({_src(a.real)}, {_src(a.imag)})"
     return repr(a)

@@ -261,9 +261,15 @@ def _dtype_name(d: torch.dtype) -> str:
 # -- reading
 
 MAX_SIZE = 1 << 28  # bytes of JSON text (after gunzip) load reads by default: 256 MiB
+# JSON values load parses by default.  Parsed, a value costs up to ~130 bytes
+# (``{"t": 1}`` is a dict, ``[]`` a list), so 256 MiB of ``[],`` would take 8
+# GiB; 8M values hold traces of ~250k calls (a call takes ~33) in under 1 GiB.
+MAX_VALUES = 1 << 23
 
 
-def load(path, trace_cls: type[Trace], *, max_size: int = MAX_SIZE, allow_ops=()) -> Trace:
+def load(
+    path, trace_cls: type[Trace], *, max_size: int = MAX_SIZE, max_values: int = MAX_VALUES, allow_ops=()
+) -> Trace:
     """Read a trace written by :func:`save` into a new ``trace_cls``.
 
     Raises TraceFormatError if the file is not one.  The class is passed in
@@ -271,12 +277,18 @@ def load(path, trace_cls: type[Trace], *, max_size: int = MAX_SIZE, allow_ops=()
 
     The file is treated as untrusted (docs/trace-format.md, "Threat model"):
     only a regular file is read, at most ``max_size`` bytes of JSON text
-    (decompressed), and ops replay may not run are refused unless named in
-    ``allow_ops`` (``"mylib.fused.default"`` or ``"mylib::fused"``).
+    (decompressed) holding at most ``max_values`` JSON values, and ops replay
+    may not run are refused unless named in ``allow_ops``
+    (``"mylib.fused.default"`` or ``"mylib::fused"``).
     """
     name = os.path.basename(str(path))
-    doc = _parse(_read(path, name, max_size), name, max_size)
-    trace = Reader(name, allow_ops).trace(doc, trace_cls())
+    try:
+        doc = _parse(_read(path, name, max_size), name, max_size, max_values)
+        trace = Reader(name, allow_ops).trace(doc, trace_cls())
+    except MemoryError:
+        raise TraceFormatError(
+            f"{name}: ran out of memory reading it; load(..., max_size=N, max_values=M) reads less"
+        ) from None
     trace.untrusted = True
     return trace
 
@@ -318,11 +330,19 @@ def _gunzip(data: bytes, name: str, max_size: int) -> bytes:
     return b"".join(out)
 
 
-def _parse(data: bytes, name: str, max_size: int = MAX_SIZE) -> dict:
+def _parse(data: bytes, name: str, max_size: int = MAX_SIZE, max_values: int = MAX_VALUES) -> dict:
     if not data:
         raise TraceFormatError(f"{name}: the file is empty")
     if data[:2] == b"\x1f\x8b":
         data = _gunzip(data, name, max_size)
+    # Every value but the first follows a comma or opens an array or object;
+    # counted in the raw text (commas in strings too: an upper bound), at C
+    # speed, before anything is parsed.
+    values = data.count(b",") + data.count(b"[") + data.count(b"{")
+    if values > max_values:
+        raise TraceFormatError(
+            f"{name}: holds up to {values} JSON values, more than {max_values} (load(..., max_values=N) reads more)"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -346,13 +366,33 @@ def _parse(data: bytes, name: str, max_size: int = MAX_SIZE) -> dict:
 def _parse_exactly(text: str, name: str) -> dict:
     """The standard library's parse: exact big integers, precise error messages."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=_no_constant, parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise TraceFormatError(
             f"{name}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); truncated or not a trace?"
         ) from None
+    except _LongInteger as e:
+        at = text.find(e.args[0])
+        line, column = text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+        raise TraceFormatError(
+            f"{name}: an integer of {len(e.args[0])} digits at line {line} column {column} "
+            f"(a trace's integers have at most {_MAX_DIGITS})"
+        ) from None
     except RecursionError:
         raise TraceFormatError(f"{name}: JSON nested too deeply to be a trace") from None
+
+
+_MAX_DIGITS = 400  # as the {"int": ...} tag (decode.py); int() is quadratic beyond a few thousand
+
+
+class _LongInteger(Exception):
+    """An integer literal too long to convert (raised inside json.loads)."""
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits) > _MAX_DIGITS:
+        raise _LongInteger(digits)
+    return int(digits)
 
 
 def _no_constant(c: str):

@@ -6,7 +6,7 @@ Deterministic and free of addresses, so tables can be golden-tested.
 
 from __future__ import annotations
 
-__all__ = ["render", "fmt_bytes", "printable"]
+__all__ = ["render", "fmt_bytes", "printable", "clip"]
 
 
 def render(headers: tuple, rows: list, align: str = "", width: int | None = None) -> list[str]:
@@ -64,3 +64,16 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, ending in ``...`` where it was cut.
+
+    A trace file names each string once and refers to it from every call, so
+    a string printed in full on every line would make a small file print to
+    gigabytes; printed forms clip what they repeat.
+
+    >>> clip("model.layers.0.mlp", 12)
+    'model.lay...'
+    """
+    return text if len(text) <= n else text[: n - 3] + "..."

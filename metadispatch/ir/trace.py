@@ -104,7 +104,7 @@ class Trace:
     def load(cls, path, **options) -> Trace:
         """Read a trace saved by :meth:`save`; raises :class:`TraceFormatError` on a bad file.
 
-        ``options``: ``max_size`` and ``allow_ops`` of :func:`metadispatch.ir.serialize.load`.
+        ``options``: ``max_size``, ``max_values`` and ``allow_ops`` of :func:`metadispatch.ir.serialize.load`.
         """
         return load(path, cls, **options)
 
