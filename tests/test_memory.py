@@ -26,7 +26,7 @@ def _real_peak(step, model, inputs) -> md.LiveStorages:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_memory_peak_matches_real_run(name):
     model, inputs = MODELS[name]()
-    m = md.memory(md.trace(train_step, model, *inputs))
+    m = md.memory(md.trace(train_step, model, *inputs), workspaces=False)  # what LiveStorages sees
     live = _real_peak(train_step, model, inputs)
     assert m.peak == pytest.approx(live.peak, rel=0.05)
     assert len(m.timeline) == len(live.timeline)
@@ -121,6 +121,64 @@ def test_memory_peak_matches_cuda_allocator(name):
     train_step(model, *inputs)
     torch.cuda.synchronize()
     real = torch.cuda.max_memory_allocated() - base
+    # the warm-up left the cuBLAS workspace allocated: it is in base
+    kept = sum(s.allocated for s in m.storages.values() if s.born < 0 or s.category == "workspaces" and s.died is None)
+    print(f"{name}: predicted {m.peak - kept} B above leaves, allocator {real} B")
+    assert m.peak - kept == pytest.approx(real, rel=0.05)
+
+
+def _allocator_peak(step, model, inputs) -> int:
+    """The CPU allocator's own peak during ``step`` above what existed before it:
+    every allocation and free the profiler saw, kernels' internal ones included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = copy.deepcopy(model)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(model, *inputs)
+    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        stack.extend(e.children)
+        if e.tag.name == "Allocation":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _convnet(batch, hw, c1, c2):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, c1, 3, padding=1),
+        torch.nn.BatchNorm2d(c1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(c1, c2, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(c2 * (hw // 4) ** 2, 10),
+    )
+    return model, (torch.randn(batch, 3, hw, hw),)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 64, 128), (4, 16, 32, 64)])
+def test_memory_workspaces_bring_a_convnet_to_the_cpu_allocators_peak(shape):
+    model, inputs = _convnet(*shape)
+    t = md.trace(train_step, model, *inputs)
+    m, storages = md.memory(t), md.memory(t, workspaces=False)
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
-    print(f"{name}: predicted {m.peak - leaves} B above leaves, allocator {real} B")
+    real = _allocator_peak(train_step, model, inputs)
+    # oneDNN's blocked copies (or im2col columns) are most of what the storages miss
+    assert storages.peak - leaves < 0.96 * real
     assert m.peak - leaves == pytest.approx(real, rel=0.05)
+    assert m.by_category["workspaces"] > 0 and "workspaces" in str(m)
+
+
+@pytest.mark.parametrize("name", ["llama", "hf_gpt2"])
+def test_memory_transformer_step_matches_the_cpu_allocators_peak(name):
+    model, inputs = MODELS[name]()
+    m = md.memory(md.trace(train_step, model, *inputs))
+    leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
+    assert m.peak - leaves == pytest.approx(_allocator_peak(train_step, model, inputs), rel=0.01)

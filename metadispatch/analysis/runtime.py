@@ -44,6 +44,7 @@ from ..ir.trace import Trace
 from .export import chrome_trace
 from .flops import ancestors, call_flops, fmt_count
 from .tables import render
+from .workspace import CUBLAS_OPS
 
 __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline"]
 
@@ -107,17 +108,7 @@ def efficiency_for(profile: GPUProfile) -> Efficiency:
 
 # -- classes of ops
 
-_MATMUL = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten.addmv.default,
-    aten.mv.default,
-    aten.dot.default,
-    aten.addbmm.default,
-    aten._int_mm.default,
-}
+_MATMUL = CUBLAS_OPS
 _ATTENTION_NAMES = (
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
