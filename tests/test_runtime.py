@@ -162,3 +162,23 @@ def test_runtime_opdb_samples_never_beat_the_roofline():
                 if r.total < bound or any(sec < roofline(c, gpu) for c, sec in zip(t.calls, r.per_call)):
                     beaten.append((opinfo.name, dtype, gpu.name, r.per_call, bound))
     assert beaten == [] and checked >= 0.6 * 2 * len(cases), (checked, beaten)
+
+
+def test_runtime_prices_collectives_as_a_ring():
+    import torch.distributed as dist
+
+    with md.MetaMode(world_size=4, rank=1, device="cuda") as mode:
+        x = torch.ones(1 << 20)  # 4 MiB
+        dist.all_reduce(x)
+        y = torch.empty(4 << 20)
+        dist.all_gather_into_tensor(y, x)
+    t = mode.trace
+    r = runtime(t, gpu="h100")
+    e, bw = DEFAULT_EFFICIENCY, H100.interconnect * DEFAULT_EFFICIENCY.interconnect
+    # all-reduce: 2 (n-1) steps, each rank sends 2 (n-1)/n of 4 MiB; all-gather: n-1 steps, (n-1)/n of 16 MiB
+    assert r.per_call[1] == pytest.approx(6 * e.latency + 2 * 3 / 4 * (4 << 20) / bw)
+    assert r.per_call[3] == pytest.approx(3 * e.latency + 3 / 4 * (16 << 20) / bw)
+    assert [r.bound[i] for i in (1, 3)] == ["network", "network"]
+    by_kind = {c.kind: c for c in md.comms(t).calls}
+    for i, kind in ((1, "all_reduce"), (3, "all_gather")):
+        assert r.per_call[i] >= roofline(t.calls[i], H100, collective=by_kind[kind]) > 0
