@@ -89,3 +89,14 @@ def test_cli_trace_gpu_prints_whether_it_fits(tmp_path, capsys, monkeypatch):
     # cuBLAS's 8 MiB + 128 KiB workspace on an A100 takes a 20 MiB segment
     assert "\nfits on A100 40 GB: yes, peak reserved 22 MiB of 39.6 GiB" in out
     assert "\nestimated step time on A100 40 GB: " in out
+
+
+def test_fits_and_memory_take_the_gpu_the_trace_was_recorded_for():
+    t = md.tracer(mode_factory=lambda: md.MetaMode(device="cuda", gpu="l4"))(lambda x: x @ x, torch.ones(64, 64))
+    assert t.gpu == "l4"
+    f = md.fits(t)
+    assert f.gpu.name == "l4" and f.capacity == md.gpu_profile("l4").memory
+    # an L4 (compute capability 8.9) gets cuBLAS's 8 MiB + 128 KiB workspace, an H100 32 MiB
+    assert md.memory(t).by_category["workspaces"] == 8 * MiB + 128 * 1024
+    assert md.memory(t, allocator="cuda", gpu="h100").reserved_peak == 32 * MiB + 2 * MiB
+    assert md.memory(t, allocator="cuda").reserved_peak == 20 * MiB + 2 * MiB

@@ -48,7 +48,7 @@ from .flops import ancestors, call_flops, fmt_count
 from .tables import render
 from .workspace import CUBLAS_OPS
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline"]
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline", "classify", "call_bytes", "dtype_name"]
 
 aten = torch.ops.aten
 INF = float("inf")
@@ -169,7 +169,7 @@ def call_bytes(call) -> int:
     return sum(math.prod(m.shape) * m.dtype.itemsize for m in seen.values())
 
 
-def _dtype_name(call) -> str:
+def dtype_name(call) -> str:
     for m in call.inputs:
         if m.dtype.is_floating_point or m.dtype == torch.int8:
             if m.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -225,7 +225,7 @@ def _call_time(call, flops, profile: GPUProfile, eff: Efficiency, coll: Collecti
         return max(_ring_time(coll, profile, eff), eff.launch), "network"
     nbytes = call_bytes(call)
     flops = flops or 0
-    compute = flops / (profile.peak(_dtype_name(call)) * eff.compute(kind, flops)) if flops else 0.0
+    compute = flops / (profile.peak(dtype_name(call)) * eff.compute(kind, flops)) if flops else 0.0
     memory = nbytes / (profile.bandwidth * eff.memory)
     t = max(compute, memory, eff.launch)
     return t, ("compute" if t == compute else "memory" if t == memory else "launch")
@@ -334,7 +334,7 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None, efficiency: Effic
         bounds.append(bound)
         total_flops += flops or 0
         if flops:
-            by_dtype[_dtype_name(call)] += flops
+            by_dtype[dtype_name(call)] += flops
         by_op[call.op] += t
         by_phase[call.phase] += t
         by_bound[bound] += t
