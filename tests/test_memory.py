@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import metadispatch as md
+from tests.cpu_allocator import cpu_allocator_peak
 from tests.models import MODELS, train_step
 
 
@@ -127,27 +128,6 @@ def test_memory_peak_matches_cuda_allocator(name):
     assert m.peak - kept == pytest.approx(real, rel=0.05)
 
 
-def _allocator_peak(step, model, inputs) -> int:
-    """The CPU allocator's own peak during ``step`` above what existed before it:
-    every allocation and free the profiler saw, kernels' internal ones included."""
-    from torch.profiler import ProfilerActivity, profile
-
-    model = copy.deepcopy(model)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(model, *inputs)
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        stack.extend(e.children)
-        if e.tag.name == "Allocation":
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-    live = peak = 0
-    for _, nbytes in sorted(events):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
 def _convnet(batch, hw, c1, c2):
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, c1, 3, padding=1),
@@ -169,7 +149,7 @@ def test_memory_workspaces_bring_a_convnet_to_the_cpu_allocators_peak(shape):
     t = md.trace(train_step, model, *inputs)
     m, storages = md.memory(t), md.memory(t, workspaces=False)
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
-    real = _allocator_peak(train_step, model, inputs)
+    real = cpu_allocator_peak(train_step, model, inputs)
     # oneDNN's blocked copies (or im2col columns) are most of what the storages miss
     assert storages.peak - leaves < 0.96 * real
     assert m.peak - leaves == pytest.approx(real, rel=0.05)
@@ -181,4 +161,4 @@ def test_memory_transformer_step_matches_the_cpu_allocators_peak(name):
     model, inputs = MODELS[name]()
     m = md.memory(md.trace(train_step, model, *inputs))
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
-    assert m.peak - leaves == pytest.approx(_allocator_peak(train_step, model, inputs), rel=0.01)
+    assert m.peak - leaves == pytest.approx(cpu_allocator_peak(train_step, model, inputs), rel=0.01)

@@ -159,8 +159,8 @@ def _workspaces(trace: Trace, gpu: GPUProfile) -> dict:
             info.nbytes, info.died = nbytes, i + 1
         if not blas and uses_cublas(call):
             blas = True
-            info = out[("workspace", "cublas")] = StorageInfo(
-                ("workspace", "cublas"), call.output_metas[0].device, i, "workspaces", call.module
+            info = out[("workspace", "cublas")] = StorageInfo(  # the process's, not the module's
+                ("workspace", "cublas"), call.output_metas[0].device, i, "workspaces", ""
             )
             info.nbytes = cublas_workspace(gpu)
     return out
