@@ -82,10 +82,13 @@ def transient_workspace(call: OpCall, block: int) -> int:
     if not out:
         return 0
     device = out[0].device.type
+    # a call whose arguments are not as its schema has them (a hand-made trace) has no workspace
     if device == "cpu" and call.func in (aten.convolution.default, aten.convolution_backward.default):
-        return max(0, _cpu_convolution(call, block))
+        if len(call.args) == len(call.func._schema.arguments):
+            return max(0, _cpu_convolution(call, block))
     if device == "cuda" and call.func == aten._scaled_dot_product_flash_attention_backward.default:
-        return _flash_backward(call)
+        if len(call.args) > 1 and len(getattr(call.args[1], "shape", ())) == 4:
+            return _flash_backward(call)
     return 0
 
 
