@@ -156,7 +156,7 @@ def test_memory_workspaces_bring_a_convnet_to_the_cpu_allocators_peak(shape):
     assert m.by_category["workspaces"] > 0 and "workspaces" in str(m)
 
 
-@pytest.mark.parametrize("name", ["llama", "hf_gpt2"])
+@pytest.mark.parametrize("name", ["llama", "hf_gpt2", "hf_llama"])
 def test_memory_transformer_step_matches_the_cpu_allocators_peak(name):
     model, inputs = MODELS[name]()
     m = md.memory(md.trace(train_step, model, *inputs))
