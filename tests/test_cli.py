@@ -24,7 +24,8 @@ def test_cli_help_on_every_subcommand(command, capsys):
 
 
 def test_cli_default_trace_prints_summary(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # COLUMNS: tables fit the terminal's width (pytest-xdist's workers say 80)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "metadispatch", "trace", "--perfetto", str(tmp_path / "t.json")],
         env=env,
