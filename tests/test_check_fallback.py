@@ -185,3 +185,78 @@ def test_check_torchvision_detection_training_step():
     choice = next(a for a in report.assumptions if "torch_choice" in (a.source or ""))
     assert 0 <= float(choice.value) < 2 and "uniform_(0.0, 2.0)" in choice.basis
     assert any(c.phase == "backward" for c in report.trace)
+
+
+def _shapes_mismatch(x):
+    return x @ torch.randn(3, 3)
+
+
+def _grouped_mm_mismatch(x):
+    return torch._grouped_mm(x, torch.randn(2, 15, 8), offs=torch.tensor([16, 32], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("fn", [_shapes_mismatch, _grouped_mm_mismatch])
+def test_check_real_refusal_stops_with_what_eager_says(fn):
+    # Both meta kernels refuse (the second for fp32, which the real kernel
+    # accepts); the real kernel refuses too, and its message is eager's.
+    x = torch.randn(32, 16)
+    with pytest.raises(RuntimeError) as eager:
+        fn(x)
+    report = md.check(fn, x)
+    assert type(report.error) is RuntimeError and str(report.error) == str(eager.value)
+    assert report.stop.after is None  # float data made up for a shape error is no assumption
+    assert f"Stopped: RuntimeError: {str(eager.value).splitlines()[0]} (in aten." in str(report)
+
+
+def test_check_made_up_integers_bounded_below_only():
+    # abs() bounds a value below only: made-up counts stay finite and >= 0.
+    def repeat(x):
+        return torch.repeat_interleave(x, (x.abs() * 3).long()).sum()
+
+    report = md.check(repeat, torch.randn(4))
+    assert report.error is None, str(report)
+    (a,) = report.assumptions
+    assert a.op == "aten.repeat_interleave.Tensor" and "a value in [0, inf] from abs mul 3" in a.basis
+    assert a.value in {f"i64[{n}]" for n in range(100)}
+
+
+def _first_positive(x):
+    flags = (x > 0).long().tolist()
+    return (10, 20, 30, 40)[flags.index(1)] if 1 in flags else 0
+
+
+def test_check_tolist_reads_a_made_up_value_as_an_assumption():
+    report = md.check(_first_positive, torch.randn(4))
+    assert report.error is None, str(report)
+    (a,) = report.assumptions
+    assert (a.op, a.value, a.basis) == ("Tensor.tolist", "[1, 1, 1, 1]", "made-up i64[4]: (all 1)")
+    assert a.source.endswith("in _first_positive") and "Tensor.tolist" in str(report)
+    given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
+    assert given.trace.output == 30 and given.assumptions[0].basis == "given by values['Tensor.tolist']"
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_check_multinomial_index_stays_in_range(n):
+    choices = tuple(range(n))
+    report = md.check(lambda w: choices[int(torch.multinomial(w, 1).item())], torch.ones(n))
+    assert report.error is None, str(report)
+    assert 0 <= int(report.assumptions[0].value) < n and "multinomial" in report.assumptions[0].basis
+
+
+def test_check_equal_shows_the_made_up_answer():
+    report = md.check(lambda x: torch.equal(x, x.clone()), torch.randn(4))
+    (a,) = report.assumptions
+    assert a.op == "aten.equal.default" and a.value in ("True", "False") and str(report.trace.output) == a.value
+
+
+def test_check_packed_sequence_on_logical_cuda_keeps_batch_sizes_on_cpu():
+    lstm = nn.LSTM(4, 8, batch_first=True)
+
+    def packed(x, lengths):
+        lstm.cuda()
+        p = nn.utils.rnn.pack_padded_sequence(x.cuda(), lengths, batch_first=True, enforce_sorted=False)
+        return lstm(p)[0].batch_sizes
+
+    report = md.checker("cuda", recheck_calls=False)(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+    assert report.error is None, str(report)
+    assert report.trace.output_meta.device == torch.device("cpu")  # as PackedSequence requires

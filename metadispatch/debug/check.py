@@ -10,8 +10,11 @@ an index tensor that must be on the CPU).  Such a call is run with the real
 CPU kernel on inputs materialised from its metadata, and its outputs'
 metadata are taken from the result.  Inputs above a byte limit are refused,
 and the report says which and why.  If the real kernel refuses too, the
-user's code is wrong, and the error raised is the real kernel's whenever
-the meta kernel's would blame a tensor for being on ``meta``.
+user's code is wrong (or the made-up inputs are: the report says so), and
+the error raised is the real kernel's -- what a real run would say, never
+one blaming a tensor for being on ``meta``.  Outputs are on the logical
+device, except those the kernel always puts on the CPU (a packed
+sequence's ``batch_sizes``).
 
 Note [Made-up values under md.check]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -20,7 +23,9 @@ gave for its site (``values=``, the value policy); known values (Note [Known
 values] in known.py); made-up data, inside the bounds of how the tensor was
 produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
 ``bool(t)``/``.item()`` is False: such reads mostly guard error paths
-(torchvision's ``if degenerate_boxes.any(): raise ...``).  Every made-up value a result may depend on is an
+(torchvision's ``if degenerate_boxes.any(): raise ...``).  A read outside
+any op (``t.tolist()``, ``t.numpy()``) gets a made-up value the same way
+(``mode.read_fallback``).  Every made-up value a result may depend on is an
 :class:`~metadispatch.report.Assumption`: noted on its call in the trace
 (``<assumed 3: ...>``) and listed in the report, which also names the last
 one before the run stopped.  Integer and boolean outputs of the real kernel
@@ -43,7 +48,7 @@ from ..core import known
 from ..core.bounds import bounds_of
 from ..core.mode import MetaMode
 from ..core.reach import find
-from ..core.realrun import DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
+from ..core.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from ..core.schema import facts
 from ..core.source import traceback_frame, user_frame
 from ..core.tensor import MetaTensor
@@ -81,7 +86,7 @@ def checker(
     def run(fn: Callable, *args, **kwargs) -> Report:
         mode = MetaMode(device=device, stack=True, known_limit=known_limit)
         state = _State(mode, limit, dict(values or {}))
-        mode.fallback = state.fallback
+        mode.fallback, mode.read_fallback = state.fallback, state.read
         error = None
         # Calls run for real draw from the global and the user's generators.
         rng = _compat.rng_states()
@@ -151,26 +156,45 @@ class _State:
             except MaterializeLimitError as e:
                 self.refused.append(Answer(name, func, kind, module, source, str(e), reason))
                 raise
+            basis = _basis(made_up, name)
             try:
                 out = _scalar_guess(name, made_up) if made_up and name == _SCALAR_READ else None
                 out = run_real(func, real_args, real_kwargs) if out is None else out
             except Exception as real_error:
-                # The real kernel refuses too: the user's code is wrong.  Its
-                # message, unless the meta kernel's is about anything but meta.
-                if "meta" in reason.lower() or isinstance(error, (DataDependentError, UnsupportedOpError)):
-                    raise real_error from error
-                raise error  # noqa: B904  (the meta error is the answer; the real one stays its context)
-            basis = _basis(made_up, name)
-        metas = to_meta_outputs(out, device)
+                # The real kernel refuses too: the user's code is wrong, or
+                # the made-up inputs are (then the report names them).  Its
+                # message is what a real run says; the meta one, which may
+                # blame a tensor for being on meta, stays its context.
+                if _values_matter(kind, made_up):
+                    self.assumptions.append(Assumption(index, name, module, source, "inputs it refused", basis))
+                raise real_error from error
+        metas = _on_devices(name, out, device)
         self._keep_index_values(metas, out)
         note = REAL
-        if given is not None or (made_up and (kind == "data-dependent" or any(_is_index(t) for t in made_up))):
-            value = _show(out) if name == _SCALAR_READ else _output_types(metas) or "its outputs"
+        if given is not None or _values_matter(kind, made_up):
+            value = _show(out) if _is_scalar(out) else _output_types(metas) or "its outputs"
             assumption = Assumption(index, name, module, source, value, basis)
             self.assumptions.append(assumption)
             note = f"assumed {value}: {basis}"
         self.answers[index] = Answer(name, func, kind, module, source, note, reason)
         return metas
+
+    def read(self, t, what: str) -> torch.Tensor:
+        """The value of ``t`` for ``Tensor.tolist()``/``.numpy()``: given, or
+        made up inside its bounds, and an assumption either way."""
+        name, module, source = f"Tensor.{what}", _module(self.mode), user_frame()
+        given = self._given(name, source)
+        # Called from user code with the mode on: real tensors stay real here.
+        with _compat.no_torch_function():
+            if given is not None:
+                value, basis = torch.as_tensor(given[1]), f"given by values[{given[0]!r}]"
+            else:
+                (value,), _ = materialize((t,), {}, limit=self.limit, value_of=known.value_of)
+                basis = _basis([t], name)
+            shown = _show(value.tolist()) if value.numel() <= 8 else _type(t)
+        # Reads come between calls: the index is that of the next call.
+        self.assumptions.append(Assumption(len(self.mode.trace.calls), name, module, source, shown, basis))
+        return value
 
     def _given(self, name: str, source: str | None):
         """(key, value) from the value policy for this site, or None."""
@@ -200,6 +224,29 @@ def _scalar_guess(name: str, made_up: list):
     guard error paths), else None: the real kernel reads the made-up value."""
     (t,) = made_up
     return False if t.dtype == torch.bool and bounds_of(t) is None else None
+
+
+def _values_matter(kind: str, made_up: list) -> bool:
+    """Whether made-up inputs may shape the result: a data-dependent op, or
+    index-like data (floats fed to a kernel that refused their metadata do not)."""
+    return bool(made_up) and (kind == "data-dependent" or any(_is_index(t) for t in made_up))
+
+
+def _is_scalar(out) -> bool:
+    return isinstance(out, (bool, int, float, complex))
+
+
+# Outputs a kernel puts on the CPU whatever its inputs' device.
+_CPU_OUTPUTS = {"aten._pack_padded_sequence.default": (1,)}  # batch_sizes
+
+
+def _on_devices(name: str, out, device):
+    """The real kernel's outputs as MetaTensors on the logical ``device``,
+    except those the kernel always puts on the CPU (``_CPU_OUTPUTS``)."""
+    cpu = _CPU_OUTPUTS.get(name)
+    if not cpu or type(out) not in (list, tuple):
+        return to_meta_outputs(out, device)
+    return type(out)(to_meta_outputs(o, CPU if i in cpu else device) for i, o in enumerate(out))
 
 
 def _is_index(t) -> bool:
