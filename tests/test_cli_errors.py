@@ -1,8 +1,12 @@
 """The command line's errors: one line on stderr, an exit code per class, a traceback only with --debug."""
 
 import io
+import os
+import subprocess
+import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +253,118 @@ def test_cli_progress_shows_after_a_second_only(monkeypatch):
     with _Progress("tracing", lambda: 3, stream=quick):
         pass
     assert quick.getvalue() == ""
+
+
+def test_cli_hf_t5_starts_decoding_at_the_pad_token(capsys):
+    # T5's config leaves decoder_start_token_id unset; the model raised on it.
+    pytest.importorskip("transformers")
+    argv = ["trace", "--hf", "t5", "--forward-only", "--top", "1", "--seq", "8"]
+    for pair in ("num_layers=1", "num_decoder_layers=1", "d_model=32", "d_ff=64", "num_heads=2", "d_kv=16"):
+        argv += ["--config", pair]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("transformers T5ForConditionalGeneration (batch 1 x 8 tokens): forward")
+
+
+_TINY_GPT2 = ["--config", "n_layer=1", "--config", "n_embd=32", "--config", "n_head=2", "--top", "1"]
+
+
+def test_cli_hf_seq_past_learned_positions_is_a_usage_error(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "gpt2", "--seq", "1025"] + _TINY_GPT2, capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--seq 1025: longer than GPT2Config's n_positions (1024)")
+    # Rotary positions have no such end: llama traces past max_position_embeddings.
+    llama = ["--config", "num_hidden_layers=1", "--config", "hidden_size=32", "--config", "intermediate_size=64"]
+    llama += ["--config", "num_attention_heads=2", "--config", "num_key_value_heads=2", "--config", "vocab_size=64"]
+    code, err = _run(["trace", "--hf", "llama", "--seq", "4096", "--forward-only", "--top", "1"] + llama, capsys)
+    assert code == 0, err
+
+
+def test_cli_hf_trace_saves_and_loads_back(tmp_path, capsys):
+    # The step's output was a ModelOutput holding a DynamicCache, which no
+    # trace file records: --out failed after tracing for every --hf model.
+    pytest.importorskip("transformers")
+    path = tmp_path / "gpt2.json.gz"
+    code, err = _run(["trace", "--hf", "gpt2", "--seq", "8", "--out", str(path)] + _TINY_GPT2, capsys)
+    assert code == 0, err
+    code, err = _run(["summary", str(path), "--top", "1"], capsys)
+    assert code == 0, err
+
+
+@pytest.fixture
+def marked_build(tmp_path):
+    """A target whose build leaves a marker file: whether it was built at all."""
+    script = tmp_path / "marked.py"
+    marker = tmp_path / "built"
+    script.write_text(
+        textwrap.dedent(f"""
+        import pathlib, torch
+
+        def build():
+            pathlib.Path({str(marker)!r}).write_text("built")
+            return torch.nn.Linear(2, 2), torch.ones(1, 2)
+
+        def single():
+            return torch.nn.Linear(2, 2)
+    """)
+    )
+    return script, marker
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_cli_output_in_a_missing_folder_fails_before_building(option, marked_build, tmp_path, capsys):
+    script, marker = marked_build
+    target = tmp_path / "no_such_dir" / "t.json"
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", option, str(target)], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(err, f"could not write {target}: FileNotFoundError: no folder {target.parent}")
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", option, str(tmp_path)], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(err, f"could not write {tmp_path}: IsADirectoryError")
+
+
+@pytest.mark.parametrize("command", ["trace", "check"])
+def test_cli_target_returning_no_pair_is_a_usage_error(command, marked_build, capsys):
+    script, _ = marked_build
+    code, err = _run([command, f"{script}:single", "--device", "cpu"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, f"{script}:single must return (model, example inputs), got Linear")
+
+
+def test_cli_check_gpu_needs_logical_cuda_and_names_the_profile(marked_build, capsys):
+    script, marker = marked_build
+    code, err = _run(["check", f"{script}:build", "--gpu", "a100-80gb"], capsys)
+    assert code == USAGE and not marker.exists()
+    _assert_one_line(err, "--gpu needs --device cuda")
+    code = main(["check", f"{script}:build", "--device", "cuda", "--no-recheck", "--gpu", "a100-80gb"])
+    assert code == 0 and marker.exists()
+    assert capsys.readouterr().out.startswith(f"{script}:build: checked on cuda (a100-80gb)\nmd.check: ")
+
+
+def test_cli_check_of_a_model_that_raises_is_a_finding(raising_model, capsys):
+    try:
+        code = main(["check", raising_model])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert "Stopped: ValueError: this model is broken (module <top>, at raising.py:6 in forward)" in captured.out
+
+
+def test_cli_console_finds_modules_where_the_user_stands(tmp_path):
+    # An installed script's sys.path holds its own folder, not the user's;
+    # `metadispatch check mymodel:build` must find ./mymodel.py as `python -m` would.
+    script = Path(sys.executable).parent / "metadispatch"
+    if not script.exists():
+        pytest.skip("metadispatch is not installed as a script beside this python")
+    (tmp_path / "mymodel.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run(
+        [str(script), "check", "mymodel:build"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mymodel:build: checked on cpu\nmd.check: ")

@@ -14,6 +14,8 @@ adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import shutil
 import sys
 import threading
@@ -25,7 +27,7 @@ import torch
 from .. import _compat
 from ..analysis.fit import fits
 from ..analysis.runtime import runtime as step_time
-from ..core.profiles import gpu_profile
+from ..core.profiles import DEFAULT_GPU, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.text import printable
 from . import targets
@@ -129,6 +131,8 @@ def _cmd_trace(args) -> int:
         raise UsageError("--fsdp, --tp, --dp and --rank need --world-size")
     if distributed:
         plan = _plan(args)
+    for path in (args.out, args.perfetto, args.plot):
+        _writable(path)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
             seq = args.seq if args.seq is not None else 128
@@ -203,6 +207,21 @@ def _exports(trace, args) -> int:
     return 0
 
 
+def _writable(path) -> None:
+    """Refuse, before minutes of building and tracing, a file that cannot be
+    written for where it is: a directory, or in a folder that does not exist."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        error: OSError = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    elif not os.path.isdir(folder):
+        error = FileNotFoundError(errno.ENOENT, f"no folder {folder}", path)
+    else:
+        return
+    raise _Failure(f"could not write {path}", error)
+
+
 class _Failure(Exception):
     """A failure to run (exit 3): what was being done, and the exception."""
 
@@ -257,21 +276,27 @@ def _cmd_check(args) -> int:
     from ..core.realrun import DEFAULT_LIMIT
     from ..debug.check import checker
 
-    if args.device is not None and torch.device(args.device).type != "cpu" and not args.no_recheck:
+    device = torch.device(args.device) if args.device is not None else None
+    if device is not None and device.type != "cpu" and not args.no_recheck:
         raise UsageError(
             f"--device {args.device}: check re-runs every call on the CPU, which is no "
             f"reference for {args.device}; add --no-recheck to trace on logical "
             f"{args.device} without re-checking"
         )
-    with _stage("building the model"):
-        built = targets.load_callable(args.target)()
-        if not (isinstance(built, tuple) and len(built) == 2):
-            raise UsageError(f"{args.target} must return (model, example inputs)")
-    model, inputs = built
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    cuda = device is not None and device.type == "cuda"
+    if args.gpu and not cuda:
+        raise UsageError("--gpu needs --device cuda (it names the GPU logical cuda answers as)")
+    gpu = (args.gpu or DEFAULT_GPU) if cuda else None
     limit = args.limit if args.limit is not None else DEFAULT_LIMIT
-    report = checker(args.device, limit=limit, recheck_calls=not args.no_recheck)(model, *inputs)
-    print(report)
+    with _Progress("building the model"), _stage("building the model"):
+        model, inputs = targets.model_and_inputs(args.target, targets.load_callable(args.target)())
+    run = checker(args.device, limit=limit, recheck_calls=not args.no_recheck, gpu=gpu)
+    # A model that stops is a finding (exit 1), not a failure to run: the
+    # report says where it stopped and why.
+    with _Progress("checking"):
+        report = run(model, *inputs)
+    print(f"{args.target}: checked on {args.device or 'cpu'}" + (f" ({gpu})" if gpu else ""))
+    _out(report)
     return 0 if report.ok else 1
 
 
@@ -390,6 +415,7 @@ def _parser() -> argparse.ArgumentParser:
         "--limit", type=_at_least(0), default=None, help="bytes of real inputs one call may materialise (default 1 GiB)"
     )
     c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
+    c.add_argument("--gpu", metavar="NAME", type=_gpu, help="the GPU logical cuda answers as (default h100)")
     t.set_defaults(run=_cmd_trace)
     s.set_defaults(run=_cmd_summary)
     r.set_defaults(run=_cmd_replay)
@@ -405,6 +431,9 @@ def console() -> int:
     [Reference kernels without dynamo in the command line].
     """
     _compat.skip_dynamo_in_reference_kernels()
+    # MODULE:CALLABLE names the user's own modules, from where they stand, as
+    # ``python -m`` would find them; an installed script's path lacks ".".
+    sys.path.insert(0, os.getcwd())
     return main()
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "callable_target",
     "hf_target",
     "load_callable",
+    "model_and_inputs",
     "parse_overrides",
     "check_overrides",
     "UsageError",
@@ -112,12 +113,16 @@ def load_callable(spec: str) -> Callable:
 def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False) -> Target:
     """A function returning ``(model, inputs)``; inputs a tensor or a tuple."""
     fn = load_callable(spec)
+    return _built(spec, lambda: model_and_inputs(spec, fn()), _train_step(backward), device, lazy)
 
-    def build():
-        model, inputs = fn()
-        return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
-    return _built(spec, build, _train_step(backward), device, lazy)
+def model_and_inputs(spec: str, built) -> tuple:
+    """``(model, inputs as a tuple)`` from what ``spec``'s callable returned, or a usage error."""
+    if not (isinstance(built, tuple) and len(built) == 2):
+        got = f"a tuple of {len(built)}" if isinstance(built, tuple) else type(built).__name__
+        raise UsageError(f"{spec} must return (model, example inputs), got {got}")
+    model, inputs = built
+    return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
 def parse_overrides(pairs: list) -> dict:
@@ -181,6 +186,11 @@ def hf_target(
         kind, auto_class = "causal", transformers.AutoModelForCausalLM
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
+    if kind != "image":
+        _check_positions(config, kind, seq)
+    if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
+        # T5's configs leave it unset (its checkpoints start decoding at the pad token).
+        config.decoder_start_token_id = config.pad_token_id or 0
     names: list = []
 
     def build():
@@ -192,7 +202,10 @@ def hf_target(
         return model, tuple(inputs.values())
 
     def call(model, *values):
-        return model(**dict(zip(names, values)))
+        # The tensors of the model's output: a cache object is no value a
+        # trace records (--out could not save it).
+        out = model(**dict(zip(names, values)))
+        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
     shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
     return _built(
@@ -202,6 +215,22 @@ def hf_target(
         device,
         lazy,
     )
+
+
+def _check_positions(config, kind: str, seq: int) -> None:
+    """Refuse a ``--seq`` longer than the model's learned position embeddings
+    (the real model would index past them); rotary and relative ones have no such end."""
+    if any("rope" in k or "rotary" in k for k in config.to_dict()):
+        return
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return
+    for key in ("max_target_positions",) if kind == "speech" else ("n_positions", "max_position_embeddings"):
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and seq > limit:
+            raise UsageError(
+                f"--seq {seq}: longer than {type(config).__name__}'s {key} ({limit}), the length its "
+                f"learned position embeddings cover; lower --seq or raise it with --config {key}=N"
+            )
 
 
 def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:

@@ -72,6 +72,7 @@ def checker(
     recheck_calls: bool = True,
     known_limit: int = known.DEFAULT_LIMIT,
     values: dict | None = None,
+    gpu=None,
 ) -> Callable[..., Report]:
     """``md.check`` with options: ``md.checker(limit=1 << 20)(fn, x)``.
 
@@ -80,11 +81,12 @@ def checker(
     ``values`` gives the value of named sites instead of a made-up one:
     ``{"model.py:12": 3}`` (a user line, as the report prints it, with or
     without ``in fn``) or ``{"aten.nonzero.default": tensor}`` (an op) --
-    a number for ``.item()``-style reads, the outputs for other ops.
+    a number for ``.item()``-style reads, the outputs for other ops;
+    ``gpu`` the profile logical CUDA answers as (``MetaMode(gpu=...)``).
     """
 
     def run(fn: Callable, *args, **kwargs) -> Report:
-        mode = MetaMode(device=device, stack=True, known_limit=known_limit)
+        mode = MetaMode(device=device, stack=True, known_limit=known_limit, gpu=gpu)
         state = _State(mode, limit, dict(values or {}))
         mode.fallback, mode.read_fallback = state.fallback, state.read
         error = None
