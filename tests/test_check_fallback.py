@@ -125,14 +125,16 @@ def test_check_packed_sequences_run_through_lstm_and_back():
         out, _ = lstm(p)
         return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
 
-    x, lengths = torch.randn(3, 5, 4), torch.tensor([1, 1, 1])  # made-up lengths are 1s: compare with those
+    # The user's lengths keep their values: the packed batch sizes are eager's.
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([2, 4, 3])
     report = md.check(packed, x, lengths)
     assert report.error is None, str(report)
     out, out_lengths = packed(x, lengths)
+    assert out.shape == (3, 4, 8)  # padded to the longest length, not to 5
     assert report.trace.output_meta[0].shape == out.shape and report.trace.output_meta[1].shape == out_lengths.shape
     assert [i.op for i in report.meta_refused] == ["aten._pack_padded_sequence.default"]
-    assert "meta" not in str(report.error or "")
-    assert any("i64[3]: (all 1)" in a.basis for a in report.assumptions)
+    assert not report.assumptions  # nothing index-like was made up
+    assert torch.equal(lengths, torch.tensor([2, 4, 3]))  # the user's tensor untouched
 
 
 def test_check_packed_sequence_with_user_lengths_never_blames_meta():
@@ -260,3 +262,18 @@ def test_check_packed_sequence_on_logical_cuda_keeps_batch_sizes_on_cpu():
     report = md.checker("cuda", recheck_calls=False)(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
     assert report.error is None, str(report)
     assert report.trace.output_meta.device == torch.device("cpu")  # as PackedSequence requires
+
+
+def test_check_knows_integer_inputs_not_float_ones_nor_module_buffers():
+    def step(model, ids, x):
+        return int(ids.sum()), int(model.steps.sum()), float(x.sum())
+
+    model = nn.Module()
+    model.register_buffer("steps", torch.tensor([3]))
+    ids, x = torch.tensor([2, 0, 5]), torch.randn(3)
+    report = md.check(step, model, ids, x)
+    assert report.error is None, str(report)
+    assert report.trace.output[0] == 7  # the user's ids, read for real
+    read = [(report.trace.calls[a.index].inputs[0].dtype, a.value) for a in report.assumptions]
+    assert [dtype for dtype, _ in read] == [torch.int64, torch.float32]  # the buffer and x: made up
+    assert report.trace.output[1] == int(read[0][1])

@@ -20,7 +20,8 @@ Note [Made-up values under md.check]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The inputs of such a call are, in order of preference: the values a user
 gave for its site (``values=``, the value policy); known values (Note [Known
-values] in known.py); made-up data, inside the bounds of how the tensor was
+values] in known.py, which under md.check include the user's integer and
+boolean example inputs: ``_know_index_inputs``); made-up data, inside the bounds of how the tensor was
 produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
 ``bool(t)``/``.item()`` is False: such reads mostly guard error paths
 (torchvision's ``if degenerate_boxes.any(): raise ...``).  A read outside
@@ -44,6 +45,7 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
+from .._compat import pytree
 from ..core import known
 from ..core.bounds import bounds_of
 from ..core.mode import MetaMode
@@ -96,6 +98,7 @@ def checker(
             (g, g.get_state())
             for g in find({"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))
         ]
+        _know_index_inputs(mode, args, kwargs)
         try:
             try:
                 run_traced(mode, fn, args, kwargs)
@@ -210,6 +213,19 @@ class _State:
         for m, r in zip(flat(metas), flat(out)):
             if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor) and _is_index(r):
                 known.know(m, r, self.mode)
+
+
+def _know_index_inputs(mode: MetaMode, args, kwargs) -> None:
+    """The user's integer and boolean example inputs keep their values (a copy).
+
+    Lengths, ids, labels and masks are how the user's data shapes the run:
+    ``pack_padded_sequence(x, lengths)`` packs to the batch sizes of the
+    real ``lengths``, not of made-up ones.  Floating inputs stay data, made
+    up where a call needs them (Note [Made-up values under md.check]).
+    """
+    for t in pytree.tree_leaves((args, kwargs)):  # what md.trace converts: not a module's buffers
+        if type(t) is torch.Tensor and _is_index(t) and not t.requires_grad and t.device.type != "meta":
+            known.know(mode.from_tensor(t), t, mode)
 
 
 def _kind(error) -> str:
