@@ -368,3 +368,11 @@ def test_cli_console_finds_modules_where_the_user_stands(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("mymodel:build: checked on cpu\nmd.check: ")
+
+
+def test_cli_interrupt_exits_130_without_a_traceback(tmp_path, capsys):
+    script = tmp_path / "interrupted.py"
+    script.write_text("def build():\n    raise KeyboardInterrupt\n")
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
+    assert code == 130
+    _assert_one_line(err, "metadispatch trace: interrupted")

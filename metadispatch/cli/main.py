@@ -4,8 +4,8 @@
 training step and prints what it would do: ops, FLOPs, peak memory and a
 per-module table.  ``summary``, ``replay`` and ``check`` work on saved traces
 and models with the tools other modules provide.  Tables fit the terminal;
-a progress line shows on a terminal only, once building or tracing takes
-more than a second.
+a progress line shows on a terminal only, once building, tracing,
+checking, reading or replaying takes more than a second.
 
 Every error is one line on stderr (and a hint where one helps); ``--debug``
 adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
@@ -40,7 +40,8 @@ EXIT_CODES = """exit codes:
   1  findings: replay mismatches, check problems
   2  usage errors: a bad argument, option or --config key
   3  failures to run: a missing, unreadable or corrupt file, an unknown module,
-     a model that raised, an --out/--perfetto/--plot file that could not be written"""
+     a model that raised, an --out/--perfetto/--plot file that could not be written
+  130  interrupted (Ctrl-C)"""
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -248,7 +249,7 @@ class _stage:
 def _load(path):
     import metadispatch as md
 
-    with _stage(f"could not read {path}"):
+    with _Progress(f"reading {path}"), _stage(f"could not read {path}"):
         return md.Trace.load(path)
 
 
@@ -264,7 +265,7 @@ def _cmd_replay(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device here; replay on --device cpu")
     trace = _load(args.file)
-    with _stage("replay failed"):
+    with _Progress("replaying"), _stage("replay failed"):
         # A file holds no weights or inputs: replay makes them up and checks
         # every call's metadata; the output lists what was made up.
         result = md.replay(trace, device=args.device, allow_made_up=True)
@@ -456,6 +457,11 @@ def main(argv=None) -> int:
         if not getattr(args, "debug", False):
             print("  (run with --debug for the traceback)", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code for SIGINT, and no traceback
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _one_line(error: BaseException) -> str:
