@@ -277,3 +277,12 @@ def test_check_knows_integer_inputs_not_float_ones_nor_module_buffers():
     read = [(report.trace.calls[a.index].inputs[0].dtype, a.value) for a in report.assumptions]
     assert [dtype for dtype, _ in read] == [torch.int64, torch.float32]  # the buffer and x: made up
     assert report.trace.output[1] == int(read[0][1])
+
+
+def test_check_report_is_not_ok_after_a_made_up_read():
+    # tolist() is no op: only the assumption says the run read a made-up value.
+    report = md.check(_first_positive, torch.randn(4))
+    assert not report.data_dependent and len(report.made_up) == 1 and not report.ok
+    assert "0 mismatches, 1 made-up value>" in repr(report)
+    given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
+    assert given.ok and not given.made_up

@@ -119,7 +119,8 @@ class Report:
 
     ``unsupported``, ``meta_refused`` and ``data_dependent`` are lists of
     :class:`OpIssue`, ``assumptions`` of :class:`Assumption`, ``mismatches``
-    of :class:`~metadispatch.ir.compare.Mismatch`; ``skipped`` the calls the CPU re-check could not
+    of :class:`~metadispatch.ir.compare.Mismatch` (``made_up``: the assumptions
+    not given by ``values=``); ``skipped`` the calls the CPU re-check could not
     run, ``error`` the exception that stopped the run (None when it ran to
     the end) and ``stop`` where it stopped, ``trace`` everything recorded.
     """
@@ -138,15 +139,29 @@ class Report:
         self.stop = stop
 
     @property
+    def made_up(self) -> list:
+        """The assumptions that are made-up values (not given by ``values=``)."""
+        return [a for a in self.assumptions if not a.basis.startswith("given by")]
+
+    @property
     def ok(self) -> bool:
-        """True when every call was answered from metadata and re-checked equal."""
-        return not (self.unsupported or self.meta_refused or self.data_dependent or self.mismatches or self.error)
+        """True when every call was answered from metadata and re-checked equal,
+        and nothing the run read was made up."""
+        return not (
+            self.unsupported
+            or self.meta_refused
+            or self.data_dependent
+            or self.mismatches
+            or self.error
+            or self.made_up
+        )
 
     def __repr__(self) -> str:
         refused = f"{len(self.meta_refused)} refused by meta kernels, " if self.meta_refused else ""
         return (
             f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, {refused}"
             f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
+            f"{f', {len(self.made_up)} made-up value' + 's' * (len(self.made_up) > 1) if self.made_up else ''}"
             f"{', stopped' if self.error else ''}>"
         )
 
