@@ -233,6 +233,8 @@ def test_check_tolist_reads_a_made_up_value_as_an_assumption():
     (a,) = report.assumptions
     assert (a.op, a.value, a.basis) == ("Tensor.tolist", "[1, 1, 1, 1]", "made-up i64[4]: (all 1)")
     assert a.source.endswith("in _first_positive") and "Tensor.tolist" in str(report)
+    made = report.trace.calls[a.index - 1]  # the cast to long whose values were read
+    assert made.op == "aten._to_copy.default" and "Tensor.tolist assumed [1, 1, 1, 1]" in made.note
     given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
     assert given.trace.output == 30 and given.assumptions[0].basis == "given by values['Tensor.tolist']"
 

@@ -108,6 +108,9 @@ def checker(
             for index, answer in state.answers.items():
                 if index < len(trace.calls):
                     trace.calls[index].note = answer.note
+            for index, notes in state.read_notes.items():
+                call = trace.calls[index]
+                call.note = "; ".join(([call.note] if call.note else []) + notes)
             mismatches, skipped = recheck(trace, limit) if recheck_calls else ([], [])
         finally:
             _compat.set_rng_states(rng)
@@ -142,6 +145,7 @@ class _State:
         self.answers: dict = {}  # call index -> Answer
         self.refused: list = []  # Answers refused above the limit
         self.assumptions: list = []
+        self.read_notes: dict = {}  # call index -> notes of reads of its outputs (``read``)
 
     def fallback(self, func, args, kwargs, device, error):
         """Run one call for real (Note [Made-up values under md.check]), or refuse."""
@@ -197,7 +201,11 @@ class _State:
                 (value,), _ = materialize((t,), {}, limit=self.limit, value_of=known.value_of)
                 basis = _basis([t], name)
             shown = _show(value.tolist()) if value.numel() <= 8 else _type(t)
-        # Reads come between calls: the index is that of the next call.
+        # A read is no call: the assumption is noted on the call that made
+        # ``t`` (on none for an argument), and counts from the next call.
+        made_by = self.mode._recorder.producer_of(t)
+        if made_by is not None:
+            self.read_notes.setdefault(made_by, []).append(f"{name} assumed {shown}: {basis}")
         self.assumptions.append(Assumption(len(self.mode.trace.calls), name, module, source, shown, basis))
         return value
 
