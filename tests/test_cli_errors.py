@@ -79,11 +79,30 @@ def test_cli_hf_unknown_type_is_a_usage_error(capsys):
 
 def test_cli_hf_refuses_kinds_it_cannot_feed_naming_what_it_supports(capsys):
     pytest.importorskip("transformers")
-    code, err = _run(["trace", "--hf", "bert", "--config", "num_hidden_layers=1"], capsys)
+    small = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+    argv = ["trace", "--hf", "bert", "--seq", "8", "--forward-only"]
+    code, err = _run(argv + [a for pair in small for a in ("--config", pair)], capsys)
     assert code == 0  # bert has a causal-LM head: fed token ids
-    code, err = _run(["trace", "--hf", "wav2vec2"], capsys)
+    code, err = _run(["trace", "--hf", "llava"], capsys)
     assert code == USAGE
-    _assert_one_line(err, "--hf wav2vec2: no inputs known for this kind of model; --hf supports decoder-only")
+    _assert_one_line(err, "--hf llava: no inputs known for this kind of model; --hf supports decoder-only")
+    assert "speech encoders with a CTC head on raw audio (wav2vec2, hubert, ...)" in err
+
+
+def test_cli_hf_builds_ctc_speech_encoders_on_raw_audio(capsys):
+    pytest.importorskip("transformers")
+    from metadispatch.cli import targets
+
+    small = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+    argv = ["trace", "--hf", "wav2vec2", "--top", "1"]
+    for pair in small:
+        argv += ["--config", pair]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("transformers Wav2Vec2ForCTC (batch 1 x 1 s of 16 kHz audio): forward and")
+    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2, 128)
+    assert [tuple(x.shape) for x in t.inputs] == [(2, targets.AUDIO_SAMPLES)]
+    assert t.model.config.layerdrop == 0.0  # a layer skipped at random (training) is no one step
 
 
 _SMALL_SEQ2SEQ = [

@@ -155,8 +155,10 @@ def check_overrides(config, overrides: dict) -> None:
 
 SUPPORTED_HF = (
     "decoder-only language models (llama, gpt2, ...), encoder-decoder language models "
-    "(bart, t5, ...), speech encoder-decoders (whisper) and image classifiers (vit, resnet, ...)"
+    "(bart, t5, ...), speech encoder-decoders (whisper), speech encoders with a CTC head on "
+    "raw audio (wav2vec2, hubert, ...) and image classifiers (vit, resnet, ...)"
 )
+AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech encoder
 
 
 def hf_target(
@@ -184,10 +186,14 @@ def hf_target(
         kind, auto_class = "image", transformers.AutoModelForImageClassification
     elif arch in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "is_encoder_decoder", False):
         kind, auto_class = "causal", transformers.AutoModelForCausalLM
+    elif _main_input(transformers, auto.MODEL_FOR_CTC_MAPPING_NAMES.get(arch)) == "input_values":
+        kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
-    if kind != "image":
+    if kind in ("causal", "seq2seq", "speech"):
         _check_positions(config, kind, seq)
+    for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
+        setattr(config, key, 0.0)  # a layer skipped at random makes no one step to trace
     if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
         # T5's configs leave it unset (its checkpoints start decoding at the pad token).
         config.decoder_start_token_id = config.pad_token_id or 0
@@ -207,7 +213,9 @@ def hf_target(
         out = model(**dict(zip(names, values)))
         return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
-    shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
+    shape = {"causal": f"batch {batch} x {seq} tokens", "seq2seq": f"batch {batch} x {seq} tokens"}.get(
+        kind, f"batch {batch} x 1 s of 16 kHz audio" if kind == "ctc" else f"batch {batch}"
+    )
     return _built(
         lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
         build,
@@ -215,6 +223,11 @@ def hf_target(
         device,
         lazy,
     )
+
+
+def _main_input(transformers, class_name) -> str | None:
+    """What a model class takes first (``input_values``: raw audio), or None."""
+    return getattr(getattr(transformers, class_name, None), "main_input_name", None) if class_name else None
 
 
 def _check_positions(config, kind: str, seq: int) -> None:
@@ -242,6 +255,10 @@ def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:
         size = size if isinstance(size, int) else size[0]
         pixels = torch.randn(batch, getattr(vision, "num_channels", 3), size, size, dtype=dtype)
         return {"pixel_values": pixels, "labels": torch.randint(0, config.num_labels, (batch,))}
+    if kind == "ctc":
+        # No labels: CTC's loss selects the labels a mask keeps (masked_select), a
+        # size only data gives; backward runs from the logits instead.
+        return {"input_values": torch.randn(batch, AUDIO_SAMPLES, dtype=dtype)}
     ids = torch.randint(0, vocab, (batch, seq))
     if kind == "speech":
         frames = 2 * config.max_source_positions  # the encoder's two strided convolutions halve it
