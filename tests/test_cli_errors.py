@@ -61,6 +61,10 @@ def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
         ("=1", "--config expects KEY=VALUE, got '=1'"),
         ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
         ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
+        ("activation_function=5", "--config activation_function=5: expected a string (GPT2Config's default is"),
+        ("layer_norm_epsilon=abc", "--config layer_norm_epsilon='abc': expected a number (GPT2Config's default is"),
+        ("scale_attn_weights=3", "--config scale_attn_weights=3: expected True or False (GPT2Config's default is"),
+        ("n_head=5", "--config: the gpt2 model refused these settings: `embed_dim` must be divisible by num_heads"),
     ],
 )
 def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsys):
@@ -68,6 +72,16 @@ def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsy
     code, err = _run(["trace", "--hf", "gpt2", "--config", config], capsys)
     assert code == USAGE
     _assert_one_line(err, message)
+
+
+def test_cli_config_keys_of_nested_configs_must_exist(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "clip", "--config", "vision_config={'bogus': 1}"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--config vision_config.bogus: CLIPVisionConfig has no such key")
+    code, err = _run(["trace", "--hf", "clip", "--config", "vision_config={'num_hidden_layers': 0}"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--config vision_config.num_hidden_layers=0: must be an integer of at least 1")
 
 
 def test_cli_hf_unknown_type_is_a_usage_error(capsys):

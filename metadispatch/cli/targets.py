@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.mode import MetaMode
+from ..errors import MetaDispatchError
 from . import llama
 
 __all__ = [
@@ -139,18 +140,34 @@ def parse_overrides(pairs: list) -> dict:
     return out
 
 
-def check_overrides(config, overrides: dict) -> None:
-    """Refuse keys the config class does not have, and counts or sizes below 1."""
+def check_overrides(config, overrides: dict, prefix: str = "") -> None:
+    """Refuse keys the config class does not have (in nested configs too:
+    ``vision_config={...}``), values of another type than the default's,
+    and counts or sizes below 1."""
     name = type(config).__name__
     for key, value in overrides.items():
+        where = f"--config {prefix}{key}"
         if not hasattr(config, key):
-            raise UsageError(f"--config {key}: {name} has no such key")
+            raise UsageError(f"{where}: {name} has no such key")
         default = getattr(config, key)
+        if hasattr(default, "to_dict") and isinstance(value, dict):
+            check_overrides(default, value, f"{prefix}{key}.")
+            continue
         is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1
         if is_count and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(
-                f"--config {key}={value!r}: must be an integer of at least 1 ({name}'s default is {default})"
-            )
+            raise UsageError(f"{where}={value!r}: must be an integer of at least 1 ({name}'s default is {default})")
+        kind = _kind(default)
+        if kind is not None and _kind(value) != kind:
+            raise UsageError(f"{where}={value!r}: expected {kind} ({name}'s default is {default!r})")
+
+
+def _kind(value) -> str | None:
+    """What a value replacing a config default must be; None where the config class judges."""
+    if isinstance(value, bool):
+        return "True or False"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else None
 
 
 SUPPORTED_HF = (
@@ -177,7 +194,10 @@ def hf_target(
     except ValueError:
         raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)") from None
     check_overrides(config, overrides)
-    config = transformers.AutoConfig.for_model(arch, **overrides)
+    try:
+        config = transformers.AutoConfig.for_model(arch, **overrides)
+    except (ValueError, TypeError) as e:  # the config class's own validation
+        raise UsageError(f"--config: {type(config).__name__} refused it: {_message(e)}") from e
     if arch in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         kind, auto_class = "speech", transformers.AutoModelForSpeechSeq2Seq
     elif getattr(config, "is_encoder_decoder", False) and arch in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -200,7 +220,14 @@ def hf_target(
     names: list = []
 
     def build():
-        model = auto_class.from_config(config)
+        try:
+            model = auto_class.from_config(config)
+        except (ValueError, AssertionError) as e:
+            # A model that checks its config (heads dividing the width,
+            # probabilities in [0, 1]) refused what --config set.
+            if not overrides or isinstance(e, MetaDispatchError):
+                raise
+            raise UsageError(f"--config: the {arch} model refused these settings: {_message(e)}") from e
         if dtype is not None:
             model = model.to(dtype)
         inputs = _hf_inputs(kind, config, batch, seq, dtype)
@@ -223,6 +250,11 @@ def hf_target(
         device,
         lazy,
     )
+
+
+def _message(error: BaseException) -> str:
+    """An error's message on one line (a validation error's first line ends in ':')."""
+    return " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
 
 
 def _main_input(transformers, class_name) -> str | None:
