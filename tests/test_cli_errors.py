@@ -409,3 +409,13 @@ def test_cli_interrupt_exits_130_without_a_traceback(tmp_path, capsys):
     code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
     assert code == 130
     _assert_one_line(err, "metadispatch trace: interrupted")
+
+
+def test_cli_error_whose_first_line_ends_in_a_colon_keeps_the_next(tmp_path, capsys):
+    script = tmp_path / "colon.py"
+    script.write_text(
+        "def build():\n    raise ValueError('Validation error for field x:\\n    expected str, got int')\n"
+    )
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "ValueError: Validation error for field x: expected str, got int (at colon.py:2 in build)")

@@ -471,7 +471,10 @@ def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         text = f"{type(error).__name__}: {error.strerror}"
     else:
-        text = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+        # "Validation error for field 'x':" says what, its next line why.
+        first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+        text = f"{type(error).__name__}: {first}"
     where = None if isinstance(error, ImportError) else traceback_frame(error.__traceback__)
     # Messages quote trace files (names, keys): escaped like everything printed.
     return printable(text + (f" (at {where})" if where else ""))
