@@ -288,3 +288,22 @@ def test_check_report_is_not_ok_after_a_made_up_read():
     assert "0 mismatches, 1 made-up value>" in repr(report)
     given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
     assert given.ok and not given.made_up
+
+
+def test_check_value_policy_reports_keys_that_named_no_site():
+    report = md.checker(values={"no_such_file.py:3": 1, "aten.nonzero.default": torch.tensor([[1]])})(
+        lambda x: (x > 0).nonzero(), torch.randn(4)
+    )
+    assert report.unused_values == ("no_such_file.py:3",)
+    assert "values= keys that named no site (a typo, or a line that never ran): 'no_such_file.py:3'" in str(report)
+
+
+def test_check_value_policy_refuses_what_cannot_stand_for_the_op():
+    with pytest.raises(TypeError, match="a key names a site"):
+        md.checker(values={12: 1})(lambda x: x, torch.randn(4))
+    report = md.checker(values={"aten.nonzero.default": [0, 2]})(lambda x: (x > 0).nonzero(), torch.randn(4))
+    assert isinstance(report.error, TypeError)
+    assert "values['aten.nonzero.default']: aten.nonzero.default returns tensors" in str(report.error)
+    line = _choice.__code__.co_firstlineno + 2
+    report = md.checker(values={f"test_check_fallback.py:{line}": "two"})(lambda x: x * _choice((1, 2)), torch.ones(1))
+    assert "reads a number; give a number, got str" in str(report.error)

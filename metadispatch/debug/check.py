@@ -89,7 +89,7 @@ def checker(
 
     def run(fn: Callable, *args, **kwargs) -> Report:
         mode = MetaMode(device=device, stack=True, known_limit=known_limit, gpu=gpu)
-        state = _State(mode, limit, dict(values or {}))
+        state = _State(mode, limit, _policy(values))
         mode.fallback, mode.read_fallback = state.fallback, state.read
         error = None
         # Calls run for real draw from the global and the user's generators.
@@ -117,7 +117,8 @@ def checker(
             for g, state_ in generators:
                 g.set_state(state_)
         stop = _stop(error, mode, state.assumptions) if error is not None else None
-        return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop)
+        unused = tuple(k for k in state.values if k not in state.used)
+        return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop, unused)
 
     return run
 
@@ -146,6 +147,7 @@ class _State:
         self.refused: list = []  # Answers refused above the limit
         self.assumptions: list = []
         self.read_notes: dict = {}  # call index -> notes of reads of its outputs (``read``)
+        self.used: set = set()  # keys of ``values`` that named a site
 
     def fallback(self, func, args, kwargs, device, error):
         """Run one call for real (Note [Made-up values under md.check]), or refuse."""
@@ -155,7 +157,7 @@ class _State:
         index = len(self.mode.trace.calls)
         given = self._given(name, source)
         if given is not None:
-            out = given[1]
+            out = _checked_given(name, *given)
             basis = f"given by values[{given[0]!r}]"
             made_up: list = []
         else:
@@ -214,6 +216,7 @@ class _State:
         keys = [source, source.split(" in ")[0]] if source else []
         for key in keys + [name]:
             if key in self.values:
+                self.used.add(key)
                 return key, self.values[key]
         return None
 
@@ -221,6 +224,32 @@ class _State:
         for m, r in zip(flat(metas), flat(out)):
             if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor) and _is_index(r):
                 known.know(m, r, self.mode)
+
+
+def _policy(values) -> dict:
+    """``values=`` as a dict keyed by site: a user line or an op name."""
+    values = dict(values or {})
+    for key in values:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"md.checker(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}"
+            )
+    return values
+
+
+def _checked_given(name: str, key: str, value):
+    """The value given for a call, if it can stand for what the op returns."""
+    if name == _SCALAR_READ:
+        if isinstance(value, (bool, int, float, complex)):
+            return value
+        raise TypeError(f"values[{key!r}]: {name} reads a number; give a number, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor) or (
+        isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value)
+    ):
+        return tuple(value) if isinstance(value, list) else value
+    raise TypeError(
+        f"values[{key!r}]: {name} returns tensors; give a tensor or a tuple of them, got {type(value).__name__}"
+    )
 
 
 def _know_index_inputs(mode: MetaMode, args, kwargs) -> None:

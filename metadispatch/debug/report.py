@@ -122,11 +122,21 @@ class Report:
     of :class:`~metadispatch.ir.compare.Mismatch` (``made_up``: the assumptions
     not given by ``values=``); ``skipped`` the calls the CPU re-check could not
     run, ``error`` the exception that stopped the run (None when it ran to
-    the end) and ``stop`` where it stopped, ``trace`` everything recorded.
+    the end) and ``stop`` where it stopped, ``trace`` everything recorded,
+    ``unused_values`` the keys of ``values=`` that named no site.
     """
 
     def __init__(
-        self, trace, answers, refused, mismatches, skipped, error, assumptions=(), stop: Stop | None = None
+        self,
+        trace,
+        answers,
+        refused,
+        mismatches,
+        skipped,
+        error,
+        assumptions=(),
+        stop: Stop | None = None,
+        unused_values: tuple = (),
     ) -> None:
         self.trace = trace
         self.unsupported = _group(answers, refused, "unsupported", trace)
@@ -137,6 +147,7 @@ class Report:
         self.skipped = skipped
         self.error = error
         self.stop = stop
+        self.unused_values = tuple(unused_values)
 
     @property
     def made_up(self) -> list:
@@ -206,6 +217,9 @@ class Report:
                 ("call", "op", "module", "rule", "problem"),
                 [(f"#{m.index}", m.op, m.module or "<top>", m.rule, "; ".join(m.problems)) for m in self.mismatches],
             )
+        if self.unused_values:
+            keys = ", ".join(repr(k) for k in self.unused_values)
+            lines += ["", f"values= keys that named no site (a typo, or a line that never ran): {keys}"]
         if self.skipped:
             lines += [
                 "",
