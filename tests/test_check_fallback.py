@@ -307,3 +307,13 @@ def test_check_value_policy_refuses_what_cannot_stand_for_the_op():
     line = _choice.__code__.co_firstlineno + 2
     report = md.checker(values={f"test_check_fallback.py:{line}": "two"})(lambda x: x * _choice((1, 2)), torch.ones(1))
     assert "reads a number; give a number, got str" in str(report.error)
+
+
+def test_trace_meta_refusal_says_the_meta_is_ours_not_the_users_tensor():
+    def packed(x, lengths):
+        return nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False).data
+
+    with pytest.raises(RuntimeError, match="got 1D meta") as e:  # torch's meta kernel, word for word
+        md.trace(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+    (note,) = [n for n in e.value.__notes__ if "meta kernel refused" in n]
+    assert "not your tensors' device (cpu)" in note and "md.check runs such a call on the real kernel" in note
