@@ -386,6 +386,7 @@ def test_cli_check_of_a_model_that_raises_is_a_finding(raising_model, capsys):
     assert "Stopped: ValueError: this model is broken (module <top>, at raising.py:6 in forward)" in captured.out
 
 
+@pytest.mark.slow  # a process of its own: imports torch again
 def test_cli_console_finds_modules_where_the_user_stands(tmp_path):
     # An installed script's sys.path holds its own folder, not the user's;
     # `metadispatch check mymodel:build` must find ./mymodel.py as `python -m` would.
