@@ -33,7 +33,7 @@ class Answer(NamedTuple):
 class Assumption(NamedTuple):
     """A value ``md.check`` made up (or was given) for one call."""
 
-    index: int  # of the call in the trace
+    index: int  # of the call in the trace (a read outside any op, Tensor.tolist: of the next call)
     op: str
     module: str
     source: str | None
