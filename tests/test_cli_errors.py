@@ -420,3 +420,17 @@ def test_cli_error_whose_first_line_ends_in_a_colon_keeps_the_next(tmp_path, cap
     code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
     assert code == FAILURE
     _assert_one_line(err, "ValueError: Validation error for field x: expected str, got int (at colon.py:2 in build)")
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_cli_closed_stdout_is_no_failure_to_report(monkeypatch, capsys):
+    # `metadispatch ... | head`: main leaves the broken pipe to console(),
+    # which stops quietly; it is not "exit 3: failed: BrokenPipeError".
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    with pytest.raises(BrokenPipeError):
+        main(["trace", "tests.models:mlp", "--device", "cpu"])
+    assert capsys.readouterr().err == ""

@@ -435,7 +435,14 @@ def console() -> int:
     # MODULE:CALLABLE names the user's own modules, from where they stand, as
     # ``python -m`` would find them; an installed script's path lacks ".".
     sys.path.insert(0, os.getcwd())
-    return main()
+    try:
+        return main()
+    except BrokenPipeError:
+        # ``metadispatch summary t.json | head``: the reader has what it
+        # wanted.  Point stdout at nothing, so that flushing it at exit does
+        # not raise again, and stop as ``head`` would leave a writer.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def main(argv=None) -> int:
@@ -449,6 +456,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
         print(f"{prog}: error: {printable(str(e), keep=chr(10))}\n  (see {prog} --help)", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # stdout's reader went away: nothing to say, nowhere to say it (console())
     except Exception as e:  # a failure to run: one line, the traceback only with --debug
         if getattr(args, "debug", False):
             traceback.print_exc()
