@@ -46,6 +46,17 @@ def _assert_one_line(err: str, message: str):
         (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
         (["trace", "--config", "n_layer=2"], "--config needs --hf"),
         (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+        (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
+        (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
+        (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
+        (["trace", "--world-size", "2", "--rank", "2", "--fsdp"], "--rank 2: not a rank of a world of 2"),
+        (["trace", "--fsdp"], "--fsdp, --tp, --dp and --rank need --world-size"),
+        (["trace", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
+        (["check", "m:f", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
+        (["check", "m:f", "--device", "cuda"], "--device cuda: check re-runs every call on the CPU"),
+        (["replay", "t.json", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["trace", "--dtype", "f64"], "argument --dtype: invalid choice: 'f64'"),
+        (["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
     ],
 )
 def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
