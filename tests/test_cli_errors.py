@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+import metadispatch as md
 from metadispatch.cli.main import EXIT_CODES, _Progress, main
 
 USAGE, FAILURE = 2, 3
@@ -445,3 +447,25 @@ def test_cli_closed_stdout_is_no_failure_to_report(monkeypatch, capsys):
     with pytest.raises(BrokenPipeError):
         main(["trace", "tests.models:mlp", "--device", "cpu"])
     assert capsys.readouterr().err == ""
+
+
+def test_cli_findings_exit_1_replay_mismatch_and_check_problem(tmp_path, capsys):
+    # A wrong rule (transposed strides) is recorded; replaying the file finds it.
+    tril = torch.ops.aten.tril.default
+
+    @md.register_meta(tril, override=True)
+    def wrong(x, diagonal=0):
+        return torch.empty_like(x).t()
+
+    try:
+        path = tmp_path / "wrong.json"
+        md.trace(lambda x: x.tril(), torch.randn(3, 3)).save(path)
+    finally:
+        md.unregister_meta(tril)
+    code = main(["replay", str(path)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.err == "" and "stride" in captured.out
+    script = tmp_path / "dd.py"
+    script.write_text("import torch\n\ndef build():\n    return (lambda x: (x > 0).nonzero()), torch.randn(4)\n")
+    code = main(["check", f"{script}:build"])
+    assert code == 1 and "Data-dependent ops" in capsys.readouterr().out
