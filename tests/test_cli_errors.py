@@ -469,3 +469,13 @@ def test_cli_findings_exit_1_replay_mismatch_and_check_problem(tmp_path, capsys)
     script.write_text("import torch\n\ndef build():\n    return (lambda x: (x > 0).nonzero()), torch.randn(4)\n")
     code = main(["check", f"{script}:build"])
     assert code == 1 and "Data-dependent ops" in capsys.readouterr().out
+
+
+def test_cli_config_token_ids_may_be_zero():
+    transformers = pytest.importorskip("transformers")
+    from metadispatch.cli import targets
+
+    config = transformers.GPT2Config()
+    targets.check_overrides(config, {"bos_token_id": 0, "eos_token_id": 0})  # ids, not counts: no error
+    with pytest.raises(targets.UsageError, match="n_layer=0: must be an integer of at least 1"):
+        targets.check_overrides(config, {"n_layer": 0})

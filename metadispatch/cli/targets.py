@@ -153,7 +153,9 @@ def check_overrides(config, overrides: dict, prefix: str = "") -> None:
         if hasattr(default, "to_dict") and isinstance(value, dict):
             check_overrides(default, value, f"{prefix}{key}.")
             continue
-        is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1
+        # A token id or an index may be 0; a count or a size may not.
+        is_id = key.endswith(("_id", "_ids", "_index", "_idx"))
+        is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1 and not is_id
         if is_count and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise UsageError(f"{where}={value!r}: must be an integer of at least 1 ({name}'s default is {default})")
         kind = _kind(default)

@@ -21,8 +21,8 @@ Note [Made-up values under md.check]
 The inputs of such a call are, in order of preference: the values a user
 gave for its site (``values=``, the value policy); known values (Note [Known
 values] in known.py, which under md.check include the user's integer and
-boolean example inputs: ``_know_index_inputs``); made-up data, inside the bounds of how the tensor was
-produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
+boolean example inputs: ``_know_index_inputs``); made-up data, inside the
+bounds of how the tensor was produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
 ``bool(t)``/``.item()`` is False: such reads mostly guard error paths
 (torchvision's ``if degenerate_boxes.any(): raise ...``).  A read outside
 any op (``t.tolist()``, ``t.numpy()``) gets a made-up value the same way
