@@ -17,6 +17,7 @@ __all__ = [
     "MaterializeLimitError",
     "mark_call",
     "raised_in",
+    "explain_meta_refusal",
     "ReplayError",
     "ReplayInputError",
     "BudgetExceededError",
@@ -81,6 +82,22 @@ def mark_call(error: BaseException, op: str, where: str | None) -> None:
     error._md_call = (op, where)  # type: ignore[attr-defined]
     if where:
         error.add_note(f"metadispatch: while running {op} at {where}")
+
+
+def explain_meta_refusal(error: BaseException, op: str, devices: list) -> None:
+    """Note on a meta kernel's refusal that names ``meta`` whose ``meta`` it is.
+
+    A meta kernel checking where an index tensor lives (``pack_padded_sequence``
+    wants its ``lengths`` on the CPU) sees metadispatch's meta storage and
+    says "got 1D meta Long tensor": the user's tensor was not on ``meta``.
+    """
+    if "meta" not in str(error).lower() or isinstance(error, MetaDispatchError):
+        return
+    error.add_note(
+        f"metadispatch: {op}'s meta kernel refused this call; the 'meta' it names is metadispatch's "
+        f"stand-in storage, not your tensors' device ({', '.join(devices) or 'none'}). md.check runs "
+        "such a call on the real kernel."
+    )
 
 
 def raised_in(error: BaseException) -> tuple:

@@ -125,14 +125,16 @@ def test_check_packed_sequences_run_through_lstm_and_back():
         out, _ = lstm(p)
         return nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
 
-    x, lengths = torch.randn(3, 5, 4), torch.tensor([1, 1, 1])  # made-up lengths are 1s: compare with those
+    # The user's lengths keep their values: the packed batch sizes are eager's.
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([2, 4, 3])
     report = md.check(packed, x, lengths)
     assert report.error is None, str(report)
     out, out_lengths = packed(x, lengths)
+    assert out.shape == (3, 4, 8)  # padded to the longest length, not to 5
     assert report.trace.output_meta[0].shape == out.shape and report.trace.output_meta[1].shape == out_lengths.shape
     assert [i.op for i in report.meta_refused] == ["aten._pack_padded_sequence.default"]
-    assert "meta" not in str(report.error or "")
-    assert any("i64[3]: (all 1)" in a.basis for a in report.assumptions)
+    assert not report.assumptions  # nothing index-like was made up
+    assert torch.equal(lengths, torch.tensor([2, 4, 3]))  # the user's tensor untouched
 
 
 def test_check_packed_sequence_with_user_lengths_never_blames_meta():
@@ -185,3 +187,133 @@ def test_check_torchvision_detection_training_step():
     choice = next(a for a in report.assumptions if "torch_choice" in (a.source or ""))
     assert 0 <= float(choice.value) < 2 and "uniform_(0.0, 2.0)" in choice.basis
     assert any(c.phase == "backward" for c in report.trace)
+
+
+def _shapes_mismatch(x):
+    return x @ torch.randn(3, 3)
+
+
+def _grouped_mm_mismatch(x):
+    return torch._grouped_mm(x, torch.randn(2, 15, 8), offs=torch.tensor([16, 32], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("fn", [_shapes_mismatch, _grouped_mm_mismatch])
+def test_check_real_refusal_stops_with_what_eager_says(fn):
+    # Both meta kernels refuse (the second for fp32, which the real kernel
+    # accepts); the real kernel refuses too, and its message is eager's.
+    x = torch.randn(32, 16)
+    with pytest.raises(RuntimeError) as eager:
+        fn(x)
+    report = md.check(fn, x)
+    assert type(report.error) is RuntimeError and str(report.error) == str(eager.value)
+    assert report.stop.after is None  # float data made up for a shape error is no assumption
+    assert f"Stopped: RuntimeError: {str(eager.value).splitlines()[0]} (in aten." in str(report)
+
+
+def test_check_made_up_integers_bounded_below_only():
+    # abs() bounds a value below only: made-up counts stay finite and >= 0.
+    def repeat(x):
+        return torch.repeat_interleave(x, (x.abs() * 3).long()).sum()
+
+    report = md.check(repeat, torch.randn(4))
+    assert report.error is None, str(report)
+    (a,) = report.assumptions
+    assert a.op == "aten.repeat_interleave.Tensor" and "a value in [0, inf] from abs mul 3" in a.basis
+    assert a.value in {f"i64[{n}]" for n in range(100)}
+
+
+def _first_positive(x):
+    flags = (x > 0).long().tolist()
+    return (10, 20, 30, 40)[flags.index(1)] if 1 in flags else 0
+
+
+def test_check_tolist_reads_a_made_up_value_as_an_assumption():
+    report = md.check(_first_positive, torch.randn(4))
+    assert report.error is None, str(report)
+    (a,) = report.assumptions
+    assert (a.op, a.value, a.basis) == ("Tensor.tolist", "[1, 1, 1, 1]", "made-up i64[4]: (all 1)")
+    assert a.source.endswith("in _first_positive") and "Tensor.tolist" in str(report)
+    made = report.trace.calls[a.index - 1]  # the cast to long whose values were read
+    assert made.op == "aten._to_copy.default" and "Tensor.tolist assumed [1, 1, 1, 1]" in made.note
+    given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
+    assert given.trace.output == 30 and given.assumptions[0].basis == "given by values['Tensor.tolist']"
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_check_multinomial_index_stays_in_range(n):
+    choices = tuple(range(n))
+    report = md.check(lambda w: choices[int(torch.multinomial(w, 1).item())], torch.ones(n))
+    assert report.error is None, str(report)
+    assert 0 <= int(report.assumptions[0].value) < n and "multinomial" in report.assumptions[0].basis
+
+
+def test_check_equal_shows_the_made_up_answer():
+    report = md.check(lambda x: torch.equal(x, x.clone()), torch.randn(4))
+    (a,) = report.assumptions
+    assert a.op == "aten.equal.default" and a.value in ("True", "False") and str(report.trace.output) == a.value
+
+
+def test_check_packed_sequence_on_logical_cuda_keeps_batch_sizes_on_cpu():
+    lstm = nn.LSTM(4, 8, batch_first=True)
+
+    def packed(x, lengths):
+        lstm.cuda()
+        p = nn.utils.rnn.pack_padded_sequence(x.cuda(), lengths, batch_first=True, enforce_sorted=False)
+        return lstm(p)[0].batch_sizes
+
+    report = md.checker("cuda", recheck_calls=False)(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+    assert report.error is None, str(report)
+    assert report.trace.output_meta.device == torch.device("cpu")  # as PackedSequence requires
+
+
+def test_check_knows_integer_inputs_not_float_ones_nor_module_buffers():
+    def step(model, ids, x):
+        return int(ids.sum()), int(model.steps.sum()), float(x.sum())
+
+    model = nn.Module()
+    model.register_buffer("steps", torch.tensor([3]))
+    ids, x = torch.tensor([2, 0, 5]), torch.randn(3)
+    report = md.check(step, model, ids, x)
+    assert report.error is None, str(report)
+    assert report.trace.output[0] == 7  # the user's ids, read for real
+    read = [(report.trace.calls[a.index].inputs[0].dtype, a.value) for a in report.assumptions]
+    assert [dtype for dtype, _ in read] == [torch.int64, torch.float32]  # the buffer and x: made up
+    assert report.trace.output[1] == int(read[0][1])
+
+
+def test_check_report_is_not_ok_after_a_made_up_read():
+    # tolist() is no op: only the assumption says the run read a made-up value.
+    report = md.check(_first_positive, torch.randn(4))
+    assert not report.data_dependent and len(report.made_up) == 1 and not report.ok
+    assert "0 mismatches, 1 made-up value>" in repr(report)
+    given = md.checker(values={"Tensor.tolist": [0, 0, 1, 0]})(_first_positive, torch.randn(4))
+    assert given.ok and not given.made_up
+
+
+def test_check_value_policy_reports_keys_that_named_no_site():
+    report = md.checker(values={"no_such_file.py:3": 1, "aten.nonzero.default": torch.tensor([[1]])})(
+        lambda x: (x > 0).nonzero(), torch.randn(4)
+    )
+    assert report.unused_values == ("no_such_file.py:3",)
+    assert "values= keys that named no site (a typo, or a line that never ran): 'no_such_file.py:3'" in str(report)
+
+
+def test_check_value_policy_refuses_what_cannot_stand_for_the_op():
+    with pytest.raises(TypeError, match="a key names a site"):
+        md.checker(values={12: 1})(lambda x: x, torch.randn(4))
+    report = md.checker(values={"aten.nonzero.default": [0, 2]})(lambda x: (x > 0).nonzero(), torch.randn(4))
+    assert isinstance(report.error, TypeError)
+    assert "values['aten.nonzero.default']: aten.nonzero.default returns tensors" in str(report.error)
+    line = _choice.__code__.co_firstlineno + 2
+    report = md.checker(values={f"test_check_fallback.py:{line}": "two"})(lambda x: x * _choice((1, 2)), torch.ones(1))
+    assert "reads a number; give a number, got str" in str(report.error)
+
+
+def test_trace_meta_refusal_says_the_meta_is_ours_not_the_users_tensor():
+    def packed(x, lengths):
+        return nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False).data
+
+    with pytest.raises(RuntimeError, match="got 1D meta") as e:  # torch's meta kernel, word for word
+        md.trace(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+    (note,) = [n for n in e.value.__notes__ if "meta kernel refused" in n]
+    assert "not your tensors' device (cpu)" in note and "md.check runs such a call on the real kernel" in note

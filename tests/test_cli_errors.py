@@ -1,11 +1,17 @@
 """The command line's errors: one line on stderr, an exit code per class, a traceback only with --debug."""
 
 import io
+import os
+import subprocess
+import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
+import metadispatch as md
 from metadispatch.cli.main import EXIT_CODES, _Progress, main
 
 USAGE, FAILURE = 2, 3
@@ -42,6 +48,17 @@ def _assert_one_line(err: str, message: str):
         (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
         (["trace", "--config", "n_layer=2"], "--config needs --hf"),
         (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+        (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
+        (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
+        (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
+        (["trace", "--world-size", "2", "--rank", "2", "--fsdp"], "--rank 2: not a rank of a world of 2"),
+        (["trace", "--fsdp"], "--fsdp, --tp, --dp and --rank need --world-size"),
+        (["trace", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
+        (["check", "m:f", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
+        (["check", "m:f", "--device", "cuda"], "--device cuda: check re-runs every call on the CPU"),
+        (["replay", "t.json", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+        (["trace", "--dtype", "f64"], "argument --dtype: invalid choice: 'f64'"),
+        (["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
     ],
 )
 def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
@@ -57,6 +74,10 @@ def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
         ("=1", "--config expects KEY=VALUE, got '=1'"),
         ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
         ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
+        ("activation_function=5", "--config activation_function=5: expected a string (GPT2Config's default is"),
+        ("layer_norm_epsilon=abc", "--config layer_norm_epsilon='abc': expected a number (GPT2Config's default is"),
+        ("scale_attn_weights=3", "--config scale_attn_weights=3: expected True or False (GPT2Config's default is"),
+        ("n_head=5", "--config: the gpt2 model refused these settings: `embed_dim` must be divisible by num_heads"),
     ],
 )
 def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsys):
@@ -64,6 +85,16 @@ def test_cli_config_keys_must_exist_and_sizes_be_positive(config, message, capsy
     code, err = _run(["trace", "--hf", "gpt2", "--config", config], capsys)
     assert code == USAGE
     _assert_one_line(err, message)
+
+
+def test_cli_config_keys_of_nested_configs_must_exist(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "clip", "--config", "vision_config={'bogus': 1}"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--config vision_config.bogus: CLIPVisionConfig has no such key")
+    code, err = _run(["trace", "--hf", "clip", "--config", "vision_config={'num_hidden_layers': 0}"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--config vision_config.num_hidden_layers=0: must be an integer of at least 1")
 
 
 def test_cli_hf_unknown_type_is_a_usage_error(capsys):
@@ -75,11 +106,30 @@ def test_cli_hf_unknown_type_is_a_usage_error(capsys):
 
 def test_cli_hf_refuses_kinds_it_cannot_feed_naming_what_it_supports(capsys):
     pytest.importorskip("transformers")
-    code, err = _run(["trace", "--hf", "bert", "--config", "num_hidden_layers=1"], capsys)
+    small = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+    argv = ["trace", "--hf", "bert", "--seq", "8", "--forward-only"]
+    code, err = _run(argv + [a for pair in small for a in ("--config", pair)], capsys)
     assert code == 0  # bert has a causal-LM head: fed token ids
-    code, err = _run(["trace", "--hf", "wav2vec2"], capsys)
+    code, err = _run(["trace", "--hf", "llava"], capsys)
     assert code == USAGE
-    _assert_one_line(err, "--hf wav2vec2: no inputs known for this kind of model; --hf supports decoder-only")
+    _assert_one_line(err, "--hf llava: no inputs known for this kind of model; --hf supports decoder-only")
+    assert "speech encoders with a CTC head on raw audio (wav2vec2, hubert, ...)" in err
+
+
+def test_cli_hf_builds_ctc_speech_encoders_on_raw_audio(capsys):
+    pytest.importorskip("transformers")
+    from metadispatch.cli import targets
+
+    small = ["num_hidden_layers=1", "hidden_size=32", "num_attention_heads=2", "intermediate_size=64"]
+    argv = ["trace", "--hf", "wav2vec2", "--top", "1"]
+    for pair in small:
+        argv += ["--config", pair]
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("transformers Wav2Vec2ForCTC (batch 1 x 1 s of 16 kHz audio): forward and")
+    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2, 128)
+    assert [tuple(x.shape) for x in t.inputs] == [(2, targets.AUDIO_SAMPLES)]
+    assert t.model.config.layerdrop == 0.0  # a layer skipped at random (training) is no one step
 
 
 _SMALL_SEQ2SEQ = [
@@ -249,3 +299,183 @@ def test_cli_progress_shows_after_a_second_only(monkeypatch):
     with _Progress("tracing", lambda: 3, stream=quick):
         pass
     assert quick.getvalue() == ""
+
+
+def test_cli_hf_t5_starts_decoding_at_the_pad_token(capsys):
+    # T5's config leaves decoder_start_token_id unset; the model raised on it.
+    pytest.importorskip("transformers")
+    argv = ["trace", "--hf", "t5", "--forward-only", "--top", "1", "--seq", "8"]
+    for pair in ("num_layers=1", "num_decoder_layers=1", "d_model=32", "d_ff=64", "num_heads=2", "d_kv=16"):
+        argv += ["--config", pair]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("transformers T5ForConditionalGeneration (batch 1 x 8 tokens): forward")
+
+
+_TINY_GPT2 = ["--config", "n_layer=1", "--config", "n_embd=32", "--config", "n_head=2", "--top", "1"]
+
+
+def test_cli_hf_seq_past_learned_positions_is_a_usage_error(capsys):
+    pytest.importorskip("transformers")
+    code, err = _run(["trace", "--hf", "gpt2", "--seq", "1025"] + _TINY_GPT2, capsys)
+    assert code == USAGE
+    _assert_one_line(err, "--seq 1025: longer than GPT2Config's n_positions (1024)")
+    # Rotary positions have no such end: llama traces past max_position_embeddings.
+    llama = ["--config", "num_hidden_layers=1", "--config", "hidden_size=32", "--config", "intermediate_size=64"]
+    llama += ["--config", "num_attention_heads=2", "--config", "num_key_value_heads=2", "--config", "vocab_size=64"]
+    code, err = _run(["trace", "--hf", "llama", "--seq", "4096", "--forward-only", "--top", "1"] + llama, capsys)
+    assert code == 0, err
+
+
+def test_cli_hf_trace_saves_and_loads_back(tmp_path, capsys):
+    # The step's output was a ModelOutput holding a DynamicCache, which no
+    # trace file records: --out failed after tracing for every --hf model.
+    pytest.importorskip("transformers")
+    path = tmp_path / "gpt2.json.gz"
+    code, err = _run(["trace", "--hf", "gpt2", "--seq", "8", "--out", str(path)] + _TINY_GPT2, capsys)
+    assert code == 0, err
+    code, err = _run(["summary", str(path), "--top", "1"], capsys)
+    assert code == 0, err
+
+
+@pytest.fixture
+def marked_build(tmp_path):
+    """A target whose build leaves a marker file: whether it was built at all."""
+    script = tmp_path / "marked.py"
+    marker = tmp_path / "built"
+    script.write_text(
+        textwrap.dedent(f"""
+        import pathlib, torch
+
+        def build():
+            pathlib.Path({str(marker)!r}).write_text("built")
+            return torch.nn.Linear(2, 2), torch.ones(1, 2)
+
+        def single():
+            return torch.nn.Linear(2, 2)
+    """)
+    )
+    return script, marker
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_cli_output_in_a_missing_folder_fails_before_building(option, marked_build, tmp_path, capsys):
+    script, marker = marked_build
+    target = tmp_path / "no_such_dir" / "t.json"
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", option, str(target)], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(err, f"could not write {target}: FileNotFoundError: no folder {target.parent}")
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", option, str(tmp_path)], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(err, f"could not write {tmp_path}: IsADirectoryError")
+
+
+@pytest.mark.parametrize("command", ["trace", "check"])
+def test_cli_target_returning_no_pair_is_a_usage_error(command, marked_build, capsys):
+    script, _ = marked_build
+    code, err = _run([command, f"{script}:single", "--device", "cpu"], capsys)
+    assert code == USAGE
+    _assert_one_line(err, f"{script}:single must return (model, example inputs), got Linear")
+
+
+def test_cli_check_gpu_needs_logical_cuda_and_names_the_profile(marked_build, capsys):
+    script, marker = marked_build
+    code, err = _run(["check", f"{script}:build", "--gpu", "a100-80gb"], capsys)
+    assert code == USAGE and not marker.exists()
+    _assert_one_line(err, "--gpu needs --device cuda")
+    code = main(["check", f"{script}:build", "--device", "cuda", "--no-recheck", "--gpu", "a100-80gb"])
+    assert code == 0 and marker.exists()
+    assert capsys.readouterr().out.startswith(f"{script}:build: checked on cuda (a100-80gb)\nmd.check: ")
+
+
+def test_cli_check_of_a_model_that_raises_is_a_finding(raising_model, capsys):
+    try:
+        code = main(["check", raising_model])
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert "Stopped: ValueError: this model is broken (module <top>, at raising.py:6 in forward)" in captured.out
+
+
+@pytest.mark.slow  # a process of its own: imports torch again
+def test_cli_console_finds_modules_where_the_user_stands(tmp_path):
+    # An installed script's sys.path holds its own folder, not the user's;
+    # `metadispatch check mymodel:build` must find ./mymodel.py as `python -m` would.
+    script = Path(sys.executable).parent / "metadispatch"
+    if not script.exists():
+        pytest.skip("metadispatch is not installed as a script beside this python")
+    (tmp_path / "mymodel.py").write_text(
+        "import torch\n\ndef build():\n    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run(
+        [str(script), "check", "mymodel:build"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mymodel:build: checked on cpu\nmd.check: ")
+
+
+def test_cli_interrupt_exits_130_without_a_traceback(tmp_path, capsys):
+    script = tmp_path / "interrupted.py"
+    script.write_text("def build():\n    raise KeyboardInterrupt\n")
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
+    assert code == 130
+    _assert_one_line(err, "metadispatch trace: interrupted")
+
+
+def test_cli_error_whose_first_line_ends_in_a_colon_keeps_the_next(tmp_path, capsys):
+    script = tmp_path / "colon.py"
+    script.write_text(
+        "def build():\n    raise ValueError('Validation error for field x:\\n    expected str, got int')\n"
+    )
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "ValueError: Validation error for field x: expected str, got int (at colon.py:2 in build)")
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_cli_closed_stdout_is_no_failure_to_report(monkeypatch, capsys):
+    # `metadispatch ... | head`: main leaves the broken pipe to console(),
+    # which stops quietly; it is not "exit 3: failed: BrokenPipeError".
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    with pytest.raises(BrokenPipeError):
+        main(["trace", "tests.models:mlp", "--device", "cpu"])
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_findings_exit_1_replay_mismatch_and_check_problem(tmp_path, capsys):
+    # A wrong rule (transposed strides) is recorded; replaying the file finds it.
+    tril = torch.ops.aten.tril.default
+
+    @md.register_meta(tril, override=True)
+    def wrong(x, diagonal=0):
+        return torch.empty_like(x).t()
+
+    try:
+        path = tmp_path / "wrong.json"
+        md.trace(lambda x: x.tril(), torch.randn(3, 3)).save(path)
+    finally:
+        md.unregister_meta(tril)
+    code = main(["replay", str(path)])
+    captured = capsys.readouterr()
+    assert code == 1 and captured.err == "" and "stride" in captured.out
+    script = tmp_path / "dd.py"
+    script.write_text("import torch\n\ndef build():\n    return (lambda x: (x > 0).nonzero()), torch.randn(4)\n")
+    code = main(["check", f"{script}:build"])
+    assert code == 1 and "Data-dependent ops" in capsys.readouterr().out
+
+
+def test_cli_config_token_ids_may_be_zero():
+    transformers = pytest.importorskip("transformers")
+    from metadispatch.cli import targets
+
+    config = transformers.GPT2Config()
+    targets.check_overrides(config, {"bos_token_id": 0, "eos_token_id": 0})  # ids, not counts: no error
+    with pytest.raises(targets.UsageError, match="n_layer=0: must be an integer of at least 1"):
+        targets.check_overrides(config, {"n_layer": 0})

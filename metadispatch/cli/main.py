@@ -4,8 +4,8 @@
 training step and prints what it would do: ops, FLOPs, peak memory and a
 per-module table.  ``summary``, ``replay`` and ``check`` work on saved traces
 and models with the tools other modules provide.  Tables fit the terminal;
-a progress line shows on a terminal only, once building or tracing takes
-more than a second.
+a progress line shows on a terminal only, once building, tracing,
+checking, reading or replaying takes more than a second.
 
 Every error is one line on stderr (and a hint where one helps); ``--debug``
 adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
@@ -14,6 +14,8 @@ adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import shutil
 import sys
 import threading
@@ -25,7 +27,7 @@ import torch
 from .. import _compat
 from ..analysis.fit import fits
 from ..analysis.runtime import runtime as step_time
-from ..core.profiles import gpu_profile
+from ..core.profiles import DEFAULT_GPU, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.text import printable
 from . import targets
@@ -38,7 +40,8 @@ EXIT_CODES = """exit codes:
   1  findings: replay mismatches, check problems
   2  usage errors: a bad argument, option or --config key
   3  failures to run: a missing, unreadable or corrupt file, an unknown module,
-     a model that raised, an --out/--perfetto/--plot file that could not be written"""
+     a model that raised, an --out/--perfetto/--plot file that could not be written
+  130  interrupted (Ctrl-C)"""
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -129,6 +132,8 @@ def _cmd_trace(args) -> int:
         raise UsageError("--fsdp, --tp, --dp and --rank need --world-size")
     if distributed:
         plan = _plan(args)
+    for path in (args.out, args.perfetto, args.plot):
+        _writable(path)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
             seq = args.seq if args.seq is not None else 128
@@ -203,6 +208,21 @@ def _exports(trace, args) -> int:
     return 0
 
 
+def _writable(path) -> None:
+    """Refuse, before minutes of building and tracing, a file that cannot be
+    written for where it is: a directory, or in a folder that does not exist."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        error: OSError = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    elif not os.path.isdir(folder):
+        error = FileNotFoundError(errno.ENOENT, f"no folder {folder}", path)
+    else:
+        return
+    raise _Failure(f"could not write {path}", error)
+
+
 class _Failure(Exception):
     """A failure to run (exit 3): what was being done, and the exception."""
 
@@ -229,7 +249,7 @@ class _stage:
 def _load(path):
     import metadispatch as md
 
-    with _stage(f"could not read {path}"):
+    with _Progress(f"reading {path}"), _stage(f"could not read {path}"):
         return md.Trace.load(path)
 
 
@@ -245,7 +265,7 @@ def _cmd_replay(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device here; replay on --device cpu")
     trace = _load(args.file)
-    with _stage("replay failed"):
+    with _Progress("replaying"), _stage("replay failed"):
         # A file holds no weights or inputs: replay makes them up and checks
         # every call's metadata; the output lists what was made up.
         result = md.replay(trace, device=args.device, allow_made_up=True)
@@ -257,21 +277,27 @@ def _cmd_check(args) -> int:
     from ..core.realrun import DEFAULT_LIMIT
     from ..debug.check import checker
 
-    if args.device is not None and torch.device(args.device).type != "cpu" and not args.no_recheck:
+    device = torch.device(args.device) if args.device is not None else None
+    if device is not None and device.type != "cpu" and not args.no_recheck:
         raise UsageError(
             f"--device {args.device}: check re-runs every call on the CPU, which is no "
             f"reference for {args.device}; add --no-recheck to trace on logical "
             f"{args.device} without re-checking"
         )
-    with _stage("building the model"):
-        built = targets.load_callable(args.target)()
-        if not (isinstance(built, tuple) and len(built) == 2):
-            raise UsageError(f"{args.target} must return (model, example inputs)")
-    model, inputs = built
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    cuda = device is not None and device.type == "cuda"
+    if args.gpu and not cuda:
+        raise UsageError("--gpu needs --device cuda (it names the GPU logical cuda answers as)")
+    gpu = (args.gpu or DEFAULT_GPU) if cuda else None
     limit = args.limit if args.limit is not None else DEFAULT_LIMIT
-    report = checker(args.device, limit=limit, recheck_calls=not args.no_recheck)(model, *inputs)
-    print(report)
+    with _Progress("building the model"), _stage("building the model"):
+        model, inputs = targets.model_and_inputs(args.target, targets.load_callable(args.target)())
+    run = checker(args.device, limit=limit, recheck_calls=not args.no_recheck, gpu=gpu)
+    # A model that stops is a finding (exit 1), not a failure to run: the
+    # report says where it stopped and why.
+    with _Progress("checking"):
+        report = run(model, *inputs)
+    print(f"{args.target}: checked on {args.device or 'cpu'}" + (f" ({gpu})" if gpu else ""))
+    _out(report)
     return 0 if report.ok else 1
 
 
@@ -390,6 +416,7 @@ def _parser() -> argparse.ArgumentParser:
         "--limit", type=_at_least(0), default=None, help="bytes of real inputs one call may materialise (default 1 GiB)"
     )
     c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
+    c.add_argument("--gpu", metavar="NAME", type=_gpu, help="the GPU logical cuda answers as (default h100)")
     t.set_defaults(run=_cmd_trace)
     s.set_defaults(run=_cmd_summary)
     r.set_defaults(run=_cmd_replay)
@@ -405,7 +432,17 @@ def console() -> int:
     [Reference kernels without dynamo in the command line].
     """
     _compat.skip_dynamo_in_reference_kernels()
-    return main()
+    # MODULE:CALLABLE names the user's own modules, from where they stand, as
+    # ``python -m`` would find them; an installed script's path lacks ".".
+    sys.path.insert(0, os.getcwd())
+    try:
+        return main()
+    except BrokenPipeError:
+        # ``metadispatch summary t.json | head``: the reader has what it
+        # wanted.  Point stdout at nothing, so that flushing it at exit does
+        # not raise again, and stop as ``head`` would leave a writer.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def main(argv=None) -> int:
@@ -419,6 +456,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
         print(f"{prog}: error: {printable(str(e), keep=chr(10))}\n  (see {prog} --help)", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise  # stdout's reader went away: nothing to say, nowhere to say it (console())
     except Exception as e:  # a failure to run: one line, the traceback only with --debug
         if getattr(args, "debug", False):
             traceback.print_exc()
@@ -427,6 +466,11 @@ def main(argv=None) -> int:
         if not getattr(args, "debug", False):
             print("  (run with --debug for the traceback)", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code for SIGINT, and no traceback
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _one_line(error: BaseException) -> str:
@@ -436,7 +480,10 @@ def _one_line(error: BaseException) -> str:
     if isinstance(error, OSError) and error.strerror:
         text = f"{type(error).__name__}: {error.strerror}"
     else:
-        text = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
+        # "Validation error for field 'x':" says what, its next line why.
+        first = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+        text = f"{type(error).__name__}: {first}"
     where = None if isinstance(error, ImportError) else traceback_frame(error.__traceback__)
     # Messages quote trace files (names, keys): escaped like everything printed.
     return printable(text + (f" (at {where})" if where else ""))

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..core.mode import MetaMode
+from ..errors import MetaDispatchError
 from . import llama
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "callable_target",
     "hf_target",
     "load_callable",
+    "model_and_inputs",
     "parse_overrides",
     "check_overrides",
     "UsageError",
@@ -112,12 +114,16 @@ def load_callable(spec: str) -> Callable:
 def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False) -> Target:
     """A function returning ``(model, inputs)``; inputs a tensor or a tuple."""
     fn = load_callable(spec)
+    return _built(spec, lambda: model_and_inputs(spec, fn()), _train_step(backward), device, lazy)
 
-    def build():
-        model, inputs = fn()
-        return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
-    return _built(spec, build, _train_step(backward), device, lazy)
+def model_and_inputs(spec: str, built) -> tuple:
+    """``(model, inputs as a tuple)`` from what ``spec``'s callable returned, or a usage error."""
+    if not (isinstance(built, tuple) and len(built) == 2):
+        got = f"a tuple of {len(built)}" if isinstance(built, tuple) else type(built).__name__
+        raise UsageError(f"{spec} must return (model, example inputs), got {got}")
+    model, inputs = built
+    return model, inputs if isinstance(inputs, tuple) else (inputs,)
 
 
 def parse_overrides(pairs: list) -> dict:
@@ -134,24 +140,44 @@ def parse_overrides(pairs: list) -> dict:
     return out
 
 
-def check_overrides(config, overrides: dict) -> None:
-    """Refuse keys the config class does not have, and counts or sizes below 1."""
+def check_overrides(config, overrides: dict, prefix: str = "") -> None:
+    """Refuse keys the config class does not have (in nested configs too:
+    ``vision_config={...}``), values of another type than the default's,
+    and counts or sizes below 1."""
     name = type(config).__name__
     for key, value in overrides.items():
+        where = f"--config {prefix}{key}"
         if not hasattr(config, key):
-            raise UsageError(f"--config {key}: {name} has no such key")
+            raise UsageError(f"{where}: {name} has no such key")
         default = getattr(config, key)
-        is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1
+        if hasattr(default, "to_dict") and isinstance(value, dict):
+            check_overrides(default, value, f"{prefix}{key}.")
+            continue
+        # A token id or an index may be 0; a count or a size may not.
+        is_id = key.endswith(("_id", "_ids", "_index", "_idx"))
+        is_count = isinstance(default, int) and not isinstance(default, bool) and default >= 1 and not is_id
         if is_count and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(
-                f"--config {key}={value!r}: must be an integer of at least 1 ({name}'s default is {default})"
-            )
+            raise UsageError(f"{where}={value!r}: must be an integer of at least 1 ({name}'s default is {default})")
+        kind = _kind(default)
+        if kind is not None and _kind(value) != kind:
+            raise UsageError(f"{where}={value!r}: expected {kind} ({name}'s default is {default!r})")
+
+
+def _kind(value) -> str | None:
+    """What a value replacing a config default must be; None where the config class judges."""
+    if isinstance(value, bool):
+        return "True or False"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "a string" if isinstance(value, str) else None
 
 
 SUPPORTED_HF = (
     "decoder-only language models (llama, gpt2, ...), encoder-decoder language models "
-    "(bart, t5, ...), speech encoder-decoders (whisper) and image classifiers (vit, resnet, ...)"
+    "(bart, t5, ...), speech encoder-decoders (whisper), speech encoders with a CTC head on "
+    "raw audio (wav2vec2, hubert, ...) and image classifiers (vit, resnet, ...)"
 )
+AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech encoder
 
 
 def hf_target(
@@ -170,7 +196,10 @@ def hf_target(
     except ValueError:
         raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)") from None
     check_overrides(config, overrides)
-    config = transformers.AutoConfig.for_model(arch, **overrides)
+    try:
+        config = transformers.AutoConfig.for_model(arch, **overrides)
+    except (ValueError, TypeError) as e:  # the config class's own validation
+        raise UsageError(f"--config: {type(config).__name__} refused it: {_message(e)}") from e
     if arch in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         kind, auto_class = "speech", transformers.AutoModelForSpeechSeq2Seq
     elif getattr(config, "is_encoder_decoder", False) and arch in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -179,12 +208,28 @@ def hf_target(
         kind, auto_class = "image", transformers.AutoModelForImageClassification
     elif arch in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not getattr(config, "is_encoder_decoder", False):
         kind, auto_class = "causal", transformers.AutoModelForCausalLM
+    elif _main_input(transformers, auto.MODEL_FOR_CTC_MAPPING_NAMES.get(arch)) == "input_values":
+        kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
+    if kind in ("causal", "seq2seq", "speech"):
+        _check_positions(config, kind, seq)
+    for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
+        setattr(config, key, 0.0)  # a layer skipped at random makes no one step to trace
+    if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
+        # T5's configs leave it unset (its checkpoints start decoding at the pad token).
+        config.decoder_start_token_id = config.pad_token_id or 0
     names: list = []
 
     def build():
-        model = auto_class.from_config(config)
+        try:
+            model = auto_class.from_config(config)
+        except (ValueError, AssertionError) as e:
+            # A model that checks its config (heads dividing the width,
+            # probabilities in [0, 1]) refused what --config set.
+            if not overrides or isinstance(e, MetaDispatchError):
+                raise
+            raise UsageError(f"--config: the {arch} model refused these settings: {_message(e)}") from e
         if dtype is not None:
             model = model.to(dtype)
         inputs = _hf_inputs(kind, config, batch, seq, dtype)
@@ -192,9 +237,14 @@ def hf_target(
         return model, tuple(inputs.values())
 
     def call(model, *values):
-        return model(**dict(zip(names, values)))
+        # The tensors of the model's output: a cache object is no value a
+        # trace records (--out could not save it).
+        out = model(**dict(zip(names, values)))
+        return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
-    shape = f"batch {batch} x {seq} tokens" if kind in ("causal", "seq2seq") else f"batch {batch}"
+    shape = {"causal": f"batch {batch} x {seq} tokens", "seq2seq": f"batch {batch} x {seq} tokens"}.get(
+        kind, f"batch {batch} x 1 s of 16 kHz audio" if kind == "ctc" else f"batch {batch}"
+    )
     return _built(
         lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
         build,
@@ -202,6 +252,32 @@ def hf_target(
         device,
         lazy,
     )
+
+
+def _message(error: BaseException) -> str:
+    """An error's message on one line (a validation error's first line ends in ':')."""
+    return " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+
+
+def _main_input(transformers, class_name) -> str | None:
+    """What a model class takes first (``input_values``: raw audio), or None."""
+    return getattr(getattr(transformers, class_name, None), "main_input_name", None) if class_name else None
+
+
+def _check_positions(config, kind: str, seq: int) -> None:
+    """Refuse a ``--seq`` longer than the model's learned position embeddings
+    (the real model would index past them); rotary and relative ones have no such end."""
+    if any("rope" in k or "rotary" in k for k in config.to_dict()):
+        return
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return
+    for key in ("max_target_positions",) if kind == "speech" else ("n_positions", "max_position_embeddings"):
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and not isinstance(limit, bool) and seq > limit:
+            raise UsageError(
+                f"--seq {seq}: longer than {type(config).__name__}'s {key} ({limit}), the length its "
+                f"learned position embeddings cover; lower --seq or raise it with --config {key}=N"
+            )
 
 
 def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:
@@ -213,6 +289,10 @@ def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:
         size = size if isinstance(size, int) else size[0]
         pixels = torch.randn(batch, getattr(vision, "num_channels", 3), size, size, dtype=dtype)
         return {"pixel_values": pixels, "labels": torch.randint(0, config.num_labels, (batch,))}
+    if kind == "ctc":
+        # No labels: CTC's loss selects the labels a mask keeps (masked_select), a
+        # size only data gives; backward runs from the logits instead.
+        return {"input_values": torch.randn(batch, AUDIO_SAMPLES, dtype=dtype)}
     ids = torch.randint(0, vocab, (batch, seq))
     if kind == "speech":
         frames = 2 * config.max_source_positions  # the encoder's two strided convolutions halve it

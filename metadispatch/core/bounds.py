@@ -13,7 +13,8 @@ op that said so -- and made-up data stays inside:
 
 * sources: ``uniform_(a, b)``, ``rand``, ``randint(lo, hi)``, ``random_``,
   ``randperm(n)``, ``bernoulli``; indices bounded by a size (``argmax``,
-  ``topk``/``sort`` indices, ``nonzero``) and counts (``sum`` of a mask);
+  ``topk``/``sort`` indices, ``nonzero``, ``multinomial``, insertion points
+  of ``searchsorted``/``bucketize``) and counts (``sum`` of a mask);
 * transformations: ``clamp``, ``abs``, ``relu``, ``sigmoid``, ``softmax``,
   rounding and dtype casts, views and copies, and arithmetic with a Python
   number;
@@ -70,7 +71,18 @@ def fill_within(real: torch.Tensor, b: Bounds, gen: torch.Generator, ints: int) 
         elif math.isfinite(hi):
             real.normal_(generator=gen).abs_().neg_().add_(hi)
     elif not real.dtype.is_complex:
-        real.fill_(min(max(ints, math.ceil(lo)), math.floor(hi)) if math.ceil(lo) <= hi else math.ceil(lo))
+        real.fill_(_int_within(ints, lo, hi))
+
+
+def _int_within(ints: int, lo: float, hi: float) -> int:
+    """``ints`` moved into ``[lo, hi]``; either end may be infinite (``abs``
+    bounds a value below only), and an empty range gives its low end."""
+    low = math.ceil(lo) if math.isfinite(lo) else None
+    high = math.floor(hi) if math.isfinite(hi) else None
+    if low is not None and high is not None and low > high:
+        return low
+    value = ints if low is None else max(ints, low)
+    return value if high is None else min(value, high)
 
 
 def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> None:
@@ -256,6 +268,11 @@ _RULES: dict[str, Callable[[_Args], Bounds | list | None]] = {
     "aten.topk.default": _values_and_indices("topk"),
     "aten.sort.default": _values_and_indices("sort"),
     "aten.nonzero.default": _index_of(lambda a: max(a.args[0].shape, default=1), "nonzero"),
+    "aten.multinomial.default": _index_of(lambda a: a.args[0].shape[-1], "multinomial"),
+    # An insertion point lies between 0 and the number of boundaries.
+    "aten.searchsorted.Tensor": lambda a: _b(0, a.args[0].shape[-1], "searchsorted"),
+    "aten.searchsorted.Scalar": lambda a: _b(0, a.args[0].shape[-1], "searchsorted"),
+    "aten.bucketize.Tensor": lambda a: _b(0, a.get(1, "boundaries").shape[-1], "bucketize"),
     "aten.add.Tensor": _affine("add"),
     "aten.sub.Tensor": _affine("sub"),
     "aten.mul.Tensor": _affine("mul"),

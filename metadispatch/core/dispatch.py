@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, mark_call
+from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, explain_meta_refusal, mark_call
 from . import bounds, known
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
@@ -85,6 +85,8 @@ def dispatch(func, args, kwargs, mode):
             # -- a dynamic output size, a dtype or an index device the real
             # kernel accepts -- is the real kernel's to judge (check.py).
             if mode is None or mode.fallback is None or mode._depth:
+                if mode is None or not mode._depth:
+                    explain_meta_refusal(e, f.name, sorted({str(t._md_device) for t in tensors}))
                 raise
             out, stage = mode.fallback(func, args, kwargs, device, e), "real"
     except (MetaDispatchError, *_REFUSALS) as e:

@@ -84,6 +84,8 @@ class MetaMode(_compat.TorchDispatchMode):
         self.cache = MetaCache() if cache else None
         self._saved: list = []  # per __enter__, an _Entry: what __exit__ undoes
         self.fallback: Callable | None = None  # set by md.check: answers ops no stage can
+        # Set by md.check: the value of a tensor read outside any op (``tolist``).
+        self.read_fallback: Callable | None = None
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
         # Constants up to this many elements carry their real value (known.py).
         self.known_limit = known_limit

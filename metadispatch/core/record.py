@@ -135,6 +135,11 @@ class Recorder:
             tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t._md_device, t.requires_grad, storage
         )
 
+    def producer_of(self, t: MetaTensor) -> int | None:
+        """The index of the recorded call that made ``t``, or None (a leaf, or not recorded here)."""
+        md = t.__dict__.get("_md")
+        return md[2] if md is not None and md[0] is self.token else None
+
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
         md = t.__dict__.get("_md")

@@ -121,6 +121,8 @@ def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
         value = read_value(self)  # Note [Known values] in known.py
+        if value is None:
+            value = _made_up_value(self, what)
         if value is not None:
             with _compat.no_torch_function():  # the value is ours, not the user's
                 return getattr(value, what)(*args, **kwargs)
@@ -130,6 +132,16 @@ def _data_error(what: str):
 
     method.__name__ = what
     return method
+
+
+def _made_up_value(t, what: str) -> torch.Tensor | None:
+    """Under ``md.check``, a made-up value for a read that no op answers
+    (Note [Made-up values under md.check] in check.py), else None."""
+    for mode in reversed(_compat.dispatch_mode_stack()):
+        read = getattr(mode, "read_fallback", None)
+        if read is not None:
+            return read(t, what)
+    return None
 
 
 def _describe(t: torch.Tensor) -> str:

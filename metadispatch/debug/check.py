@@ -10,17 +10,23 @@ an index tensor that must be on the CPU).  Such a call is run with the real
 CPU kernel on inputs materialised from its metadata, and its outputs'
 metadata are taken from the result.  Inputs above a byte limit are refused,
 and the report says which and why.  If the real kernel refuses too, the
-user's code is wrong, and the error raised is the real kernel's whenever
-the meta kernel's would blame a tensor for being on ``meta``.
+user's code is wrong (or the made-up inputs are: the report says so), and
+the error raised is the real kernel's -- what a real run would say, never
+one blaming a tensor for being on ``meta``.  Outputs are on the logical
+device, except those the kernel always puts on the CPU (a packed
+sequence's ``batch_sizes``).
 
 Note [Made-up values under md.check]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 The inputs of such a call are, in order of preference: the values a user
 gave for its site (``values=``, the value policy); known values (Note [Known
-values] in known.py); made-up data, inside the bounds of how the tensor was
-produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
+values] in known.py, which under md.check include the user's integer and
+boolean example inputs: ``_know_index_inputs``); made-up data, inside the
+bounds of how the tensor was produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
 ``bool(t)``/``.item()`` is False: such reads mostly guard error paths
-(torchvision's ``if degenerate_boxes.any(): raise ...``).  Every made-up value a result may depend on is an
+(torchvision's ``if degenerate_boxes.any(): raise ...``).  A read outside
+any op (``t.tolist()``, ``t.numpy()``) gets a made-up value the same way
+(``mode.read_fallback``).  Every made-up value a result may depend on is an
 :class:`~metadispatch.report.Assumption`: noted on its call in the trace
 (``<assumed 3: ...>``) and listed in the report, which also names the last
 one before the run stopped.  Integer and boolean outputs of the real kernel
@@ -39,11 +45,12 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
+from .._compat import pytree
 from ..core import known
 from ..core.bounds import bounds_of
 from ..core.mode import MetaMode
 from ..core.reach import find
-from ..core.realrun import DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
+from ..core.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from ..core.schema import facts
 from ..core.source import traceback_frame, user_frame
 from ..core.tensor import MetaTensor
@@ -67,6 +74,7 @@ def checker(
     recheck_calls: bool = True,
     known_limit: int = known.DEFAULT_LIMIT,
     values: dict | None = None,
+    gpu=None,
 ) -> Callable[..., Report]:
     """``md.check`` with options: ``md.checker(limit=1 << 20)(fn, x)``.
 
@@ -75,13 +83,14 @@ def checker(
     ``values`` gives the value of named sites instead of a made-up one:
     ``{"model.py:12": 3}`` (a user line, as the report prints it, with or
     without ``in fn``) or ``{"aten.nonzero.default": tensor}`` (an op) --
-    a number for ``.item()``-style reads, the outputs for other ops.
+    a number for ``.item()``-style reads, the outputs for other ops;
+    ``gpu`` the profile logical CUDA answers as (``MetaMode(gpu=...)``).
     """
 
     def run(fn: Callable, *args, **kwargs) -> Report:
-        mode = MetaMode(device=device, stack=True, known_limit=known_limit)
-        state = _State(mode, limit, dict(values or {}))
-        mode.fallback = state.fallback
+        mode = MetaMode(device=device, stack=True, known_limit=known_limit, gpu=gpu)
+        state = _State(mode, limit, _policy(values))
+        mode.fallback, mode.read_fallback = state.fallback, state.read
         error = None
         # Calls run for real draw from the global and the user's generators.
         rng = _compat.rng_states()
@@ -89,6 +98,7 @@ def checker(
             (g, g.get_state())
             for g in find({"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))
         ]
+        _know_index_inputs(mode, args, kwargs)
         try:
             try:
                 run_traced(mode, fn, args, kwargs)
@@ -98,13 +108,17 @@ def checker(
             for index, answer in state.answers.items():
                 if index < len(trace.calls):
                     trace.calls[index].note = answer.note
+            for index, notes in state.read_notes.items():
+                call = trace.calls[index]
+                call.note = "; ".join(([call.note] if call.note else []) + notes)
             mismatches, skipped = recheck(trace, limit) if recheck_calls else ([], [])
         finally:
             _compat.set_rng_states(rng)
             for g, state_ in generators:
                 g.set_state(state_)
         stop = _stop(error, mode, state.assumptions) if error is not None else None
-        return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop)
+        unused = tuple(k for k in state.values if k not in state.used)
+        return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop, unused)
 
     return run
 
@@ -132,6 +146,8 @@ class _State:
         self.answers: dict = {}  # call index -> Answer
         self.refused: list = []  # Answers refused above the limit
         self.assumptions: list = []
+        self.read_notes: dict = {}  # call index -> notes of reads of its outputs (``read``)
+        self.used: set = set()  # keys of ``values`` that named a site
 
     def fallback(self, func, args, kwargs, device, error):
         """Run one call for real (Note [Made-up values under md.check]), or refuse."""
@@ -141,7 +157,7 @@ class _State:
         index = len(self.mode.trace.calls)
         given = self._given(name, source)
         if given is not None:
-            out = given[1]
+            out = _checked_given(name, *given)
             basis = f"given by values[{given[0]!r}]"
             made_up: list = []
         else:
@@ -151,32 +167,56 @@ class _State:
             except MaterializeLimitError as e:
                 self.refused.append(Answer(name, func, kind, module, source, str(e), reason))
                 raise
+            basis = _basis(made_up, name)
             try:
                 out = _scalar_guess(name, made_up) if made_up and name == _SCALAR_READ else None
                 out = run_real(func, real_args, real_kwargs) if out is None else out
             except Exception as real_error:
-                # The real kernel refuses too: the user's code is wrong.  Its
-                # message, unless the meta kernel's is about anything but meta.
-                if "meta" in reason.lower() or isinstance(error, (DataDependentError, UnsupportedOpError)):
-                    raise real_error from error
-                raise error  # noqa: B904  (the meta error is the answer; the real one stays its context)
-            basis = _basis(made_up, name)
-        metas = to_meta_outputs(out, device)
+                # The real kernel refuses too: the user's code is wrong, or
+                # the made-up inputs are (then the report names them).  Its
+                # message is what a real run says; the meta one, which may
+                # blame a tensor for being on meta, stays its context.
+                if _values_matter(kind, made_up):
+                    self.assumptions.append(Assumption(index, name, module, source, "inputs it refused", basis))
+                raise real_error from error
+        metas = _on_devices(name, out, device)
         self._keep_index_values(metas, out)
         note = REAL
-        if given is not None or (made_up and (kind == "data-dependent" or any(_is_index(t) for t in made_up))):
-            value = _show(out) if name == _SCALAR_READ else _output_types(metas) or "its outputs"
+        if given is not None or _values_matter(kind, made_up):
+            value = _show(out) if _is_scalar(out) else _output_types(metas) or "its outputs"
             assumption = Assumption(index, name, module, source, value, basis)
             self.assumptions.append(assumption)
             note = f"assumed {value}: {basis}"
         self.answers[index] = Answer(name, func, kind, module, source, note, reason)
         return metas
 
+    def read(self, t, what: str) -> torch.Tensor:
+        """The value of ``t`` for ``Tensor.tolist()``/``.numpy()``: given, or
+        made up inside its bounds, and an assumption either way."""
+        name, module, source = f"Tensor.{what}", _module(self.mode), user_frame()
+        given = self._given(name, source)
+        # Called from user code with the mode on: real tensors stay real here.
+        with _compat.no_torch_function():
+            if given is not None:
+                value, basis = torch.as_tensor(given[1]), f"given by values[{given[0]!r}]"
+            else:
+                (value,), _ = materialize((t,), {}, limit=self.limit, value_of=known.value_of)
+                basis = _basis([t], name)
+            shown = _show(value.tolist()) if value.numel() <= 8 else _type(t)
+        # A read is no call: the assumption is noted on the call that made
+        # ``t`` (on none for an argument), and counts from the next call.
+        made_by = self.mode._recorder.producer_of(t)
+        if made_by is not None:
+            self.read_notes.setdefault(made_by, []).append(f"{name} assumed {shown}: {basis}")
+        self.assumptions.append(Assumption(len(self.mode.trace.calls), name, module, source, shown, basis))
+        return value
+
     def _given(self, name: str, source: str | None):
         """(key, value) from the value policy for this site, or None."""
         keys = [source, source.split(" in ")[0]] if source else []
         for key in keys + [name]:
             if key in self.values:
+                self.used.add(key)
                 return key, self.values[key]
         return None
 
@@ -184,6 +224,45 @@ class _State:
         for m, r in zip(flat(metas), flat(out)):
             if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor) and _is_index(r):
                 known.know(m, r, self.mode)
+
+
+def _policy(values) -> dict:
+    """``values=`` as a dict keyed by site: a user line or an op name."""
+    values = dict(values or {})
+    for key in values:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"md.checker(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}"
+            )
+    return values
+
+
+def _checked_given(name: str, key: str, value):
+    """The value given for a call, if it can stand for what the op returns."""
+    if name == _SCALAR_READ:
+        if isinstance(value, (bool, int, float, complex)):
+            return value
+        raise TypeError(f"values[{key!r}]: {name} reads a number; give a number, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor) or (
+        isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value)
+    ):
+        return tuple(value) if isinstance(value, list) else value
+    raise TypeError(
+        f"values[{key!r}]: {name} returns tensors; give a tensor or a tuple of them, got {type(value).__name__}"
+    )
+
+
+def _know_index_inputs(mode: MetaMode, args, kwargs) -> None:
+    """The user's integer and boolean example inputs keep their values (a copy).
+
+    Lengths, ids, labels and masks are how the user's data shapes the run:
+    ``pack_padded_sequence(x, lengths)`` packs to the batch sizes of the
+    real ``lengths``, not of made-up ones.  Floating inputs stay data, made
+    up where a call needs them (Note [Made-up values under md.check]).
+    """
+    for t in pytree.tree_leaves((args, kwargs)):  # what md.trace converts: not a module's buffers
+        if type(t) is torch.Tensor and _is_index(t) and not t.requires_grad and t.device.type != "meta":
+            known.know(mode.from_tensor(t), t, mode)
 
 
 def _kind(error) -> str:
@@ -200,6 +279,29 @@ def _scalar_guess(name: str, made_up: list):
     guard error paths), else None: the real kernel reads the made-up value."""
     (t,) = made_up
     return False if t.dtype == torch.bool and bounds_of(t) is None else None
+
+
+def _values_matter(kind: str, made_up: list) -> bool:
+    """Whether made-up inputs may shape the result: a data-dependent op, or
+    index-like data (floats fed to a kernel that refused their metadata do not)."""
+    return bool(made_up) and (kind == "data-dependent" or any(_is_index(t) for t in made_up))
+
+
+def _is_scalar(out) -> bool:
+    return isinstance(out, (bool, int, float, complex))
+
+
+# Outputs a kernel puts on the CPU whatever its inputs' device.
+_CPU_OUTPUTS = {"aten._pack_padded_sequence.default": (1,)}  # batch_sizes
+
+
+def _on_devices(name: str, out, device):
+    """The real kernel's outputs as MetaTensors on the logical ``device``,
+    except those the kernel always puts on the CPU (``_CPU_OUTPUTS``)."""
+    cpu = _CPU_OUTPUTS.get(name)
+    if not cpu or type(out) not in (list, tuple):
+        return to_meta_outputs(out, device)
+    return type(out)(to_meta_outputs(o, CPU if i in cpu else device) for i, o in enumerate(out))
 
 
 def _is_index(t) -> bool:

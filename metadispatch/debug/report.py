@@ -33,7 +33,7 @@ class Answer(NamedTuple):
 class Assumption(NamedTuple):
     """A value ``md.check`` made up (or was given) for one call."""
 
-    index: int  # of the call in the trace
+    index: int  # of the call in the trace (a read outside any op, Tensor.tolist: of the next call)
     op: str
     module: str
     source: str | None
@@ -119,13 +119,24 @@ class Report:
 
     ``unsupported``, ``meta_refused`` and ``data_dependent`` are lists of
     :class:`OpIssue`, ``assumptions`` of :class:`Assumption`, ``mismatches``
-    of :class:`~metadispatch.ir.compare.Mismatch`; ``skipped`` the calls the CPU re-check could not
+    of :class:`~metadispatch.ir.compare.Mismatch` (``made_up``: the assumptions
+    not given by ``values=``); ``skipped`` the calls the CPU re-check could not
     run, ``error`` the exception that stopped the run (None when it ran to
-    the end) and ``stop`` where it stopped, ``trace`` everything recorded.
+    the end) and ``stop`` where it stopped, ``trace`` everything recorded,
+    ``unused_values`` the keys of ``values=`` that named no site.
     """
 
     def __init__(
-        self, trace, answers, refused, mismatches, skipped, error, assumptions=(), stop: Stop | None = None
+        self,
+        trace,
+        answers,
+        refused,
+        mismatches,
+        skipped,
+        error,
+        assumptions=(),
+        stop: Stop | None = None,
+        unused_values: tuple = (),
     ) -> None:
         self.trace = trace
         self.unsupported = _group(answers, refused, "unsupported", trace)
@@ -136,17 +147,32 @@ class Report:
         self.skipped = skipped
         self.error = error
         self.stop = stop
+        self.unused_values = tuple(unused_values)
+
+    @property
+    def made_up(self) -> list:
+        """The assumptions that are made-up values (not given by ``values=``)."""
+        return [a for a in self.assumptions if not a.basis.startswith("given by")]
 
     @property
     def ok(self) -> bool:
-        """True when every call was answered from metadata and re-checked equal."""
-        return not (self.unsupported or self.meta_refused or self.data_dependent or self.mismatches or self.error)
+        """True when every call was answered from metadata and re-checked equal,
+        and nothing the run read was made up."""
+        return not (
+            self.unsupported
+            or self.meta_refused
+            or self.data_dependent
+            or self.mismatches
+            or self.error
+            or self.made_up
+        )
 
     def __repr__(self) -> str:
         refused = f"{len(self.meta_refused)} refused by meta kernels, " if self.meta_refused else ""
         return (
             f"<Report: {len(self.trace)} calls, {len(self.unsupported)} unsupported, {refused}"
             f"{len(self.data_dependent)} data-dependent, {len(self.mismatches)} mismatches"
+            f"{f', {len(self.made_up)} made-up value' + 's' * (len(self.made_up) > 1) if self.made_up else ''}"
             f"{', stopped' if self.error else ''}>"
         )
 
@@ -191,6 +217,9 @@ class Report:
                 ("call", "op", "module", "rule", "problem"),
                 [(f"#{m.index}", m.op, m.module or "<top>", m.rule, "; ".join(m.problems)) for m in self.mismatches],
             )
+        if self.unused_values:
+            keys = ", ".join(repr(k) for k in self.unused_values)
+            lines += ["", f"values= keys that named no site (a typo, or a line that never ran): {keys}"]
         if self.skipped:
             lines += [
                 "",
