@@ -10,6 +10,7 @@ the global module and optimizer hooks must be as before.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -58,17 +59,31 @@ class _Inject:
         self.fired = False
 
     def __call__(self, frame, event, arg):
-        if not frame.f_code.co_filename.startswith(_PACKAGE):
+        # decided once a frame, at its call: a line event per frame of the
+        # traced body would make each try of a trace take 30x as long
+        if self.fired or not frame.f_code.co_filename.startswith(_PACKAGE) or not _inside_entry_or_exit(frame):
             return None
         return self._line
 
     def _line(self, frame, event, arg):
-        if event == "line" and not self.fired and _inside_entry_or_exit(frame):
+        if event == "line" and not self.fired:
             self.lines += 1
             if self.lines > self.at:
                 self.fired = True
                 raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
         return self._line
+
+
+def _traced(method, inject):
+    @functools.wraps(method)
+    def traced(*args):
+        sys.settrace(inject)
+        try:
+            return method(*args)
+        finally:
+            sys.settrace(None)
+
+    return traced
 
 
 def _inside_entry_or_exit(frame) -> bool:
@@ -97,18 +112,21 @@ def _body_nested():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("body", [_body_mode, _body_trace, _body_nested])
-def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body):
+def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body, monkeypatch):
     before = _global_state()
     at, fired = 0, True
     while fired:
         inject = _Inject(at)
-        sys.settrace(inject)
+        # traced only while entry or exit runs: tracing the whole body makes
+        # each try of a trace with backward ten times as long
+        for name in ("__enter__", "__exit__"):
+            monkeypatch.setattr(md.MetaMode, name, _traced(getattr(md.MetaMode, name), inject))
         try:
             body()
         except KeyboardInterrupt:
             pass
         finally:
-            sys.settrace(None)
+            monkeypatch.undo()
         fired = inject.fired
         assert _global_state() == before, f"interrupt at line {at} of entry/exit"
         at += 1
@@ -161,13 +179,16 @@ class _InjectIn(_Inject):
         super().__init__(at)
         self.filename, self.names = filename, names
 
-    def _line(self, frame, event, arg):
+    def __call__(self, frame, event, arg):
         code = frame.f_code
-        if event == "line" and not self.fired and code.co_filename == self.filename and code.co_name in self.names:
+        return self._line if code.co_filename == self.filename and code.co_name in self.names else None
+
+    def _line(self, frame, event, arg):
+        if event == "line" and not self.fired:
             self.lines += 1
             if self.lines > self.at:
                 self.fired = True
-                raise KeyboardInterrupt(f"injected at {code.co_name}:{frame.f_lineno}")
+                raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
         return self._line
 
 

@@ -356,12 +356,18 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+            if func == _SET_DATA and isinstance(args[0], MetaTensor):
+                # ``real.data = meta`` (``m.double()`` before the module's
+                # first forward): MetaTensor's setter carries the trace's record.
+                args[0].data = args[1]
+                return None
         return func(*args, **kwargs)
 
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
 _BY_IDENTITY = {torch.Tensor.__hash__}
+_SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
 
 
 def _has_real(values) -> bool:
