@@ -394,9 +394,7 @@ def test_untouched_after_running_on_meta(scenario, verb, ending):
     else:
         with pytest.raises(ValueError if ending == "raises" else KeyboardInterrupt):
             _run(verb, run, args, kwargs)
-    after = md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots)
-    assert not after.metas, after.metas
-    assert before == after, before.diff(after)
+    before.assert_unchanged(md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots))
 
 
 def test_untouched_scenarios_mutate_when_run_eagerly():
