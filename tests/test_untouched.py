@@ -460,3 +460,18 @@ def test_untouched_double_inside_the_step_is_recorded_as_eager_runs_it(in_forwar
     for call in trace:
         assert all(i.dtype == torch.float64 for i in call.inputs) or call.op == "aten._to_copy.default", call.format()
     assert md.check(step, x).ok
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_untouched_to_meta_leaves_the_module_as_it_was(ending):
+    m = AttrCache()
+    _step(m, _x())  # caches filled, real .grad on the weights
+    if ending == "raises":  # MetaTensors are strided: converting the buffer fails part way
+        m.lin.register_buffer("sparse", torch.eye(3).to_sparse())
+    before = md.testing.snapshot(m)
+    if ending == "returns":
+        assert isinstance(md.to_meta(m, device="cuda").lin.weight, md.MetaTensor)
+    else:
+        with pytest.raises(NotImplementedError, match="strided"):
+            md.to_meta(m, device="cuda")
+    before.assert_unchanged(md.testing.snapshot(m))

@@ -281,6 +281,8 @@ def _describe(obj) -> tuple:
 
 def _digest(t: torch.Tensor) -> str:
     t = t.detach()
+    if t.layout != torch.strided:  # sparse: the values it stands for
+        t = t.to_dense()
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj().resolve_neg())
     raw = t.cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
