@@ -22,7 +22,9 @@ where it cannot be replaced (inside an object that is not a module, list,
 tuple or dict), was not built under a recording mode (``md.to_meta``
 copies hold no values), or depends on data the trace did not keep (a real
 tensor above the mode's ``const_limit`` copied in during construction).
-Replay would otherwise fill such a leaf with made-up numbers.
+Replay would otherwise fill such a leaf with made-up numbers.  The swap
+itself is undone, by the inverse map, when anything (a ``KeyboardInterrupt``)
+stops it part way.
 
 Limits: bit-exactness needs the same kernels, so materialise on the CPU (a
 CUDA generator draws different numbers).
