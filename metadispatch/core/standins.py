@@ -212,12 +212,13 @@ class StandIns:
         the user's uninitialised parameter is never touched; the table, the
         module's class and its attributes are put back on exit.
         """
-        device = self.mode.device or t.device
+        own = self.mode.device or t.device
         with _compat.no_python_dispatch(), _compat.no_torch_function():
             fresh = type(t)(t.requires_grad, device="meta", dtype=t.dtype)
 
-        def materialize(shape, device=device, dtype=None) -> None:
-            value = torch.empty(shape, device=device, dtype=t.dtype if dtype is None else dtype)
+        def materialize(shape, device=None, dtype=None) -> None:
+            device, dtype = own if device is None else device, t.dtype if dtype is None else dtype
+            value = torch.empty(shape, device=device, dtype=dtype)
             table[key] = nn.Parameter(value, t.requires_grad) if isinstance(t, nn.Parameter) else value
 
         fresh.materialize = materialize
