@@ -350,17 +350,17 @@ class _SwapReal(_compat.TorchFunctionMode):
         if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
             if _has_real(args) or (kwargs and _has_real(kwargs.values())):
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
+                if func == _SET_DATA and isinstance(args[0], MetaTensor):
+                    # ``real.data = meta`` (``m.double()`` before the module's
+                    # first forward): MetaTensor's setter carries the trace's record.
+                    args[0].data = args[1]
+                    return None
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
-            if func == _SET_DATA and isinstance(args[0], MetaTensor):
-                # ``real.data = meta`` (``m.double()`` before the module's
-                # first forward): MetaTensor's setter carries the trace's record.
-                args[0].data = args[1]
-                return None
         return func(*args, **kwargs)
 
 
