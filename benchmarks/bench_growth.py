@@ -8,7 +8,7 @@ inherit the other's caches or allocator state:
 
 - mode entries: enter and leave a mode 200,000 times, one op inside;
 - fresh traces: trace a small MLP step (forward and backward) on 1,000 fresh
-  inputs, dropping each result;
+  1 MiB inputs, dropping each result;
 - distinct shapes: 10,000 matmuls of distinct shapes inside one mode, every
   one a new cache key.
 
@@ -31,6 +31,7 @@ sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import machine, rss, table  # noqa: E402
 
 LOOPS = {"mode entries": 200_000, "fresh traces": 1_000, "distinct shapes": 10_000}
+_ROWS = 2**14  # a fresh 1 MiB input each trace (16 float32 columns), as in issue 13
 
 
 def _mode(tool):
@@ -62,7 +63,7 @@ def _iteration(loop: str, tool: str):
             import metadispatch as md
 
             def once(i):
-                md.trace(lambda x: model(x).sum().backward(), torch.randn(8, 16))
+                md.trace(lambda x: model(x).sum().backward(), torch.randn(_ROWS, 16))
         else:
             state = {k: v.detach().requires_grad_() for k, v in model.state_dict().items()}
 
@@ -70,7 +71,7 @@ def _iteration(loop: str, tool: str):
                 with _mode(tool) as mode:
                     fake_model = _mlp()  # FakeTensorMode has no step tracer: convert by hand
                     fake_model.load_state_dict({k: mode.from_tensor(v) for k, v in state.items()}, assign=True)
-                    fake_model(mode.from_tensor(torch.randn(8, 16))).sum().backward()
+                    fake_model(mode.from_tensor(torch.randn(_ROWS, 16))).sum().backward()
 
         return once
     mode = _mode(tool)

@@ -53,3 +53,29 @@ def test_leaks_free_parameter_gets_no_meta_grad_and_is_freed():
     del w
     gc.collect()
     assert ref() is None and t.output is None
+
+
+def test_leaks_dropping_a_trace_frees_it_and_its_meta_tensors():
+    """Note [Dropping a trace frees it]: trace.output's autograd graph holds
+    tensors that refer to the recorder; the recorder must not hold the trace."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam(model.parameters())
+
+    def step(x):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    gc.collect()
+    metas = _meta_tensors()
+    forward = md.trace(lambda x: model(x).sum(), torch.randn(4, 8))  # output with a graph
+    trained = md.tracer(device="cuda")(step, torch.randn(4, 8))
+    refs = [weakref.ref(forward), weakref.ref(forward.output), weakref.ref(trained)]
+    del forward, trained
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+    assert _meta_tensors() <= metas
+
+
+def _meta_tensors() -> int:
+    return sum(type(o) is md.MetaTensor for o in gc.get_objects())  # type(): no __class__ lookups

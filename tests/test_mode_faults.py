@@ -3,12 +3,14 @@
 A ``sys.settrace`` hook raises KeyboardInterrupt at the k-th line run inside
 ``MetaMode.__enter__``/``__exit__`` (and the metadispatch functions they
 call), for every k; afterwards torch's mode slot and stacks, its mode flags,
-the lift flag, the gc threshold, the composite overrides and the global
-module and optimizer hooks must be as before.
+the lift flag, the gc threshold and freeze count, the functions a mode patches
+(RNG state functions, ``has_torch_function``, ``trunc_normal_``), grad mode,
+the global module and optimizer hooks must be as before.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -19,6 +21,8 @@ import torch
 import metadispatch as md
 from metadispatch import _compat
 from metadispatch.core import mode as mode_module
+from metadispatch.core import rngstate
+from metadispatch.core.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)
 _ENTRY_EXIT = {md.MetaMode.__enter__.__code__, md.MetaMode.__exit__.__code__}
@@ -33,6 +37,13 @@ def _global_state() -> dict:
         "lift": _compat.only_lift_cpu_tensors(),
         "torch function": _compat.torch_function_enabled(),
         "gc threshold": gc.get_threshold(),
+        "gc frozen": gc.get_freeze_count(),
+        "gc enabled": gc.isenabled(),
+        "grad mode": torch.is_grad_enabled(),
+        "meta tls": _compat.meta_in_tls_dispatch_include(),
+        "ambient device": STATE.ambient,
+        "patched": [getattr(mod, name) for mod, name, _, _ in rngstate._PATCHES],
+        "has_torch_function": torch.overrides.has_torch_function,
         "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),
@@ -48,17 +59,31 @@ class _Inject:
         self.fired = False
 
     def __call__(self, frame, event, arg):
-        if not frame.f_code.co_filename.startswith(_PACKAGE):
+        # decided once a frame, at its call: a line event per frame of the
+        # traced body would make each try of a trace take 30x as long
+        if self.fired or not frame.f_code.co_filename.startswith(_PACKAGE) or not _inside_entry_or_exit(frame):
             return None
         return self._line
 
     def _line(self, frame, event, arg):
-        if event == "line" and not self.fired and _inside_entry_or_exit(frame):
+        if event == "line" and not self.fired:
             self.lines += 1
             if self.lines > self.at:
                 self.fired = True
                 raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
         return self._line
+
+
+def _traced(method, inject):
+    @functools.wraps(method)
+    def traced(*args):
+        sys.settrace(inject)
+        try:
+            return method(*args)
+        finally:
+            sys.settrace(None)
+
+    return traced
 
 
 def _inside_entry_or_exit(frame) -> bool:
@@ -87,18 +112,21 @@ def _body_nested():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("body", [_body_mode, _body_trace, _body_nested])
-def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body):
+def test_mode_faults_interrupt_at_every_line_leaves_nothing_installed(body, monkeypatch):
     before = _global_state()
     at, fired = 0, True
     while fired:
         inject = _Inject(at)
-        sys.settrace(inject)
+        # traced only while entry or exit runs: tracing the whole body makes
+        # each try of a trace with backward ten times as long
+        for name in ("__enter__", "__exit__"):
+            monkeypatch.setattr(md.MetaMode, name, _traced(getattr(md.MetaMode, name), inject))
         try:
             body()
         except KeyboardInterrupt:
             pass
         finally:
-            sys.settrace(None)
+            monkeypatch.undo()
         fired = inject.fired
         assert _global_state() == before, f"interrupt at line {at} of entry/exit"
         at += 1
@@ -139,3 +167,61 @@ def test_mode_faults_torch_modes_left_out_of_order_also_leave_nothing():
     a.close()
     b.close()
     assert len(_compat.dispatch_mode_stack()) == depth
+
+
+_SWAP = {"materialize", "_swap_all", "_swap", "_meta_grad"}
+
+
+class _InjectIn(_Inject):
+    """Raise KeyboardInterrupt at the ``at``-th line run in ``codes``' functions of ``filename``."""
+
+    def __init__(self, at: int, filename: str, names: set) -> None:
+        super().__init__(at)
+        self.filename, self.names = filename, names
+
+    def __call__(self, frame, event, arg):
+        code = frame.f_code
+        return self._line if code.co_filename == self.filename and code.co_name in self.names else None
+
+    def _line(self, frame, event, arg):
+        if event == "line" and not self.fired:
+            self.lines += 1
+            if self.lines > self.at:
+                self.fired = True
+                raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
+        return self._line
+
+
+@pytest.mark.slow
+def test_mode_faults_materialize_interrupted_at_any_line_is_all_or_nothing():
+    """Note [Materialise all or nothing]: whatever line of ``md.materialize``
+    an interrupt hits, the module holds only MetaTensors, as before, or only
+    its real values -- never a mix -- and nothing global changed."""
+    from metadispatch.execution import materialize as materialize_module
+
+    before_state = _global_state()
+    at, fired, outcomes = 0, True, set()
+    while fired:
+        torch.manual_seed(0)
+        with md.MetaMode():
+            module = torch.nn.Linear(2, 2)
+            module.cache = [torch.ones(2), {"t": torch.zeros(1)}]
+        before = md.testing.snapshot(module)
+        inject = _InjectIn(at, materialize_module.__file__, _SWAP)
+        sys.settrace(inject)
+        try:
+            md.materialize(module)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        fired = inject.fired
+        after = md.testing.snapshot(module)
+        if after == before:
+            outcomes.add("unchanged")
+        else:
+            assert after.metas == [], f"interrupt at line {at}: a mix, MetaTensors left at {after.metas}"
+            outcomes.add("materialised")
+        assert _global_state() == before_state, f"interrupt at line {at}"
+        at += 1
+    assert outcomes == {"unchanged", "materialised"} and at > 100

@@ -9,6 +9,8 @@ globals, modules, optimizers, schedulers, generators, RNG -- before and after.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -333,9 +335,32 @@ def _run(verb, step, args, kwargs):
         md.trace(step, *args, **kwargs)
     elif verb == "check":
         md.check(step, *args, **kwargs)
-    else:
+    elif verb == "MetaMode":
         with md.MetaMode():
             step(*args, **kwargs)
+    else:  # a module built in the mode the step runs in, materialised however the step ended
+        built = None
+        try:
+            with md.MetaMode():
+                built = nn.Linear(4, 4)
+                built.cache = [torch.ones(2), {"t": torch.zeros(3)}]
+                step(*args, **kwargs)
+        finally:
+            if built is not None:
+                _materialize_completely_or_not_at_all(built)
+
+
+def _materialize_completely_or_not_at_all(built):
+    before = md.testing.snapshot(built, rng=False)
+    try:
+        md.materialize(built)
+    except md.MetaDispatchError as e:
+        # the step read real tensors the trace holds no values for: refused by name
+        assert re.search(r"\$\d+: \w+\[.*\] (param|buffer|arg|input|grad|const)", str(e)), e
+        after = md.testing.snapshot(built, rng=False)
+        assert after == before, before.diff(after)
+    else:
+        assert md.testing.snapshot(built, rng=False).metas == []
 
 
 def _ending(step, ending):
@@ -350,14 +375,10 @@ def _ending(step, ending):
 
 
 @pytest.mark.parametrize("ending", ["returns", "raises", "interrupted"])
-@pytest.mark.parametrize("verb", ["trace", "check", "MetaMode"])
+@pytest.mark.parametrize("verb", ["trace", "check", "MetaMode", "materialize"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_untouched_after_running_on_meta(scenario, verb, ending):
-    if scenario == "lazy_module":
-        pytest.xfail(
-            "a lazy parameter cannot materialise on a MetaTensor (set_data refuses the subclass; md.check runs it for real)"
-        )
-    if verb == "MetaMode" and scenario in _BEFORE_FORWARD:
+    if verb in ("MetaMode", "materialize") and scenario in _BEFORE_FORWARD:
         pytest.xfail(
             "a bare MetaMode saves a module at its first forward; this step changes it "
             "before (or without) running it -- md.trace saves what the function reaches"
@@ -373,9 +394,7 @@ def test_untouched_after_running_on_meta(scenario, verb, ending):
     else:
         with pytest.raises(ValueError if ending == "raises" else KeyboardInterrupt):
             _run(verb, run, args, kwargs)
-    after = md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots)
-    assert not after.metas, after.metas
-    assert before == after, before.diff(after)
+    before.assert_unchanged(md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots))
 
 
 def test_untouched_scenarios_mutate_when_run_eagerly():
@@ -391,3 +410,68 @@ def test_untouched_scenarios_mutate_when_run_eagerly():
         if md.testing.snapshot(step=step, args=args, kwargs=kwargs, **roots) == before:
             unchanged.append(name)
     assert unchanged == []
+
+
+def test_untouched_lazy_module_traces_the_ops_its_first_eager_forward_runs():
+    """A lazy module's first forward materialises its parameters: the trace
+    records that (Note [Lazy modules under a trace]) and the module stays lazy."""
+
+    def make():
+        return nn.Sequential(nn.LazyConv2d(4, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(3))
+
+    x = torch.randn(2, 3, 8, 8)
+    traced = make()
+    torch.manual_seed(0)
+    before = md.testing.snapshot(traced)
+    trace = md.trace(lambda x: traced(x).sum(), x)
+    after = md.testing.snapshot(traced)
+    assert after == before, before.diff(after)
+    untouched = make()
+    eager = md.testing.eager_calls(lambda x: untouched(x).sum(), x)
+
+    def ops(calls):  # eager's set_data detaches differently from nn.Parameter(MetaTensor)
+        return [c.op for c in calls if c.op != "aten.detach.default"]
+
+    assert ops(md.testing.trace_calls(trace)) == ops(eager)
+    torch.manual_seed(0)
+    expected = make()(x)
+    torch.manual_seed(0)
+    assert torch.equal(traced(x), expected)  # it materialises for real afterwards, as a fresh one does
+
+
+@pytest.mark.parametrize("in_forward", [False, True])
+def test_untouched_double_inside_the_step_is_recorded_as_eager_runs_it(in_forward):
+    """``m.double()`` assigns ``param.data``: the trace must read the f64 copy
+    afterwards (it read the f32 original, so md.check and replay failed)."""
+    m = nn.Linear(4, 4)
+    x = _x()
+
+    def step(x):
+        m.double()
+        return m(x.double()).sum()
+
+    if in_forward:  # the stand-ins exist before .double() runs
+        trace = md.trace(step, x)
+    else:  # a bare mode: the real parameter's .data is assigned
+        with md.MetaMode() as mode:
+            step(x)
+        trace = mode.trace
+    assert m.weight.dtype == torch.float32
+    for call in trace:
+        assert all(i.dtype == torch.float64 for i in call.inputs) or call.op == "aten._to_copy.default", call.format()
+    assert md.check(step, x).ok
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+def test_untouched_to_meta_leaves_the_module_as_it_was(ending):
+    m = AttrCache()
+    _step(m, _x())  # caches filled, real .grad on the weights
+    if ending == "raises":  # MetaTensors are strided: converting the buffer fails part way
+        m.lin.register_buffer("sparse", torch.eye(3).to_sparse())
+    before = md.testing.snapshot(m)
+    if ending == "returns":
+        assert isinstance(md.to_meta(m, device="cuda").lin.weight, md.MetaTensor)
+    else:
+        with pytest.raises(NotImplementedError, match="strided"):
+            md.to_meta(m, device="cuda")
+    before.assert_unchanged(md.testing.snapshot(m))

@@ -37,6 +37,7 @@ def _eager_before_and_after(model, make_inputs, step, raises=None):
     return expected, got
 
 
+@pytest.mark.slow  # ~10 s of CPU: a detection model's eager runs and trace
 def test_untouched_torchvision_detection_model_runs_eagerly_after_a_cuda_trace():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)

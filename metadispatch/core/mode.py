@@ -352,6 +352,11 @@ class _SwapReal(_compat.TorchFunctionMode):
         if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
             if _has_real(args) or (kwargs and _has_real(kwargs.values())):
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
+                if func == _SET_DATA and isinstance(args[0], MetaTensor):
+                    # ``real.data = meta`` (``m.double()`` before the module's
+                    # first forward): MetaTensor's setter carries the trace's record.
+                    args[0].data = args[1]
+                    return None
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
@@ -364,6 +369,7 @@ class _SwapReal(_compat.TorchFunctionMode):
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
 _BY_IDENTITY = {torch.Tensor.__hash__}
+_SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
 
 
 def _has_real(values) -> bool:

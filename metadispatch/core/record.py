@@ -98,7 +98,7 @@ _SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
 
 class Recorder:
     def __init__(self, trace: Trace, *, stack: bool = False, const_limit: int = 4096) -> None:
-        self.trace = trace
+        self._trace = lambda: trace  # weak once released (Note [Dropping a trace frees it])
         self.stack = stack
         self.const_limit = const_limit
         # Tensors carry ``_md = (recorder, meta)``: the recorder (and through
@@ -128,6 +128,28 @@ class Recorder:
     def forget_reals(self) -> None:
         self._real_of.clear()
         self.rng.forget()
+
+    @property
+    def trace(self) -> Trace:
+        return self._trace()
+
+    def release_trace(self) -> None:
+        """Refer to the trace weakly from now on: recording is done.
+
+        Note [Dropping a trace frees it]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``md.trace`` keeps its result's MetaTensors in ``trace.output``.  Their
+        autograd graph holds the stand-ins and intermediates it saved, each
+        carrying ``_md`` -- this recorder -- which held the trace: a cycle
+        through C++ autograd nodes, which Python's collector cannot see, so
+        a dropped trace lived (and its MetaTensors with it) for the rest of
+        the process.  Once ``md.trace`` is done the recorder (and its RNG log)
+        hold the trace weakly; ``md.materialize`` still finds it while the
+        user holds it.  A bare ``MetaMode`` keeps it strongly: its trace holds
+        no MetaTensor, and a module built in it needs the trace to materialise.
+        """
+        self._trace = weakref.ref(self._trace())
+        self.rng.release_trace()
 
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
@@ -263,7 +285,9 @@ class Recorder:
         key, n = self._refs.pop(ref)
         if self._live.get(key, (None,))[0] == n:
             del self._live[key]
-        self.trace.deaths[n] = len(self.trace.calls)
+        trace = self.trace
+        if trace is not None:  # None: a released trace that was dropped
+            trace.deaths[n] = len(trace.calls)
 
     # -- calls
     def encode(self, x):

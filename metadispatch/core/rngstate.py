@@ -80,7 +80,7 @@ class RngLog:
     """What one trace's random streams need; see the module docstring."""
 
     def __init__(self, trace) -> None:
-        self.trace = trace
+        self._trace = lambda: trace  # weak once released (Note [Dropping a trace frees it] in record.py)
         # A generator reaches the dispatcher as a fresh Python wrapper each
         # call, so it is keyed by the C++ generator; the wrapper is held so
         # that the address is not reused while the trace is recorded
@@ -179,6 +179,13 @@ class RngLog:
         """``torch.seed()``: a state from the operating system (Note [States that change unseen])."""
         self.trace.rng_events.append(RngEvent(len(self.trace.calls), "seed", stream, -1))
         self.wrote(stream)
+
+    @property
+    def trace(self):
+        return self._trace()
+
+    def release_trace(self) -> None:
+        self._trace = weakref.ref(self._trace())
 
     def forget(self) -> None:
         """Let go of the generators seen (Note [No real tensor outlives the recording] in mode.py),

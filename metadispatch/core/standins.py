@@ -180,9 +180,7 @@ class StandIns:
                 if t is None:
                     continue
                 if _uninitialized(t):
-                    # A lazy parameter materialises itself in place (its class
-                    # and data change): give it a fresh one on meta to do that to.
-                    table[key] = type(t)(t.requires_grad, device="meta", dtype=t.dtype)
+                    table[key] = self._lazy_stand_in(t, table, key)
                     continue
                 if isinstance(t, MetaTensor):
                     if "_md_name" not in t.__dict__ and id(t) in names:
@@ -200,6 +198,31 @@ class StandIns:
                 self._stand_grad(t, stand, names.get(id(t)))
                 table[key] = stand
                 self._stand_of[id(t)] = stand
+
+    def _lazy_stand_in(self, t, table: dict, key: str):
+        """Note [Lazy modules under a trace]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A lazy module's first forward materialises its uninitialised
+        parameters in place: ``self.data = torch.empty(shape)``, then a class
+        change.  Under a mode that ``torch.empty`` is a MetaTensor, which
+        ``set_data`` refuses (its dispatch keys differ), so tracing a lazy
+        module failed.  The stand-in is a fresh uninitialised tensor (on meta:
+        no memory) whose ``materialize`` instead puts a new MetaTensor in the
+        module's table -- the ``torch.empty`` eager would run, recorded -- and
+        the user's uninitialised parameter is never touched; the table, the
+        module's class and its attributes are put back on exit.
+        """
+        own = self.mode.device or t.device
+        with _compat.no_python_dispatch(), _compat.no_torch_function():
+            fresh = type(t)(t.requires_grad, device="meta", dtype=t.dtype)
+
+        def materialize(shape, device=None, dtype=None) -> None:
+            device, dtype = own if device is None else device, t.dtype if dtype is None else dtype
+            value = torch.empty(shape, device=device, dtype=dtype)
+            table[key] = nn.Parameter(value, t.requires_grad) if isinstance(t, nn.Parameter) else value
+
+        fresh.materialize = materialize
+        return fresh
 
     def _stand_grad(self, t: torch.Tensor, stand: MetaTensor, named) -> None:
         """A real ``.grad`` is a leaf named for its parameter: backward

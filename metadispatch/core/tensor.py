@@ -253,7 +253,10 @@ class MetaTensor(torch.Tensor):
         return -1 if d.type == "cpu" else (d.index or 0)
 
     # ``param.data = other`` swaps the C++ tensor but not Python attributes;
-    # carry the logical device across (nn.Module._apply relies on this).
+    # carry the logical device across (nn.Module._apply relies on this), and
+    # the trace's record: the tensor now *is* ``other``'s data, so a later
+    # call reads ``other``'s id -- with its own, ``m.double()`` inside a step
+    # recorded every use of the weight as the f32 original.
     @property
     def data(self):
         return torch.Tensor.data.__get__(self)
@@ -263,6 +266,8 @@ class MetaTensor(torch.Tensor):
         torch.Tensor.data.__set__(self, value)
         if isinstance(value, MetaTensor):
             self._md_device = value._md_device
+            if "_md" in value.__dict__:
+                self._md = value.__dict__["_md"]
 
     def to(self, *args, **kwargs):
         # Real tensors return themselves from .to() when nothing changes; the

@@ -22,7 +22,9 @@ where it cannot be replaced (inside an object that is not a module, list,
 tuple or dict), was not built under a recording mode (``md.to_meta``
 copies hold no values), or depends on data the trace did not keep (a real
 tensor above the mode's ``const_limit`` copied in during construction).
-Replay would otherwise fill such a leaf with made-up numbers.
+Replay would otherwise fill such a leaf with made-up numbers.  The swap
+itself is undone, by the inverse map, when anything (a ``KeyboardInterrupt``)
+stops it part way.
 
 Limits: bit-exactness needs the same kernels, so materialise on the CPU (a
 CUDA generator draws different numbers).
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 
 from ..core.reach import walk
@@ -80,7 +83,15 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
                 if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False)
                 else value
             )
-    _swap_all(module, lambda t: real[id(t)])
+    # Note [Materialise all or nothing]: an interrupt part way through the
+    # swap puts back what was swapped, by the inverse map.
+    try:
+        _swap_all(module, lambda t: real.get(id(t), t))
+    except BaseException:
+        metas = {id(t): t for t in reachable.values()}
+        back = {id(value): metas[i] for i, value in real.items()}
+        _swap_all(module, lambda t: back.get(id(t), t))
+        raise
     return module
 
 
@@ -123,16 +134,18 @@ def _by_recorder(reachable: dict, names: dict) -> dict:
 
 
 def _refuse_outside_data(trace, metas, names) -> None:
-    """Raise if the construction read tensors the trace holds no values for."""
+    """Raise if the mode's trace read tensors it holds no values for."""
     outside = [leaf for leaf in trace.leaves.values() if leaf.value is None]
     if outside:
-        what = ", ".join(f"${leaf.meta.id}: {leaf.meta.type_str()}" for leaf in outside[:8])
+        what = ", ".join(f"${leaf.meta.id}: {leaf.meta.type_str()} {leaf.describe()}" for leaf in outside[:8])
         raise MetaDispatchError(
-            f"materialize: the construction of {names[id(metas[0])]} (and the rest of this "
-            f"mode's tensors) read real tensors from outside the mode that the trace keeps no "
-            f"values for ({what}; larger than the mode's const_limit); replaying would fill "
-            "them with made-up numbers. Build them inside the mode, raise "
-            "MetaMode(const_limit=...), or load them with load_state_dict after materialising"
+            f"materialize: the mode that built {names[id(metas[0])]} (and the rest of its "
+            f"tensors) read real tensors from outside it that its trace keeps no values for "
+            f"({what}): a real module's parameters and buffers, the arguments of a step run "
+            "in the mode, or constants larger than the mode's const_limit. Replaying would "
+            "fill them with made-up numbers. Build the module in a MetaMode of its own, "
+            "raise MetaMode(const_limit=...), or load them with load_state_dict after "
+            "materialising"
         )
 
 
@@ -140,7 +153,7 @@ def _refuse_outside_data(trace, metas, names) -> None:
 
 
 def _swap_all(module: nn.Module, new) -> list:
-    """Apply ``new`` to every MetaTensor in ``module``'s modules; return those met.
+    """Replace each tensor ``t`` in ``module``'s modules by ``new(t)``; return the MetaTensors met.
 
     With ``new`` the identity this only lists what would be replaced.
     """
@@ -167,6 +180,8 @@ def _swap(v, new, met: list, depth: int):
             if out is not v:
                 out.grad = real_grad
         return out
+    if isinstance(v, torch.Tensor):  # a real tensor: only the undo of an interrupted swap maps these
+        return new(v)
     if depth > 16:
         return v
     if isinstance(v, list):

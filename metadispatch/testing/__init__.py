@@ -193,6 +193,20 @@ class Snapshot:
     def __repr__(self) -> str:
         return f"<Snapshot of {len(self.entries)} paths, {len(self.metas)} MetaTensors>"
 
+    def assert_unchanged(self, after: Snapshot) -> None:
+        """Fail, naming each path, if ``after`` reaches a MetaTensor or differs from ``self``.
+
+        >>> import torch, metadispatch as md
+        >>> model = torch.nn.Linear(2, 2)
+        >>> before = md.testing.snapshot(model)
+        >>> _ = md.trace(lambda x: model(x).sum().backward(), torch.ones(1, 2))
+        >>> before.assert_unchanged(md.testing.snapshot(model))
+        """
+        problems = [f"{path}: a MetaTensor" for path in after.metas]
+        changed = self.diff(after)
+        if problems or changed:
+            raise AssertionError("\n".join(["the state changed:", *problems, *filter(None, [changed])]))
+
     def diff(self, other: Snapshot) -> str:
         """What differs from ``self`` (before) to ``other`` (after), a path a line; empty when equal."""
         lines = []
@@ -267,6 +281,8 @@ def _describe(obj) -> tuple:
 
 def _digest(t: torch.Tensor) -> str:
     t = t.detach()
+    if t.layout != torch.strided:  # sparse: the values it stands for
+        t = t.to_dense()
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj().resolve_neg())
     raw = t.cpu().contiguous().reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)

@@ -122,6 +122,7 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             rec.bind_views(_named(standins, margs, mkwargs))
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
+        mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
     return tr
 
 
