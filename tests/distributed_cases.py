@@ -65,21 +65,17 @@ def categories(when: str, model: torch.nn.Module, opt) -> dict:
     if when == "backward":
         return {"params": params, "grads": _storage_bytes(p.grad for p in model.parameters())}
     state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    return {"params": params, "optimizer": _storage_bytes(state)}
+    return {"params": params, "optimizer state": _storage_bytes(state)}
 
 
 def traced_categories(trace) -> dict:
     """The same figures from a trace: live at its first optimizer call (after
-    backward, gradients in place) and at its end (storages that outlive it)."""
+    backward, gradients in place) and after its last call (the step's end)."""
     m = md.memory(trace)
     first = next(i for i, c in enumerate(trace.calls) if c.phase == "optimizer")
-    kept: dict = {}
-    for s in m.storages.values():
-        if s.died is None:
-            kept[s.category] = kept.get(s.category, 0) + s.allocated
     return {
         "backward": {c: m.by_category_timeline[c][first] for c in ("params", "grads")},
-        "step": {c: kept.get(c, 0) for c in ("params", "optimizer")},
+        "step": {c: m.by_category_timeline[c][-1] for c in ("params", "optimizer state")},
     }
 
 

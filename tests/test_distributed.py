@@ -22,7 +22,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 import metadispatch as md
 from metadispatch.cli.main import main
-from tests.distributed_cases import comparable, fsdp_shards, real_rank, replay_rank, traced_rank
+from tests.distributed_cases import comparable, fsdp_shards, real_rank, replay_rank, traced_categories, traced_rank
 
 _REAL: dict = {}
 
@@ -85,6 +85,9 @@ def test_distributed_rank_matches_real_gloo_run(case, world_size, tmp_path_facto
         assert shards == real[rank]["shards"], f"rank {rank}"
         collectives = json.loads(json.dumps(comparable(md.comms(trace).calls)))  # tuples as lists
         assert collectives == real[rank]["collectives"], f"rank {rank}"
+        # Parameters and gradients after backward, parameters and optimizer
+        # state after the step: md.memory's categories, byte for byte.
+        assert traced_categories(trace) == real[rank]["categories"], f"rank {rank}"
         peak = md.memory(trace).peak
         assert abs(peak - _real_peak(case, world_size, rank, peak, tmp_path_factory)) <= 1024, f"rank {rank}"
 

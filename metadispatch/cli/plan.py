@@ -30,7 +30,7 @@ from ..analysis.comms import comms
 from ..analysis.memory import memory
 from ..core.mode import MetaMode
 from ..core.profiles import gpu_profile
-from ..ir.text import fmt_bytes
+from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
 from .targets import UsageError
 
@@ -114,6 +114,10 @@ def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | N
     m = memory(trace)
     peak = max(m.timeline[start:], default=0)
     lines = [f"rank {plan.rank} of {plan.world_size}: peak {fmt_bytes(peak)} during the step"]
+    at = m.timeline.index(peak, start) if peak else None
+    if at is not None:  # what is live then, by category (Note [Roles from the step's calls])
+        rows = [(c, fmt_bytes(t[at]), f"{100 * t[at] / peak:.1f}%") for c, t in m.by_category_timeline.items() if t[at]]
+        lines += render(("category", "at peak", "share"), rows, align="<>>", width=width)
     c = comms(trace, start)
     lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload")
     lines.append(c.table(width=width, modules=False))
