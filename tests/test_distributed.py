@@ -259,7 +259,8 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
         == 0
     )
     out = capsys.readouterr().out
-    assert "rank 1 of 2" in out and "fits on h100" in out
+    assert "rank 1 of 2" in out and "fits on h100" in out and "ms on h100's links" in out
+    assert re.search(r"^params\s+\S+\s+\S+%$", out, re.M) and "all-gather buffers" in out
     assert f"{len(real[1]['collectives'])} collectives in the step" in out
     kinds = [c[1] for c in real[1]["collectives"]]
     for kind in set(kinds):
@@ -327,3 +328,28 @@ def test_distributed_trace_replays_only_in_its_ranks_process():
     trace = md.tracer(world_size=2, rank=1)(lambda x: dist.all_reduce(x), torch.ones(4))
     with pytest.raises(md.ReplayError, match="rank 1 of a world of 2.*no process group"):
         md.replay(trace, (torch.ones(4),))
+
+
+def test_distributed_comms_time_is_the_ring_and_tree_model():
+    # Note [Time of a collective]: one node (ranks 0-7) runs on NVLink, the
+    # world of 16 spans two nodes and runs at the network's bandwidth.
+    with md.MetaMode(world_size=16, rank=3) as mode:
+        node = dist.new_group(list(range(8)))
+        x = torch.ones(2**20)  # 4 MiB
+        dist.all_reduce(x, group=node)
+        dist.all_reduce(x)
+        out = torch.empty(16 * 2**20)
+        dist.all_gather_into_tensor(out, x)
+    s, a = 4 * 2**20, 5e-6
+    nvlink, network = md.gpu_profile("h100").interconnect, 50e9
+    c = md.comms(mode.trace, gpu="h100", latency=a, network=network)
+    expected = [
+        min(2 * 7 * a + 2 * 7 / 8 * s / nvlink, 2 * 3 * a + 2 * s / nvlink),
+        min(2 * 15 * a + 2 * 15 / 16 * s / network, 2 * 4 * a + 2 * s / network),
+        15 * a + 15 / 16 * (16 * s) / network,
+    ]
+    assert [x.seconds for x in c.calls] == pytest.approx(expected, rel=1e-12)
+    assert c.seconds == pytest.approx(sum(expected))
+    assert "ms" in c.table() and md.comms(mode.trace).seconds is None
+    with pytest.raises(ValueError, match="bandwidth"):
+        md.comms(mode.trace, bandwidth=0)

@@ -118,8 +118,9 @@ def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | N
     if at is not None:  # what is live then, by category (Note [Roles from the step's calls])
         rows = [(c, fmt_bytes(t[at]), f"{100 * t[at] / peak:.1f}%") for c, t in m.by_category_timeline.items() if t[at]]
         lines += render(("category", "at peak", "share"), rows, align="<>>", width=width)
-    c = comms(trace, start)
-    lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload")
+    c = comms(trace, start, gpu=gpu) if gpu else comms(trace, start)
+    timed = f", about {c.seconds * 1e3:.2f} ms on {gpu}'s links" if c.seconds is not None else ""
+    lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload{timed}")
     lines.append(c.table(width=width, modules=False))
     if gpu:
         profile = gpu_profile(gpu)
