@@ -353,3 +353,21 @@ def test_distributed_comms_time_is_the_ring_and_tree_model():
     assert "ms" in c.table() and md.comms(mode.trace).seconds is None
     with pytest.raises(ValueError, match="bandwidth"):
         md.comms(mode.trace, bandwidth=0)
+
+
+@pytest.mark.slow
+def test_distributed_cli_worst_rank_traces_one_rank_of_each_kind(tmp_path_factory, capsys):
+    # 4 ranks hold 18, 18, 18 and 16 embedding rows: two kinds of rank, as
+    # the real run's shards show; the worst peak is the real run's highest.
+    real = _real("fsdp-foreach", 4, tmp_path_factory)
+    argv = ["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "4", "--fsdp"]
+    assert main([*argv, "--worst-rank"]) == 0
+    out = capsys.readouterr().out
+    kinds = re.findall(r"^  ranks? ([\d-]+): .* \(([\d,]+) B\)", out, re.M)
+    assert [k for k, _ in kinds] == ["0-2", "3"]
+    assert real[0]["shards"] == real[2]["shards"] != real[3]["shards"]
+    worst = re.search(r"^  ranks? ([\d-]+): .* \(([\d,]+) B\)  <- worst$", out, re.M)
+    assert worst is not None and "rank 0 of 4" in out
+    peak = int(worst.group(2).replace(",", ""))
+    assert abs(peak - max(r["peak"] for r in real)) <= 1024
+    assert main([*argv, "--worst-rank", "--rank", "1"]) == 2
