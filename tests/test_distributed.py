@@ -371,3 +371,25 @@ def test_distributed_cli_worst_rank_traces_one_rank_of_each_kind(tmp_path_factor
     peak = int(worst.group(2).replace(",", ""))
     assert abs(peak - max(r["peak"] for r in real)) <= 1024
     assert main([*argv, "--worst-rank", "--rank", "1"]) == 2
+
+
+@pytest.mark.parametrize("rank", [5, 50])
+def test_distributed_fully_shard_makes_only_the_chunks_a_rank_reads(rank):
+    # Note [A rank's chunks, not the world's]: 200 rows over 64 ranks are 4
+    # each up to rank 49, none from rank 50 on -- as a real run shards them.
+    from torch.distributed.fsdp import fully_shard
+
+    def shard():
+        lin = torch.nn.Linear(8, 200)
+        fully_shard(lin, mesh=init_device_mesh("cpu", (64,)))
+        return [(p.to_local().shape, p.to_local().stride(), p.to_local().dtype) for p in lin.parameters()]
+
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=rank, world_size=64)
+    try:
+        expected = shard()
+    finally:
+        dist.destroy_process_group()
+    with md.MetaMode(world_size=64, rank=rank) as mode:
+        got = shard()
+    assert got == expected
+    assert max(len(c.output_metas) for c in mode.trace) < 64  # no 64-way split

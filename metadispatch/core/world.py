@@ -28,7 +28,7 @@ import torch
 from .. import _compat
 from ..errors import MetaDispatchError, UnsupportedFeatureError
 from ..ir.records import Group
-from . import ddp_setup, fsdp_storage, logical_cuda
+from . import ddp_setup, fsdp_chunks, fsdp_storage, logical_cuda
 
 __all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
 
@@ -84,6 +84,7 @@ class World:
             "fake", store=_compat.fake_process_group_store(), rank=self.rank, world_size=self.world_size
         )
         fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
+        fsdp_chunks.install(steps)  # Note [A rank's chunks, not the world's]
         ddp_setup.install(steps)
         # Note [A DTensor's logical device]
         dtensor = _compat.dtensor_class()
