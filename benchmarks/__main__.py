@@ -17,6 +17,7 @@ for script in (
     "bench_replay.py",
     "bench_growth.py",
     "bench_distributed.py",
+    "bench_analysis.py",
 ):
     print(f"\n== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)

@@ -15,6 +15,7 @@ import importlib.metadata as _metadata
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
+from .analysis.calibrate import calibrate, load_efficiency
 from .analysis.comms import comms
 from .analysis.fit import fits
 from .analysis.flops import flops, register_flops, unregister_flops
@@ -73,6 +74,8 @@ __all__ = [
     "fits",
     "runtime",
     "Efficiency",
+    "calibrate",
+    "load_efficiency",
     "comms",
     "LiveStorages",
     "module_table",

@@ -108,9 +108,9 @@ def test_allocator_frees_cache_and_retries_before_oom():
 
 
 def test_allocator_max_split_releases_oversize_first_without_a_retry():
-    a = CachingAllocator(80 * MiB, AllocatorConfig(max_split_size_mb=16))
+    a = CachingAllocator(80 * MiB, AllocatorConfig(max_split_size_mb=24))
     a.free(a.malloc(50 * MiB))
-    keep = a.malloc(2 * MiB)  # a 20 MiB segment, split (2 < 16): reserved 70
+    keep = a.malloc(2 * MiB)  # a 20 MiB segment, split (2 < 24): reserved 70
     b = a.malloc(25 * MiB)  # 50 >= 26 + 20: not reused; no room; the 50 MiB block is released
     assert b is not None and b.size == 26 * MiB and a.reserved == 46 * MiB
     assert a.retries == 0 and keep.allocated
@@ -151,6 +151,79 @@ def test_allocator_garbage_collection_threshold_releases_old_cache():
     assert a.reserved == 84 * MiB
     a.malloc(MiB)  # 84 > 50: the cached 40 MiB segment goes first, then a 2 MiB small segment
     assert a.reserved == 46 * MiB
+
+
+def test_allocator_small_pool_splits_down_to_512_bytes():
+    a = CachingAllocator(None)
+    x = a.malloc(MiB)  # the small pool's largest request: a 2 MiB segment, 1 MiB split off
+    y = a.malloc(MiB - 512)  # takes the 1 MiB rest; 512 B remain, enough to split [should_split]
+    z = a.malloc(1)  # rounds to 512 and takes exactly that rest
+    assert x.segment is y.segment is z.segment and (x.size, y.size, z.size) == (MiB, MiB - 512, 512)
+    assert a.reserved == a.allocated == 2 * MiB
+
+
+def test_allocator_large_pool_keeps_a_rest_of_1mib_unsplit():
+    a = CachingAllocator(None)
+    whole = a.malloc(19 * MiB)  # >= 10 MiB: a segment of 20 MiB (2 MiB rounding); rest 1 MiB, not > 1 MiB
+    assert (whole.size, a.allocated, a.reserved) == (20 * MiB, 20 * MiB, 20 * MiB)
+    split = a.malloc(18 * MiB + 1)  # 18 MiB + 512 in a new 20 MiB segment; rest 2 MiB - 512 > 1 MiB
+    assert (split.size, a.allocated, a.reserved) == (18 * MiB + 512, 38 * MiB + 512, 40 * MiB)
+
+
+def test_allocator_expandable_segments_split_large_blocks_down_to_512_bytes():
+    a = CachingAllocator(None, AllocatorConfig(expandable_segments=True))
+    b = a.malloc(19 * MiB)  # one 20 MiB page; the 1 MiB rest splits off (expandable: >= 512 B)
+    assert (b.size, a.allocated, a.reserved) == (19 * MiB, 19 * MiB, 20 * MiB)
+
+
+def test_allocator_releases_several_oversize_blocks_largest_first():
+    a = CachingAllocator(150 * MiB, AllocatorConfig(max_split_size_mb=40))
+    x, y = a.malloc(42 * MiB), a.malloc(44 * MiB)
+    a.free(x)
+    a.free(y)
+    hold = a.malloc(30 * MiB)  # below max_split: the cached oversize blocks may not serve it
+    assert hold.segment not in (x.segment, y.segment) and a.reserved == 116 * MiB
+    big = a.malloc(60 * MiB)  # no room for 60 more; no single cached block >= 60: release 44, then 42
+    assert big is not None and a.reserved == 90 * MiB and a.retries == 0
+    assert len(a.segments) == 2
+
+
+def test_allocator_garbage_collection_waits_until_no_cached_block_fits():
+    a = CachingAllocator(100 * MiB, AllocatorConfig(garbage_collection_threshold=0.5))
+    a.free(a.malloc(60 * MiB))  # reserved 60, above the threshold of 50
+    a.malloc(50 * MiB)  # the cached block fits: taken (10 MiB split off), nothing collected
+    assert a.reserved == 60 * MiB
+    a.malloc(30 * MiB)  # no cached block fits: collect -- but the only cached block is part of a split segment
+    assert a.reserved == 90 * MiB
+
+
+def test_allocator_garbage_collection_leaves_the_small_pool():
+    a = CachingAllocator(100 * MiB, AllocatorConfig(garbage_collection_threshold=0.5))
+    a.free(a.malloc(1000))  # a cached 2 MiB small segment
+    a.malloc(60 * MiB)
+    a.malloc(20 * MiB)  # reserved 62 > 50, nothing fits: collected, but only large blocks are
+    assert a.reserved == 82 * MiB and sum(s.small for s in a.segments.values()) == 1
+
+
+@pytest.mark.parametrize(
+    "conf, message",
+    [
+        (dict(max_split_size_mb=20), "more than 20"),
+        (dict(roundup_power2_divisions=3), "power of 2"),
+        (dict(garbage_collection_threshold=1.0), "fraction"),
+    ],
+)
+def test_allocator_config_refuses_what_torch_refuses(conf, message):
+    with pytest.raises(ValueError, match=message):
+        AllocatorConfig(**conf)
+
+
+def test_allocator_max_non_split_rounding_widens_oversize_reuse():
+    conf = AllocatorConfig(max_split_size_mb=32, max_non_split_rounding_mb=40)
+    a = CachingAllocator(None, conf)
+    a.free(a.malloc(80 * MiB))
+    assert a.malloc(45 * MiB).size == 80 * MiB  # 80 < 46 + 40: reused whole (the default 20 would not)
+    assert a.reserved == 80 * MiB
 
 
 def test_allocator_config_parses_the_environment_form():

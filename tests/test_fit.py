@@ -32,7 +32,9 @@ def test_fits_small_model_on_h100_with_headroom():
     r = md.memory(t, allocator="cuda", gpu="h100")
     assert f.fits and bool(f) and f.first_oom_call is None
     assert f.headroom == md.gpu_profile("h100").memory - r.reserved_peak
-    assert str(f).startswith("fits on H100 80 GB: yes, peak reserved 2 MiB") and "to spare" in str(f)
+    # the first matmul's cuBLAS workspace (32 MiB on an H100) is one large segment, the rest one small one
+    assert md.memory(t).by_category["workspaces"] == 32 * MiB
+    assert str(f).startswith("fits on H100 80 GB: yes, peak reserved 34 MiB") and "to spare" in str(f)
 
 
 @pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
@@ -84,5 +86,17 @@ def test_cli_trace_gpu_prints_whether_it_fits(tmp_path, capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["trace", "fitmodel:build", "--gpu", "a100-40gb"]) == 0
     out = capsys.readouterr().out
-    assert "\nfits on A100 40 GB: yes, peak reserved 2 MiB of 39.6 GiB" in out
+    # cuBLAS's 8 MiB + 128 KiB workspace on an A100 takes a 20 MiB segment
+    assert "\nfits on A100 40 GB: yes, peak reserved 22 MiB of 39.6 GiB" in out
     assert "\nestimated step time on A100 40 GB: " in out
+
+
+def test_fits_and_memory_take_the_gpu_the_trace_was_recorded_for():
+    t = md.tracer(mode_factory=lambda: md.MetaMode(device="cuda", gpu="l4"))(lambda x: x @ x, torch.ones(64, 64))
+    assert t.gpu == "l4"
+    f = md.fits(t)
+    assert f.gpu.name == "l4" and f.capacity == md.gpu_profile("l4").memory
+    # an L4 (compute capability 8.9) gets cuBLAS's 8 MiB + 128 KiB workspace, an H100 32 MiB
+    assert md.memory(t).by_category["workspaces"] == 8 * MiB + 128 * 1024
+    assert md.memory(t, allocator="cuda", gpu="h100").reserved_peak == 32 * MiB + 2 * MiB
+    assert md.memory(t, allocator="cuda").reserved_peak == 20 * MiB + 2 * MiB

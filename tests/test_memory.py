@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import metadispatch as md
+from tests.cpu_allocator import cpu_allocator_peak
 from tests.models import MODELS, train_step
 
 
@@ -26,7 +27,7 @@ def _real_peak(step, model, inputs) -> md.LiveStorages:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_memory_peak_matches_real_run(name):
     model, inputs = MODELS[name]()
-    m = md.memory(md.trace(train_step, model, *inputs))
+    m = md.memory(md.trace(train_step, model, *inputs), workspaces=False)  # what LiveStorages sees
     live = _real_peak(train_step, model, inputs)
     assert m.peak == pytest.approx(live.peak, rel=0.05)
     assert len(m.timeline) == len(live.timeline)
@@ -122,6 +123,43 @@ def test_memory_peak_matches_cuda_allocator(name):
     train_step(model, *inputs)
     torch.cuda.synchronize()
     real = torch.cuda.max_memory_allocated() - base
+    # the warm-up left the cuBLAS workspace allocated: it is in base
+    kept = sum(s.allocated for s in m.storages.values() if s.born < 0 or s.category == "workspaces" and s.died is None)
+    print(f"{name}: predicted {m.peak - kept} B above leaves, allocator {real} B")
+    assert m.peak - kept == pytest.approx(real, rel=0.05)
+
+
+def _convnet(batch, hw, c1, c2):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, c1, 3, padding=1),
+        torch.nn.BatchNorm2d(c1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(c1, c2, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(c2 * (hw // 4) ** 2, 10),
+    )
+    return model, (torch.randn(batch, 3, hw, hw),)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 64, 128), (4, 16, 32, 64)])
+def test_memory_workspaces_bring_a_convnet_to_the_cpu_allocators_peak(shape):
+    model, inputs = _convnet(*shape)
+    t = md.trace(train_step, model, *inputs)
+    m, storages = md.memory(t), md.memory(t, workspaces=False)
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
-    print(f"{name}: predicted {m.peak - leaves} B above leaves, allocator {real} B")
+    real = cpu_allocator_peak(train_step, model, inputs)
+    # oneDNN's blocked copies (or im2col columns) are most of what the storages miss
+    assert storages.peak - leaves < 0.96 * real
     assert m.peak - leaves == pytest.approx(real, rel=0.05)
+    assert m.by_category["workspaces"] > 0 and "workspaces" in str(m)
+
+
+@pytest.mark.parametrize("name", ["llama", "hf_gpt2", "hf_llama"])
+def test_memory_transformer_step_matches_the_cpu_allocators_peak(name):
+    model, inputs = MODELS[name]()
+    m = md.memory(md.trace(train_step, model, *inputs))
+    leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
+    assert m.peak - leaves == pytest.approx(cpu_allocator_peak(train_step, model, inputs), rel=0.01)

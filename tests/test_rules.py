@@ -93,6 +93,13 @@ def _conv_backward(x, w, bias, stride, padding, dilation, transposed, output_pad
     )
 
 
+def _gn_backward(x, g):
+    """native_group_norm_backward's arguments for input ``x`` and output gradient ``g`` (2 groups)."""
+    n, c, hxw = x.shape[0], x.shape[1], x[0, 0].numel()
+    _, mean, rstd = aten.native_group_norm.default(x.contiguous(), _x(c), _x(c), n, c, hxw, 2, 1e-5)
+    return (g, x, mean, rstd, _x(c), n, c, hxw, 2, [True, True, True])
+
+
 SAMPLES = {
     # rules/attention.py: a CPU device gets torch's own choice (logical CUDA: tests/test_sdpa_choice.py)
     aten._fused_sdp_choice.default: [(_x(2, 4, 8, 16, dtype=d),) * 3 for d in _DT]
@@ -113,6 +120,18 @@ SAMPLES = {
             _x(2, 4, 2, 3, 3).to(memory_format=torch.channels_last_3d),
             _x(2, 3, 3, 4).permute(0, 3, 1, 2),
             _x(2, 4, 5),
+        )
+    ],
+    # the input's gradient in X's suggested format whatever the output gradient's
+    # strides (torch 2.14's meta follows the output gradient)
+    aten.native_group_norm_backward.default: [
+        _gn_backward(x, g)
+        for x, g in (
+            (_x(2, 4, 3, 3).to(memory_format=_CL), _x(2, 4, 3, 3)),
+            (_x(2, 4, 3, 3), _x(2, 4, 3, 3).to(memory_format=_CL)),
+            (_x(2, 4, 3, 3).to(memory_format=_CL), _x(2, 4, 3, 3).to(memory_format=_CL)),
+            (_x(2, 5, 4).mT, _x(2, 5, 4).mT),
+            (_x(2, 4, 5), _x(2, 5, 4).mT),
         )
     ],
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],

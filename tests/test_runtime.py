@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -105,3 +106,79 @@ def test_runtime_llama_7b_bf16_step_on_h100_implies_a_realistic_mfu():
     # roofline (every efficiency 1) would claim far more
     assert r.main_dtype == "bf16" and 0.30 <= r.mfu <= 0.55, r
     assert "uncalibrated" in str(r)
+
+
+def _opdb_cases():
+    """Every OpInfo of op_db that makes data (``empty*`` allocate without writing)."""
+    from tools.opdb_conformance import op_db
+
+    return [o for o in op_db() if "empty" not in o.name]
+
+
+def _real_bound(fn, args, gpu) -> float:
+    """A lower bound on the step's time from the real CPU run of ``fn``: the
+    FLOPs torch's FlopCounterMode counts at the GPU's highest peak, and the
+    bytes of its fresh outputs (views share an input's storage) at its full
+    bandwidth -- whatever kernels run, they cannot do less."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from metadispatch._compat import pytree
+
+    with FlopCounterMode(display=False) as counter:
+        out = fn(*args)
+    seen = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)}
+    written = 0
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            written += t.numel() * t.element_size()
+    return max(counter.get_total_flops() / max(gpu.flops.values()), written / gpu.bandwidth)
+
+
+def test_runtime_opdb_samples_never_beat_the_roofline():
+    """A sweep over op_db: every 40th OpInfo (about 15 op families), two samples
+    each, alternating dtypes and GPUs; no estimate below the real run's bound."""
+    from tools.opdb_conformance import samples
+
+    cases = _opdb_cases()[::40]
+    checked, beaten = 0, []
+    for k, opinfo in enumerate(cases):
+        dtype = (torch.float32, torch.bfloat16)[k % 2]
+        gpu = md.gpu_profile(("h100", "a100-40gb", "l4")[k % 3])
+        for _, s in itertools.islice(samples(opinfo, {dtype}), 2):
+
+            def fn(*a, kw=s.kwargs, op=opinfo.op):
+                return op(*a, **kw)
+
+            args = (s.input, *s.args)
+            try:
+                bound = _real_bound(fn, args, gpu)
+                t = md.tracer(device="cuda")(fn, *args)
+            except Exception:  # a sample the real kernel or the trace refuses: no claim to check
+                continue
+            checked += 1
+            # without the launch cost, which alone would carry these small samples over the bound
+            for r in (runtime(t, gpu=gpu), runtime(t, gpu=gpu, efficiency=Efficiency(launch=0.0))):
+                if r.total < bound or any(sec < roofline(c, gpu) for c, sec in zip(t.calls, r.per_call)):
+                    beaten.append((opinfo.name, dtype, gpu.name, r.per_call, bound))
+    assert beaten == [] and checked >= 0.6 * 2 * len(cases), (checked, beaten)
+
+
+def test_runtime_prices_collectives_as_a_ring():
+    import torch.distributed as dist
+
+    with md.MetaMode(world_size=4, rank=1, device="cuda") as mode:
+        x = torch.ones(1 << 20)  # 4 MiB
+        dist.all_reduce(x)
+        y = torch.empty(4 << 20)
+        dist.all_gather_into_tensor(y, x)
+    t = mode.trace
+    r = runtime(t, gpu="h100")
+    e, bw = DEFAULT_EFFICIENCY, H100.interconnect * DEFAULT_EFFICIENCY.interconnect
+    # all-reduce: 2 (n-1) steps, each rank sends 2 (n-1)/n of 4 MiB; all-gather: n-1 steps, (n-1)/n of 16 MiB
+    assert r.per_call[1] == pytest.approx(6 * e.latency + 2 * 3 / 4 * (4 << 20) / bw)
+    assert r.per_call[3] == pytest.approx(3 * e.latency + 3 / 4 * (16 << 20) / bw)
+    assert [r.bound[i] for i in (1, 3)] == ["network", "network"]
+    by_kind = {c.kind: c for c in md.comms(t).calls}
+    for i, kind in ((1, "all_reduce"), (3, "all_gather")):
+        assert r.per_call[i] >= roofline(t.calls[i], H100, collective=by_kind[kind]) > 0

@@ -12,7 +12,7 @@ follow ``c10/cuda/CUDACachingAllocator.cpp`` (names in brackets are its):
   rounded up to 2 MiB [kRoundLarge];
 - a request takes the smallest free block of its pool and stream that fits;
   a block at or above ``max_split_size`` serves only requests at or above it,
-  and only if no more than 20 MiB larger [max_non_split_rounding_size];
+  and only if less than ``max_non_split_rounding_mb`` larger [get_free_block];
 - the rest of a block splits off when at least 512 B (small pool, or
   expandable segments) or more than 1 MiB (large pool, and the request is
   below ``max_split_size``) [should_split]; a freed block merges with free
@@ -23,9 +23,12 @@ follow ``c10/cuda/CUDACachingAllocator.cpp`` (names in brackets are its):
   then is it out of memory;
 - ``expandable_segments``: one segment per pool and stream grows in 2 MiB
   (small) or 20 MiB (large) pages instead of new segments;
-- ``garbage_collection_threshold``: when reserved passes that fraction of
-  capacity, cached unsplit segments are released, least recently freed first
-  (the source's age-averaging is simplified to oldest first).
+- ``garbage_collection_threshold``: when no cached block fits and reserved
+  is above that fraction of capacity, cached unsplit segments of the large
+  pool are released, least recently freed first (the source's
+  age-averaging is simplified to oldest first);
+- ``max_non_split_rounding_mb`` (default 20): how much larger than an
+  oversize request a cached oversize block may be and still serve it.
 
 Limits: one stream (the trace records none); no CUDA graphs' private pools;
 events and ``record_stream`` delays are not modelled; an expandable segment
@@ -119,7 +122,7 @@ class CachingAllocator:
         if i == len(keys):
             return None
         b, limit = blocks[keys[i]], self.config.max_split
-        if size < limit <= b.size or (size >= limit and b.size >= size + LARGE_BUFFER):
+        if size < limit <= b.size or (size >= limit and b.size >= size + self.config.max_non_split_rounding):
             return None  # oversize blocks are kept for oversize requests [get_free_block]
         return b
 
@@ -129,9 +132,9 @@ class CachingAllocator:
         self.clock += 1
         size = round_size(nbytes, self.config.roundup_power2_divisions)
         small = size <= SMALL_SIZE
-        if self.config.garbage_collection_threshold and self.capacity:
-            self._collect(self.config.garbage_collection_threshold * self.capacity)
         b = self._best_fit(size, small)
+        if b is None and self.config.garbage_collection_threshold and self.capacity:
+            self._collect(self.config.garbage_collection_threshold * self.capacity)
         if b is None:
             b = self._new_block(size, small)
         if b is None and self._release_oversize(size, small):
@@ -274,24 +277,27 @@ class CachingAllocator:
         if limit == float("inf"):
             return False
         keys, blocks = self._free[small]
-        i = bisect.bisect_left(keys, (max(size, limit),))
+        want = max(size, limit)  # the source's search key
+        i = bisect.bisect_left(keys, (want,))
         if i < len(keys):
             return self._release(blocks[keys[i]]) > 0
         released = 0
         for key in reversed(keys[:]):  # largest first [release_available_cached_blocks]
-            if released >= size or key[0] < limit:
+            if released >= want or key[0] < limit:
                 break
             released += self._release(blocks[key])
-        return released >= size
+        return released >= want
 
     def _release_cached(self) -> None:
         for b in self._cached():
             self._release(b)
 
     def _collect(self, threshold: float) -> None:
+        """Release cached large-pool segments, oldest first, until reserved is under ``threshold``
+        [garbage_collect_cached_blocks: large blocks only, once no cached block fits]."""
         if self.reserved <= threshold:
             return
-        for b in sorted(self._cached(), key=lambda b: b.freed_at):
+        for b in sorted(self._free[False][1].values(), key=lambda b: b.freed_at):
             if self.reserved <= threshold:
                 break
             self._release(b)

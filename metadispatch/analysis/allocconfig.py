@@ -34,13 +34,25 @@ class AllocatorConfig:
 
     >>> AllocatorConfig.parse("expandable_segments:True,max_split_size_mb:128")
     AllocatorConfig(expandable_segments=True, max_split_size_mb=128, roundup_power2_divisions=0, \
-garbage_collection_threshold=0.0)
+garbage_collection_threshold=0.0, max_non_split_rounding_mb=20)
     """
 
     expandable_segments: bool = False
     max_split_size_mb: int | None = None
     roundup_power2_divisions: int = 0
     garbage_collection_threshold: float = 0.0
+    max_non_split_rounding_mb: int = 20
+
+    def __post_init__(self) -> None:
+        # the source's own checks [parseMaxSplitSize, parseRoundUpPower2Divisions,
+        # parseGarbageCollectionThreshold]: torch refuses these values at start-up
+        m, d, g = self.max_split_size_mb, self.roundup_power2_divisions, self.garbage_collection_threshold
+        if m is not None and m <= LARGE_BUFFER >> 20:
+            raise ValueError(f"max_split_size_mb={m}: torch requires more than {LARGE_BUFFER >> 20}")
+        if d < 0 or d & (d - 1):
+            raise ValueError(f"roundup_power2_divisions={d}: torch requires a power of 2")
+        if not 0.0 <= g < 1.0:
+            raise ValueError(f"garbage_collection_threshold={g}: torch requires a fraction in (0, 1)")
 
     @classmethod
     def parse(cls, conf: str) -> AllocatorConfig:
@@ -50,13 +62,17 @@ garbage_collection_threshold=0.0)
             key, _, value = item.partition(":")
             if key == "expandable_segments":
                 kw[key] = value.strip().lower() == "true"
-            elif key in ("max_split_size_mb", "roundup_power2_divisions"):
+            elif key in ("max_split_size_mb", "roundup_power2_divisions", "max_non_split_rounding_mb"):
                 kw[key] = int(value)
             elif key == "garbage_collection_threshold":
                 kw[key] = float(value)
             else:
                 raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF option {key!r} is not simulated")
         return cls(**kw)
+
+    @property
+    def max_non_split_rounding(self) -> int:
+        return self.max_non_split_rounding_mb << 20
 
     @property
     def max_split(self) -> float:

@@ -113,7 +113,7 @@ class Fit:
 
 
 def fits(trace: Trace, gpu: str | GPUProfile | None = None, capacity: int | None = None, **conf) -> Fit:
-    """Whether a traced step fits on ``gpu`` (default ``h100``), or in ``capacity`` bytes.
+    """Whether a traced step fits on ``gpu`` (default: the trace's, else ``h100``), or in ``capacity`` bytes.
 
     ``conf`` are ``PYTORCH_CUDA_ALLOC_CONF`` options, as for ``md.memory``.
 
@@ -125,4 +125,5 @@ def fits(trace: Trace, gpu: str | GPUProfile | None = None, capacity: int | None
     >>> f.fits, f.first_oom_call.index, f.first_oom_call.op
     (False, 0, 'aten.mul.Tensor')
     """
-    return Fit(CudaMemory(Memory(trace), gpu_profile(gpu), AllocatorConfig(**conf), capacity))
+    profile = gpu_profile(gpu or trace.gpu)
+    return Fit(CudaMemory(Memory(trace, profile), profile, AllocatorConfig(**conf), capacity))

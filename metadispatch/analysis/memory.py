@@ -15,16 +15,18 @@ Categories: ``params`` (parameter leaves, and what the step shows to be
 parameters: what the optimizer updates, FSDP's sharded parameters),
 ``unsharded params``, ``all-gather buffers`` and ``reduce-scatter
 buffers`` (FSDP2's), ``grads`` (the ``.grad`` tensors the trace ends with,
-and what the optimizer reads), ``activations`` (made in forward),
-``temporaries`` (made in backward and none of the above), ``optimizer``
-(made inside ``optimizer.step``: its state and scratch) and ``other``
-(inputs, buffers, constants).  Which calls show what: Note [Roles from the
-step's calls] in ``roles.py``.
+and what the optimizer reads), ``optimizer state``, ``activations`` (made
+in forward), ``temporaries`` (made in backward and none of the above),
+``optimizer`` (made inside ``optimizer.step``: its scratch),
+``workspaces`` (what kernels allocate inside themselves, ``workspace.py``:
+no tensor of the trace holds it) and ``other`` (inputs, buffers,
+constants).  Which calls show what: Note [Roles from the step's calls] in
+``roles.py``.
 
-Limits: an op's internal workspace, allocator fragmentation and the
-allocator's caching are not modelled; the figure is what
-``torch.cuda.max_memory_allocated`` calls allocated, not what
-``nvidia-smi`` shows.
+Limits: the allocator's fragmentation and caching are not in this figure
+(``md.memory(trace, allocator="cuda")`` simulates them); it is what
+``torch.cuda.max_memory_allocated`` calls allocated, not what ``nvidia-smi``
+shows.
 
 :class:`LiveStorages` (``live.py``) does the same accounting on a real run, so the model
 can be checked against reality (see ``tests/test_memory.py``).
@@ -44,10 +46,11 @@ from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 from .roles import ROLES, roles
+from .workspace import cpu_block, cublas_workspace, transient_workspace, uses_cublas
 
 __all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
 
-CATEGORIES = (*ROLES, "activations", "temporaries", "optimizer", "other")
+CATEGORIES = (*ROLES, "activations", "temporaries", "optimizer", "workspaces", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
 
@@ -151,17 +154,43 @@ def _deaths(trace: Trace, infos: dict) -> None:
             info.died = info.last_use + 1
 
 
+def _workspaces(trace: Trace, gpu: GPUProfile) -> dict:
+    """Kernel workspaces as storages of their own (Note [Transient and persistent
+    workspaces] in ``workspace.py``): a transient one lives during its call only."""
+    out: dict = {}
+    block, blas = cpu_block(), False
+    for i, call in enumerate(trace.calls):
+        nbytes = transient_workspace(call, block)
+        if nbytes:
+            info = out[("workspace", i)] = StorageInfo(
+                ("workspace", i), call.output_metas[0].device, i, "workspaces", call.module
+            )
+            info.nbytes, info.died = nbytes, i + 1
+        if not blas and uses_cublas(call):
+            blas = True
+            info = out[("workspace", "cublas")] = StorageInfo(  # the process's, not the module's
+                ("workspace", "cublas"), call.output_metas[0].device, i, "workspaces", ""
+            )
+            info.nbytes = cublas_workspace(gpu)
+    return out
+
+
 class Memory:
     """Live bytes over a trace; print it for a table.
 
-    ``timeline[i]`` is the bytes live just after call ``i``; ``by_category``
-    and ``by_module`` (the module whose call made the bytes, or owns the
-    parameter) are taken at the peak.
+    ``timeline[i]`` is the bytes live during call ``i`` (what it made and
+    what is still alive after it, with its workspace); ``by_category`` and
+    ``by_module`` (the module whose call made the bytes, or owns the
+    parameter) are taken at the peak.  ``workspaces=False`` leaves kernel
+    workspaces out (the storages of the trace only); ``gpu`` is the profile
+    whose libraries size a CUDA trace's workspaces (default: the trace's).
     """
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, gpu: str | GPUProfile | None = None, workspaces: bool = True) -> None:
         self.trace = trace
         self.storages = _storages(trace)
+        if workspaces:
+            self.storages.update(_workspaces(trace, gpu_profile(gpu or trace.gpu)))
         n = len(trace.calls)
         deltas = {c: [0] * (n + 1) for c in CATEGORIES}
         for info in self.storages.values():
@@ -212,7 +241,12 @@ def _running(deltas: list) -> list:
 
 
 def memory(
-    trace: Trace, allocator: str | None = None, gpu: str | GPUProfile | None = None, capacity: int | None = None, **conf
+    trace: Trace,
+    allocator: str | None = None,
+    gpu: str | GPUProfile | None = None,
+    capacity: int | None = None,
+    workspaces: bool = True,
+    **conf,
 ) -> Memory | CudaMemory:
     """The memory timeline of a trace; with ``allocator="cuda"``, as the caching allocator holds it.
 
@@ -225,17 +259,20 @@ def memory(
     >>> r.peak == m.peak, r.reserved_peak, r.segments
     (True, 2097152, 1)
 
-    ``gpu`` names a profile (default ``h100``) whose memory is the capacity
-    unless ``capacity`` (bytes) is given; ``conf`` are the
+    ``gpu`` names a profile (default: the one the trace was recorded for,
+    else ``h100``) whose memory is the capacity unless ``capacity`` (bytes)
+    is given; ``workspaces=False`` leaves out kernel workspaces
+    (``analysis/workspace.py``); ``conf`` are the
     ``PYTORCH_CUDA_ALLOC_CONF`` options (``expandable_segments=True``,
     ``max_split_size_mb=128``, ``roundup_power2_divisions=4``,
     ``garbage_collection_threshold=0.8``); see ``analysis/allocator.py``.
     """
     if allocator is None and not conf and gpu is None and capacity is None:
-        return Memory(trace)
+        return Memory(trace, workspaces=workspaces)
     if allocator not in (None, "cuda"):
         raise ValueError(f"allocator={allocator!r}: only 'cuda' is simulated")
-    return CudaMemory(Memory(trace), gpu_profile(gpu), AllocatorConfig(**conf), capacity)
+    profile = gpu_profile(gpu or trace.gpu)
+    return CudaMemory(Memory(trace, profile, workspaces), profile, AllocatorConfig(**conf), capacity)
 
 
 def _pct(n: int, total: int) -> str:

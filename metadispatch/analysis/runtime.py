@@ -10,7 +10,8 @@ per aten call) whose time is the slowest of three limits::
     launch   the host's cost of dispatching one eager op
 
 Views, ``empty`` and other calls that move no data cost nothing.
-Collectives cost ``latency + payload / (interconnect x efficiency)``.  FLOPs
+Collectives are priced as a ring over their group of ``n`` ranks (Note
+[Collectives on a ring]).  FLOPs
 are torch's formulas (``md.flops``); bytes are what the call reads and
 writes (each distinct input and output tensor once).  Efficiencies are data,
 an :class:`Efficiency` per GPU profile, by op class and FLOP bucket, so that
@@ -41,11 +42,13 @@ import torch
 from ..core.profiles import GPUProfile, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
+from .comms import Collective, comms
 from .export import chrome_trace
 from .flops import ancestors, call_flops, fmt_count
 from .tables import render
+from .workspace import CUBLAS_OPS
 
-__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline"]
+__all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline", "classify", "call_bytes", "dtype_name"]
 
 aten = torch.ops.aten
 INF = float("inf")
@@ -107,17 +110,7 @@ def efficiency_for(profile: GPUProfile) -> Efficiency:
 
 # -- classes of ops
 
-_MATMUL = {
-    aten.mm.default,
-    aten.addmm.default,
-    aten.bmm.default,
-    aten.baddbmm.default,
-    aten.addmv.default,
-    aten.mv.default,
-    aten.dot.default,
-    aten.addbmm.default,
-    aten._int_mm.default,
-}
+_MATMUL = CUBLAS_OPS
 _ATTENTION_NAMES = (
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention",
@@ -176,7 +169,7 @@ def call_bytes(call) -> int:
     return sum(math.prod(m.shape) * m.dtype.itemsize for m in seen.values())
 
 
-def _dtype_name(call) -> str:
+def dtype_name(call) -> str:
     for m in call.inputs:
         if m.dtype.is_floating_point or m.dtype == torch.int8:
             if m.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
@@ -198,22 +191,41 @@ _ROOFLINE = Efficiency(
 )
 
 
-def roofline(call, profile: GPUProfile, flops: int | None = None) -> float:
-    """The lower bound on a call's time: FLOPs at peak, bytes at full bandwidth."""
+def roofline(call, profile: GPUProfile, flops: int | None = None, collective: Collective | None = None) -> float:
+    """The lower bound on a call's time: FLOPs at peak, bytes at full bandwidth
+    (a collective's ring traffic, ``collective`` from ``md.comms``, at the full interconnect)."""
     flops = call_flops(call) if flops is None else flops
-    return _call_time(call, flops, profile, _ROOFLINE)[0]
+    return _call_time(call, flops, profile, _ROOFLINE, collective)[0]
 
 
-def _call_time(call, flops, profile: GPUProfile, eff: Efficiency) -> tuple[float, str]:
+# Note [Collectives on a ring]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A collective over n ranks is priced as NCCL's ring: each rank sends what
+# ``md.comms`` calls ``sent`` -- (n-1)/n of the payload for all-gather,
+# reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, the payload for
+# broadcast and point-to-point -- over its interconnect, in n-1 steps (2(n-1)
+# for all-reduce; one for point-to-point), each paying the latency:
+#     time = steps x latency + sent / (interconnect x efficiency)
+# Trees and NVLS, which NCCL picks for small messages or on NVSwitch, are
+# faster; a collective without payload (wait_tensor, barrier) costs nothing.
+_RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "broadcast": 1}
+
+
+def _ring_time(c: Collective, profile: GPUProfile, eff: Efficiency) -> float:
+    n = c.group.size if c.group is not None else 1
+    steps = _RING_STEPS.get(c.kind, 0) * (n - 1) or 1
+    return steps * eff.latency + c.sent / (profile.interconnect * eff.interconnect)
+
+
+def _call_time(call, flops, profile: GPUProfile, eff: Efficiency, coll: Collective | None = None) -> tuple[float, str]:
     kind = classify(call)
-    if kind == "free":
+    if kind == "free" or (kind == "collective" and coll is None):
         return 0.0, "free"
+    if coll is not None:
+        return max(_ring_time(coll, profile, eff), eff.launch), "network"
     nbytes = call_bytes(call)
-    if kind == "collective":
-        # the payload is half of what a call's tensors hold (input and output)
-        return eff.latency + nbytes / 2 / (profile.interconnect * eff.interconnect), "network"
     flops = flops or 0
-    compute = flops / (profile.peak(_dtype_name(call)) * eff.compute(kind, flops)) if flops else 0.0
+    compute = flops / (profile.peak(dtype_name(call)) * eff.compute(kind, flops)) if flops else 0.0
     memory = nbytes / (profile.bandwidth * eff.memory)
     t = max(compute, memory, eff.launch)
     return t, ("compute" if t == compute else "memory" if t == memory else "launch")
@@ -314,14 +326,15 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None, efficiency: Effic
     by_module: Seconds = defaultdict(float)
     by_bound: Seconds = defaultdict(float)
     by_dtype: dict[str, int] = defaultdict(int)
+    ring = {c.index: c for c in comms(trace).calls} if trace.world else {}
     for call in trace.calls:
         flops = call_flops(call)
-        t, bound = _call_time(call, flops, profile, eff)
+        t, bound = _call_time(call, flops, profile, eff, ring.get(call.index))
         per_call.append(t)
         bounds.append(bound)
         total_flops += flops or 0
         if flops:
-            by_dtype[_dtype_name(call)] += flops
+            by_dtype[dtype_name(call)] += flops
         by_op[call.op] += t
         by_phase[call.phase] += t
         by_bound[bound] += t

@@ -59,6 +59,7 @@ from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
 from .result import Mismatch, Replay, Tolerance
 from .streams import MadeUp, Streams
+from .timing import Clock
 from .writes import write_guard
 
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
@@ -75,6 +76,7 @@ def replay(
     check: bool = True,
     budget: Budget | None = None,
     allow_made_up: bool = False,
+    timing: bool = False,
 ) -> Replay:
     """Run ``trace`` for real on ``device`` and check each call's metadata.
 
@@ -94,6 +96,10 @@ def replay(
     generators; a call of a kernel that fails raises
     :class:`~metadispatch.errors.ReplayError` naming it.
 
+    ``timing=True`` measures each call (Note [Timing replayed calls] in
+    timing.py): ``Replay.times[i]`` is call ``i``'s seconds, which
+    ``md.calibrate`` turns into ``md.runtime``'s efficiency table.
+
     >>> import torch, metadispatch as md
     >>> lin = torch.nn.Linear(3, 2)
     >>> x = torch.randn(4, 3)
@@ -108,6 +114,7 @@ def replay(
     device = check_device(device)
     given = check_inputs(trace, args, kwargs, module)
     made_up: list = []
+    clock = Clock(device, len(trace.calls)) if timing else None
     env, mismatches, streams = execute(
         trace,
         lambda: bind_leaves(trace, args, kwargs, module, device, seed, made_up, given),
@@ -117,6 +124,7 @@ def replay(
         protect=caller_tensors(trace, args, kwargs, module, given),
         budget=budget or default_budget(device),
         leaf_bytes=leaf_bytes(trace, args, kwargs, module, given),
+        clock=clock,
     )
     out = pytree.tree_map(
         lambda m: env[m.id] if isinstance(m, TensorMeta) else m,
@@ -126,7 +134,15 @@ def replay(
     grads = {name: env[m.id] for name, m in trace.grads.items()}
     buffers = {leaf.name: env[tid] for tid, leaf in trace.leaves.items() if leaf.kind == "buffer"}
     return Replay(
-        out, grads, buffers, mismatches, made_up + streams.made_up, allow_made_up, _tolerance(device), checked=check
+        out,
+        grads,
+        buffers,
+        mismatches,
+        made_up + streams.made_up,
+        allow_made_up,
+        _tolerance(device),
+        checked=check,
+        times=clock.times if clock else None,
     )
 
 
@@ -161,6 +177,7 @@ def execute(
     protect=(),
     budget: Budget | None = None,
     leaf_bytes: int = 0,
+    clock: Clock | None = None,
 ):
     """Run every call; return (id -> real tensor, mismatches, :class:`Streams`).
 
@@ -170,7 +187,7 @@ def execute(
     the caller's generator state is restored afterwards.  No call may write
     the tensors in ``protect``; with a ``budget``, the trace's costs (plus
     ``leaf_bytes`` for binding) are checked before anything, binding
-    included, runs.
+    included, runs.  A ``clock`` times each call.
     """
     if _compat.dispatch_mode_stack():
         raise RuntimeError(
@@ -189,11 +206,11 @@ def execute(
         env = bind()
         streams = Streams(trace, prog, device, seed)
         streams.start()
-        mismatches = _run(prog, env, streams, device, check, guard, fit, pre)
+        mismatches = _run(prog, env, streams, device, check, guard, fit, pre, clock)
     return env, mismatches, streams
 
 
-def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre) -> list:
+def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
@@ -205,8 +222,12 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
         if t is None or not _same(singles[n], t, device):
             _check(calls[n], (t,), device, mismatches, wrong)
 
+    if clock is not None:  # Note [Timing replayed calls]: the check callbacks read the clock
+        index = lambda n: calls[n].index  # noqa: E731
+        chk, same = clock.wrap(chk if check else None, index), clock.wrap(same if check else None, index)
+        clock.start()
     try:
-        prog.run(env, streams.gens, check, chk, same, guard, streams.event, fit, pre)
+        prog.run(env, streams.gens, check or clock is not None, chk, same, guard, streams.event, fit, pre)
     except ReplayError:
         raise
     except Exception as e:

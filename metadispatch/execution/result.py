@@ -42,6 +42,7 @@ class Replay:
         allow_made_up: bool = False,
         tolerance: Tolerance | None = None,
         checked: bool = True,
+        times: list | None = None,
     ) -> None:
         self.output = output  # what fn returned, with real tensors
         self.grads = grads  # parameter name -> real gradient
@@ -51,6 +52,7 @@ class Replay:
         self.allow_made_up = allow_made_up
         self.tolerance = tolerance
         self.checked = checked  # False: ``check=False``, no call was compared with its record
+        self.times = times  # seconds per trace call with ``timing=True``, else None
 
     @property
     def ok(self) -> bool:

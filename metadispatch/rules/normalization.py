@@ -94,3 +94,22 @@ def group_norm(x, weight, bias, n, c, hxw, group, eps, *, fallback):
     if y.is_contiguous(memory_format=fmt):
         return out
     return (torch.empty_like(y, memory_format=fmt), *out[1:])
+
+
+@builtin_rule(aten.native_group_norm_backward.default)
+def group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group, mask, *, fallback):
+    """The CPU kernel allocates the input's gradient in ``X.suggest_memory_format()``
+    too (Note [Group norm keeps channels-last]); torch 2.14's meta function
+    follows the output gradient's strides instead.  They differ when the two
+    disagree: a transposed 3-D ``X`` (a diffusers attention block's group
+    norm) gets a contiguous gradient, a channels-last ``X`` with a
+    contiguous ``grad_out`` a channels-last one.
+    """
+    out = fallback(grad_out, x, mean, rstd, weight, n, c, hxw, group, mask)
+    dx = out[0]
+    if x.device.type != "cpu" or dx is None:
+        return out
+    fmt = _compat.suggest_memory_format(x)
+    if dx.is_contiguous(memory_format=fmt):
+        return out
+    return (torch.empty_like(dx, memory_format=fmt), *out[1:])
