@@ -3,7 +3,8 @@ FSDPMemTracker (under FakeTensorMode with the fake process group), each
 against a real 2-rank ``gloo`` run measured with md.LiveStorages; and the
 time of a LLaMA-7B FSDP2 step traced for one rank of 8 and of 1,024.
 
-    python benchmarks/bench_distributed.py
+    python benchmarks/bench_distributed.py            # everything
+    python benchmarks/bench_distributed.py --timing   # the LLaMA-7B timings alone
 """
 
 from __future__ import annotations
@@ -66,27 +67,33 @@ def tracker_peak(rank: int, foreach: bool) -> int:
         dist.destroy_process_group()
 
 
-def step_time(world: int) -> tuple[float, float]:
-    """Seconds to trace LLaMA-7B's FSDP2 setup, and its step (fw + bw + AdamW), for rank 0 of ``world``."""
+def step_time(world: int, foreach: bool = False) -> tuple[float, float, float, float]:
+    """Seconds to trace LLaMA-7B's FSDP2 setup and its step (fw + bw + AdamW) for
+    rank 0 of ``world``: (setup wall, setup CPU, step wall, step CPU).  CPU
+    seconds are this process's own: on a shared machine wall time counts the
+    others' work too, and tracing runs on one thread."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    t0 = time.perf_counter()
-    with md.MetaMode(device="cuda", world_size=world, rank=0):
+    t0, c0 = time.perf_counter(), time.process_time()
+    with md.MetaMode(device="cuda", gpu="h100", world_size=world, rank=0):
         model, (ids, labels) = llama.build()
         mesh = init_device_mesh("cuda", (world,))
         for block in model.layers:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
-        t1 = time.perf_counter()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
+        t1, c1 = time.perf_counter(), time.process_time()
         model(ids, labels).backward()
         opt.step()
-    return t1 - t0, time.perf_counter() - t1
+    return t1 - t0, c1 - c0, time.perf_counter() - t1, time.process_time() - c1
 
 
 def main() -> None:
     print(machine())
+    if sys.argv[1:] == ["--timing"]:  # the LLaMA-7B timings alone
+        _timings()
+        return
     print(f"\nFSDP2, tiny LLaMA, world {WORLD}: peak bytes per rank (LiveStorages accounting)")
     print(f"{'case':<14} {'rank':>4} {'real gloo':>10} {'md.memory':>10} {'err':>7} {'FSDPMemTracker':>15} {'err':>7}")
     for case, foreach in (("fsdp", False), ("fsdp-foreach", True)):
@@ -110,10 +117,18 @@ def main() -> None:
                 f"{case:<14} {rank:>4} {real[rank]:>10} {ours:>10} {(ours - real[rank]) / real[rank]:>+7.1%}"
                 f"{them}   (s: real {real_s:.1f} all ranks, md {ours_s:.2f}, tracker {theirs_s:.2f})"
             )
-    print("\nLLaMA-7B bf16, 1 x 2048 tokens, FSDP2 per block, AdamW (foreach=False), device cuda, rank 0")
+    _timings()
+
+
+def _timings() -> None:
+    print("\nLLaMA-7B bf16, 1 x 2048 tokens, FSDP2 per block, device cuda (h100), rank 0: seconds wall (CPU)")
     for world in (8, 1024):
-        setup, step = step_time(world)
-        print(f"world {world:>5}: fully_shard setup {setup:.2f} s, step (fw + bw + optimizer) {step:.2f} s")
+        for foreach in (False, True):
+            sw, sc, tw, tc = step_time(world, foreach)
+            print(
+                f"world {world:>5}, AdamW foreach={foreach!s:<5}: fully_shard setup {sw:.2f} ({sc:.2f}), "
+                f"step (fw + bw + optimizer) {tw:.2f} ({tc:.2f}), total {sw + tw:.2f} ({sc + tc:.2f})"
+            )
 
 
 if __name__ == "__main__":

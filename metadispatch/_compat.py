@@ -547,6 +547,28 @@ def process_group_of(obj):
     return dist.ProcessGroup.unbox(obj)
 
 
+def reduce_op_name(obj) -> str:
+    """``"SUM"``, ``"AVG"``, ...: the op a c10d op's boxed ``reduce_op`` argument holds."""
+    return dist.ReduceOp.RedOpType(obj.op()).name
+
+
+def reduce_op(name: str):
+    """The ``ReduceOp`` called ``name`` (the inverse of :func:`reduce_op_name`)."""
+    return dist.ReduceOp.RedOpType.__members__[name]
+
+
+def allgather_base(pg, output: torch.Tensor, input: torch.Tensor):
+    """``pg``'s all-gather into one tensor (the method behind ``c10d._allgather_base_``); a Work."""
+    return pg._allgather_base(output, input)
+
+
+def reduce_scatter_base(pg, output: torch.Tensor, input: torch.Tensor, op):
+    """``pg``'s reduce-scatter of one tensor (behind ``c10d._reduce_scatter_base_``); a Work."""
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = op
+    return pg._reduce_scatter_base(output, input, opts)
+
+
 def named_process_groups() -> dict:
     """Every live process group -> its name (torch's registry of groups)."""
     return dict(distributed_c10d._world.pg_names)

@@ -28,13 +28,55 @@ BATCH, SEQ = 2, 16
 CONFIG = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=54)
 
 
+# Where a real run measures what lives by category (real_rank sets it): called
+# with the model and its optimizer once backward is done and once the step is.
+PROBES: list = []
+
+
 def _step(model: torch.nn.Module, foreach: bool) -> torch.nn.Module:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
     model(ids, ids).backward()
+    for probe in PROBES:
+        probe("backward", model, opt)
     opt.step()
     opt.zero_grad()
+    for probe in PROBES:
+        probe("step", model, opt)
     return model
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages under ``tensors`` (DTensors: their local shards)."""
+    seen: dict = {}
+    for t in tensors:
+        if t is None:
+            continue
+        t = t.to_local() if hasattr(t, "to_local") else t
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def categories(when: str, model: torch.nn.Module, opt) -> dict:
+    """What a real run holds by category: parameters and gradients after
+    backward, parameters and optimizer state after the step."""
+    params = _storage_bytes(model.parameters())
+    if when == "backward":
+        return {"params": params, "grads": _storage_bytes(p.grad for p in model.parameters())}
+    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return {"params": params, "optimizer state": _storage_bytes(state)}
+
+
+def traced_categories(trace) -> dict:
+    """The same figures from a trace: live at its first optimizer call (after
+    backward, gradients in place) and after its last call (the step's end)."""
+    m = md.memory(trace)
+    first = next(i for i, c in enumerate(trace.calls) if c.phase == "optimizer")
+    return {
+        "backward": {c: m.by_category_timeline[c][first] for c in ("params", "grads")},
+        "step": {c: m.by_category_timeline[c][-1] for c in ("params", "optimizer state")},
+    }
 
 
 def fsdp_step(foreach: bool, reshard: bool = True) -> torch.nn.Module:
@@ -131,12 +173,20 @@ def real_rank(rank: int, world_size: int, cases: list, out_dir: str) -> None:
     try:
         for case in cases:
             torch.manual_seed(0)
+            measured: dict = {}
+            PROBES[:] = [lambda when, model, opt, into=measured: into.setdefault(when, categories(when, model, opt))]
             with (
                 md.testing.CollectiveLog() as log,
                 md.LiveStorages(count_untracked=False) as live,
             ):  # Note [Storages made out of sight]
                 model = CASES[case]()
-            result = {"peak": live.peak, "collectives": comparable(log.calls), "shards": local_shapes(model)}
+            PROBES.clear()
+            result = {
+                "peak": live.peak,
+                "collectives": comparable(log.calls),
+                "shards": local_shapes(model),
+                "categories": measured,
+            }
             os.makedirs(os.path.join(out_dir, case), exist_ok=True)
             with open(os.path.join(out_dir, case, f"{rank}.json"), "w") as f:
                 json.dump(result, f)
@@ -150,3 +200,35 @@ def traced_rank(rank: int, world_size: int, case: str) -> tuple:
     with md.MetaMode(world_size=world_size, rank=rank) as mode:
         model = CASES[case]()
     return mode.trace, local_shapes(model)
+
+
+def fsdp_shards() -> list:
+    """One FSDP2 step (AdamW foreach); this rank's parameter shards after it."""
+    return [p.to_local() for p in fsdp_step(foreach=True).parameters()]
+
+
+def replay_rank(rank: int, world_size: int, out_dir: str) -> None:
+    """Run :func:`fsdp_shards` for real over ``gloo``, then replay this rank's
+    trace (``out_dir/<rank>.json.gz``) over the same group; write the replay's
+    verdict and whether its shards equal the real run's, bit for bit."""
+    import torch.distributed.fsdp  # noqa: F401 -- registers the fsdp ops the trace names
+
+    allow = open(os.path.join(out_dir, "ops")).read().split()
+    trace = md.Trace.load(os.path.join(out_dir, f"{rank}.json.gz"), allow_ops=allow)
+    store = f"file://{os.path.join(out_dir, 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        real = [t.detach() for t in fsdp_shards()]
+        r = md.replay(trace)
+        result = {
+            "ok": r.ok,
+            "mismatches": [str(m) for m in r.mismatches],
+            "made_up": [str(m) for m in r.made_up],
+            "equal": [torch.equal(a, b) for a, b in zip(real, r.output)],
+            "shards": len(real),
+        }
+        with open(os.path.join(out_dir, f"replay{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()

@@ -22,7 +22,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 import metadispatch as md
 from metadispatch.cli.main import main
-from tests.distributed_cases import comparable, real_rank, traced_rank
+from tests.distributed_cases import comparable, fsdp_shards, real_rank, replay_rank, traced_categories, traced_rank
 
 _REAL: dict = {}
 
@@ -85,6 +85,9 @@ def test_distributed_rank_matches_real_gloo_run(case, world_size, tmp_path_facto
         assert shards == real[rank]["shards"], f"rank {rank}"
         collectives = json.loads(json.dumps(comparable(md.comms(trace).calls)))  # tuples as lists
         assert collectives == real[rank]["collectives"], f"rank {rank}"
+        # Parameters and gradients after backward, parameters and optimizer
+        # state after the step: md.memory's categories, byte for byte.
+        assert traced_categories(trace) == real[rank]["categories"], f"rank {rank}"
         peak = md.memory(trace).peak
         assert abs(peak - _real_peak(case, world_size, rank, peak, tmp_path_factory)) <= 1024, f"rank {rank}"
 
@@ -256,7 +259,8 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
         == 0
     )
     out = capsys.readouterr().out
-    assert "rank 1 of 2" in out and "fits on h100" in out
+    assert "rank 1 of 2" in out and "fits on h100" in out and "ms on h100's links" in out
+    assert re.search(r"^params\s+\S+\s+\S+%$", out, re.M) and "all-gather buffers" in out
     assert f"{len(real[1]['collectives'])} collectives in the step" in out
     kinds = [c[1] for c in real[1]["collectives"]]
     for kind in set(kinds):
@@ -299,3 +303,93 @@ def test_distributed_trace_file_with_a_bad_group_is_refused(bad, tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(doc))
     with pytest.raises(md.TraceFormatError, match="group"):
         md.Trace.load(tmp_path / "t.json", allow_ops=["c10d.allreduce_.default"])
+
+
+@pytest.mark.slow
+def test_distributed_each_rank_replays_its_trace_over_gloo(tmp_path):
+    # Each rank's trace, saved and loaded, replays in that rank's process over
+    # one gloo group: every call checked, and the shards after the step equal
+    # the real run's bit for bit -- gradients reduce-scattered across ranks.
+    ops: set = set()
+    for rank in range(2):
+        torch.manual_seed(0)
+        trace = md.tracer(world_size=2, rank=rank)(fsdp_shards)
+        trace.save(tmp_path / f"{rank}.json.gz")
+        ops |= {c.op for c in trace if not c.op.startswith("aten.")}
+    (tmp_path / "ops").write_text("\n".join(sorted(ops)))
+    mp.spawn(replay_rank, args=(2, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        result = json.loads((tmp_path / f"replay{rank}.json").read_text())
+        assert (result["ok"], result["mismatches"], result["made_up"]) == (True, [], []), f"rank {rank}"
+        assert result["equal"] == [True] * result["shards"] and result["shards"] == 21, f"rank {rank}"
+
+
+def test_distributed_trace_replays_only_in_its_ranks_process():
+    trace = md.tracer(world_size=2, rank=1)(lambda x: dist.all_reduce(x), torch.ones(4))
+    with pytest.raises(md.ReplayError, match="rank 1 of a world of 2.*no process group"):
+        md.replay(trace, (torch.ones(4),))
+
+
+def test_distributed_comms_time_is_the_ring_and_tree_model():
+    # Note [Time of a collective]: one node (ranks 0-7) runs on NVLink, the
+    # world of 16 spans two nodes and runs at the network's bandwidth.
+    with md.MetaMode(world_size=16, rank=3) as mode:
+        node = dist.new_group(list(range(8)))
+        x = torch.ones(2**20)  # 4 MiB
+        dist.all_reduce(x, group=node)
+        dist.all_reduce(x)
+        out = torch.empty(16 * 2**20)
+        dist.all_gather_into_tensor(out, x)
+    s, a = 4 * 2**20, 5e-6
+    nvlink, network = md.gpu_profile("h100").interconnect, 50e9
+    c = md.comms(mode.trace, gpu="h100", latency=a, network=network)
+    expected = [
+        min(2 * 7 * a + 2 * 7 / 8 * s / nvlink, 2 * 3 * a + 2 * s / nvlink),
+        min(2 * 15 * a + 2 * 15 / 16 * s / network, 2 * 4 * a + 2 * s / network),
+        15 * a + 15 / 16 * (16 * s) / network,
+    ]
+    assert [x.seconds for x in c.calls] == pytest.approx(expected, rel=1e-12)
+    assert c.seconds == pytest.approx(sum(expected))
+    assert "ms" in c.table() and md.comms(mode.trace).seconds is None
+    with pytest.raises(ValueError, match="bandwidth"):
+        md.comms(mode.trace, bandwidth=0)
+
+
+@pytest.mark.slow
+def test_distributed_cli_worst_rank_traces_one_rank_of_each_kind(tmp_path_factory, capsys):
+    # 4 ranks hold 18, 18, 18 and 16 embedding rows: two kinds of rank, as
+    # the real run's shards show; the worst peak is the real run's highest.
+    real = _real("fsdp-foreach", 4, tmp_path_factory)
+    argv = ["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "4", "--fsdp"]
+    assert main([*argv, "--worst-rank"]) == 0
+    out = capsys.readouterr().out
+    kinds = re.findall(r"^  ranks? ([\d-]+): .* \(([\d,]+) B\)", out, re.M)
+    assert [k for k, _ in kinds] == ["0-2", "3"]
+    assert real[0]["shards"] == real[2]["shards"] != real[3]["shards"]
+    worst = re.search(r"^  ranks? ([\d-]+): .* \(([\d,]+) B\)  <- worst$", out, re.M)
+    assert worst is not None and "rank 0 of 4" in out
+    peak = int(worst.group(2).replace(",", ""))
+    assert abs(peak - max(r["peak"] for r in real)) <= 1024
+    assert main([*argv, "--worst-rank", "--rank", "1"]) == 2
+
+
+@pytest.mark.parametrize("rank", [5, 50])
+def test_distributed_fully_shard_makes_only_the_chunks_a_rank_reads(rank):
+    # Note [A rank's chunks, not the world's]: 200 rows over 64 ranks are 4
+    # each up to rank 49, none from rank 50 on -- as a real run shards them.
+    from torch.distributed.fsdp import fully_shard
+
+    def shard():
+        lin = torch.nn.Linear(8, 200)
+        fully_shard(lin, mesh=init_device_mesh("cpu", (64,)))
+        return [(p.to_local().shape, p.to_local().stride(), p.to_local().dtype) for p in lin.parameters()]
+
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=rank, world_size=64)
+    try:
+        expected = shard()
+    finally:
+        dist.destroy_process_group()
+    with md.MetaMode(world_size=64, rank=rank) as mode:
+        got = shard()
+    assert got == expected
+    assert max(len(c.output_metas) for c in mode.trace) < 64  # no 64-way split

@@ -12,8 +12,9 @@ output of an all-gather, the input of a reduce-scatter, the tensor of an
 all-reduce or broadcast.  ``sent`` (equal to bytes received) is what a ring
 algorithm moves through this rank: ``(n-1)/n`` of the payload for
 all-gather, reduce-scatter and all-to-all, twice that for all-reduce, the
-payload for broadcast and point-to-point.  Real libraries pick other
-algorithms (trees, NVLS); no time is estimated yet.
+payload for broadcast and point-to-point.  Given a GPU or a bandwidth,
+each collective's time is estimated by the ring and tree model of
+``collective_cost.py`` (Note [Time of a collective]).
 
 Limits: ``wait_tensor`` and ``barrier`` move no payload and are not listed;
 coalesced collectives count as one call with their tensors' total.
@@ -24,9 +25,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import NamedTuple
 
+from ..core.profiles import GPUProfile
 from ..ir.records import Group, dtype_abbr, tensor_metas
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
+from .collective_cost import GPUS_PER_NODE, LATENCY, NETWORK, link, seconds
 
 __all__ = ["Collective", "Comms", "comms", "collective", "COLLECTIVE_NAMESPACES"]
 
@@ -81,6 +84,7 @@ class Collective(NamedTuple):
     module: str = ""
     phase: str = "forward"
     index: int = -1  # the call's index in the trace (-1: logged from a real run)
+    seconds: float | None = None  # estimated time (``md.comms(..., gpu=)``), else None
 
 
 def collective(
@@ -131,21 +135,33 @@ class Comms:
     def bytes(self) -> int:
         return sum(c.bytes for c in self.calls)
 
+    @property
+    def seconds(self) -> float | None:
+        """Estimated time of every collective, one after another (None: not estimated)."""
+        if any(c.seconds is None for c in self.calls):
+            return None
+        return sum(c.seconds for c in self.calls if c.seconds is not None)
+
     def table(self, width: int | None = None, modules: bool = True) -> str:
-        """Count, payload and ring bytes per kind, group, module and phase
-        (``modules=False``: all modules on one row)."""
-        rows: dict = defaultdict(lambda: [0, 0, 0])
+        """Count, payload, ring bytes and (when estimated) time per kind, group,
+        module and phase (``modules=False``: all modules on one row)."""
+        timed = self.seconds is not None
+        rows: dict = defaultdict(lambda: [0, 0, 0, 0.0])
         for c in self.calls:
             g = f"{c.group.name} ({c.group.size} ranks)" if c.group is not None else "-"
             row = rows[(c.kind, g, (c.module or "<top>") if modules else "*", c.phase)]
             row[0] += 1
             row[1] += c.bytes
             row[2] += c.sent
-        body = [(k, g, m, p, str(n), fmt_bytes(b), fmt_bytes(s)) for (k, g, m, p), (n, b, s) in sorted(rows.items())]
+            row[3] += c.seconds or 0.0
+        body = [
+            (k, g, m, p, str(n), fmt_bytes(b), fmt_bytes(s)) + ((f"{t * 1e3:.2f}",) if timed else ())
+            for (k, g, m, p), (n, b, s, t) in sorted(rows.items())
+        ]
         lines = render(
-            ("collective", "group", "module", "phase", "calls", "bytes", "sent/rank"),
+            ("collective", "group", "module", "phase", "calls", "bytes", "sent/rank") + (("ms",) if timed else ()),
             body,
-            align="<<<<>>>",
+            align="<<<<>>>" + (">" if timed else ""),
             width=width,
         )
         return "\n".join(lines)
@@ -154,9 +170,24 @@ class Comms:
         return self.table()
 
 
-def comms(trace: Trace, start: int = 0) -> Comms:
+def comms(
+    trace: Trace,
+    start: int = 0,
+    *,
+    gpu: str | GPUProfile | None = None,
+    bandwidth: float | None = None,
+    network: float = NETWORK,
+    latency: float = LATENCY,
+    gpus_per_node: int = GPUS_PER_NODE,
+) -> Comms:
     """The collectives of a trace made in a logical world, in call order
     (from call ``start`` on: a training step after its setup).
+
+    With ``gpu`` (a profile's interconnect) or ``bandwidth`` (bytes/s per
+    rank within a node), each collective's ``seconds`` is estimated: ring or
+    tree, ``latency`` per step, ``network`` bytes/s per rank across nodes of
+    ``gpus_per_node`` ranks (Note [Time of a collective] in
+    ``collective_cost.py``).
 
     >>> import torch, metadispatch as md
     >>> import torch.distributed as dist
@@ -165,7 +196,11 @@ def comms(trace: Trace, start: int = 0) -> Comms:
     ...     _ = dist.all_reduce(x)
     >>> [(c.kind, c.bytes, c.sent) for c in md.comms(mode.trace).calls]
     [('all_reduce', 1024, 1536)]
+    >>> c = md.comms(mode.trace, bandwidth=1e9, latency=0.0).calls[0]  # ring: 2 (n-1)/n S / B
+    >>> c.seconds == 2 * 3 / 4 * 1024 / 1e9
+    True
     """
+    net = link(gpu, bandwidth, network, latency, gpus_per_node) if gpu is not None or bandwidth is not None else None
     out = []
     for call in trace.calls[start:]:
         if call.op.split(".")[0] not in COLLECTIVE_NAMESPACES:
@@ -182,6 +217,9 @@ def comms(trace: Trace, start: int = 0) -> Comms:
                 args.append((a.name, [(m.dtype, m.shape) for m in tensor_metas(v)]))
         fresh = [(m.dtype, m.shape) for m in tensor_metas(call.outputs) if m.id not in {x.id for x in call.inputs}]
         c = collective(call.op, args, fresh, group, call.module, call.phase, call.index)
+        if c is not None and net is not None:
+            ranks = tuple(c.group.ranks) if c.group is not None else (0,)
+            c = c._replace(seconds=seconds(c.kind, c.bytes, ranks, net))
         if c is not None:
             out.append(c)
     return Comms(out, trace.world)

@@ -11,12 +11,17 @@ live from the start.  Bytes are the extent the tensors reach in the storage;
 on CUDA they are rounded up to the caching allocator's 512-byte blocks, as
 ``MemTracker`` does.
 
-Categories: ``params`` (parameter leaves), ``grads`` (the ``.grad`` tensors
-the trace ends with), ``activations`` (made in forward), ``temporaries``
-(made in backward and not a ``.grad``), ``optimizer`` (made inside
-``optimizer.step``: its state and scratch), ``workspaces`` (what kernels
-allocate inside themselves, ``workspace.py``: no tensor of the trace holds
-it) and ``other`` (inputs, buffers, constants).
+Categories: ``params`` (parameter leaves, and what the step shows to be
+parameters: what the optimizer updates, FSDP's sharded parameters),
+``unsharded params``, ``all-gather buffers`` and ``reduce-scatter
+buffers`` (FSDP2's), ``grads`` (the ``.grad`` tensors the trace ends with,
+and what the optimizer reads), ``optimizer state``, ``activations`` (made
+in forward), ``temporaries`` (made in backward and none of the above),
+``optimizer`` (made inside ``optimizer.step``: its scratch),
+``workspaces`` (what kernels allocate inside themselves, ``workspace.py``:
+no tensor of the trace holds it) and ``other`` (inputs, buffers,
+constants).  Which calls show what: Note [Roles from the step's calls] in
+``roles.py``.
 
 Limits: the allocator's fragmentation and caching are not in this figure
 (``md.memory(trace, allocator="cuda")`` simulates them); it is what
@@ -40,11 +45,12 @@ from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
+from .roles import ROLES, roles
 from .workspace import cpu_block, cublas_workspace, transient_workspace, uses_cublas
 
 __all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
 
-CATEGORIES = ("params", "grads", "activations", "temporaries", "optimizer", "workspaces", "other")
+CATEGORIES = (*ROLES, "activations", "temporaries", "optimizer", "workspaces", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
 
@@ -101,6 +107,9 @@ def _storages(trace: Trace) -> dict:
         if g.storage in out:
             out[g.storage].category = "grads"
     _deaths(trace, out)
+    for number, role in roles(trace, {s: info.died for s, info in out.items()}).items():
+        if number in out:
+            out[number].category = role
     for number, events in resizes.items():
         _split(out, number, events)
     return out

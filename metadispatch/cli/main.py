@@ -29,7 +29,7 @@ from ..analysis.fit import fits
 from ..analysis.runtime import runtime as step_time
 from ..core.profiles import DEFAULT_GPU, gpu_profile
 from ..errors import MetaDispatchError
-from ..ir.text import printable
+from ..ir.text import fmt_bytes, printable
 from . import targets
 from .targets import UsageError
 
@@ -128,8 +128,10 @@ def _cmd_trace(args) -> int:
     if args.config and not args.hf:
         raise UsageError("--config needs --hf")
     distributed = args.world_size is not None
-    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank):
-        raise UsageError("--fsdp, --tp, --dp and --rank need --world-size")
+    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank):
+        raise UsageError("--fsdp, --tp, --dp, --rank and --worst-rank need --world-size")
+    if args.worst_rank and args.rank:
+        raise UsageError("--worst-rank picks the rank; leave out --rank")
     if distributed:
         plan = _plan(args)
     for path in (args.out, args.perfetto, args.plot):
@@ -171,6 +173,39 @@ def _cmd_trace(args) -> int:
     return _exports(trace, args)
 
 
+def _worst_rank(t, plan, args) -> tuple:
+    """``--worst-rank``: one rank of each class of ranks that trace alike (Note
+    [Ranks that trace alike] in plan.py); prints each class's peak and
+    returns the trace of the one that peaks highest."""
+    from . import plan as planning
+
+    with _stage("building the model"):
+        classes = planning.rank_classes(plan, planning.param_shapes(t.build, args.device))
+    traced = []
+    for ranks in classes:
+        p = plan._replace(rank=ranks[0])
+        with _Progress(f"tracing rank {p.rank}"), _stage("the model raised while tracing"):
+            trace, first = planning.plan_step(p, t.build, t.step, args.device)
+        traced.append((planning.step_peak(trace, first), ranks, trace, first, p))
+    worst = max(traced, key=lambda x: x[0])
+    kinds = f"{len(classes)} kinds of rank" if len(classes) > 1 else "every rank alike"
+    print(f"{kinds} by their parameters' shapes; peak during the step:")
+    for peak, ranks, *_ in traced:
+        mark = "  <- worst" if ranks is worst[1] else ""
+        print(f"  {_ranks(ranks)}: {fmt_bytes(peak)} ({peak:,} B){mark}")
+    return worst[2], worst[3], worst[4]
+
+
+def _ranks(ranks: list) -> str:
+    """``rank 3`` or ``ranks 0-2`` or ``ranks 0, 2, 5`` (at most six named)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    shown = ", ".join(map(str, ranks[:6]))
+    return f"ranks {shown}" + (f" and {len(ranks) - 6} more" if len(ranks) > 6 else "")
+
+
 def _plan(args):
     from .plan import Plan, check_plan
 
@@ -184,8 +219,11 @@ def _trace_rank(t, plan, args) -> int:
     from . import plan as planning
 
     start = time.perf_counter()
-    with _Progress("tracing"), _stage("the model raised while tracing"):
-        trace, first = planning.plan_step(plan, t.build, t.step, args.device)
+    if args.worst_rank:
+        trace, first, plan = _worst_rank(t, plan, args)
+    else:
+        with _Progress("tracing"), _stage("the model raised while tracing"):
+            trace, first = planning.plan_step(plan, t.build, t.step, args.device)
     seconds = time.perf_counter() - start
     how = " + ".join(x for x, on in (("FSDP", plan.fsdp), (f"TP {plan.tp}", plan.tp > 1), ("DDP", plan.dp)) if on)
     print(f"{t.name}: {how}, rank {plan.rank} of {plan.world_size} on {args.device}, traced in {seconds:.1f} s")
@@ -380,6 +418,11 @@ def _parser() -> argparse.ArgumentParser:
         "--world-size", type=_at_least(1), metavar="N", help="trace one rank of an N-GPU step (docs/distributed.md)"
     )
     t.add_argument("--rank", type=_at_least(0), default=0, help="the rank to trace (default 0)")
+    t.add_argument(
+        "--worst-rank",
+        action="store_true",
+        help="trace one rank of each kind (uneven shards differ) and report the one that peaks highest",
+    )
     t.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard every block and the root")
     t.add_argument("--tp", type=_at_least(1), default=1, metavar="K", help="tensor parallelism over K ranks")
     t.add_argument("--dp", action="store_true", help="DistributedDataParallel")

@@ -30,11 +30,11 @@ from ..analysis.comms import comms
 from ..analysis.memory import memory
 from ..core.mode import MetaMode
 from ..core.profiles import gpu_profile
-from ..ir.text import fmt_bytes
+from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
 from .targets import UsageError
 
-__all__ = ["Plan", "plan_step", "check_plan", "report"]
+__all__ = ["Plan", "plan_step", "check_plan", "report", "param_shapes", "rank_classes", "step_peak"]
 
 _COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 _ROWWISE = ("o_proj", "down_proj")
@@ -80,6 +80,62 @@ def plan_step(plan: Plan, build: Callable, step: Callable, device="cuda") -> tup
     return mode.trace, start
 
 
+def param_shapes(build: Callable, device="cuda") -> dict:
+    """Each parameter's global shape, by name, from the model built (not wrapped) in a MetaMode."""
+    with MetaMode(device=device):
+        model, _ = build()
+        return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def rank_classes(plan: Plan, shapes: dict) -> list:
+    """The world's ranks grouped by the local shape of every parameter, in rank order.
+
+    Note [Ranks that trace alike]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Ranks whose parameters have the same local shapes run the same program:
+    the same calls on the same shapes, so the same peak.  FSDP2 and DTensor
+    split a dimension of size ``d`` over ``n`` ranks as ``torch.chunk`` does
+    (``ceil(d / n)`` each, the last ones shorter or empty), so the shapes are
+    known for every rank without tracing it; the worst rank is found by
+    tracing one rank of each class -- a few, whatever the world size.  Tensor
+    parallelism shards a block's colwise linears on dim 0 and its rowwise
+    ones on dim 1 (their biases replicated) over ``tp``; FSDP then shards
+    dim 0 of what each rank holds over the data-parallel ranks (a 2-D mesh's
+    strided shards are taken to be contiguous chunks).
+    """
+    dp = plan.world_size // plan.tp
+    classes: dict = {}
+    for r in range(plan.world_size):
+        i, j = divmod(r, plan.tp)
+        key = tuple(_local_shape(name, shape, plan, dp, i, j) for name, shape in shapes.items())
+        classes.setdefault(key, []).append(r)
+    return list(classes.values())
+
+
+def _local_shape(name: str, shape: tuple, plan: Plan, dp: int, i: int, j: int) -> tuple:
+    local = list(shape)
+    parts = name.split(".")
+    if plan.tp > 1 and "layers" in parts and len(parts) >= 2 and local:
+        leaf, kind = parts[-2], parts[-1]
+        dim = 0 if leaf in _COLWISE else 1 if leaf in _ROWWISE and kind == "weight" else None
+        if dim is not None and dim < len(local):
+            local[dim] = _chunk(local[dim], plan.tp, j)
+    if plan.fsdp and local:
+        local[0] = _chunk(local[0], dp, i)
+    return tuple(local)
+
+
+def _chunk(d: int, n: int, k: int) -> int:
+    """Rank ``k``'s share of ``d`` split over ``n`` as ``torch.chunk`` splits it."""
+    c = -(-d // n)
+    return max(0, min(c, d - k * c))
+
+
+def step_peak(trace: Trace, start: int) -> int:
+    """The rank's peak bytes during the step (from call ``start`` on)."""
+    return max(memory(trace).timeline[start:], default=0)
+
+
 def _blocks(model: nn.Module) -> nn.ModuleList:
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and name.rpartition(".")[2] == "layers":
@@ -114,8 +170,13 @@ def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | N
     m = memory(trace)
     peak = max(m.timeline[start:], default=0)
     lines = [f"rank {plan.rank} of {plan.world_size}: peak {fmt_bytes(peak)} during the step"]
-    c = comms(trace, start)
-    lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload")
+    at = m.timeline.index(peak, start) if peak else None
+    if at is not None:  # what is live then, by category (Note [Roles from the step's calls])
+        rows = [(c, fmt_bytes(t[at]), f"{100 * t[at] / peak:.1f}%") for c, t in m.by_category_timeline.items() if t[at]]
+        lines += render(("category", "at peak", "share"), rows, align="<>>", width=width)
+    c = comms(trace, start, gpu=gpu) if gpu else comms(trace, start)
+    timed = f", about {c.seconds * 1e3:.2f} ms on {gpu}'s links" if c.seconds is not None else ""
+    lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload{timed}")
     lines.append(c.table(width=width, modules=False))
     if gpu:
         profile = gpu_profile(gpu)

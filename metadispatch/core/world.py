@@ -28,13 +28,13 @@ import torch
 from .. import _compat
 from ..errors import MetaDispatchError, UnsupportedFeatureError
 from ..ir.records import Group
-from . import ddp_setup, fsdp_storage, logical_cuda
+from . import ddp_setup, fsdp_chunks, fsdp_storage, logical_cuda
 
 __all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
 
 _ENV = ("RANK", "WORLD_SIZE")
 WORK = "<work>"
-REDUCE_OP = "<reduce op>"
+REDUCE_OP = "<reduce op {}>"  # the op's name: "<reduce op SUM>"
 
 
 class World:
@@ -84,6 +84,7 @@ class World:
             "fake", store=_compat.fake_process_group_store(), rank=self.rank, world_size=self.world_size
         )
         fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
+        fsdp_chunks.install(steps)  # Note [A rank's chunks, not the world's]
         ddp_setup.install(steps)
         # Note [A DTensor's logical device]
         dtensor = _compat.dtensor_class()
@@ -137,12 +138,16 @@ def _group(pg, name: str) -> Group:
 
 def describe(obj: torch.ScriptObject):
     """What the trace records for a c10d op's boxed argument or result:
-    a :class:`Group` for a process group, a marker for the rest."""
+    a :class:`Group` for a process group, ``"<reduce op SUM>"`` for a
+    reduce op, a marker for the rest."""
     kind = obj._type().qualified_name().rpartition(".")[2]
     if kind == "ProcessGroup":
         pg = _compat.process_group_of(obj)
         return _group(pg, pg.group_name)
-    return WORK if kind == "Work" else REDUCE_OP if kind == "ReduceOp" else f"<{kind}>"
+    if kind == "ReduceOp":
+        # Replay passes it on (execution/collectives.py); PREMUL_SUM's factor is not readable.
+        return REDUCE_OP.format(_compat.reduce_op_name(obj))
+    return WORK if kind == "Work" else f"<{kind}>"
 
 
 # Note [A DTensor's logical device]

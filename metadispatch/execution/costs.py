@@ -33,6 +33,7 @@ from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import is_generator
 from ..ir.text import clip, printable
 from ..ir.trace import Trace
+from .collectives import c10d_returns
 from .program import free_points
 from .sizes import list_count, read_bound, value_sized
 from .work import extent_bytes, scratch, work
@@ -137,7 +138,9 @@ class _Walk:
                 kwargs[device[1]] = _META
         self.check_count(n, call, args, kwargs)
         try:
-            real = [t for t in _flat(call.func(*args, **kwargs)) if isinstance(t, torch.Tensor)]
+            returned = c10d_returns(call.func, args)  # Note [Collectives replay on live groups]
+            result = call.func(*args, **kwargs) if returned is None else returned
+            real = [t for t in _flat(result) if isinstance(t, torch.Tensor)]
         except ReplayError:
             raise
         except Exception as e:  # no meta kernel, sizes read from data, arguments the kernel refuses

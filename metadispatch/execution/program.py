@@ -70,6 +70,7 @@ from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .collectives import collective_callable, is_collective
 from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
@@ -125,7 +126,7 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: 
     if key not in per_trace:
         _check_kernels(trace.calls, device)
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device, fenced).write(trace.calls, free, trace.rng_events)
+        per_trace[key] = _Writer(device, fenced, trace.groups).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -187,8 +188,9 @@ def free_points(trace: Trace) -> dict:
 class _Writer:
     """Writes one program; holds the names it has bound so far."""
 
-    def __init__(self, device: torch.device, fenced: frozenset | None = None) -> None:
+    def __init__(self, device: torch.device, fenced: frozenset | None = None, groups: dict | None = None) -> None:
         self.device = device
+        self.groups = groups or {}  # a distributed trace's process groups, by name
         self.fenced = fenced
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
@@ -324,7 +326,10 @@ class _Writer:
             while name in self.names:
                 name = f"{base}{len(self.names)}"
             self.ops[func] = name
-            self.names[name] = _compat.op_callable(func)
+            # Note [Collectives replay on live groups] in collectives.py
+            self.names[name] = (
+                collective_callable(func, self.groups) if is_collective(func) else _compat.op_callable(func)
+            )
         return self.ops[func]
 
 

@@ -51,6 +51,7 @@ from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
 from .budget import Budget, check_budget, default_budget
+from .collectives import check_world
 from .costs import costs
 from .fences import fences, no_fence
 from .inputs import check_device, check_inputs
@@ -193,6 +194,7 @@ def execute(
             "md.replay runs real kernels and cannot run while a dispatch "
             "mode (such as MetaMode) is active; leave the mode first"
         )
+    check_world(trace)
     if budget is not None:
         check_budget(trace, budget, leaf_bytes, keep_all)
     unchecked = costs(trace, keep_all).unchecked if trace.untrusted else None
