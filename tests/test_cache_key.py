@@ -11,6 +11,8 @@ import contextlib
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
 
@@ -95,6 +97,57 @@ def test_cache_corrcoef_after_a_cuda_mode_stays_on_cpu():
     out = t.output_meta
     assert (out.shape, out.dtype, out.device) == (tuple(real.shape), real.dtype, real.device)
     assert all(m.device.type == "cpu" for c in t for m in c.outputs if isinstance(m, md.TensorMeta))
+
+
+class _Devices(TorchDispatchMode):
+    """The output device of every op FakeTensorMode answers (torch's own choice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.log.append((str(func), out.device))
+        return out
+
+
+def test_cache_options_factory_follows_its_composite_not_the_call_before():
+    # cov's C++ body builds ``scalar_tensor(n, input.options())``: on the
+    # input's device, whatever ran before (the trace's last call is on cpu).
+    def step(x):
+        y = torch.randn(3, 5, device="cuda")
+        x + 1
+        return torch.corrcoef(y)
+
+    x = torch.randn(3)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        fx = fake.from_tensor(x)
+        with _Devices() as real, contextlib.suppress(Exception):  # FakeTensorMode stops at aten.equal
+            step(fx)
+    ours = [(c.op, c.outputs[0].device) for c in md.trace(step, x) if isinstance(c.outputs[0], md.TensorMeta)]
+    assert [d for op, d in ours if op == "aten.scalar_tensor.default"][0] == torch.device("cuda", 0)
+    assert ours[: len(real.log)] == real.log
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_cache_keeps_conj_and_neg_bits(record):
+    def bits(x, c):
+        n, k = torch._neg_view(x), c.conj()
+        return [n.is_neg(), n.view(3).is_neg(), n[1:].is_neg(), n.clone().is_neg()] + [
+            k.is_conj(),
+            k.view(3).is_conj(),
+            k[1:].is_conj(),
+            k.clone().is_conj(),
+        ]
+
+    x, c = torch.randn(3), torch.randn(3, dtype=torch.cfloat)
+    real = bits(x, c)
+    md.core.cache.clear()
+    for _ in range(2):  # the second time from the cache the first filled
+        with md.MetaMode(record=record) as mode:
+            assert bits(mode.from_tensor(x), mode.from_tensor(c)) == real
 
 
 def test_cache_key_holds_the_default_dtype():

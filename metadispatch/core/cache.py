@@ -46,13 +46,26 @@ argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
 views that change dtype, calls with a ``torch.Generator`` argument or any
 argument we cannot hash, calls whose answer was computed from a known value
 (a rule or decomposition read it: ``value_reads()`` moved; calls on known
-inputs that read none are cached as any other), complex tensors met
-through the recorder (it keeps no conj/neg bits), and calls whose fresh
-outputs share a storage with each other.
+inputs that read none are cached as any other), calls with an output that
+has a conj or neg bit (Note [Conjugate and negative bits]), and calls whose
+fresh outputs share a storage with each other.
 
 Nothing in an entry belongs to the call that filled it: a recipe names its
 inputs by position, its outputs' devices are a function of the key, and
 plain values are immutable.
+
+Note [Conjugate and negative bits]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``x.conj()`` on a complex tensor and ``torch._neg_view(x)`` on any tensor
+return views with a bit set that no shape, stride or dtype shows, and that
+views of them inherit.  A recipe rebuilds outputs with ``empty_strided`` or
+``as_strided``, which would drop the bit: an output with one is never cached
+(``_neg_view(x)`` served from the cache came back without its bit, and so
+did every view of it).  The bits of the inputs are in the key too: the
+views of an input pass its bit on, and a rule may read it.  ``_tensor_key``
+has them; a TensorMeta record does not, so ``key_from_encoded`` adds them
+from the MetaTensors (two C calls per argument; nothing is added for the
+many that have no bit).
 
 Note [Recipes]
 ~~~~~~~~~~~~~~
@@ -140,9 +153,15 @@ class MetaCache:
         return _call_key(func, args, kwargs, device, ctx, _tensor_key)
 
     @staticmethod
-    def key_from_encoded(func, enc_args, enc_kwargs, device, ctx):
-        """The same key, from the TensorMeta records the recorder already made."""
-        return _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
+    def key_from_encoded(func, enc_args, enc_kwargs, device, ctx, tensors):
+        """The same key, from the TensorMeta records the recorder already made;
+        ``tensors`` (the call's MetaTensors) for the bits a record lacks."""
+        key = _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
+        if key is not None:
+            bits = _view_bits(tensors)
+            if bits:
+                key += (bits,)
+        return key
 
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
@@ -241,10 +260,18 @@ def _meta_key(a, storages):
     """A TensorMeta's metadata, or None for anything else."""
     if type(a) is TensorMeta:
         storages.append(a.storage)
-        # shape, dtype, stride, offset, device, requires_grad; conj/neg bits
-        # are not in a TensorMeta, and only complex tensors can have them.
-        return UNCACHABLE if a.dtype.is_complex else a[1:7]
+        return a[1:7]  # shape, dtype, stride, offset, device, requires_grad
     return None
+
+
+def _view_bits(tensors):
+    """The conj/neg bits of the tensor arguments, which no TensorMeta holds
+    (Note [Conjugate and negative bits]); None when no argument has one."""
+    marked = None
+    for i, t in enumerate(tensors):
+        if t.is_conj() or t.is_neg():
+            marked = (marked or ("bits",)) + ((i, t.is_conj(), t.is_neg()),)
+    return marked
 
 
 def _recipe(f, inputs, result):
@@ -264,6 +291,8 @@ def _recipe_one(out, inputs, fresh):
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
+        if out.is_conj() or out.is_neg():
+            return UNCACHABLE  # Note [Conjugate and negative bits]
         # None: the call's device (a native kernel's plain meta output).
         device = out._md_device if isinstance(out, MetaTensor) else None
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)

@@ -353,6 +353,9 @@ class _SwapReal(_compat.TorchFunctionMode):
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
+            first = args[0] if args else None
+            if type(first) is MetaTensor:
+                STATE.ambient = first._md_device  # Note [Meta from options] in dispatch.py
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
