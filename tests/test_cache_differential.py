@@ -48,7 +48,7 @@ _DTYPES = {torch.float32, torch.int64, torch.bool, torch.complex64}
 
 @pytest.mark.parametrize("name", _SAMPLE)
 def test_cache_differential_opdb_sample(name):
-    result = run_cache_diff(_BY_ID[name], _DTYPES, max_samples=2, rounds=1)
+    result = run_cache_diff(_BY_ID[name], _DTYPES, max_samples=2, rounds=1, per_dtype=1)
     counts = result["counts"]["cache"]
     assert sum(counts.values()) > 0, "no usable sample"
     assert counts.get(FAIL, 0) == 0, result["failures"]["cache"]

@@ -235,13 +235,17 @@ def cache_configs(fn, args, wide=None):
     return configs, [unrecorded]
 
 
-def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0, rounds=2) -> dict:
-    """The --cache-diff check for one OpInfo: {"op", "counts", "failures"}."""
-    counts, failures, n = Counter(), [], 0
+def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0, rounds=2, per_dtype=None) -> dict:
+    """The --cache-diff check for one OpInfo: {"op", "counts", "failures"};
+    at most ``max_samples`` in all and ``per_dtype`` of each dtype."""
+    counts, failures, n, seen = Counter(), [], 0, Counter()
     for dtype, s in samples(opinfo, dtypes):
         if max_samples is not None and n >= max_samples:
             break
+        if per_dtype is not None and seen[dtype] >= per_dtype:
+            continue
         n += 1
+        seen[dtype] += 1
         configs, fillers = cache_configs(lambda inp, a, k: opinfo.op(inp, *a, **k), (s.input, s.args, s.kwargs))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

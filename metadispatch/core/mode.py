@@ -359,12 +359,24 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+            if func in _READS_VALUES and type(first) is MetaTensor:
+                # A real tensor's method (a MetaTensor's own never comes
+                # here), now on its stand-in: the C method refuses a
+                # subclass; ours answers from the known value.
+                func = _READS_VALUES[func]
         return func(*args, **kwargs)
 
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
 _BY_IDENTITY = {torch.Tensor.__hash__}
+# Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
+# from the user's scope): MetaTensor's own, which answer from a known value.
+_READS_VALUES = {
+    torch.Tensor.tolist: MetaTensor.tolist,
+    torch.Tensor.numpy: MetaTensor.numpy,
+    torch.Tensor.__array__: MetaTensor.__array__,
+}
 
 
 def _has_real(values) -> bool:
