@@ -1,8 +1,9 @@
 """The metadata cache never changes a trace: op_db samples and the suite's models.
 
-Each is traced with ``md.trace`` under nine configurations -- logical cpu;
+Each is traced with ``md.trace`` under ten configurations -- logical cpu;
 cuda with three GPU profiles; another float dtype; ``no_grad``;
-``inference_mode``; autocast on cpu and on cuda -- each three ways: cache
+``inference_mode``; autocast on cpu and on cuda; oneDNN off -- each three
+ways: cache
 off; cache on, in a fresh cache; cache on, interleaved in a shuffled (seeded)
 order with all the other configurations and a non-recording run.  Each
 configuration's traces must be identical (``str(trace)``, every call's

@@ -150,6 +150,26 @@ def test_cache_keeps_conj_and_neg_bits(record):
             assert bits(mode.from_tensor(x), mode.from_tensor(c)) == real
 
 
+@pytest.mark.parametrize("fill, ask", [(True, False), (False, True)])
+def test_cache_key_holds_the_conv_backend_switches(fill, ask):
+    # With oneDNN off, CPU runs a channels-last 3-d convolution on the slow
+    # kernel, whose output is contiguous; with it on, channels-last.
+    x = torch.randn(2, 4, 6, 6, 6).to(memory_format=torch.channels_last_3d)
+    w = torch.randn(8, 4, 3, 3, 3)
+    with torch.backends.mkldnn.flags(enabled=ask):
+        real = torch.nn.functional.conv3d(x, w)
+
+    def call():
+        return torch.nn.functional.conv3d(torch.empty_like(x), torch.empty_like(w))
+
+    def fill_with_the_other_switch():
+        with torch.backends.mkldnn.flags(enabled=fill):
+            call()
+
+    got, expected = _served(fill_with_the_other_switch, call, around=lambda: torch.backends.mkldnn.flags(enabled=ask))
+    assert got == expected and got[0][1] == real.stride()
+
+
 def test_cache_key_holds_the_default_dtype():
     fp64 = lambda: _default_dtype(torch.float64)  # noqa: E731
     got, expected = _served(lambda: torch.empty(3), lambda: torch.empty(3), around=fp64)

@@ -22,9 +22,9 @@ prints the pass rate of each and the failing ops.  ``tests/test_opdb.py``
 runs a quick subset with the same code.
 
 ``--cache-diff`` checks instead that the metadata cache never changes an
-answer: every sample is traced with ``md.trace`` under nine configurations
+answer: every sample is traced with ``md.trace`` under ten configurations
 (logical cpu; cuda with the h100, a100 and l4 profiles; another float dtype;
-``no_grad``; ``inference_mode``; autocast on cpu and on cuda), each three
+``no_grad``; ``inference_mode``; autocast on cpu and on cuda; oneDNN off), each three
 ways -- cache off; cache on in a fresh cache; cache on, interleaved with all
 the others and a non-recording run in a shuffled (seeded) order -- and each
 configuration's traces must be identical (``str(trace)`` and every
@@ -205,8 +205,8 @@ def cache_configs(fn, args, wide=None):
     traced on logical cpu; on cuda with three GPU profiles (h100, the
     default; a100 on ``cuda:1``; l4); with the float arguments in another
     dtype (or ``wide``, a ``(fn, args)`` to trace instead); under
-    ``no_grad``, ``inference_mode``, and autocast on cpu and on cuda.  The
-    filler runs the call in a non-recording mode (the cache's other key path).
+    ``no_grad``, ``inference_mode``, autocast on cpu and on cuda, and with
+    oneDNN off (convolution's backend choice).  The filler runs the call in a non-recording mode (the cache's other key path).
     """
 
     def traced(device=None, gpu=None, around=contextlib.nullcontext, fn=fn, args=args):
@@ -231,6 +231,7 @@ def cache_configs(fn, args, wide=None):
         "inference_mode": traced(around=torch.inference_mode),
         "autocast cpu bf16": traced(around=lambda: torch.autocast("cpu", torch.bfloat16)),
         "autocast cuda fp16": traced("cuda", around=lambda: torch.autocast("cuda", torch.float16)),
+        "oneDNN off": traced(around=lambda: torch.backends.mkldnn.flags(enabled=False)),
     }
     return configs, [unrecorded]
 

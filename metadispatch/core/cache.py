@@ -22,11 +22,13 @@ key holds everything that can change the answer, or the call is not cached:
   the outputs;
 * :func:`context`: what answers and under which global state -- the torch
   version, the rule registry's version (user and built-in rules), the mode's
-  device, its device profile (none yet: the slot for a ``gpu=`` profile),
-  its known-value limit (a nested data-dependent call may be answered from a
+  device, its GPU profile (``gpu=``: SDPA's backend differs by GPU), its
+  known-value limit (a nested data-dependent call may be answered from a
   known value or raise), the default dtype (factories without a dtype), grad
-  mode, inference mode and the autocast state, plus the scaled-dot-product
-  backend switches for attention ops.
+  mode, inference mode and the autocast state, plus the global switches C++
+  reads to choose a backend, for the ops whose rules ask it
+  (``OpFacts.switches``: attention's scaled-dot-product switches and
+  deterministic flags; convolution's oneDNN and NNPACK switches).
 
 The entries are shared by every MetaMode in the process, as FakeTensorMode's
 are, so tracing a model a second time (the next test, the next step) runs no
@@ -119,8 +121,8 @@ def context(mode, f) -> tuple:
         torch.is_inference_mode_enabled(),
         _compat.autocast_state() if _compat.any_autocast() else None,
     )
-    if f.reads_sdp_switches:
-        state += _compat.sdp_switches()
+    if f.switches is not None:
+        state += f.switches()
     return state
 
 
