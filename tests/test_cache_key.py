@@ -140,6 +140,8 @@ def test_cache_keeps_conj_and_neg_bits(record):
             k.view(3).is_conj(),
             k[1:].is_conj(),
             k.clone().is_conj(),
+            k.conj().is_conj(),  # a view of a conj view, without the bit
+            k.view(1, 3).mH.mH.is_conj(),
         ]
 
     x, c = torch.randn(3), torch.randn(3, dtype=torch.cfloat)

@@ -48,9 +48,9 @@ argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
 views that change dtype, calls with a ``torch.Generator`` argument or any
 argument we cannot hash, calls whose answer was computed from a known value
 (a rule or decomposition read it: ``value_reads()`` moved; calls on known
-inputs that read none are cached as any other), calls with an output that
-has a conj or neg bit (Note [Conjugate and negative bits]), and calls whose
-fresh outputs share a storage with each other.
+inputs that read none are cached as any other), calls with an output whose
+conj or neg bit a recipe would not rebuild (Note [Conjugate and negative
+bits]), and calls whose fresh outputs share a storage with each other.
 
 Nothing in an entry belongs to the call that filled it: a recipe names its
 inputs by position, its outputs' devices are a function of the key, and
@@ -60,10 +60,11 @@ Note [Conjugate and negative bits]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``x.conj()`` on a complex tensor and ``torch._neg_view(x)`` on any tensor
 return views with a bit set that no shape, stride or dtype shows, and that
-views of them inherit.  A recipe rebuilds outputs with ``empty_strided`` or
-``as_strided``, which would drop the bit: an output with one is never cached
-(``_neg_view(x)`` served from the cache came back without its bit, and so
-did every view of it).  The bits of the inputs are in the key too: the
+views of them inherit.  A recipe rebuilds a fresh output with
+``empty_strided``, which has no bit, and a view with ``as_strided`` of its
+input, which has the input's: so a recipe is kept only where that gives the
+output's own bits (``_neg_view(x)`` served from the cache came back without
+its bit, and so did every view of it; ``x.mH.mH`` with its input's).  The bits of the inputs are in the key too: the
 views of an input pass its bit on, and a rule may read it.  ``_tensor_key``
 has them; a TensorMeta record does not, so ``key_from_encoded`` adds them
 from the MetaTensors (two C calls per argument; nothing is added for the
@@ -293,17 +294,18 @@ def _recipe_one(out, inputs, fresh):
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
-        if out.is_conj() or out.is_neg():
-            return UNCACHABLE  # Note [Conjugate and negative bits]
+        bits = (out.is_conj(), out.is_neg())
         # None: the call's device (a native kernel's plain meta output).
         device = out._md_device if isinstance(out, MetaTensor) else None
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
         key = _compat.storage_key(out)
         for i, t in enumerate(inputs):
             if _compat.storage_key(t) == key:
-                if t.dtype != out.dtype:
-                    return UNCACHABLE
+                if t.dtype != out.dtype or bits != (t.is_conj(), t.is_neg()):
+                    return UNCACHABLE  # Note [Conjugate and negative bits]
                 return ("view", i) + meta
+        if bits != (False, False):
+            return UNCACHABLE  # Note [Conjugate and negative bits]
         if key in fresh:
             return UNCACHABLE  # two outputs sharing a new storage: rare, and not worth a recipe
         fresh.append(key)
