@@ -131,6 +131,28 @@ def test_cache_options_factory_follows_its_composite_not_the_call_before():
     assert ours[: len(real.log)] == real.log
 
 
+def test_cache_hit_and_miss_leave_options_factories_the_same_device(lib):
+    # A rule's nested calls run on a miss only; a factory C++ builds from
+    # options() after it must not find the device they left.
+    lib.define("nested(Tensor x) -> Tensor")
+
+    def nested_meta(x):
+        out = torch.empty_like(x)
+        torch.ones(2, device="cpu").add(1)  # nested calls on cpu tensors, last
+        return out
+
+    def step():
+        y = torch.ops.md_cache_key.nested(torch.empty(3, device="cuda"))
+        return y, aten.scalar_tensor.default(2.0, device="meta")  # as ``at::scalar_tensor(v, y.options())``
+
+    md.core.cache.clear()
+    with _rule("md_cache_key::nested", nested_meta):
+        devices = [
+            md.tracer(mode_factory=lambda c=c: md.MetaMode(cache=c))(step).output_meta[1].device for c in (0, 1, 1)
+        ]
+    assert devices == [torch.device("cuda", 0)] * 3
+
+
 @pytest.mark.parametrize("record", [True, False])
 def test_cache_keeps_conj_and_neg_bits(record):
     def bits(x, c):
