@@ -117,11 +117,12 @@ def _same_views(got, real):
     ]
 
 
+@pytest.mark.parametrize("device", [None, "cuda"])  # on a GPU, idx stays on the CPU, as tensor_split needs
 @pytest.mark.parametrize("indices", [[1, 4], [2, 3], [0, 6, 6]])
-def test_known_user_scope_index_tensor_splits_as_eager(indices):
+def test_known_user_scope_index_tensor_splits_as_eager(indices, device):
     x, idx = torch.randn(3, 7), torch.tensor(indices)  # idx reaches the trace from this scope
     real = torch.tensor_split(x, idx, dim=1)
-    t = md.trace(lambda x: torch.tensor_split(x, idx, dim=1), x)
+    t = md.tracer(device=device)(lambda x: torch.tensor_split(x, idx, dim=1), x)
     assert _same_views(t.output, real)
     # idx is stood in for above autograd (a known value the split reads); if
     # it reaches the trace at all, it is a constant with its value.

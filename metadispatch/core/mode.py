@@ -146,6 +146,9 @@ class MetaMode(_compat.TorchDispatchMode):
             and "_md_name" not in meta.__dict__
         ):
             known.know(meta, t, self)
+            if meta._md_device != t.device:
+                # Note [Where the user's tensor is] in composites.py
+                meta._md_user_device = t.device
         return meta
 
     def forget_reals(self) -> None:
