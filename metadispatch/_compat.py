@@ -64,6 +64,7 @@ __all__ = [
     "autocast_state",
     "any_autocast",
     "sdp_switches",
+    "conv_switches",
 ]
 
 # Note [Backend keys of a logical CPU]
@@ -166,6 +167,12 @@ def select_conv_backend(x, weight, bias, bias_sizes, stride, padding, dilation, 
     return torch._C._select_conv_backend(
         x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, bias_sizes
     )
+
+
+def conv_switches() -> tuple:
+    """``(oneDNN enabled, NNPACK enabled)``: the switches C++'s convolution
+    backend choice reads on CPU (``_select_conv_backend``)."""
+    return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled())
 
 
 def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:

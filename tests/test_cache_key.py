@@ -11,6 +11,8 @@ import contextlib
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
 
@@ -95,6 +97,101 @@ def test_cache_corrcoef_after_a_cuda_mode_stays_on_cpu():
     out = t.output_meta
     assert (out.shape, out.dtype, out.device) == (tuple(real.shape), real.dtype, real.device)
     assert all(m.device.type == "cpu" for c in t for m in c.outputs if isinstance(m, md.TensorMeta))
+
+
+class _Devices(TorchDispatchMode):
+    """The output device of every op FakeTensorMode answers (torch's own choice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.log.append((str(func), out.device))
+        return out
+
+
+def test_cache_options_factory_follows_its_composite_not_the_call_before():
+    # cov's C++ body builds ``scalar_tensor(n, input.options())``: on the
+    # input's device, whatever ran before (the trace's last call is on cpu).
+    def step(x):
+        y = torch.randn(3, 5, device="cuda")
+        x + 1
+        return torch.corrcoef(y)
+
+    x = torch.randn(3)
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        fx = fake.from_tensor(x)
+        with _Devices() as real, contextlib.suppress(Exception):  # FakeTensorMode stops at aten.equal
+            step(fx)
+    ours = [(c.op, c.outputs[0].device) for c in md.trace(step, x) if isinstance(c.outputs[0], md.TensorMeta)]
+    assert [d for op, d in ours if op == "aten.scalar_tensor.default"][0] == torch.device("cuda", 0)
+    assert ours[: len(real.log)] == real.log
+
+
+def test_cache_hit_and_miss_leave_options_factories_the_same_device(lib):
+    # A rule's nested calls run on a miss only; a factory C++ builds from
+    # options() after it must not find the device they left.
+    lib.define("nested(Tensor x) -> Tensor")
+
+    def nested_meta(x):
+        out = torch.empty_like(x)
+        torch.ones(2, device="cpu").add(1)  # nested calls on cpu tensors, last
+        return out
+
+    def step():
+        y = torch.ops.md_cache_key.nested(torch.empty(3, device="cuda"))
+        return y, aten.scalar_tensor.default(2.0, device="meta")  # as ``at::scalar_tensor(v, y.options())``
+
+    md.core.cache.clear()
+    with _rule("md_cache_key::nested", nested_meta):
+        devices = [
+            md.tracer(mode_factory=lambda c=c: md.MetaMode(cache=c))(step).output_meta[1].device for c in (0, 1, 1)
+        ]
+    assert devices == [torch.device("cuda", 0)] * 3
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_cache_keeps_conj_and_neg_bits(record):
+    def bits(x, c):
+        n, k = torch._neg_view(x), c.conj()
+        return [n.is_neg(), n.view(3).is_neg(), n[1:].is_neg(), n.clone().is_neg()] + [
+            k.is_conj(),
+            k.view(3).is_conj(),
+            k[1:].is_conj(),
+            k.clone().is_conj(),
+            k.conj().is_conj(),  # a view of a conj view, without the bit
+            k.view(1, 3).mH.mH.is_conj(),
+        ]
+
+    x, c = torch.randn(3), torch.randn(3, dtype=torch.cfloat)
+    real = bits(x, c)
+    md.core.cache.clear()
+    for _ in range(2):  # the second time from the cache the first filled
+        with md.MetaMode(record=record) as mode:
+            assert bits(mode.from_tensor(x), mode.from_tensor(c)) == real
+
+
+@pytest.mark.parametrize("fill, ask", [(True, False), (False, True)])
+def test_cache_key_holds_the_conv_backend_switches(fill, ask):
+    # With oneDNN off, CPU runs a channels-last 3-d convolution on the slow
+    # kernel, whose output is contiguous; with it on, channels-last.
+    x = torch.randn(2, 4, 6, 6, 6).to(memory_format=torch.channels_last_3d)
+    w = torch.randn(8, 4, 3, 3, 3)
+    with torch.backends.mkldnn.flags(enabled=ask):
+        real = torch.nn.functional.conv3d(x, w)
+
+    def call():
+        return torch.nn.functional.conv3d(torch.empty_like(x), torch.empty_like(w))
+
+    def fill_with_the_other_switch():
+        with torch.backends.mkldnn.flags(enabled=fill):
+            call()
+
+    got, expected = _served(fill_with_the_other_switch, call, around=lambda: torch.backends.mkldnn.flags(enabled=ask))
+    assert got == expected and got[0][1] == real.stride()
 
 
 def test_cache_key_holds_the_default_dtype():

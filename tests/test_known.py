@@ -117,11 +117,12 @@ def _same_views(got, real):
     ]
 
 
+@pytest.mark.parametrize("device", [None, "cuda"])  # on a GPU, idx stays on the CPU, as tensor_split needs
 @pytest.mark.parametrize("indices", [[1, 4], [2, 3], [0, 6, 6]])
-def test_known_user_scope_index_tensor_splits_as_eager(indices):
+def test_known_user_scope_index_tensor_splits_as_eager(indices, device):
     x, idx = torch.randn(3, 7), torch.tensor(indices)  # idx reaches the trace from this scope
     real = torch.tensor_split(x, idx, dim=1)
-    t = md.trace(lambda x: torch.tensor_split(x, idx, dim=1), x)
+    t = md.tracer(device=device)(lambda x: torch.tensor_split(x, idx, dim=1), x)
     assert _same_views(t.output, real)
     # idx is stood in for above autograd (a known value the split reads); if
     # it reaches the trace at all, it is a constant with its value.
@@ -166,3 +167,36 @@ def test_known_trace_arguments_are_data_not_constants():
     x, idx = torch.randn(3, 7), torch.tensor([1, 4])
     with pytest.raises(md.DataDependentError):
         md.trace(lambda x, idx: torch.tensor_split(x, idx, dim=1), x, idx)
+
+
+_SIZES, _MASK, _IDX = (
+    torch.tensor([2, 5]),
+    torch.tensor([True, False, True, True, False, False, True]),
+    torch.tensor([6, 0]),
+)
+# Uses of small real tensors from the user's scope (here: module globals) that
+# need their values; each is answered from them, as without a mode.
+_SCOPE_USES = {
+    "split by tolist sizes": lambda x: torch.split(x, _SIZES.tolist(), 1),
+    "numpy value": lambda x: x[:, : int(_SIZES.numpy()[0])],
+    "int of an element": lambda x: x.narrow(1, int(_IDX[1]), int(_SIZES[1])),
+    "masked_select": lambda x: torch.masked_select(x, _MASK),
+    "boolean index": lambda x: x[:, _MASK],
+    "index_select": lambda x: x.index_select(1, _IDX),
+    "repeat_interleave": lambda x: torch.repeat_interleave(x[:2], _SIZES, dim=0),
+    "tensor_split": lambda x: torch.tensor_split(x, _SIZES, dim=1),
+    "nonzero": lambda x: x[:, _MASK.nonzero().squeeze(1)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SCOPE_USES))
+def test_known_user_scope_values_answer_as_eager(name):
+    fn = _SCOPE_USES[name]
+    x = torch.randn(4, 7)
+    real = fn(x)
+    t = md.trace(fn, x)
+    outs = t.output if isinstance(real, (list, tuple)) else [t.output]
+    reals = real if isinstance(real, (list, tuple)) else [real]
+    assert [(tuple(o.shape), o.stride(), o.storage_offset(), o.dtype) for o in outs] == [
+        (tuple(r.shape), r.stride(), r.storage_offset(), r.dtype) for r in reals
+    ]

@@ -260,8 +260,28 @@ def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
 _NEEDS_A_WORLD = ("c10d", "_c10d_functional")
 
 
+# Rules that answer from a known value only: verify_rule's inputs are data.
+_NEEDS_A_VALUE = {aten.masked_select.default}
+
+
+@pytest.mark.parametrize(
+    "x, mask",
+    [
+        (_x(4, 3), torch.tensor([True, False, True])),
+        (_x(3), torch.tensor([[True, False, True], [False, False, True]])),
+        (_x(2, 1, 3).mT, torch.tensor([[True], [False], [True]])),
+    ],
+)
+def test_rules_masked_select_with_a_known_mask_matches_real(x, mask):
+    real = torch.masked_select(x, mask)
+    with md.MetaMode() as mode:
+        ours = torch.masked_select(mode.from_tensor(x), mode.from_scope(mask))  # the mask: a known value
+    assert (ours.shape, ours.stride(), ours.dtype, ours.device) == (real.shape, real.stride(), real.dtype, real.device)
+
+
 def test_rules_every_builtin_rule_has_a_differential_test():
-    assert {op for op in registry._BUILTIN if op.namespace not in _NEEDS_A_WORLD} <= set(SAMPLES)
+    have = set(SAMPLES) | _NEEDS_A_VALUE
+    assert {op for op in registry._BUILTIN if op.namespace not in _NEEDS_A_WORLD} <= have
 
 
 def test_rules_histogram_has_no_kernel_off_cpu():

@@ -22,17 +22,26 @@ prints the pass rate of each and the failing ops.  ``tests/test_opdb.py``
 runs a quick subset with the same code.
 
 ``--cache-diff`` checks instead that the metadata cache never changes an
-answer: every sample is traced with ``md.trace`` three ways -- cache off; cache
-on in a fresh cache; cache on, interleaved in a shuffled (seeded) order with
-the same call on other logical devices, dtypes and under ``no_grad`` -- and
-the three traces must be identical (``str(trace)`` and every ``TensorMeta``)
-or raise the same error.  ``tests/test_cache_differential.py`` runs it on a
-sample, and on the test suite's models.
+answer: every sample is traced with ``md.trace`` under ten configurations
+(logical cpu; cuda with the h100, a100 and l4 profiles; another float dtype;
+``no_grad``; ``inference_mode``; autocast on cpu and on cuda; oneDNN off), each three
+ways -- cache off; cache on in a fresh cache; cache on, interleaved with all
+the others and a non-recording run in a shuffled (seeded) order -- and each
+configuration's traces must be identical (``str(trace)`` and every
+``TensorMeta``) or raise the same error::
+
+    python tools/opdb_conformance.py --cache-diff -j 2
+
+and ``--cache-diff --models`` the same for a training step of each model in
+``tests/models.py``.  ``tests/test_cache_differential.py`` runs both on a
+sample.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import os
 import random
 import sys
@@ -140,31 +149,42 @@ def _outcome(run, cache: bool):
     return ("trace", str(t), repr(calls), repr(leaves), repr(t.output_meta), repr(t.grads))
 
 
-def cache_differential(run, distractors, seed: int = 0) -> str | None:
-    """None when ``run(cache)`` (a trace) is the same three ways, else what differed.
+def _differs(name, got, want) -> str | None:
+    if got == want:
+        return None
+    where = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 0)
+    return f"{name}: {str(got[where])[:300]} != cache off: {str(want[where])[:300]}"
 
-    Cache off; on, in a fresh cache; on, twice among ``distractors`` (calls
-    run with the cache on, errors ignored) in a shuffled order.
+
+def cache_differential(configs, fillers=(), seed: int = 0, rounds: int = 2) -> str | None:
+    """None when every configuration's trace is the same three ways, else what differed.
+
+    ``configs``: name -> ``run(cache)``, the same call traced under one
+    configuration (device, profile, dtype, grad mode, autocast).  Each is
+    traced with the cache off; with the cache on, in a fresh cache; and with
+    the cache on, ``rounds`` times each, every configuration and every
+    ``filler`` (a call that only fills the cache, errors ignored) in one
+    shuffled (seeded) order, so each is served what the others left.
     """
-    off = _outcome(run, False)
+    off = {name: _outcome(run, False) for name, run in configs.items()}
+    for name, run in configs.items():
+        md.core.cache.clear()
+        problem = _differs(f"{name}, fresh cache", _outcome(run, True), off[name])
+        if problem:
+            return problem
     md.core.cache.clear()
-    fresh = _outcome(run, True)
-    md.core.cache.clear()
-    jobs = list(distractors) + [None, None]
+    jobs: list = [name for name in configs for _ in range(rounds)] + list(fillers)
     random.Random(seed).shuffle(jobs)
-    mixed = []
     for job in jobs:
-        if job is None:
-            mixed.append(_outcome(run, True))
+        if callable(job):
+            try:
+                job()
+            except Exception:
+                pass
             continue
-        try:
-            job()
-        except Exception:
-            pass
-    for name, got in [("fresh cache", fresh), ("interleaved", mixed[0]), ("interleaved, again", mixed[1])]:
-        if got != off:
-            where = next(i for i, (a, b) in enumerate(zip(got, off)) if a != b) if len(got) == len(off) else 0
-            return f"{name}: {str(got[where])[:200]} != cache off: {str(off[where])[:200]}"
+        problem = _differs(f"{job}, interleaved", _outcome(configs[job], True), off[job])
+        if problem:
+            return problem
     return None
 
 
@@ -180,39 +200,77 @@ def _cast(x):
     return x.to(_OTHER_FLOAT[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in _OTHER_FLOAT else x
 
 
-def cache_variants(fn, args, devices=("cuda", "cuda:1")):
-    """``run`` and the distractors for :func:`cache_differential`: ``fn(*args)``
-    traced, and the same on other logical devices, other float dtypes, and
-    under ``no_grad``."""
+def cache_configs(fn, args, wide=None):
+    """``(configs, fillers)`` for :func:`cache_differential`: ``fn(*args)``
+    traced on logical cpu; on cuda with three GPU profiles (h100, the
+    default; a100 on ``cuda:1``; l4); with the float arguments in another
+    dtype (or ``wide``, a ``(fn, args)`` to trace instead); under
+    ``no_grad``, ``inference_mode``, autocast on cpu and on cuda, and with
+    oneDNN off (convolution's backend choice).  The filler runs the call in a non-recording mode (the cache's other key path).
+    """
 
-    def traced(device=None, cache=True, args=args):
-        return md.tracer(mode_factory=lambda: md.MetaMode(device=device, cache=cache))(fn, *args)
+    def traced(device=None, gpu=None, around=contextlib.nullcontext, fn=fn, args=args):
+        def run(cache):
+            with around():
+                return md.tracer(mode_factory=lambda: md.MetaMode(device=device, gpu=gpu, cache=cache))(fn, *args)
 
-    def no_grad():
-        with torch.no_grad():
-            traced()
+        return run
 
-    others = [lambda d=d: traced(device=d) for d in devices]
-    others.append(lambda: traced(args=pytree.tree_map(_cast, args)))
-    others.append(no_grad)
-    return (lambda cache: traced(cache=cache)), others
+    def unrecorded():
+        with md.MetaMode(record=False) as mode:
+            fn(*pytree.tree_map_only(torch.Tensor, mode.from_tensor, args))
+
+    fn_wide, args_wide = wide if wide is not None else (fn, pytree.tree_map(_cast, args))
+    configs = {
+        "cpu": traced(),
+        "cuda h100": traced("cuda"),
+        "cuda:1 a100": traced("cuda:1", gpu="a100-80gb"),
+        "cuda l4": traced("cuda", gpu="l4"),
+        "other float dtype": traced(fn=fn_wide, args=args_wide),
+        "no_grad": traced(around=torch.no_grad),
+        "inference_mode": traced(around=torch.inference_mode),
+        "autocast cpu bf16": traced(around=lambda: torch.autocast("cpu", torch.bfloat16)),
+        "autocast cuda fp16": traced("cuda", around=lambda: torch.autocast("cuda", torch.float16)),
+        "oneDNN off": traced(around=lambda: torch.backends.mkldnn.flags(enabled=False)),
+    }
+    return configs, [unrecorded]
 
 
-def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0) -> dict:
-    """The --cache-diff check for one OpInfo: {"op", "counts", "failures"}."""
-    counts, failures, n = Counter(), [], 0
+def run_cache_diff(opinfo, dtypes=None, max_samples=None, seed=0, rounds=2, per_dtype=None) -> dict:
+    """The --cache-diff check for one OpInfo: {"op", "counts", "failures"};
+    at most ``max_samples`` in all and ``per_dtype`` of each dtype."""
+    counts, failures, n, seen = Counter(), [], 0, Counter()
     for dtype, s in samples(opinfo, dtypes):
         if max_samples is not None and n >= max_samples:
             break
+        if per_dtype is not None and seen[dtype] >= per_dtype:
+            continue
         n += 1
-        run, others = cache_variants(lambda inp, a, k: opinfo.op(inp, *a, **k), (s.input, s.args, s.kwargs))
+        seen[dtype] += 1
+        configs, fillers = cache_configs(lambda inp, a, k: opinfo.op(inp, *a, **k), (s.input, s.args, s.kwargs))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            problem = cache_differential(run, others, seed + n)
+            problem = cache_differential(configs, fillers, seed + n, rounds)
         counts[PASS if problem is None else FAIL] += 1
         if problem is not None and len(failures) < 3:
             failures.append(f"{dtype}: {problem}")
     return {"op": op_id(opinfo), "counts": {"cache": dict(counts)}, "failures": {"cache": failures}}
+
+
+def model_cache_diff(name: str, rounds: int = 2) -> str | None:
+    """The --cache-diff check for a training step of ``tests/models.py``'s
+    model ``name``, its other-dtype configuration the model in float64."""
+    from tests.models import MODELS, train_step
+
+    model, inputs = MODELS[name]()
+    wide = copy.deepcopy(model).double()
+    wide_inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    configs, fillers = cache_configs(
+        lambda *xs: train_step(model, *xs), inputs, wide=(lambda *xs: train_step(wide, *xs), wide_inputs)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cache_differential(configs, fillers, seed=len(name), rounds=rounds)
 
 
 def run_sample(opinfo, s, standins=("ours",)) -> dict:
@@ -301,8 +359,18 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cache-diff", action="store_true", help="check instead that the metadata cache never changes a trace"
     )
+    p.add_argument("--models", action="store_true", help="with --cache-diff: the test suite's models, not op_db")
     p.add_argument("-j", "--jobs", type=int, default=1)
     ns = p.parse_args(argv)
+    if ns.models:
+        from tests.models import MODELS
+
+        failed = 0
+        for name in MODELS:
+            problem = model_cache_diff(name)
+            failed += problem is not None
+            print(f"{name}: {'pass' if problem is None else problem}")
+        return 1 if failed else 0
     standins = ("cache",) if ns.cache_diff else ("ours", "fake", "meta") if ns.anchors else ("ours",)
     db = op_db()
     idx = [i for i, o in enumerate(db) if not ns.ops or op_id(o) in ns.ops or o.name in ns.ops]

@@ -22,11 +22,13 @@ key holds everything that can change the answer, or the call is not cached:
   the outputs;
 * :func:`context`: what answers and under which global state -- the torch
   version, the rule registry's version (user and built-in rules), the mode's
-  device, its device profile (none yet: the slot for a ``gpu=`` profile),
-  its known-value limit (a nested data-dependent call may be answered from a
+  device, its GPU profile (``gpu=``: SDPA's backend differs by GPU), its
+  known-value limit (a nested data-dependent call may be answered from a
   known value or raise), the default dtype (factories without a dtype), grad
-  mode, inference mode and the autocast state, plus the scaled-dot-product
-  backend switches for attention ops.
+  mode, inference mode and the autocast state, plus the global switches C++
+  reads to choose a backend, for the ops whose rules ask it
+  (``OpFacts.switches``: attention's scaled-dot-product switches and
+  deterministic flags; convolution's oneDNN and NNPACK switches).
 
 The entries are shared by every MetaMode in the process, as FakeTensorMode's
 are, so tracing a model a second time (the next test, the next step) runs no
@@ -46,13 +48,27 @@ argument's metadata in place (``resize_``, ``t_``; tag ``inplace_view``),
 views that change dtype, calls with a ``torch.Generator`` argument or any
 argument we cannot hash, calls whose answer was computed from a known value
 (a rule or decomposition read it: ``value_reads()`` moved; calls on known
-inputs that read none are cached as any other), complex tensors met
-through the recorder (it keeps no conj/neg bits), and calls whose fresh
-outputs share a storage with each other.
+inputs that read none are cached as any other), calls with an output whose
+conj or neg bit a recipe would not rebuild (Note [Conjugate and negative
+bits]), and calls whose fresh outputs share a storage with each other.
 
 Nothing in an entry belongs to the call that filled it: a recipe names its
 inputs by position, its outputs' devices are a function of the key, and
 plain values are immutable.
+
+Note [Conjugate and negative bits]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``x.conj()`` on a complex tensor and ``torch._neg_view(x)`` on any tensor
+return views with a bit set that no shape, stride or dtype shows, and that
+views of them inherit.  A recipe rebuilds a fresh output with
+``empty_strided``, which has no bit, and a view with ``as_strided`` of its
+input, which has the input's: so a recipe is kept only where that gives the
+output's own bits (``_neg_view(x)`` served from the cache came back without
+its bit, and so did every view of it; ``x.mH.mH`` with its input's).  The bits of the inputs are in the key too: the
+views of an input pass its bit on, and a rule may read it.  ``_tensor_key``
+has them; a TensorMeta record does not, so ``key_from_encoded`` adds them
+from the MetaTensors (two C calls per argument; nothing is added for the
+many that have no bit).
 
 Note [Recipes]
 ~~~~~~~~~~~~~~
@@ -106,8 +122,8 @@ def context(mode, f) -> tuple:
         torch.is_inference_mode_enabled(),
         _compat.autocast_state() if _compat.any_autocast() else None,
     )
-    if f.reads_sdp_switches:
-        state += _compat.sdp_switches()
+    if f.switches is not None:
+        state += f.switches()
     return state
 
 
@@ -140,9 +156,15 @@ class MetaCache:
         return _call_key(func, args, kwargs, device, ctx, _tensor_key)
 
     @staticmethod
-    def key_from_encoded(func, enc_args, enc_kwargs, device, ctx):
-        """The same key, from the TensorMeta records the recorder already made."""
-        return _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
+    def key_from_encoded(func, enc_args, enc_kwargs, device, ctx, tensors):
+        """The same key, from the TensorMeta records the recorder already made;
+        ``tensors`` (the call's MetaTensors) for the bits a record lacks."""
+        key = _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
+        if key is not None:
+            bits = _view_bits(tensors)
+            if bits:
+                key += (bits,)
+        return key
 
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
@@ -241,10 +263,18 @@ def _meta_key(a, storages):
     """A TensorMeta's metadata, or None for anything else."""
     if type(a) is TensorMeta:
         storages.append(a.storage)
-        # shape, dtype, stride, offset, device, requires_grad; conj/neg bits
-        # are not in a TensorMeta, and only complex tensors can have them.
-        return UNCACHABLE if a.dtype.is_complex else a[1:7]
+        return a[1:7]  # shape, dtype, stride, offset, device, requires_grad
     return None
+
+
+def _view_bits(tensors):
+    """The conj/neg bits of the tensor arguments, which no TensorMeta holds
+    (Note [Conjugate and negative bits]); None when no argument has one."""
+    marked = None
+    for i, t in enumerate(tensors):
+        if t.is_conj() or t.is_neg():
+            marked = (marked or ("bits",)) + ((i, t.is_conj(), t.is_neg()),)
+    return marked
 
 
 def _recipe(f, inputs, result):
@@ -264,15 +294,18 @@ def _recipe_one(out, inputs, fresh):
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
+        bits = (out.is_conj(), out.is_neg())
         # None: the call's device (a native kernel's plain meta output).
         device = out._md_device if isinstance(out, MetaTensor) else None
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
         key = _compat.storage_key(out)
         for i, t in enumerate(inputs):
             if _compat.storage_key(t) == key:
-                if t.dtype != out.dtype:
-                    return UNCACHABLE
+                if t.dtype != out.dtype or bits != (t.is_conj(), t.is_neg()):
+                    return UNCACHABLE  # Note [Conjugate and negative bits]
                 return ("view", i) + meta
+        if bits != (False, False):
+            return UNCACHABLE  # Note [Conjugate and negative bits]
         if key in fresh:
             return UNCACHABLE  # two outputs sharing a new storage: rare, and not worth a recipe
         fresh.append(key)

@@ -109,7 +109,7 @@ def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encode
         return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
     ctx = context(mode, f)
     if encoded is not None:
-        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, ctx)
+        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, ctx, tensors)
     else:
         key = cache.key(func, args, kwargs, device, ctx)
     if key is None:
@@ -266,9 +266,14 @@ def _device(f, args, kwargs, tensors, mode):
 # device meta gets its inputs' logical device instead; only ``x.to("meta")``
 # from Python (``STATE.explicit_meta``) really means meta.  A factory asked
 # that way (``at::scalar_tensor(v, self.options())`` in a C++ composite) has no
-# input to ask and gets the device of the tensors in flight (``STATE.ambient``);
-# should one still come out on meta in backward, a logical-meta tensor gives
-# way to any other device, as a CPU scalar does.
+# input to ask and gets the device of the tensors in flight (``STATE.ambient``):
+# the first tensor argument of the innermost torch function the mode saw
+# (``torch.corrcoef(y)`` sets it to ``y``'s device before its C++ body runs,
+# so that body's factories follow ``y`` and not whatever ran before, as on a
+# real device), else the device of the last op's tensors (the autograd
+# engine calls no torch function).  Should one still come out on meta in
+# backward, a logical-meta tensor gives way to any other device, as a CPU
+# scalar does.
 def _common_device(f, tensors):
     device = scalar = loose = None
     for t in tensors:

@@ -148,6 +148,9 @@ class MetaMode(_compat.TorchDispatchMode):
             and "_md_name" not in meta.__dict__
         ):
             known.know(meta, t, self)
+            if meta._md_device != t.device:
+                # Note [Where the user's tensor is] in composites.py
+                meta._md_user_device = t.device
         return meta
 
     def forget_reals(self) -> None:
@@ -360,9 +363,17 @@ class _SwapReal(_compat.TorchFunctionMode):
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
+            first = args[0] if args else None
+            if type(first) is MetaTensor:
+                STATE.ambient = first._md_device  # Note [Meta from options] in dispatch.py
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+            if func in _READS_VALUES and type(first) is MetaTensor:
+                # A real tensor's method (a MetaTensor's own never comes
+                # here), now on its stand-in: the C method refuses a
+                # subclass; ours answers from the known value.
+                func = _READS_VALUES[func]
         return func(*args, **kwargs)
 
 
@@ -370,6 +381,13 @@ class _SwapReal(_compat.TorchFunctionMode):
 # is keyed by the real parameters).
 _BY_IDENTITY = {torch.Tensor.__hash__}
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
+# Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
+# from the user's scope): MetaTensor's own, which answer from a known value.
+_READS_VALUES = {
+    torch.Tensor.tolist: MetaTensor.tolist,
+    torch.Tensor.numpy: MetaTensor.numpy,
+    torch.Tensor.__array__: MetaTensor.__array__,
+}
 
 
 def _has_real(values) -> bool:

@@ -16,7 +16,7 @@ from .. import _compat
 from ..errors import DataDependentError, UnsupportedOpError
 from ..ir.records import type_str
 from . import registry
-from .tensor import WIRING, MetaTensor, in_kernel, wrap
+from .tensor import STATE, WIRING, MetaTensor, in_kernel, wrap
 
 __all__ = ["route", "run_nested", "describe_inputs", "data_dependent_error"]
 
@@ -68,6 +68,9 @@ def run_nested(mode, fn, args, kwargs):
     """Run ``fn`` with metadispatch active but not recording."""
     if mode is None:
         mode = WIRING.scratch_mode()  # Note [Wiring] in tensor.py
+    # The nested calls move STATE.ambient (Note [Meta from options] in
+    # dispatch.py); the next call must find it as a cache hit leaves it.
+    ambient = STATE.ambient
     mode._depth += 1
     _compat.push_mode(mode)
     try:
@@ -75,6 +78,7 @@ def run_nested(mode, fn, args, kwargs):
     finally:
         _compat.pop_mode()
         mode._depth -= 1
+        STATE.ambient = ambient
 
 
 def _wrap_all(out, device):

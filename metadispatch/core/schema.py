@@ -22,6 +22,7 @@ position or by keyword.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,7 @@ class OpFacts:
     has_meta_kernel: bool
     mutates: bool
     cacheable: bool  # see cache.py, Note [What the key must hold]
-    reads_sdp_switches: bool  # attention ops: C++ picks a backend from global switches
+    switches: Callable | None  # the global backend switches the answer reads (cache.context keys them)
     passthrough: bool  # profiler annotations: run as they are, never recorded
     # Note [What an op writes and aliases]; arguments as (position, name).
     writes: tuple = ()  # arguments the op writes in place
@@ -56,6 +57,19 @@ class OpFacts:
 
 
 _CACHE: dict = {}
+
+
+def _switches_read_by(name: str) -> Callable | None:
+    """What global switches C++ reads to pick the backend whose answer a rule
+    gives: attention's (rules/sdp_choice.py), convolution's on a logical CPU
+    (rules/convolution.py: with oneDNN off a channels-last 3-d convolution
+    comes out contiguous)."""
+    if "scaled_dot_product" in name or "_fused_sdp_choice" in name:
+        return _compat.sdp_switches
+    if "convolution" in name:
+        return _compat.conv_switches
+    return None
+
 
 # index.Tensor carries the dynamic_output_shape tag for boolean masks only;
 # a built-in rule decides per call (see rules/data_dependent.py).
@@ -220,7 +234,7 @@ def _compute(func) -> OpFacts:
         has_meta_kernel=_compat.has_meta_kernel(name),
         mutates=mutates,
         cacheable=cacheable,
-        reads_sdp_switches="scaled_dot_product" in name or "_fused_sdp_choice" in name,
+        switches=_switches_read_by(name),
         passthrough=name.startswith("profiler::"),
         writes=writes,
         aliases=aliases,

@@ -124,7 +124,11 @@ def _data_error(what: str):
         if value is None:
             value = _made_up_value(self, what)
         if value is not None:
-            with _compat.no_torch_function():  # the value is ours, not the user's
+            # The value is ours, not the user's, and real: neither the
+            # torch-function nor the dispatch mode may see it (``numpy()``
+            # calls ``detach``, which the mode would answer with a
+            # MetaTensor, and numpy would then read no data).
+            with _compat.no_torch_function(), _compat.no_python_dispatch():
                 return getattr(value, what)(*args, **kwargs)
         raise DataDependentError(
             f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, which holds no data", op=what

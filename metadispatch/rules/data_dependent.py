@@ -6,7 +6,8 @@ Ops that always depend on data are found from torch's schema tags
 boolean mask (``x[mask]``); integer indexing has a fine meta kernel.  A mask
 with a known value (``x[:, [True, False, True]]``: a literal; Note [Known
 values]) is answered as the CPU kernel does it, by replacing the mask with
-the indices of its true elements.
+the indices of its true elements; ``masked_select`` with a known mask
+likewise, as many elements as the broadcast mask has true ones.
 """
 
 from __future__ import annotations
@@ -50,3 +51,15 @@ def index_tensor(self, indices, *, fallback):
             raise data_dependent_error("aten.index.Tensor (boolean-mask indexing)", (self, indices), {})
         indices = expanded
     return fallback(self, indices)
+
+
+@builtin_rule(aten.masked_select.default)
+def masked_select(self, mask):
+    torch._check(mask.dtype == torch.bool, lambda: "masked_select: expected BoolTensor for mask")
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    value = read_value(mask)  # counted, as above
+    if value is None:
+        raise data_dependent_error("aten.masked_select.default (the mask's values)", (self, mask), {})
+    with _compat.no_python_dispatch():
+        n = int(value.expand(shape).count_nonzero())
+    return self.new_empty((n,))
