@@ -32,6 +32,10 @@ def _cl(x):
     return x.contiguous(memory_format=torch.channels_last)
 
 
+def _cl_grad(x):
+    return _cl(x).requires_grad_()
+
+
 def _cl3d(x):
     return x.contiguous(memory_format=torch.channels_last_3d)
 
@@ -85,6 +89,10 @@ CASES = {
     "func_grad_functional_call": lambda: (_functional("grad"), (3, 4)),
     "func_vmap_functional_call": lambda: (_functional("vmap"), (3, 4)),
     "func_jacrev_functional_call": lambda: (_functional("jacrev"), (3, 4)),
+    # (the real CPU kernel crashes on a channels-last group norm backward
+    # that needs no input gradient: these inputs ask for one)
+    "batch_norm_eval_channels_last": lambda: (_backward(nn.BatchNorm2d(4).eval(), _cl_grad), (2, 4, 5, 5)),
+    "group_norm_channels_last": lambda: (_backward(nn.GroupNorm(2, 4), _cl_grad), (2, 4, 5, 5)),
     "checkpoint": lambda: (_backward(_checkpointed(nn.Sequential(nn.Linear(8, 8), nn.GELU()))), (4, 8)),
 }
 

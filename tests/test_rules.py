@@ -44,6 +44,27 @@ def _unpool(*shape, memory_format=torch.contiguous_format):
     return (y, i, list(shape[-2:]))
 
 
+# A 4-d tensor contiguous, channels-last, or permuted (neither).
+_FORMATS = ("contiguous", "channels_last", "permuted")
+
+
+def _laid_out(fmt):
+    if fmt == "permuted":
+        return _x(5, 2, 4, 3).permute(1, 2, 0, 3)
+    layout = torch.channels_last if fmt == "channels_last" else torch.contiguous_format
+    return _x(2, 4, 5, 3).contiguous(memory_format=layout)
+
+
+def _norm_backward(kind, x_fmt, grad_fmt, training, mask=(True, True, True)):
+    x, grad, w = _laid_out(x_fmt), _laid_out(grad_fmt), _x(4)
+    if kind == "group":
+        _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 15, 2, 1e-5)
+        return (grad, x, mean, rstd, w, 2, 4, 15, 2, list(mask))
+    rm, rv = torch.zeros(4), torch.ones(4)
+    _, mean, invstd = aten.native_batch_norm(x, w, None, rm, rv, training, 0.1, 1e-5)
+    return (grad, x, w, rm, rv, mean, invstd, training, 1e-5, list(mask))
+
+
 _DT = (torch.float32, torch.bfloat16, torch.float16)
 _CL = torch.channels_last
 
@@ -122,6 +143,16 @@ SAMPLES = {
     aten._native_batch_norm_legit.no_stats: [_bn(d, True)[:3] + (True, 0.1, 1e-5) for d in _DT],
     aten._batch_norm_with_update.default: [_bn(d, True)[:5] + (0.1, 1e-5) for d in _DT]
     + [(_x(3, 4, 5, dtype=d),) + _bn(torch.float32, True)[1:5] + (0.1, 1e-5) for d in _DT[1:]],
+    # Note [Norm gradients follow the input]: the input's layout, not the gradient's
+    aten.native_batch_norm_backward.default: [
+        _norm_backward("batch", xf, gf, t) for xf in _FORMATS for gf in _FORMATS for t in (True, False)
+    ],
+    aten.native_group_norm_backward.default: [
+        _norm_backward("group", xf, gf, True, mask)
+        for xf in _FORMATS[:2]  # the CPU kernel refuses an input in neither layout
+        for gf in _FORMATS
+        for mask in ([True, True, True], [True, False, False])
+    ],
     # Note [Device-hinted meta kernels] (rules/device_hinted.py)
     aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
     aten._fft_r2c.default: [
