@@ -69,6 +69,10 @@ _DT = (torch.float32, torch.bfloat16, torch.float16)
 _CL = torch.channels_last
 
 
+def _offs(*ends):
+    return torch.tensor(ends, dtype=torch.int32)
+
+
 def _c(*shape):
     return torch.randn(*shape, dtype=torch.complex64)
 
@@ -152,6 +156,19 @@ SAMPLES = {
         for xf in _FORMATS[:2]  # the CPU kernel refuses an input in neither layout
         for gf in _FORMATS
         for mask in ([True, True, True], [True, False, False])
+    ],
+    # rules/grouped_mm.py: the CPU kernel's dtypes, and its output padded to 16 bytes
+    aten._grouped_mm.default: [
+        (_x(6, 8, dtype=d), _x(2, 8, n, dtype=d), _offs(3, 6)) for d in _DT for n in (4, 8, 12, 16)
+    ]
+    + [
+        (_x(6, 8), _x(2, 8, 8).mT, _offs(3, 6)),
+        (_x(2, 6, 8), _x(2, 8, 8)),
+        (_x(2, 6, 8, dtype=torch.bfloat16), _x(2, 8, 12, dtype=torch.bfloat16)),
+        (_x(2, 6, 8), _x(8, 12), _offs(4, 8)),
+        (_x(6, 8), _x(8, 12), _offs(4, 8)),
+        (_x(6, 8)[:, :6], _x(2, 6, 8), _offs(3, 6)),
+        (_x(8, 8).t(), _x(2, 8, 8), _offs(3, 6)),
     ],
     # Note [Device-hinted meta kernels] (rules/device_hinted.py)
     aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
@@ -265,6 +282,33 @@ def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
         op(torch.zeros(3, dtype=dtype), *args)
     with pytest.raises(RuntimeError):
         op(md.to_meta(torch.zeros(3, dtype=dtype)), *args)
+
+
+# What the real CPU _grouped_mm refuses, and so must the rule.
+_REFUSED_GROUPED_MM = {
+    "unaligned_stride": (_x(6, 8), _x(2, 8, 6), _offs(3, 6)),
+    "out_dtype": (_x(6, 8, dtype=torch.bfloat16), _x(2, 8, 8, dtype=torch.bfloat16), _offs(3, 6), None, torch.float32),
+    "offsets_int64": (_x(6, 8), _x(2, 8, 8), torch.tensor([3, 6])),
+    "no_offsets": (_x(6, 8), _x(2, 8, 8)),
+    "offsets_with_3d": (_x(2, 6, 8), _x(2, 8, 8), _offs(3, 6)),
+    "mixed_dtypes": (_x(6, 8), _x(2, 8, 8, dtype=torch.bfloat16), _offs(3, 6)),
+    "float64": (_x(6, 8, dtype=torch.float64), _x(2, 8, 8, dtype=torch.float64), _offs(3, 6)),
+    "bias": (_x(6, 8), _x(2, 8, 8), _offs(3, 6), _x(2, 8)),
+    "contraction": (_x(6, 8), _x(2, 4, 8), _offs(3, 6)),
+    "group_count": (_x(6, 8), _x(2, 8, 8), _offs(3, 4, 6)),
+    "expanded": (_x(1, 1).expand(6, 8), _x(2, 8, 8), _offs(3, 6)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED_GROUPED_MM))
+def test_rules_grouped_mm_refuses_what_the_cpu_kernel_refuses(case):
+    args = _REFUSED_GROUPED_MM[case]
+    with pytest.raises(RuntimeError) as real:
+        aten._grouped_mm(*args)
+    with pytest.raises(RuntimeError) as meta:
+        aten._grouped_mm(*[md.to_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
+    # the same message, up to how C++ and Python spell dtypes and sizes
+    assert str(real.value).split("got")[0] in str(meta.value)
 
 
 # Collectives need a process group to run for real: tests/test_distributed.py
