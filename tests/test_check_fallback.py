@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from models import tiny_mixtral
 from torch import nn
 
 import metadispatch as md
+from tests.models import tiny_mixtral
 
 
 def _choice(k):

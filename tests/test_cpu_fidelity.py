@@ -12,11 +12,11 @@ over ``functional_call`` (Note [Backend keys of a logical CPU]).
 import pytest
 import torch
 import torch.nn.functional as F
-from models import tiny_mixtral
 from torch import nn
 
 import metadispatch as md
 from metadispatch.testing import assert_matches_eager
+from tests.models import tiny_mixtral
 
 
 def _backward(module, prep=lambda x: x, autocast=False):

@@ -124,3 +124,11 @@ def test_memory_peak_matches_cuda_allocator(name):
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
     print(f"{name}: predicted {m.peak - leaves} B above leaves, allocator {real} B")
     assert m.peak - leaves == pytest.approx(real, rel=0.05)
+
+
+def test_memory_live_storages_skips_what_is_not_a_tensor():
+    # a model's inputs may hold None or numbers beside tensors (transformers' T5)
+    x = torch.randn(4, 4)
+    with md.LiveStorages(x, None, 3) as live:
+        y = x * 2
+    assert live.peak == x.nbytes + y.nbytes

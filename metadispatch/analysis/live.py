@@ -60,7 +60,9 @@ class LiveStorages(_compat.TorchDispatchMode):
         for o in objs:
             if isinstance(o, torch.nn.Module):
                 self.track(*o.parameters(), *o.buffers())
-            elif is_wrapper_subclass(o):  # a DTensor: its local tensor holds the storage
+            elif isinstance(o, torch.Tensor) and is_wrapper_subclass(
+                o
+            ):  # a DTensor: its local tensor holds the storage
                 self.track(*(getattr(o, name) for name in o.__tensor_flatten__()[0]))
             elif isinstance(o, torch.Tensor):
                 self._see(o)
