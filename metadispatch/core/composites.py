@@ -24,9 +24,10 @@ logical CPU]), so composites that only *check* the device, or choose a kernel
 by it (SDPA's backend, an RNN's ``mkldnn_rnn_layer``), need no override there;
 what remains are composites that read tensor *values* through a data pointer.
 
-Limits: MetaTensors used without a mode, and calls that reach the C++ op
-without a torch function (from another C++ composite), still run the C++
-body.
+MetaTensors used without a mode get the same overrides from their own
+``__torch_function__`` (Note [Composite overrides without a mode] in
+mode.py).  Limits: calls that reach the C++ op without a torch function
+(from another C++ composite) still run the C++ body.
 """
 
 from __future__ import annotations

@@ -356,6 +356,11 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+        if types and all(t is MetaTensor for t in types):
+            # MetaTensor's own handler would only call func again: skip it
+            # (Note [Composite overrides without a mode]).
+            with _compat.no_torch_function_subclass():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 
@@ -397,7 +402,35 @@ def _current_rng_log():
     return mode._recorder.rng if isinstance(mode, MetaMode) and mode.record else None
 
 
+def _function(func, args, kwargs):
+    """Note [Composite overrides without a mode]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A MetaTensor used with no MetaMode entered must answer as inside one
+    (issue 15).  The C++ composites that read a tensor's values through a
+    data pointer (Note [Composite overrides] in composites.py) get their
+    Python versions from the mode's torch-function mode; with no mode, from
+    MetaTensor's own ``__torch_function__``, which calls this.  Anything
+    else runs as torch's default handler runs it: with subclass handlers
+    off, outputs unwrapped.  Inside a mode, ``_SwapReal`` answers first and
+    calls the function with subclass handlers off, so this never runs there
+    for MetaTensor-only calls.
+
+    Cost: an overriding ``__torch_function__`` makes
+    ``torch.overrides.has_torch_function`` true for a MetaTensor, so outside
+    a mode the inference fast paths of ``nn.MultiheadAttention`` and
+    ``nn.TransformerEncoderLayer`` are not taken (inside one, fastpath.py
+    answers as eager for MetaTensors).
+    """
+    if _compat.get_infra_mode(_compat.mode_key) is None:
+        override = composites.override_for(func, args, kwargs)
+        if override is not None:
+            return override(*args, **kwargs)
+    with _compat.no_torch_function_subclass():
+        return func(*args, **kwargs)
+
+
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
 WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
+WIRING.function = _function
 rngstate.WIRING.current = _current_rng_log
