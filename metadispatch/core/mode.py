@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
-from . import composites, fastpath, known, rngstate
+from . import composites, cuda_answers, fastpath, known, rngstate
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -96,6 +96,7 @@ class MetaMode(_compat.TorchDispatchMode):
         # None: torch's own meta answers.  Part of the cache key (cache.context).
         cuda = self.device is not None and self.device.type == "cuda"
         self.device_profile = gpu_profile(gpu) if gpu is not None or cuda else None
+        self._gpu_named = gpu is not None
         if self.device_profile is not None:
             self.trace.gpu = self.device_profile.name
         # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
@@ -214,6 +215,8 @@ class MetaMode(_compat.TorchDispatchMode):
         route.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py
             self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
+        elif cuda_answers.wanted(self.device, self._gpu_named):
+            cuda_answers.enter(entry.steps, self, self.device_profile)  # Note [The logical GPU answers per thread]
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 
