@@ -174,3 +174,14 @@ def test_composites_sdpa_llama_traces_cpu_flash_and_replays():
     r = md.replay(t, (ids,), module=model)
     assert r.ok, r.mismatches
     torch.testing.assert_close(r.output, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_composites_sdpa_on_logical_cuda_without_a_mode_chooses_as_inside_one():
+    q = torch.randn(2, 4, 8, 16, dtype=torch.bfloat16)
+    with md.MetaMode(device="cuda") as mode:  # the default profile, as without a mode
+        F.scaled_dot_product_attention(*(mode.from_tensor(q),) * 3)
+    with _RealOps() as log:  # sees each op before MetaTensor answers it
+        alone = F.scaled_dot_product_attention(*(md.to_meta(q, device="cuda"),) * 3)
+    assert isinstance(alone, md.MetaTensor) and alone.device == torch.device("cuda", 0)
+    assert log.ops == [c.op for c in mode.trace.calls]
+    assert "aten._scaled_dot_product_cudnn_attention.default" in log.ops
