@@ -51,6 +51,8 @@ _OVERRIDDEN = {
         (torch.randn(4, 6), torch.tensor([1, 3])),
     ),
     "tensor_split_method": (lambda x, i: x.tensor_split(i, dim=1), (torch.randn(4, 6), torch.tensor([1, 3]))),
+    "matrix_rank_empty": (torch.linalg.matrix_rank, (torch.zeros(3, 0, 0, dtype=torch.complex128),)),
+    "matrix_rank": (torch.linalg.matrix_rank, (torch.randn(3, 4, 4),)),
     "tensor_split_scalar_indices": (lambda x, i: torch.tensor_split(x, i, 1), (torch.randn(4, 6), torch.tensor(2))),
     # (a packed LSTM is not here: _pack_padded_sequence's meta kernel refuses
     # a MetaTensor's lengths, with a mode or without)
