@@ -359,13 +359,15 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
-        if types and all(t is MetaTensor for t in types):
+        if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
             # (Note [Composite overrides without a mode]).
             with _compat.no_torch_function_subclass():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
 
+
+_META_ONLY = (MetaTensor,)
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
