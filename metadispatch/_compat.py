@@ -55,6 +55,7 @@ __all__ = [
     "in_backward",
     "in_checkpoint_recompute",
     "disabled_torch_function",
+    "no_torch_function_subclass",
     "only_lift_cpu_tensors",
     "set_only_lift_cpu_tensors",
     "storage_key",
@@ -116,6 +117,7 @@ sdpa_entry = torch._C._nn.scaled_dot_product_attention
 # Turns torch-function modes off for the duration: code that reads a real
 # tensor under a MetaMode (conversion, hooks) sees it, not its stand-in.
 no_torch_function = torch._C.DisableTorchFunction
+no_torch_function_subclass = torch._C.DisableTorchFunctionSubclass
 push_mode = torch._C._push_on_torch_dispatch_stack
 disabled_torch_function = torch._C._disabled_torch_function_impl
 only_lift_cpu_tensors = torch._C._only_lift_cpu_tensors

@@ -74,4 +74,22 @@ def hf_gpt2():
     )
 
 
+def tiny_mixtral():
+    """A one-layer Mixtral on transformers' default MoE path (``torch._grouped_mm``)."""
+    transformers = __import__("pytest").importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model(
+        "mixtral",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
 MODELS = {"mlp": mlp, "convnet": convnet, "llama": llama, "hf_llama": hf_llama, "hf_gpt2": hf_gpt2}

@@ -43,6 +43,44 @@ def test_composites_override_applies_only_inside_the_mode_also_after_an_exceptio
         _plain_meta_split()
 
 
+# Each composite override (Note [Composite overrides]), on MetaTensors made
+# by md.to_meta: (function, real arguments; the MetaTensor ones are converted)
+_OVERRIDDEN = {
+    "tensor_split_unknown_indices": (
+        lambda x, i: torch.tensor_split(x, i, 1),
+        (torch.randn(4, 6), torch.tensor([1, 3])),
+    ),
+    "tensor_split_method": (lambda x, i: x.tensor_split(i, dim=1), (torch.randn(4, 6), torch.tensor([1, 3]))),
+    "matrix_rank_empty": (torch.linalg.matrix_rank, (torch.zeros(3, 0, 0, dtype=torch.complex128),)),
+    "matrix_rank": (torch.linalg.matrix_rank, (torch.randn(3, 4, 4),)),
+    "tensor_split_scalar_indices": (lambda x, i: torch.tensor_split(x, i, 1), (torch.randn(4, 6), torch.tensor(2))),
+    # (a packed LSTM is not here: _pack_padded_sequence's meta kernel refuses
+    # a MetaTensor's lengths, with a mode or without)
+}
+
+
+def _outcome(fn, args):
+    try:
+        out = fn(*args)
+    except Exception as e:
+        return type(e).__name__
+    return [(type(t).__name__, t.device, *_layout(t)) for t in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+@pytest.mark.parametrize("case", sorted(_OVERRIDDEN))
+def test_composites_without_a_mode_answer_as_inside_one(case):
+    # Note [Composite overrides without a mode]: no plain meta tensor, no
+    # "data is not allocated" from the C++ body
+    fn, args = _OVERRIDDEN[case]
+    torch.manual_seed(0)
+    alone = _outcome(fn, [md.to_meta(a) for a in args])
+    torch.manual_seed(0)
+    with md.MetaMode():
+        inside = _outcome(fn, [md.to_meta(a) for a in args])
+    assert alone == inside
+    assert alone in ("DataDependentError", [("MetaTensor", *o[1:]) for o in _outcome(fn, args)])
+
+
 # -- scaled_dot_product_attention (Note [SDPA backend on a logical CPU]) -----
 
 
@@ -138,3 +176,14 @@ def test_composites_sdpa_llama_traces_cpu_flash_and_replays():
     r = md.replay(t, (ids,), module=model)
     assert r.ok, r.mismatches
     torch.testing.assert_close(r.output, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_composites_sdpa_on_logical_cuda_without_a_mode_chooses_as_inside_one():
+    q = torch.randn(2, 4, 8, 16, dtype=torch.bfloat16)
+    with md.MetaMode(device="cuda") as mode:  # the default profile, as without a mode
+        F.scaled_dot_product_attention(*(mode.from_tensor(q),) * 3)
+    with _RealOps() as log:  # sees each op before MetaTensor answers it
+        alone = F.scaled_dot_product_attention(*(md.to_meta(q, device="cuda"),) * 3)
+    assert isinstance(alone, md.MetaTensor) and alone.device == torch.device("cuda", 0)
+    assert log.ops == [c.op for c in mode.trace.calls]
+    assert "aten._scaled_dot_product_cudnn_attention.default" in log.ops

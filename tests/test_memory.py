@@ -163,3 +163,11 @@ def test_memory_transformer_step_matches_the_cpu_allocators_peak(name):
     m = md.memory(md.trace(train_step, model, *inputs))
     leaves = sum(s.allocated for s in m.storages.values() if s.born < 0)
     assert m.peak - leaves == pytest.approx(cpu_allocator_peak(train_step, model, inputs), rel=0.01)
+
+
+def test_memory_live_storages_skips_what_is_not_a_tensor():
+    # a model's inputs may hold None or numbers beside tensors (transformers' T5)
+    x = torch.randn(4, 4)
+    with md.LiveStorages(x, None, 3) as live:
+        y = x * 2
+    assert live.peak == x.nbytes + y.nbytes

@@ -44,8 +44,33 @@ def _unpool(*shape, memory_format=torch.contiguous_format):
     return (y, i, list(shape[-2:]))
 
 
+# A 4-d tensor contiguous, channels-last, or permuted (neither).
+_FORMATS = ("contiguous", "channels_last", "permuted")
+
+
+def _laid_out(fmt):
+    if fmt == "permuted":
+        return _x(5, 2, 4, 3).permute(1, 2, 0, 3)
+    layout = torch.channels_last if fmt == "channels_last" else torch.contiguous_format
+    return _x(2, 4, 5, 3).contiguous(memory_format=layout)
+
+
+def _norm_backward(kind, x_fmt, grad_fmt, training, mask=(True, True, True)):
+    x, grad, w = _laid_out(x_fmt), _laid_out(grad_fmt), _x(4)
+    if kind == "group":
+        _, mean, rstd = aten.native_group_norm(x, w, None, 2, 4, 15, 2, 1e-5)
+        return (grad, x, mean, rstd, w, 2, 4, 15, 2, list(mask))
+    rm, rv = torch.zeros(4), torch.ones(4)
+    _, mean, invstd = aten.native_batch_norm(x, w, None, rm, rv, training, 0.1, 1e-5)
+    return (grad, x, w, rm, rv, mean, invstd, training, 1e-5, list(mask))
+
+
 _DT = (torch.float32, torch.bfloat16, torch.float16)
 _CL = torch.channels_last
+
+
+def _offs(*ends):
+    return torch.tensor(ends, dtype=torch.int32)
 
 
 def _c(*shape):
@@ -141,6 +166,29 @@ SAMPLES = {
     aten._native_batch_norm_legit.no_stats: [_bn(d, True)[:3] + (True, 0.1, 1e-5) for d in _DT],
     aten._batch_norm_with_update.default: [_bn(d, True)[:5] + (0.1, 1e-5) for d in _DT]
     + [(_x(3, 4, 5, dtype=d),) + _bn(torch.float32, True)[1:5] + (0.1, 1e-5) for d in _DT[1:]],
+    # Note [Norm gradients follow the input]: the input's layout, not the gradient's
+    aten.native_batch_norm_backward.default: [
+        _norm_backward("batch", xf, gf, t) for xf in _FORMATS for gf in _FORMATS for t in (True, False)
+    ],
+    aten.native_group_norm_backward.default: [
+        _norm_backward("group", xf, gf, True, mask)
+        for xf in _FORMATS[:2]  # the CPU kernel refuses an input in neither layout
+        for gf in _FORMATS
+        for mask in ([True, True, True], [True, False, False])
+    ],
+    # rules/grouped_mm.py: the CPU kernel's dtypes, and its output padded to 16 bytes
+    aten._grouped_mm.default: [
+        (_x(6, 8, dtype=d), _x(2, 8, n, dtype=d), _offs(3, 6)) for d in _DT for n in (4, 8, 12, 16)
+    ]
+    + [
+        (_x(6, 8), _x(2, 8, 8).mT, _offs(3, 6)),
+        (_x(2, 6, 8), _x(2, 8, 8)),
+        (_x(2, 6, 8, dtype=torch.bfloat16), _x(2, 8, 12, dtype=torch.bfloat16)),
+        (_x(2, 6, 8), _x(8, 12), _offs(4, 8)),
+        (_x(6, 8), _x(8, 12), _offs(4, 8)),
+        (_x(6, 8)[:, :6], _x(2, 6, 8), _offs(3, 6)),
+        (_x(8, 8).t(), _x(2, 8, 8), _offs(3, 6)),
+    ],
     # Note [Device-hinted meta kernels] (rules/device_hinted.py)
     aten._fft_c2c.default: [(_c(5, 6, 7), [0, 2], 0, True), (_c(5, 6, 7).mT, [2], 1, False)],
     aten._fft_r2c.default: [
@@ -253,6 +301,33 @@ def test_rules_random_fill_refuses_what_the_cpu_kernel_refuses(op, args, dtype):
         op(torch.zeros(3, dtype=dtype), *args)
     with pytest.raises(RuntimeError):
         op(md.to_meta(torch.zeros(3, dtype=dtype)), *args)
+
+
+# What the real CPU _grouped_mm refuses, and so must the rule.
+_REFUSED_GROUPED_MM = {
+    "unaligned_stride": (_x(6, 8), _x(2, 8, 6), _offs(3, 6)),
+    "out_dtype": (_x(6, 8, dtype=torch.bfloat16), _x(2, 8, 8, dtype=torch.bfloat16), _offs(3, 6), None, torch.float32),
+    "offsets_int64": (_x(6, 8), _x(2, 8, 8), torch.tensor([3, 6])),
+    "no_offsets": (_x(6, 8), _x(2, 8, 8)),
+    "offsets_with_3d": (_x(2, 6, 8), _x(2, 8, 8), _offs(3, 6)),
+    "mixed_dtypes": (_x(6, 8), _x(2, 8, 8, dtype=torch.bfloat16), _offs(3, 6)),
+    "float64": (_x(6, 8, dtype=torch.float64), _x(2, 8, 8, dtype=torch.float64), _offs(3, 6)),
+    "bias": (_x(6, 8), _x(2, 8, 8), _offs(3, 6), _x(2, 8)),
+    "contraction": (_x(6, 8), _x(2, 4, 8), _offs(3, 6)),
+    "group_count": (_x(6, 8), _x(2, 8, 8), _offs(3, 4, 6)),
+    "expanded": (_x(1, 1).expand(6, 8), _x(2, 8, 8), _offs(3, 6)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED_GROUPED_MM))
+def test_rules_grouped_mm_refuses_what_the_cpu_kernel_refuses(case):
+    args = _REFUSED_GROUPED_MM[case]
+    with pytest.raises(RuntimeError) as real:
+        aten._grouped_mm(*args)
+    with pytest.raises(RuntimeError) as meta:
+        aten._grouped_mm(*[md.to_meta(a) if isinstance(a, torch.Tensor) else a for a in args])
+    # the same message, up to how C++ and Python spell dtypes and sizes
+    assert str(real.value).split("got")[0] in str(meta.value)
 
 
 # Collectives need a process group to run for real: tests/test_distributed.py

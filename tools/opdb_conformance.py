@@ -14,6 +14,15 @@ Three stand-ins, measured on the same samples:
 * ``fake``: torch's ``FakeTensorMode``;
 * ``meta``: plain tensors on the ``meta`` device (device not compared).
 
+``--no-mode`` adds each subclass used outside any mode (issue 15: a
+MetaTensor must answer the same with or without one):
+
+* ``ours-no-mode``: ``md.to_meta`` tensors, no mode entered; every tensor
+  output must also be a MetaTensor (no plain ``meta`` tensor reaches the
+  user, and no real one);
+* ``fake-no-mode`` (with ``--anchors``): FakeTensors made by a
+  ``FakeTensorMode`` that is not entered when the op runs.
+
 The full run (all ops, all dtypes; about an hour on 2 cores, use ``-j``)::
 
     python tools/opdb_conformance.py --anchors -j 16
@@ -119,6 +128,17 @@ def compare(real, ours, check_device=True) -> str | None:
     return None
 
 
+def _has_tensor_input(s) -> bool:
+    return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves((s.input, s.args, s.kwargs)))
+
+
+def _wrong_type(got, cls) -> str | None:
+    for i, x in enumerate(x for x in pytree.tree_leaves(got) if isinstance(x, torch.Tensor)):
+        if cls is not None and not isinstance(x, cls):
+            return f"out{i} is a {type(x).__name__} on {x.device}, not a {cls.__name__}"
+    return None
+
+
 def _ours(opinfo, s):
     with md.MetaMode(record=False) as mode:
         return _call(opinfo, s, mode.from_tensor)
@@ -135,7 +155,25 @@ def _meta(opinfo, s):
     return _call(opinfo, s, lambda t: t.to("meta"))
 
 
-STANDINS = {"ours": _ours, "fake": _fake, "meta": _meta}
+def _ours_no_mode(opinfo, s):
+    return _call(opinfo, s, md.to_meta)
+
+
+def _fake_no_mode(opinfo, s):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return _call(opinfo, s, FakeTensorMode(allow_non_fake_inputs=True).from_tensor)
+
+
+STANDINS = {
+    "ours": _ours,
+    "ours-no-mode": _ours_no_mode,
+    "fake": _fake,
+    "fake-no-mode": _fake_no_mode,
+    "meta": _meta,
+}
+# The subclass every tensor output of a stand-in must be, where it must.
+_OUTPUT_TYPE = {"ours-no-mode": md.MetaTensor}
 
 
 def _outcome(run, cache: bool):
@@ -296,6 +334,8 @@ def run_sample(opinfo, s, standins=("ours",)) -> dict:
             continue
         try:
             problem = compare(real, got, check_device=name != "meta")
+            if problem is None and _has_tensor_input(s):  # a factory of scalars makes real tensors
+                problem = _wrong_type(got, _OUTPUT_TYPE.get(name))
         except Exception as e:  # an output that has no strides, say
             problem = f"could not compare: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         out[name] = (PASS, "") if problem is None else (FAIL, problem)
@@ -354,6 +394,7 @@ def summarise(results, standins) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--anchors", action="store_true", help="also measure FakeTensorMode and meta")
+    p.add_argument("--no-mode", action="store_true", help="also measure the stand-ins used outside any mode")
     p.add_argument("--ops", nargs="*", help="only these OpInfo names (name or name.variant)")
     p.add_argument("--max-samples", type=int, default=None, help="per op, over all dtypes")
     p.add_argument(
@@ -372,6 +413,8 @@ def main(argv=None) -> int:
             print(f"{name}: {'pass' if problem is None else problem}")
         return 1 if failed else 0
     standins = ("cache",) if ns.cache_diff else ("ours", "fake", "meta") if ns.anchors else ("ours",)
+    if ns.no_mode and not ns.cache_diff:
+        standins += ("ours-no-mode", "fake-no-mode") if ns.anchors else ("ours-no-mode",)
     db = op_db()
     idx = [i for i, o in enumerate(db) if not ns.ops or op_id(o) in ns.ops or o.name in ns.ops]
     jobs = [(i, standins, None, ns.max_samples) for i in idx]

@@ -60,9 +60,11 @@ class LiveStorages(_compat.TorchDispatchMode):
         for o in objs:
             if isinstance(o, torch.nn.Module):
                 self.track(*o.parameters(), *o.buffers())
+            elif not isinstance(o, torch.Tensor):
+                continue  # None, numbers: a model's inputs hold them beside tensors
             elif is_wrapper_subclass(o):  # a DTensor: its local tensor holds the storage
-                self.track(*(getattr(o, name) for name in o.__tensor_flatten__()[0]))
-            elif isinstance(o, torch.Tensor):
+                self.track(*(getattr(o, name) for name in o.__tensor_flatten__()[0]))  # type: ignore[attr-defined]
+            else:
                 self._see(o)
         self.peak = max(self.peak, self.live)
 

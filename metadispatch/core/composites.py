@@ -24,9 +24,10 @@ logical CPU]), so composites that only *check* the device, or choose a kernel
 by it (SDPA's backend, an RNN's ``mkldnn_rnn_layer``), need no override there;
 what remains are composites that read tensor *values* through a data pointer.
 
-Limits: MetaTensors used without a mode, and calls that reach the C++ op
-without a torch function (from another C++ composite), still run the C++
-body.
+MetaTensors used without a mode get the same overrides from their own
+``__torch_function__`` (Note [Composite overrides without a mode] in
+mode.py).  Limits: calls that reach the C++ op without a torch function
+(from another C++ composite) still run the C++ body.
 """
 
 from __future__ import annotations
@@ -137,7 +138,19 @@ def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_le
     return (output.transpose(0, 1) if batch_first else output), torch.tensor(lengths, dtype=torch.int64)
 
 
+def _matrix_rank(input, *args, **kwargs):
+    """``linalg_matrix_rank``'s C++ body answers an empty matrix with
+    ``at::zeros`` from the input's options: on a MetaTensor with no mode a
+    real CPU tensor nobody intercepts (inside a mode the factory reaches the
+    mode).  Answered here as the body would, through the MetaTensor."""
+    if input.numel() == 0 and (input.is_floating_point() or input.is_complex()) and input.dim() >= 2:
+        return input.new_zeros(input.shape[:-2], dtype=torch.long)
+    with _compat.no_torch_function_subclass():
+        return torch.linalg.matrix_rank(input, *args, **kwargs)
+
+
 OVERRIDES = {
+    "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
     "tensor_split.tensor_indices_or_sections": _tensor_split,
     "lstm.data": _rnn_data("lstm"),
@@ -162,6 +175,7 @@ _BY_FUNCTION = {
     _VF.lstm: (OVERRIDES["lstm.data"], _packed),
     _VF.gru: (OVERRIDES["gru.data"], _packed),
     _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
+    torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
 }
 
 

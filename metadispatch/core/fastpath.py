@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .. import _compat
+from .tensor import MetaTensor
 
 __all__ = ["install"]
 
@@ -46,6 +47,7 @@ def _overridden(arg) -> bool:
     return (
         isinstance(arg, torch.Tensor)
         and t is not torch.Tensor
+        and t is not MetaTensor  # its handler changes nothing under a mode (Note [Composite overrides without a mode])
         and getattr(t, "__torch_function__", _compat.disabled_torch_function) is not _compat.disabled_torch_function
     )
 

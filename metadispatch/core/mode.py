@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
-from . import composites, fastpath, known, rngstate
+from . import composites, cuda_answers, fastpath, known, rngstate
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -98,6 +98,7 @@ class MetaMode(_compat.TorchDispatchMode):
         # None: torch's own meta answers.  Part of the cache key (cache.context).
         cuda = self.device is not None and self.device.type == "cuda"
         self.device_profile = gpu_profile(gpu) if gpu is not None or cuda else None
+        self._gpu_named = gpu is not None
         if self.device_profile is not None:
             self.trace.gpu = self.device_profile.name
         # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
@@ -219,6 +220,8 @@ class MetaMode(_compat.TorchDispatchMode):
         route.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py
             self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
+        elif cuda_answers.wanted(self.device, self._gpu_named):
+            cuda_answers.enter(entry.steps, self, self.device_profile)  # Note [The logical GPU answers per thread]
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 
@@ -374,8 +377,15 @@ class _SwapReal(_compat.TorchFunctionMode):
                 # here), now on its stand-in: the C method refuses a
                 # subclass; ours answers from the known value.
                 func = _READS_VALUES[func]
+        if types == _META_ONLY:
+            # MetaTensor's own handler would only call func again: skip it
+            # (Note [Composite overrides without a mode]).
+            with _compat.no_torch_function_subclass():
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
+
+_META_ONLY = (MetaTensor,)
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
@@ -423,7 +433,35 @@ def _current_rng_log():
     return mode._recorder.rng if isinstance(mode, MetaMode) and mode.record else None
 
 
+def _function(func, args, kwargs):
+    """Note [Composite overrides without a mode]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A MetaTensor used with no MetaMode entered must answer as inside one
+    (issue 15).  The C++ composites that read a tensor's values through a
+    data pointer (Note [Composite overrides] in composites.py) get their
+    Python versions from the mode's torch-function mode; with no mode, from
+    MetaTensor's own ``__torch_function__``, which calls this.  Anything
+    else runs as torch's default handler runs it: with subclass handlers
+    off, outputs unwrapped.  Inside a mode, ``_SwapReal`` answers first and
+    calls the function with subclass handlers off, so this never runs there
+    for MetaTensor-only calls.
+
+    Cost: an overriding ``__torch_function__`` makes
+    ``torch.overrides.has_torch_function`` true for a MetaTensor, so outside
+    a mode the inference fast paths of ``nn.MultiheadAttention`` and
+    ``nn.TransformerEncoderLayer`` are not taken (inside one, fastpath.py
+    answers as eager for MetaTensors).
+    """
+    if _compat.get_infra_mode(_compat.mode_key) is None:
+        override = composites.override_for(func, args, kwargs)
+        if override is not None:
+            return override(*args, **kwargs)
+    with _compat.no_torch_function_subclass():
+        return func(*args, **kwargs)
+
+
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
 WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
+WIRING.function = _function
 rngstate.WIRING.current = _current_rng_log

@@ -204,10 +204,10 @@ def read_value(t) -> torch.Tensor | None:
 # the top of core, hands both down once when the package is imported.  They
 # are attributes of this module's object, not global torch state.
 class _Wiring:
-    __slots__ = ("dispatch", "scratch_mode")
+    __slots__ = ("dispatch", "scratch_mode", "function")
 
     def __init__(self) -> None:
-        self.dispatch = self.scratch_mode = _unwired
+        self.dispatch = self.scratch_mode = self.function = _unwired
 
 
 def _unwired(*args, **kwargs):
@@ -229,7 +229,11 @@ class MetaTensor(torch.Tensor):
     """
 
     _md_device: torch.device
-    __torch_function__ = _compat.disabled_torch_function
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Note [Composite overrides without a mode] in mode.py
+        return WIRING.function(func, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

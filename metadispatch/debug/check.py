@@ -5,8 +5,8 @@
 a real kernel": an op with no rule, meta kernel or decomposition; a
 data-dependent op on values nobody knows (metadispatch's own
 ``DataDependentError``, or a fake impl asking for a dynamic size); a meta
-kernel refusing what the real kernel accepts (``torch._grouped_mm`` in fp32,
-an index tensor that must be on the CPU).  Such a call is run with the real
+kernel refusing what the real kernel accepts (an index tensor that must be
+on the CPU).  Such a call is run with the real
 CPU kernel on inputs materialised from its metadata, and its outputs'
 metadata are taken from the result.  Inputs above a byte limit are refused,
 and the report says which and why.  If the real kernel refuses too, the

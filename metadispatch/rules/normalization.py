@@ -8,7 +8,8 @@ keep the meta kernel's answer.  In eval mode the CPU batch-norm kernels
 save no statistics at all (empty outputs).
 
 Group norm's output keeps the input's memory format on CPU (Note [Group
-norm keeps channels-last]).
+norm keeps channels-last]), and so do the input gradients of batch and group
+norm (Note [Norm gradients follow the input]).
 """
 
 from __future__ import annotations
@@ -96,20 +97,36 @@ def group_norm(x, weight, bias, n, c, hxw, group, eps, *, fallback):
     return (torch.empty_like(y, memory_format=fmt), *out[1:])
 
 
-@builtin_rule(aten.native_group_norm_backward.default)
-def group_norm_backward(grad_out, x, mean, rstd, weight, n, c, hxw, group, mask, *, fallback):
-    """The CPU kernel allocates the input's gradient in ``X.suggest_memory_format()``
-    too (Note [Group norm keeps channels-last]); torch 2.14's meta function
-    follows the output gradient's strides instead.  They differ when the two
-    disagree: a transposed 3-D ``X`` (a diffusers attention block's group
-    norm) gets a contiguous gradient, a channels-last ``X`` with a
-    contiguous ``grad_out`` a channels-last one.
+def _grad_input_like_input(out, x):
+    """Note [Norm gradients follow the input]
+
+    The CPU backward kernels of batch norm (``batch_norm_backward_cpu``) and
+    group norm (``native_group_norm_backward``) allocate the input gradient
+    with ``empty_like(X, X.suggest_memory_format())``: channels-last when
+    the input is, contiguous otherwise, whatever the incoming gradient's
+    layout.  torch's meta functions are decompositions whose result follows
+    ``grad_output`` instead (a contiguous gradient of a channels-last input
+    in eval mode, or a channels-last gradient of a contiguous input), and
+    the group-norm one cannot even view a permuted gradient.  Other devices
+    keep the meta answer.
     """
-    out = fallback(grad_out, x, mean, rstd, weight, n, c, hxw, group, mask)
-    dx = out[0]
-    if x.device.type != "cpu" or dx is None:
-        return out
     fmt = _compat.suggest_memory_format(x)
-    if dx.is_contiguous(memory_format=fmt):
+    if out[0] is None or out[0].is_contiguous(memory_format=fmt):
         return out
-    return (torch.empty_like(dx, memory_format=fmt), *out[1:])
+    return (torch.empty_like(out[0], memory_format=fmt), *out[1:])
+
+
+@builtin_rule(aten.native_batch_norm_backward.default)
+def batch_norm_backward(grad, x, *args, fallback):
+    out = fallback(grad, x, *args)
+    return out if x.device.type != "cpu" else _grad_input_like_input(out, x)
+
+
+@builtin_rule(aten.native_group_norm_backward.default)
+def group_norm_backward(grad, x, *args, fallback):
+    if x.device.type != "cpu":
+        return fallback(grad, x, *args)
+    # The decomposition views the gradient; give it one it can view (the
+    # layout is fixed below, the statistics do not depend on it).
+    fmt = _compat.suggest_memory_format(x)
+    return _grad_input_like_input(fallback(grad.contiguous(memory_format=fmt), x, *args), x)
