@@ -147,18 +147,6 @@ SAMPLES = {
             _x(2, 4, 5),
         )
     ],
-    # the input's gradient in X's suggested format whatever the output gradient's
-    # strides (torch 2.14's meta follows the output gradient)
-    aten.native_group_norm_backward.default: [
-        _gn_backward(x, g)
-        for x, g in (
-            (_x(2, 4, 3, 3).to(memory_format=_CL), _x(2, 4, 3, 3)),
-            (_x(2, 4, 3, 3), _x(2, 4, 3, 3).to(memory_format=_CL)),
-            (_x(2, 4, 3, 3).to(memory_format=_CL), _x(2, 4, 3, 3).to(memory_format=_CL)),
-            (_x(2, 5, 4).mT, _x(2, 5, 4).mT),
-            (_x(2, 4, 5), _x(2, 5, 4).mT),
-        )
-    ],
     aten.native_batch_norm.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit.default: [_bn(d, t) for d in _DT for t in (True, False)],
     aten._native_batch_norm_legit_functional.default: [_bn(d, True) for d in _DT],
@@ -175,6 +163,17 @@ SAMPLES = {
         for xf in _FORMATS[:2]  # the CPU kernel refuses an input in neither layout
         for gf in _FORMATS
         for mask in ([True, True, True], [True, False, False])
+    ]
+    # a transposed 3-d input (a diffusers attention block's group norm; torch
+    # 2.14's CPU kernel takes it) and formats of input and gradient that differ
+    + [
+        _gn_backward(x, g)
+        for x, g in (
+            (_x(2, 4, 3, 3).to(memory_format=_CL), _x(2, 4, 3, 3)),
+            (_x(2, 4, 3, 3), _x(2, 4, 3, 3).to(memory_format=_CL)),
+            (_x(2, 5, 4).mT, _x(2, 5, 4).mT),
+            (_x(2, 4, 5), _x(2, 5, 4).mT),
+        )
     ],
     # rules/grouped_mm.py: the CPU kernel's dtypes, and its output padded to 16 bytes
     aten._grouped_mm.default: [
