@@ -188,14 +188,6 @@ class _InjectIn(_Inject):
         code = frame.f_code
         return self._line if code.co_filename == self.filename and code.co_name in self.names else None
 
-    def _line(self, frame, event, arg):
-        if event == "line" and not self.fired:
-            self.lines += 1
-            if self.lines > self.at:
-                self.fired = True
-                raise KeyboardInterrupt(f"injected at {frame.f_code.co_name}:{frame.f_lineno}")
-        return self._line
-
 
 @pytest.mark.slow
 def test_mode_faults_materialize_interrupted_at_any_line_is_all_or_nothing():
