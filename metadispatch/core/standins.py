@@ -60,6 +60,9 @@ class StandIns:
         self._handles: list = []
         self._stand_of: dict = {}  # id(real tensor) -> its stand-in
         self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
+        # Held from before md.trace saves the modules to after they are put
+        # back (Note [Garbage collection during tracing] in _compat.py).
+        self._heap = _compat.deferred_full_gc()
 
     def __enter__(self):
         # One set of stand-ins per thread: a MetaMode entered by md.trace uses
@@ -68,6 +71,8 @@ class StandIns:
             return self
         try:
             _ACTIVE.standins = self
+            if self.mode.record:
+                self._heap.__enter__()
             self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
             self._handles.append(nn.modules.module.register_module_forward_hook(self._post, always_call=True))
             self._handles.append(register_optimizer_step_pre_hook(self._step_pre))
@@ -86,6 +91,7 @@ class StandIns:
             _ACTIVE.standins = None
         _compat.call_without_torch_function(self._restore)
         self._stand_of.clear()
+        self._heap.__exit__(None, None, None)
 
     def _restore(self) -> None:
         while self._states:
