@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -58,8 +59,9 @@ def walk(roots: dict[str, Any], max_depth: int = 64, named: bool = True) -> Iter
     ``first_path`` is None the first time an object is reached, else the
     path it was first reached by (an identity: "the same object as").  With
     ``named=False`` paths are not spelled out (every path is ``""``; ``first``
-    is ``""`` for an object seen before): :func:`find` runs at every
-    ``md.trace`` and the paths were most of its cost.
+    is ``""`` for an object seen before) and atoms and empty containers are
+    not visited: :func:`find` runs at every ``md.trace`` (a GPT-2's modules
+    hold ~1,800 empty hook dicts) and the paths were most of its cost.
     """
     seen: dict[int, str] = {}
     stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
@@ -78,8 +80,16 @@ def walk(roots: dict[str, Any], max_depth: int = 64, named: bool = True) -> Iter
             children = list(_children(obj))
             if named:
                 stack.extend((fmt.format(path, key), c, depth + 1) for fmt, key, c in reversed(children))
-            else:
-                stack.extend(("", c, depth + 1) for _, _, c in reversed(children))
+            else:  # atoms and empty containers hold nothing to find
+                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c))
+
+
+def _inert(obj) -> bool:
+    t = type(obj)
+    return t in _EMPTY_WHEN_FALSE and not obj or isinstance(obj, _ATOMS)
+
+
+_EMPTY_WHEN_FALSE = {list, tuple, dict, set, OrderedDict}
 
 
 # How each kind of child extends its parent's path (``str.format`` of the
@@ -198,7 +208,8 @@ _USER_STATE = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRSche
 
 
 def find(roots: dict[str, Any], keep: Callable[[Any], bool]) -> list:
-    """The objects reachable from ``roots`` for which ``keep`` holds, in walk order."""
+    """The objects reachable from ``roots`` for which ``keep`` holds, in walk
+    order; atoms (numbers, strings, dtypes, ...) are never offered to ``keep``."""
     out = []
     for _, obj, first in walk(roots, named=False):
         if first is None and keep(obj):
