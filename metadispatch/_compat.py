@@ -449,6 +449,44 @@ class deferred_full_gc(CountedClaim):
             cls._saved = None
 
 
+# Note [Compiled code runs eagerly under a mode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A ``torch.compile``d module called under a MetaMode made dynamo compile it
+# again for MetaTensors (a graph per input it had not seen, 20 s cold for a
+# two-layer MLP), and the trace then held what AOT autograd's runtime
+# wrapper ran -- its own views of the parameters, made outside any mode --
+# rather than the program the user wrote.  While a MetaMode is entered,
+# dynamo's stance is ``force_eager`` (``torch.compiler.set_stance``): compiled
+# functions and modules run their Python eagerly, so the trace is the eager
+# program the module compiles, in the eager module's time.  The stance is
+# process-wide in torch; it is set by the first entry anywhere and put back
+# by the last exit (another thread's compiled code runs eagerly meanwhile:
+# same values, eager speed).  Nothing is done when dynamo was never imported
+# (then nothing is compiled) or when the mode is entered inside a region
+# dynamo is compiling (torch refuses a stance change there).
+class eager_compiled(CountedClaim):
+    """Note [Compiled code runs eagerly under a mode]."""
+
+    _prior = None
+
+    def _first(self) -> None:
+        frames = sys.modules.get("torch._dynamo.eval_frame")
+        cls = eager_compiled
+        if frames is None or not hasattr(frames, "_set_stance") or cls._prior is not None:
+            return
+        try:
+            cls._prior = frames._set_stance(frames.DynamoStance("force_eager"))
+        except RuntimeError:  # inside a torch.compile region
+            return
+
+    def _last(self) -> None:
+        cls = eager_compiled
+        if cls._prior is not None:
+            # fmt: off
+            sys.modules["torch._dynamo.eval_frame"]._set_stance(cls._prior); cls._prior = None  # noqa: E702
+            # fmt: on
+
+
 # Note [What a mode entry changes in torch]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Entering a dispatch mode sets three flags in torch.utils._python_dispatch

@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import torch
+import torch._dynamo.eval_frame as eval_frame  # imported, so that mode entry sets the stance
 
 import metadispatch as md
 from metadispatch import _compat
@@ -47,6 +48,7 @@ def _global_state() -> dict:
         "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),
+        "dynamo stance": eval_frame._stance,  # Note [Compiled code runs eagerly under a mode]
     }
 
 

@@ -243,3 +243,20 @@ def test_trace_output_records_carry_the_requires_grad_autograd_gave():
     assert by_op["aten.sum.default"] is real_y.sum().requires_grad is True
     assert by_op["aten.mul.Tensor"] is real_w.requires_grad is False
     assert by_op["aten.add.Tensor"] is real_d.requires_grad is False
+
+
+def test_a_view_made_outside_the_mode_is_recorded_as_the_view_it_is():
+    # Note [Views of leaves]: a tensor that reaches the mode with no recorded
+    # producer but on a recorded tensor's storage (a view taken between two
+    # entries of the mode) is that tensor's data, not a made-up input.
+    mode = md.MetaMode()
+    with mode:
+        y = torch.randn(4, 3) * 2
+    v = y.t()  # a MetaTensor op with no mode: nothing recorded
+    with mode:
+        v.sum()
+    view = mode.trace.calls[2]
+    assert (view.op, view.note) == ("aten.as_strided.default", "untraced view")
+    assert view.args == (mode.trace.calls[1].outputs[0], (3, 4), (1, 3), 0)
+    assert mode.trace.calls[3].args == (view.outputs[0],)
+    assert not mode.trace.leaves

@@ -217,6 +217,9 @@ class MetaMode(_compat.TorchDispatchMode):
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
+        compiled = _compat.eager_compiled()  # Note [Compiled code runs eagerly under a mode]
+        entry.steps.append(functools.partial(compiled.__exit__, None, None, None))
+        compiled.__enter__()
         entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
         STATE.ambient = self.device or _CPU
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
