@@ -164,7 +164,7 @@ def test_runtime_opdb_samples_never_beat_the_roofline():
     assert beaten == [] and checked >= 0.6 * 2 * len(cases), (checked, beaten)
 
 
-def test_runtime_prices_collectives_as_a_ring():
+def test_runtime_prices_collectives_as_md_comms_does():
     import torch.distributed as dist
 
     with md.MetaMode(world_size=4, rank=1, device="cuda") as mode:
@@ -175,10 +175,14 @@ def test_runtime_prices_collectives_as_a_ring():
     t = mode.trace
     r = runtime(t, gpu="h100")
     e, bw = DEFAULT_EFFICIENCY, H100.interconnect * DEFAULT_EFFICIENCY.interconnect
-    # all-reduce: 2 (n-1) steps, each rank sends 2 (n-1)/n of 4 MiB; all-gather: n-1 steps, (n-1)/n of 16 MiB
-    assert r.per_call[1] == pytest.approx(6 * e.latency + 2 * 3 / 4 * (4 << 20) / bw)
-    assert r.per_call[3] == pytest.approx(3 * e.latency + 3 / 4 * (16 << 20) / bw)
+    a, s = e.latency, 4 << 20
+    # all-reduce: the faster of ring (2(n-1) steps, 2(n-1)/n S) and tree
+    # (2 log2 n steps, 2 S); all-gather: n-1 steps, (n-1)/n of 16 MiB
+    assert r.per_call[1] == pytest.approx(min(6 * a + 2 * 3 / 4 * s / bw, 4 * a + 2 * s / bw))
+    assert r.per_call[3] == pytest.approx(3 * a + 3 / 4 * (16 << 20) / bw)
     assert [r.bound[i] for i in (1, 3)] == ["network", "network"]
+    priced = md.comms(t, bandwidth=bw, latency=a, network=50e9 * e.interconnect).calls
+    assert [r.per_call[c.index] for c in priced if c.seconds] == pytest.approx([c.seconds for c in priced if c.seconds])
     by_kind = {c.kind: c for c in md.comms(t).calls}
     for i, kind in ((1, "all_reduce"), (3, "all_gather")):
         assert r.per_call[i] >= roofline(t.calls[i], H100, collective=by_kind[kind]) > 0

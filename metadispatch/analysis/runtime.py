@@ -10,8 +10,8 @@ per aten call) whose time is the slowest of three limits::
     launch   the host's cost of dispatching one eager op
 
 Views, ``empty`` and other calls that move no data cost nothing.
-Collectives are priced as a ring over their group of ``n`` ranks (Note
-[Collectives on a ring]).  FLOPs
+Collectives are priced as ``md.comms`` prices them, ring or tree (Note
+[Collectives on a ring or a tree]).  FLOPs
 are torch's formulas (``md.flops``); bytes are what the call reads and
 writes (each distinct input and output tensor once).  Efficiencies are data,
 an :class:`Efficiency` per GPU profile, by op class and FLOP bucket, so that
@@ -42,6 +42,7 @@ import torch
 from ..core.profiles import GPUProfile, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
+from .collective_cost import GPUS_PER_NODE, NETWORK, Link, seconds
 from .comms import Collective, comms
 from .export import chrome_trace
 from .flops import ancestors, call_flops, fmt_count
@@ -193,28 +194,25 @@ _ROOFLINE = Efficiency(
 
 def roofline(call, profile: GPUProfile, flops: int | None = None, collective: Collective | None = None) -> float:
     """The lower bound on a call's time: FLOPs at peak, bytes at full bandwidth
-    (a collective's ring traffic, ``collective`` from ``md.comms``, at the full interconnect)."""
+    (a collective, ``collective`` from ``md.comms``, at the full interconnect and network, no latency)."""
     flops = call_flops(call) if flops is None else flops
     return _call_time(call, flops, profile, _ROOFLINE, collective)[0]
 
 
-# Note [Collectives on a ring]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A collective over n ranks is priced as NCCL's ring: each rank sends what
-# ``md.comms`` calls ``sent`` -- (n-1)/n of the payload for all-gather,
-# reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, the payload for
-# broadcast and point-to-point -- over its interconnect, in n-1 steps (2(n-1)
-# for all-reduce; one for point-to-point), each paying the latency:
-#     time = steps x latency + sent / (interconnect x efficiency)
-# Trees and NVLS, which NCCL picks for small messages or on NVSwitch, are
-# faster; a collective without payload (wait_tensor, barrier) costs nothing.
-_RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "broadcast": 1}
-
-
-def _ring_time(c: Collective, profile: GPUProfile, eff: Efficiency) -> float:
-    n = c.group.size if c.group is not None else 1
-    steps = _RING_STEPS.get(c.kind, 0) * (n - 1) or 1
-    return steps * eff.latency + c.sent / (profile.interconnect * eff.interconnect)
+# Note [Collectives on a ring or a tree]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A collective is priced by the model ``md.comms`` uses (Note [Time of a
+# collective] in collective_cost.py): ring or tree, whichever is faster for
+# an all-reduce or broadcast, over the profile's interconnect while the
+# group's ranks share a node and over the network between nodes, with the
+# efficiency table's latency per step and its fraction of both bandwidths.
+# (An earlier ring-only formula here gave md.runtime and md.comms different
+# times for the same call.)  A collective without payload (wait_tensor,
+# barrier) and one over a single rank cost a launch.
+def _collective_time(c: Collective, profile: GPUProfile, eff: Efficiency) -> float:
+    ranks = tuple(c.group.ranks) if c.group is not None else (0,)
+    net = Link(profile.interconnect * eff.interconnect, NETWORK * eff.interconnect, eff.latency, GPUS_PER_NODE)
+    return seconds(c.kind, c.bytes, ranks, net)
 
 
 def _call_time(call, flops, profile: GPUProfile, eff: Efficiency, coll: Collective | None = None) -> tuple[float, str]:
@@ -222,7 +220,7 @@ def _call_time(call, flops, profile: GPUProfile, eff: Efficiency, coll: Collecti
     if kind == "free" or (kind == "collective" and coll is None):
         return 0.0, "free"
     if coll is not None:
-        return max(_ring_time(coll, profile, eff), eff.launch), "network"
+        return max(_collective_time(coll, profile, eff), eff.launch), "network"
     nbytes = call_bytes(call)
     flops = flops or 0
     compute = flops / (profile.peak(dtype_name(call)) * eff.compute(kind, flops)) if flops else 0.0
