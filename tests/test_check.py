@@ -158,3 +158,32 @@ def test_check_sdpa_causal_mask_built_on_meta_takes_the_inputs_device():
     q = torch.randn(1, 2, 4, 8)
     trace = md.trace(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), q)
     assert trace.calls[-1].output_metas[0].device == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        lambda x, i: x[i],
+        lambda x, i: torch.index_select(x, 0, i),
+        lambda x, i: torch.nn.functional.embedding(i, x),
+    ],
+    ids=["getitem", "index_select", "embedding"],
+)
+def test_check_reports_constant_indices_the_device_refuses(index):
+    # Note [Indices the device refuses]: the meta kernel answers, eager raises.
+    def step(x):
+        return index(x, torch.tensor([0, 5]))
+
+    x = torch.randn(3, 2)
+    with pytest.raises(IndexError) as eager:
+        step(x)
+    report = md.check(step, x)
+    assert not report.ok
+    (m,) = report.mismatches
+    assert m.fields == ("raises",) and str(eager.value).splitlines()[0][:60] in m.actual["raises"]
+    assert "the real kernel raises IndexError" in str(report)
+
+    def in_range(x):
+        return index(x, torch.tensor([0, 2]))
+
+    assert md.check(in_range, x).ok
