@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
@@ -109,3 +110,26 @@ def test_standins_optimizer_restored_and_hook_removed_on_exception():
     assert all(g["params"] is before for g, before in zip(opt.param_groups, groups))
     assert all(type(p) is torch.nn.Parameter and p.grad is not None for p in model.parameters())
     assert dict(optim_module._global_optimizer_pre_hooks) == hooks
+
+
+def test_grads_name_each_parameter_once_when_a_block_runs_on_its_own():
+    # torch.utils.checkpoint calls the block at the top of the module stack:
+    # its parameters were named a second time by their names in the block.
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ReLU())])
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.blocks[0], x, use_reentrant=False))
+
+    net = Net()
+    x = torch.randn(2, 4)
+    trace = md.trace(lambda x: net(x).sum().backward(), x)
+    net(x).sum().backward()
+    assert sorted(trace.grads) == sorted(n for n, _ in net.named_parameters())
+    for name, p in net.named_parameters():
+        assert (trace.grads[name].shape, trace.grads[name].dtype) == (tuple(p.grad.shape), p.grad.dtype)

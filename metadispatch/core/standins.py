@@ -249,13 +249,24 @@ class StandIns:
         return list(self._stand_of.values())
 
     def grads(self, meta_of) -> dict:
-        """Parameter name -> TensorMeta of its gradient, for every root that ran."""
-        out = {}
+        """Parameter name -> TensorMeta of its gradient, for every root that ran.
+
+        Each parameter once, under the name the trace gave it (its name in
+        the first module saved): a block run on its own as well -- passed to
+        ``torch.utils.checkpoint``, say -- named its parameters a second
+        time by their names within the block.
+        """
+        out: dict = {}
+        seen: set = set()
         for root in self.roots:
             for name, p in root.named_parameters():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
                 g = p.grad
-                if isinstance(g, torch.Tensor) and name not in out:
-                    out[name] = meta_of(g)
+                if isinstance(g, torch.Tensor):
+                    named = p.__dict__.get("_md_name")
+                    out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))
         return out
 
 
