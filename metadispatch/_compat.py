@@ -438,7 +438,7 @@ class deferred_full_gc(CountedClaim):
         if cls._saved is None:
             t = gc.get_threshold()
             # fmt: off
-            cls._saved = t; cls._set = (max(t[0], cls.YOUNG), t[1], cls.OUT_OF_REACH); gc.set_threshold(*cls._set)  # noqa: E702,E501 (see the docstring)
+            cls._saved = t; cls._set = (t[0] and max(t[0], cls.YOUNG), t[1], cls.OUT_OF_REACH); gc.set_threshold(*cls._set)  # noqa: E702,E501 (0: collection off, left off)
             # fmt: on
 
     def _last(self) -> None:

@@ -177,6 +177,10 @@ def test_mode_defers_full_collections_only_while_entered():
             raise ValueError
     assert gc.get_threshold() == before
     try:
+        gc.set_threshold(0, before[1], before[2])  # automatic collection off: it stays off inside
+        with md.MetaMode():
+            assert gc.get_threshold()[0] == 0
+        gc.set_threshold(*before)
         with md.MetaMode():
             gc.set_threshold(500, 5, 5)  # a threshold the user sets inside is theirs
         assert gc.get_threshold() == (500, 5, 5)
