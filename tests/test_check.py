@@ -169,21 +169,51 @@ def test_check_sdpa_causal_mask_built_on_meta_takes_the_inputs_device():
     ],
     ids=["getitem", "index_select", "embedding"],
 )
-def test_check_reports_constant_indices_the_device_refuses(index):
-    # Note [Indices the device refuses]: the meta kernel answers, eager raises.
+def test_constant_indices_the_device_refuses_are_refused(index):
+    # Note [Known indices out of range]: the meta kernel answers, eager raises.
     def step(x):
         return index(x, torch.tensor([0, 5]))
 
     x = torch.randn(3, 2)
     with pytest.raises(IndexError) as eager:
         step(x)
-    report = md.check(step, x)
-    assert not report.ok
-    (m,) = report.mismatches
-    assert m.fields == ("raises",) and str(eager.value).splitlines()[0][:60] in m.actual["raises"]
-    assert "the real kernel raises IndexError" in str(report)
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 3") as traced:
+        md.trace(step, x)
+    assert any("test_check.py" in note for note in traced.value.__notes__)  # the user's line
+    report = md.check(step, x)  # stops where eager stops, with the real kernel's error
+    assert not report.ok and f"IndexError: {eager.value}" in str(report)
 
     def in_range(x):
         return index(x, torch.tensor([0, 2]))
 
+    def negative(x):
+        return index(x, torch.tensor([-1]))
+
+    try:
+        negative(x)
+    except IndexError:  # index_select and embedding refuse what indexing counts from the end
+        with pytest.raises(IndexError):
+            md.trace(negative, x)
+    else:
+        assert md.trace(negative, x).calls[-1].output_metas[0].shape == tuple(negative(x).shape)
+
     assert md.check(in_range, x).ok
+    assert md.trace(in_range, x).calls[-1].output_metas[0].shape == tuple(in_range(x).shape)
+
+
+def test_known_indices_after_a_mask_are_checked_against_their_own_dimension():
+    x = torch.randn(2, 3, 4)
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    fine = md.trace(lambda x: x[mask, torch.tensor([3, 0, 1, 2])], x)
+    assert fine.calls[-1].output_metas[0].shape == (4,)
+    with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 2 with size 4"):
+        md.trace(lambda x: x[mask, torch.tensor([4, 0, 1, 2])], x)
+    with pytest.raises(IndexError):
+        x[mask, torch.tensor([4, 0, 1, 2])]
+
+
+def test_the_cache_never_answers_a_known_index_without_the_check():
+    x = torch.randn(3, 2)
+    md.trace(lambda x: x[torch.tensor([0, 1])], x)  # same metadata, in range
+    with pytest.raises(IndexError):
+        md.trace(lambda x: x[torch.tensor([0, 3])], x)

@@ -246,7 +246,11 @@ SAMPLES = {
         (_x(4, 3), [torch.tensor([0, 2])]),
         (_x(4, 3, 5), [None, torch.tensor([[0, 1], [2, 0]])]),
         (_x(4, 3, 5).transpose(0, 2), [torch.tensor([1]), None, torch.tensor([0])]),
+        (_x(4, 3), [torch.tensor([-4, 3])]),
     ],
+    # rules/data_dependent.py: known indices checked (Note [Known indices out of range])
+    aten.index_select.default: [(_x(4, 3), 0, torch.tensor([0, 3, 1])), (_x(4, 3).t(), -1, torch.tensor([2]))],
+    aten.embedding.default: [(_x(5, 3), torch.tensor([[0, 4], [2, 2]])), (_x(5, 3), torch.tensor([1, 0]), 0)],
     # rules/random_fill.py: write self, return it (Note [Random fills without dynamo])
     aten.normal_.default: [(_x(3, 4, dtype=d), 1.0, 0.5) for d in _DT] + [(_x(4, 3).mT,), (_c(2, 3),)],
     aten.cauchy_.default: [(_x(3, 4, dtype=d),) for d in _DT] + [(_x(4, 3).mT, 1.0, 2.0)],

@@ -7,7 +7,9 @@ boolean mask (``x[mask]``); integer indexing has a fine meta kernel.  A mask
 with a known value (``x[:, [True, False, True]]``: a literal; Note [Known
 values]) is answered as the CPU kernel does it, by replacing the mask with
 the indices of its true elements; ``masked_select`` with a known mask
-likewise, as many elements as the broadcast mask has true ones.
+likewise, as many elements as the broadcast mask has true ones.  Integer
+indices with a known value are checked against the indexed size (Note
+[Known indices out of range]).
 """
 
 from __future__ import annotations
@@ -43,14 +45,55 @@ def _without_masks(indices):
     return out
 
 
+# Note [Known indices out of range]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A meta kernel checks shapes, not index values: ``x[torch.tensor([0, 5])]``
+# on a 3-row ``x`` was answered ``f32[2, ...]`` where every device raises
+# IndexError -- a trace of a program nobody can run.  Where an integer index
+# has a known value (a literal, a small tensor from the user's scope), it is
+# checked as the CPU kernel checks it, with its message.  The read is counted
+# (``read_value``), so the cache never answers such a call without the check.
+def _check_range(op: str, index, size: int, dim: int, negative: bool = True) -> None:
+    """``negative``: whether ``-size <= i < 0`` counts from the end (indexing
+    does; ``index_select`` and ``embedding`` refuse it)."""
+    if index is None or _is_mask(index) or index.numel() == 0:
+        return
+    value = read_value(index)
+    if value is None:
+        return
+    with _compat.no_python_dispatch():  # the real value, outside every mode
+        lo, hi = int(value.min()), int(value.max())
+    bad = hi if hi >= size else lo if lo < (-size if negative else 0) else None
+    if bad is not None:
+        raise IndexError(f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
 @builtin_rule(aten.index.Tensor)
 def index_tensor(self, indices, *, fallback):
+    dim = 0
+    for i in indices:
+        if dim < self.dim():
+            _check_range("aten.index.Tensor", i, self.shape[dim], dim)
+        dim += i.dim() if _is_mask(i) else 1  # a mask spans as many dimensions as it has
     if any(_is_mask(i) for i in indices):
         expanded = _without_masks(indices)
         if expanded is None:
             raise data_dependent_error("aten.index.Tensor (boolean-mask indexing)", (self, indices), {})
         indices = expanded
     return fallback(self, indices)
+
+
+@builtin_rule(aten.index_select.default)
+def index_select(self, dim, index, *, fallback):
+    d = dim % max(self.dim(), 1)
+    _check_range("aten.index_select.default", index, self.shape[d] if self.dim() else 1, d, negative=False)
+    return fallback(self, dim, index)
+
+
+@builtin_rule(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False, *, fallback):
+    _check_range("aten.embedding.default", indices, weight.shape[0], 0, negative=False)
+    return fallback(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 
 
 @builtin_rule(aten.masked_select.default)
