@@ -87,7 +87,10 @@ def _answers(profile) -> dict:
         "get_device_capability": lambda device=None: profile.compute_capability,
         "get_device_name": lambda device=None: profile.name,
         "is_available": lambda: True,
-        "is_initialized": lambda: True,
+        # False, as under a one-process logical GPU (cuda_answers.py): no CUDA
+        # generator exists, and torch's seeding (``torch.manual_seed`` seeds
+        # CUDA too) runs its callbacks at once when told CUDA is initialised.
+        "is_initialized": lambda: False,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "set_device": lambda device: None,
