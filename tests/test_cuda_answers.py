@@ -236,3 +236,14 @@ def test_cuda_answers_a_stream_in_another_thread_is_torchs():
         t.start()
         t.join()
     assert seen["other thread"] == seen["before"] != seen["inside"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")
+def test_cuda_answers_a_logical_world_answers_its_ranks_memory():
+    with md.MetaMode(world_size=2) as mode:
+        model = torch.nn.Linear(64, 64).cuda()
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        s = _snapshot(mode)
+    m = md.memory(_prefix(mode.trace, s), allocator="cuda", gpu=md.gpu_profile(None))
+    assert (s["peak"], s["reserved_peak"]) == (m.peak, m.reserved_peak) and s["peak"] > 0
+    assert torch.cuda.max_memory_allocated() == 0  # torch's own again

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from ..core import cuda_answers
 from ..core.profiles import GPUProfile
-from .memory import memory
+from .allocconfig import AllocatorConfig
+from .memory import Memory
 from .reserved import CudaMemory
 
 __all__ = ["Counters"]
@@ -56,43 +57,53 @@ class Counters:
 
     def __init__(self, trace, profile: GPUProfile) -> None:
         self.trace, self.profile = trace, profile
-        self._state: tuple | None = None  # what the trace held when _figures were computed
-        self._figures: CudaMemory | None = None
+        self._state: tuple | None = None  # what the trace held when the figures below were made
+        self._memory: Memory | None = None
+        self._reserved: CudaMemory | None = None  # made only when a reserved figure is asked
         self._allocated = 0
         self._reset = (0, 0, 0)  # calls, allocated, reserved at the last reset
 
-    def _now(self) -> CudaMemory:
+    def _now(self) -> Memory:
         t = self.trace
         state = (len(t.calls), len(t.deaths or ()), len(t.leaves))
-        if self._figures is None or state != self._state:
-            m = memory(t, allocator="cuda", gpu=self.profile)
-            assert isinstance(m, CudaMemory)
-            self._figures, self._state = m, state
-            self._allocated = sum(s.allocated for s in m.memory.storages.values() if s.died is None)
-        return self._figures
+        if self._memory is None or state != self._state:
+            self._memory, self._reserved, self._state = Memory(t, self.profile), None, state
+            self._allocated = sum(s.allocated for s in self._memory.storages.values() if s.died is None)
+        return self._memory
+
+    def _simulated(self) -> CudaMemory:
+        m = self._now()
+        if self._reserved is None:  # md.memory(trace, allocator="cuda", gpu=profile)
+            self._reserved = CudaMemory(m, self.profile, AllocatorConfig(), None)
+        return self._reserved
 
     def allocated(self) -> int:
         self._now()
         return self._allocated
 
+    def max_allocated(self) -> int:
+        start, allocated, _ = self._reset
+        return max(allocated, self.allocated(), *self._now().timeline[start:])
+
     def reserved(self) -> int:
-        m = self._now()
-        return m.reserved_timeline[-1] if m.reserved_timeline else 0
+        timeline = self._simulated().reserved_timeline
+        return timeline[-1] if timeline else 0
+
+    def max_reserved(self) -> int:
+        start, _, reserved = self._reset
+        return max(reserved, self.reserved(), *self._simulated().reserved_timeline[start:])
 
     def stats(self) -> dict:
         """What ``torch.cuda.memory_stats()`` reports, for the keys its callers read."""
-        m = self._now()
-        start, allocated, reserved = self._reset
-        now, held = self.allocated(), self.reserved()
-        peak = max(allocated, now, *m.memory.timeline[start:])
-        reserved_peak = max(reserved, held, *m.reserved_timeline[start:])
+        m = self._simulated()
+        now, peak = self.allocated(), self.max_allocated()
         stats = {
             "allocated_bytes.all.current": now,
             "allocated_bytes.all.peak": peak,
             "active_bytes.all.current": now,
             "active_bytes.all.peak": peak,
-            "reserved_bytes.all.current": held,
-            "reserved_bytes.all.peak": reserved_peak,
+            "reserved_bytes.all.current": self.reserved(),
+            "reserved_bytes.all.peak": self.max_reserved(),
             "num_alloc_retries": m.retries,
             "num_ooms": 0 if m.fits else 1,
         }

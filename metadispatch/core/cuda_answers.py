@@ -31,7 +31,9 @@ another thread, or this one outside the mode or inside an inner mode on
 another device, gets torch's own function.  The last mode out puts torch's
 functions back, also when it leaves by an exception (the undo step comes
 before the change: Note [Interrupts in mode entry and exit] in mode.py).  A
-logical world (world.py) answers its own, process-wide, instead.
+logical world (world.py) answers ``torch.cuda`` process-wide
+(logical_cuda.py); on a host without CUDA its mode answers here too, so that
+its thread gets the memory counters of its rank's trace.
 
 Limits: one device; ``torch.cuda.memory_snapshot`` and the other allocator
 internals are torch's (``md.memory(trace, allocator="cuda").snapshot()``
@@ -106,10 +108,6 @@ class _Answering:
         self.profile, self.times, self.counters = profile, 1, counters
 
 
-def _stat(key: str):
-    return lambda a, device=None: a.counters.stats()[key]
-
-
 # name -> the answer, given the _Answering of the calling thread's mode
 _ANSWERS = {
     "is_available": lambda a: True,
@@ -128,10 +126,10 @@ _ANSWERS = {
 }
 _MEMORY = {
     "memory_stats": lambda a, device=None: a.counters.stats(),
-    "memory_allocated": _stat("allocated_bytes.all.current"),
-    "max_memory_allocated": _stat("allocated_bytes.all.peak"),
-    "memory_reserved": _stat("reserved_bytes.all.current"),
-    "max_memory_reserved": _stat("reserved_bytes.all.peak"),
+    "memory_allocated": lambda a, device=None: a.counters.allocated(),
+    "max_memory_allocated": lambda a, device=None: a.counters.max_allocated(),
+    "memory_reserved": lambda a, device=None: a.counters.reserved(),
+    "max_memory_reserved": lambda a, device=None: a.counters.max_reserved(),
     "reset_peak_memory_stats": lambda a, device=None: a.counters.reset_peak(),
     "reset_max_memory_allocated": lambda a, device=None: a.counters.reset_peak(),
 }
@@ -143,10 +141,12 @@ _LOCK = threading.Lock()
 _SAVED: list = []  # (owner, name, torch's function) while installed
 
 
-def wanted(device, gpu_named: bool) -> bool:
+def wanted(device, gpu_named: bool, world: bool = False) -> bool:
     """Whether a mode on ``device`` answers: a logical cuda device, where there
-    is no real one or a GPU was named."""
-    return device is not None and device.type == "cuda" and (gpu_named or not _REAL_IS_AVAILABLE())
+    is no real one or a GPU was named; a logical world's, where there is no
+    real one (world.py answers the rest of ``torch.cuda`` for it)."""
+    cuda = world or device is not None and device.type == "cuda"
+    return cuda and (gpu_named or not _REAL_IS_AVAILABLE())
 
 
 def _current() -> _Answering | None:
