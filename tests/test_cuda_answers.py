@@ -32,15 +32,18 @@ def _torch_functions():
         {name: getattr(torch.cuda, name) for name in (*_FUNCTIONS, *_OTHERS)}
         | {"memory." + n: getattr(torch.cuda.memory, n) for n in (*_MEMORY, "reset_peak_memory_stats")}
         | {"nvtx." + n: getattr(torch.cuda.nvtx, n) for n in ("range_push", "range_pop", "mark")}
+        | {"accelerator." + n: getattr(torch.accelerator, n) for n in ("current_stream", "device_count")}
     )
 
 
 def _asked():
-    """What code asking about the GPU sees: each answer, or the error's type."""
+    """What code asking about the GPU sees: each answer (a stream's or event's
+    type: each is a new object), or the error's type."""
     seen = {}
     for name in _FUNCTIONS:
         try:
-            seen[name] = getattr(torch.cuda, name)()
+            answer = getattr(torch.cuda, name)()
+            seen[name] = type(answer) if name in ("Stream", "Event", "current_stream") else answer
         except Exception as e:  # torch's own answer on a host without the GPU
             seen[name] = type(e)
     return seen

@@ -24,7 +24,8 @@ rngstate.py; ``is_initialized`` stays false, as no CUDA generator state
 exists to save.)
 
 The functions are replaced on ``torch.cuda`` (and, for the memory counters,
-on ``torch.cuda.memory``, whose own functions call each other there) while
+on ``torch.cuda.memory``, whose own functions call each other there; the
+device and stream questions ``torch.accelerator`` asks C++ besides) while
 at least one such mode is entered anywhere (a count under a lock), and each
 replacement asks which mode holds the calling thread's dispatch-mode slot:
 another thread, or this one outside the mode or inside an inner mode on
@@ -133,6 +134,17 @@ _MEMORY = {
     "reset_peak_memory_stats": lambda a, device=None: a.counters.reset_peak(),
     "reset_max_memory_allocated": lambda a, device=None: a.counters.reset_peak(),
 }
+# torch.accelerator asks C++ for these (not torch.cuda): on a CUDA build of
+# torch without a driver, ``optimizer.step()``'s graph-capture check fails
+# (logical_cuda.py answers the same for a world).
+_ACCELERATOR = {
+    "current_stream": _ANSWERS["current_stream"],
+    "set_stream": _nothing,
+    "current_device_index": lambda a: 0,
+    "set_device_index": _nothing,
+    "device_count": _ANSWERS["device_count"],
+    "synchronize": _nothing,
+}
 _CLASSES: dict = {"Stream": logical_cuda.Stream, "Event": logical_cuda.Event}
 _NVTX = ("range_push", "range_pop", "mark")
 # id(mode) -> _Answering for every mode answering, in any thread
@@ -184,6 +196,8 @@ class _PerThreadClass(type):
 def _replacement(owner, name: str, real):
     if owner is torch.cuda.nvtx:
         return _per_thread(real, _nothing)
+    if owner is torch.accelerator:
+        return _per_thread(real, _ACCELERATOR[name])
     if name in _CLASSES:
         return _PerThreadClass(name, (), {"_real": real, "_logical": _CLASSES[name], "__wrapped__": real})
     return _per_thread(real, _ANSWERS.get(name) or _MEMORY[name])
@@ -194,6 +208,7 @@ def _targets() -> list:
         [(torch.cuda, name) for name in (*_ANSWERS, *_MEMORY, *_CLASSES)]
         + [(torch.cuda.memory, name) for name in _MEMORY]
         + [(torch.cuda.nvtx, name) for name in _NVTX]
+        + [(torch.accelerator, name) for name in _ACCELERATOR]
     )
 
 
