@@ -67,7 +67,7 @@ class Counters:
         t = self.trace
         state = (len(t.calls), len(t.deaths or ()), len(t.leaves))
         if self._memory is None or state != self._state:
-            self._memory, self._reserved, self._state = Memory(t, self.profile), None, state
+            self._memory, self._reserved, self._state = Memory(t, self.profile, categories=False), None, state
             self._allocated = sum(s.allocated for s in self._memory.storages.values() if s.died is None)
         return self._memory
 
