@@ -223,22 +223,27 @@ def test_cuda_answers_streams_and_events_order_nothing():
     assert [c.op for c in with_streams.calls] == [c.op for c in plain.calls]
 
 
-def test_cuda_answers_a_stream_in_another_thread_is_torchs():
+def test_cuda_answers_another_threads_streams_and_counters_are_torchs():
     seen = {}
 
-    def outside(key):
+    def ask(key):
         try:
-            seen[key] = type(torch.cuda.Stream())
+            stream = type(torch.cuda.Stream())
         except Exception as e:  # torch's own answer on a host without CUDA
-            seen[key] = type(e)
+            stream = type(e)
+        seen[key] = (stream, torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
 
-    outside("before")
+    ask("before")
     with md.MetaMode(device="cuda", gpu="h100"):
-        seen["inside"] = type(torch.cuda.Stream())
-        t = threading.Thread(target=outside, args=("other thread",))
+        x = torch.ones(1024, device="cuda")
+        ask("inside")
+        t = threading.Thread(target=ask, args=("other thread",))
         t.start()
         t.join()
-    assert seen["other thread"] == seen["before"] != seen["inside"]
+        del x
+    ask("after")
+    assert seen["other thread"] == seen["before"] == seen["after"]
+    assert seen["inside"] == (md.core.logical_cuda.Stream, 4096, 4096) != seen["before"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")
