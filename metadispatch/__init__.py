@@ -15,6 +15,7 @@ import importlib.metadata as _metadata
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from . import testing
+from .analysis import cuda_counters as _cuda_counters  # noqa: F401  (torch.cuda's memory counters, Note [Wiring])
 from .analysis.calibrate import calibrate, load_efficiency
 from .analysis.comms import comms
 from .analysis.fit import fits

@@ -1,6 +1,10 @@
 """torch.cuda under a logical-GPU MetaMode: the profile's answers in its thread only
-(Note [The logical GPU answers per thread] in core/cuda_answers.py)."""
+(Note [The logical GPU answers per thread] in core/cuda_answers.py), and the
+memory counters from the trace so far (Note [Memory counters from the trace
+so far] in analysis/cuda_counters.py), checked against md.memory of the
+same prefix of the trace."""
 
+import copy
 import threading
 
 import pytest
@@ -8,21 +12,38 @@ import torch
 
 import metadispatch as md
 
-_FUNCTIONS = ("is_available", "device_count", "get_device_name", "get_device_capability", "get_device_properties")
+_MEMORY = ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats")
+_FUNCTIONS = (
+    "is_available",
+    "device_count",
+    "get_device_name",
+    "get_device_capability",
+    "get_device_properties",
+    "current_stream",
+    "Stream",
+    "Event",
+    *_MEMORY,
+)
+_OTHERS = ("mem_get_info", "synchronize", "stream", "default_stream", "reset_peak_memory_stats")
 
 
 def _torch_functions():
-    return {name: getattr(torch.cuda, name) for name in (*_FUNCTIONS, "mem_get_info", "synchronize")} | {
-        "nvtx." + n: getattr(torch.cuda.nvtx, n) for n in ("range_push", "range_pop", "mark")
-    }
+    return (
+        {name: getattr(torch.cuda, name) for name in (*_FUNCTIONS, *_OTHERS)}
+        | {"memory." + n: getattr(torch.cuda.memory, n) for n in (*_MEMORY, "reset_peak_memory_stats")}
+        | {"nvtx." + n: getattr(torch.cuda.nvtx, n) for n in ("range_push", "range_pop", "mark")}
+        | {"accelerator." + n: getattr(torch.accelerator, n) for n in ("current_stream", "device_count")}
+    )
 
 
 def _asked():
-    """What code asking about the GPU sees: each answer, or the error's type."""
+    """What code asking about the GPU sees: each answer (a stream's or event's
+    type: each is a new object), or the error's type."""
     seen = {}
     for name in _FUNCTIONS:
         try:
-            seen[name] = getattr(torch.cuda, name)()
+            answer = getattr(torch.cuda, name)()
+            seen[name] = type(answer) if name in ("Stream", "Event", "current_stream") else answer
         except Exception as e:  # torch's own answer on a host without the GPU
             seen[name] = type(e)
     return seen
@@ -95,3 +116,142 @@ def test_cuda_answers_other_threads_get_torchs_and_their_own_profiles():
         t.join()
     assert seen == {"h100": md.gpu_profile("h100").title, "l4": md.gpu_profile("l4").title, "none": before}
     assert _asked() == before
+
+
+def _snapshot(mode):
+    """What a real GPU's counters say now, with the prefix of the trace they describe."""
+    t = mode.trace
+    return {
+        "calls": len(t.calls),
+        "deaths": dict(t.deaths),
+        "allocated": torch.cuda.memory_allocated(),
+        "peak": torch.cuda.max_memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "reserved_peak": torch.cuda.max_memory_reserved(),
+        "stats": torch.cuda.memory_stats(),
+        "free": torch.cuda.mem_get_info()[0],
+    }
+
+
+def _prefix(trace, seen):
+    """The trace as it stood when ``seen`` was taken: its calls and the deaths recorded by then."""
+    p = copy.copy(trace)
+    p.calls, p.deaths = trace.calls[: seen["calls"]], seen["deaths"]
+    return p
+
+
+def _train_step_with_questions():
+    with md.MetaMode(device="cuda", gpu="h100") as mode:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(32, 64, device="cuda")
+        seen = {"built": _snapshot(mode)}
+        loss = model(x).square().mean()
+        seen["forward"] = _snapshot(mode)
+        loss.backward()
+        del loss
+        seen["backward"] = _snapshot(mode)
+        torch.cuda.reset_peak_memory_stats()
+        seen["reset"] = _snapshot(mode)
+        with torch.no_grad():
+            model(x[:2])
+        seen["small"] = _snapshot(mode)
+        opt.step()
+        opt.zero_grad()
+        seen["step"] = _snapshot(mode)
+    return mode.trace, seen
+
+
+def test_cuda_answers_memory_counters_are_md_memory_of_the_trace_so_far():
+    trace, seen = _train_step_with_questions()
+    gpu = md.gpu_profile("h100")
+    for when in ("built", "forward", "backward"):
+        s = seen[when]
+        m = md.memory(_prefix(trace, s), allocator="cuda", gpu=gpu)
+        live = sum(info.allocated for info in m.memory.storages.values() if info.died is None)
+        assert (s["allocated"], s["peak"]) == (live, m.memory.peak) == (live, m.peak), when
+        assert (s["reserved"], s["reserved_peak"]) == (m.reserved_timeline[-1], m.reserved_peak), when
+        assert s["free"] == gpu.memory - s["reserved"]
+        assert s["stats"]["allocated_bytes.all.peak"] == s["peak"] and s["stats"]["num_ooms"] == 0
+    assert seen["built"]["allocated"] < seen["forward"]["peak"] <= seen["backward"]["peak"]
+    assert seen["backward"]["allocated"] < seen["backward"]["peak"]  # activations freed
+
+
+def test_cuda_answers_max_memory_after_a_reset_is_the_peak_since():
+    trace, seen = _train_step_with_questions()
+    reset = seen["reset"]
+    # torch starts the peak again from what is allocated at the reset
+    assert (reset["peak"], reset["reserved_peak"]) == (reset["allocated"], reset["reserved"])
+    for when in ("small", "step"):
+        s = seen[when]
+        m = md.memory(_prefix(trace, s), allocator="cuda", gpu="h100")
+        since = m.memory.timeline[reset["calls"] :]
+        assert s["peak"] == max(reset["allocated"], s["allocated"], *since), when
+        assert s["reserved_peak"] == max(reset["reserved"], *m.reserved_timeline[reset["calls"] :]), when
+    # a small forward after the reset: below the backward's peak, which the reset forgot
+    assert reset["allocated"] < seen["small"]["peak"] < seen["backward"]["peak"]
+
+
+def test_cuda_answers_asking_records_nothing():
+    with md.MetaMode(device="cuda", gpu="h100") as mode:
+        torch.ones(4, device="cuda").sum()
+        n = len(mode.trace.calls)
+        _snapshot(mode)
+        torch.cuda.reset_max_memory_allocated()
+        assert len(mode.trace.calls) == n
+
+
+def _streams(x):
+    s, done = torch.cuda.Stream(), torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    done.record(s)
+    torch.cuda.current_stream().wait_event(done)
+    done.synchronize()
+    assert done.query() and start.elapsed_time(done) == 0.0  # a trace has no timing
+    assert isinstance(s, torch.cuda.Stream) and isinstance(done, torch.cuda.Event)
+    return y + 1
+
+
+def test_cuda_answers_streams_and_events_order_nothing():
+    x = torch.randn(8)
+    with_streams = md.tracer(device="cuda", gpu="h100")(_streams, x)
+    plain = md.tracer(device="cuda", gpu="h100")(lambda x: x * 2 + 1, x)
+    assert [c.op for c in with_streams.calls] == [c.op for c in plain.calls]
+
+
+def test_cuda_answers_another_threads_streams_and_counters_are_torchs():
+    seen = {}
+
+    def ask(key):
+        try:
+            stream = type(torch.cuda.Stream())
+        except Exception as e:  # torch's own answer on a host without CUDA
+            stream = type(e)
+        seen[key] = (stream, torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())
+
+    ask("before")
+    with md.MetaMode(device="cuda", gpu="h100"):
+        x = torch.ones(1024, device="cuda")
+        ask("inside")
+        t = threading.Thread(target=ask, args=("other thread",))
+        t.start()
+        t.join()
+        del x
+    ask("after")
+    assert seen["other thread"] == seen["before"] == seen["after"]
+    assert seen["inside"] == (md.core.logical_cuda.Stream, 4096, 4096) != seen["before"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")
+def test_cuda_answers_a_logical_world_answers_its_ranks_memory():
+    with md.MetaMode(world_size=2) as mode:
+        model = torch.nn.Linear(64, 64).cuda()
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+        s = _snapshot(mode)
+    m = md.memory(_prefix(mode.trace, s), allocator="cuda", gpu=md.gpu_profile(None))
+    assert (s["peak"], s["reserved_peak"]) == (m.peak, m.reserved_peak) and s["peak"] > 0
+    assert torch.cuda.max_memory_allocated() == 0  # torch's own again

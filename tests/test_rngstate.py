@@ -109,3 +109,31 @@ def test_rngstate_tracing_leaves_the_generators_alone():
     cpu, gen = torch.get_rng_state(), g.get_state()
     md.trace(lambda x: _seeded(x) + torch.randn(x.shape, generator=g), torch.ones(4))
     assert torch.equal(torch.get_rng_state(), cpu) and torch.equal(g.get_state(), gen)
+
+
+def test_rngstate_manual_seed_in_a_logical_world_is_recorded():
+    # The world answered torch.cuda.is_initialized() True on a host without
+    # CUDA, so seeding read CUDA generators that do not exist (IndexError).
+    # A world's trace replays only in a real job: its events are compared
+    # with a one-process trace's, whose replay is eager's (above).
+    x = torch.ones(16)
+    world, alone = md.tracer(world_size=2)(_seeded, x), md.trace(_seeded, x)
+    with torch.random.fork_rng():
+        torch.manual_seed(123)
+        seeded = torch.get_rng_state()
+    assert [(e.action, e.stream, e.at) for e in world.rng_events] == [
+        (e.action, e.stream, e.at) for e in alone.rng_events
+    ]
+    assert any(e.action == "load" and torch.equal(e.state, seeded) for e in world.rng_events)
+    assert not torch.cuda.is_initialized()
+
+
+def test_rngstate_a_seeded_state_is_read_as_itself():
+    # The bytes of the state torch.manual_seed set were read through the
+    # mode's torch-function layer (the real tensor's stand-in) and, after a
+    # few traces, matched a marker: replay then loaded another state.
+    x = torch.ones(16)
+    for _ in range(4):
+        md.tracer(world_size=2)(_seeded, x)
+        trace, expected, r = _eager_and_replay(_seeded, x)
+        assert r.ok and torch.equal(r.output, expected)

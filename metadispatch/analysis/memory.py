@@ -82,7 +82,7 @@ class StorageInfo:
         return allocated_bytes(self.nbytes, self.device)
 
 
-def _storages(trace: Trace) -> dict:
+def _storages(trace: Trace, categories: bool = True) -> dict:
     """Storage number -> StorageInfo, for every storage the trace touches."""
     out: dict = {}
     resizes: dict = {}  # storage number -> [(call index, new bytes)]
@@ -107,7 +107,8 @@ def _storages(trace: Trace) -> dict:
         if g.storage in out:
             out[g.storage].category = "grads"
     _deaths(trace, out)
-    for number, role in roles(trace, {s: info.died for s, info in out.items()}).items():
+    found = roles(trace, {s: info.died for s, info in out.items()}) if categories else {}
+    for number, role in found.items():
         if number in out:
             out[number].category = role
     for number, events in resizes.items():
@@ -184,11 +185,16 @@ class Memory:
     parameter) are taken at the peak.  ``workspaces=False`` leaves kernel
     workspaces out (the storages of the trace only); ``gpu`` is the profile
     whose libraries size a CUDA trace's workspaces (default: the trace's).
+    ``categories=False`` skips the analysis of what the optimizer's and
+    FSDP's storages are (``roles.py``): the totals are the same, each
+    storage keeps the category of the phase that made it.
     """
 
-    def __init__(self, trace: Trace, gpu: str | GPUProfile | None = None, workspaces: bool = True) -> None:
+    def __init__(
+        self, trace: Trace, gpu: str | GPUProfile | None = None, workspaces: bool = True, categories: bool = True
+    ) -> None:
         self.trace = trace
-        self.storages = _storages(trace)
+        self.storages = _storages(trace, categories)
         if workspaces:
             self.storages.update(_workspaces(trace, gpu_profile(gpu or trace.gpu)))
         n = len(trace.calls)

@@ -25,7 +25,7 @@ import torch
 
 from .profiles import GPUProfile
 
-__all__ = ["install"]
+__all__ = ["install", "Stream", "Event", "DEFAULT_STREAM"]
 
 
 class Event:
@@ -45,6 +45,9 @@ class Event:
 
     def synchronize(self) -> None:
         pass
+
+    def elapsed_time(self, end_event) -> float:
+        return 0.0  # a trace has no timing: md.runtime estimates it
 
 
 class Stream:
@@ -79,7 +82,7 @@ class Stream:
         return id(self)
 
 
-_DEFAULT = Stream()
+DEFAULT_STREAM = Stream()
 
 
 def _answers(profile) -> dict:
@@ -87,13 +90,16 @@ def _answers(profile) -> dict:
         "get_device_capability": lambda device=None: profile.compute_capability,
         "get_device_name": lambda device=None: profile.name,
         "is_available": lambda: True,
-        "is_initialized": lambda: True,
+        # False, as under a one-process logical GPU (cuda_answers.py): no CUDA
+        # generator exists, and torch's seeding (``torch.manual_seed`` seeds
+        # CUDA too) runs its callbacks at once when told CUDA is initialised.
+        "is_initialized": lambda: False,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "set_device": lambda device: None,
         "synchronize": lambda device=None: None,
-        "current_stream": lambda device=None: _DEFAULT,
-        "default_stream": lambda device=None: _DEFAULT,
+        "current_stream": lambda device=None: DEFAULT_STREAM,
+        "default_stream": lambda device=None: DEFAULT_STREAM,
         "stream": lambda stream=None: contextlib.nullcontext(stream),
         "Stream": Stream,
         "Event": Event,
@@ -107,7 +113,7 @@ def _answers(profile) -> dict:
 # accelerator is None and these are never asked.
 def _accelerator_answers() -> dict:
     return {
-        "current_stream": lambda device=None: _DEFAULT,
+        "current_stream": lambda device=None: DEFAULT_STREAM,
         "set_stream": lambda stream: None,
         "current_device_index": lambda: 0,
         "set_device_index": lambda device: None,

@@ -230,8 +230,9 @@ class MetaMode(_compat.TorchDispatchMode):
         route.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py
             self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
-        elif cuda_answers.wanted(self.device, self._gpu_named):
-            cuda_answers.enter(entry.steps, self, self.device_profile)  # Note [The logical GPU answers per thread]
+        if cuda_answers.wanted(self.device, self._gpu_named, self.world is not None):
+            # Note [The logical GPU answers per thread]
+            cuda_answers.enter(entry.steps, self, gpu_profile(self.device_profile))
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 

@@ -218,8 +218,14 @@ class RngLog:
 
 
 def _key(state: torch.Tensor) -> bytes:
-    """A (contiguous, CPU) state's bytes, read without an op: the mode may be active."""
-    return ctypes.string_at(state.data_ptr(), state.numel())
+    """A (contiguous, CPU) state's bytes, read without an op: the mode may be active.
+
+    Torch functions are off while reading: called from a patched function in
+    the traced code, ``data_ptr`` would otherwise reach the mode, which
+    answers it for the real tensor's stand-in -- not these bytes (a state
+    then matched a marker it is not, and replay drew other numbers)."""
+    with _compat.no_torch_function():
+        return ctypes.string_at(state.data_ptr(), state.numel())
 
 
 def _refuse_computed(stream: str, state) -> None:
