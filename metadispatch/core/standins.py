@@ -338,10 +338,10 @@ def _snapshot(values, out: list, depth: int) -> None:
     for v in values:
         t = type(v)
         if t is dict or t is list or t is set or isinstance(v, dict):
-            copy = dict(v.items()) if isinstance(v, dict) else list(v)
+            copy: dict | list = dict(v.items()) if isinstance(v, dict) else list(v)
             out.append((v, copy))
             if depth < 3:
-                _snapshot(copy.values() if t is not list and t is not set else copy, out, depth + 1)
+                _snapshot(copy.values() if isinstance(copy, dict) else copy, out, depth + 1)
 
 
 def _same(c, copy) -> bool:
