@@ -303,22 +303,28 @@ def _call_key(func, args, kwargs, device, ctx, tensor_key):
 
 
 def _value_key(a, tensor_key, storages):
+    t = type(a)
+    if t in _PLAIN:  # most arguments: ints, floats, None, dtypes
+        return (t, a)
     k = tensor_key(a, storages)
     if k is not None:
         return k
     if type(a) is int:
         return a  # untagged: Note [What an entry weighs]
     if isinstance(a, _HASHABLE):
-        return (type(a), a)
-    if type(a) in (list, tuple):
+        return (t, a)
+    if t is list or t is tuple:
         parts = []
         for x in a:
             k = _value_key(x, tensor_key, storages)
             if k is UNCACHABLE:
                 return UNCACHABLE
             parts.append(k)
-        return (type(a), tuple(parts))
+        return (t, tuple(parts))
     return UNCACHABLE
+
+
+_PLAIN = frozenset(_HASHABLE)
 
 
 def _tensor_key(a, storages):

@@ -37,6 +37,9 @@ __all__ = ["MetaMode", "scratch_mode"]
 _CPU = torch.device("cpu")
 
 
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
 class MetaMode(_compat.TorchDispatchMode):
     """Trace every aten call on MetaTensors; see the module docstring.
 
@@ -105,6 +108,10 @@ class MetaMode(_compat.TorchDispatchMode):
         self.world = World(world_size, rank) if world_size is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:
+            # C++ asking a logical-CPU MetaTensor for its device, two or three
+            # times per traced call (Note [Backend keys of a logical CPU]).
+            return args[0].device
         return dispatch(func, args, kwargs or {}, self)
 
     @classmethod

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,11 +53,15 @@ _SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
 _OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
 
 
-def walk(roots: dict[str, Any], max_depth: int = 64) -> Iterator[tuple[str, Any, str | None]]:
+def walk(roots: dict[str, Any], max_depth: int = 64, named: bool = True) -> Iterator[tuple[str, Any, str | None]]:
     """Yield ``(path, object, first_path)`` for everything reachable from ``roots``.
 
     ``first_path`` is None the first time an object is reached, else the
-    path it was first reached by (an identity: "the same object as").
+    path it was first reached by (an identity: "the same object as").  With
+    ``named=False`` paths are not spelled out (every path is ``""``; ``first``
+    is ``""`` for an object seen before) and atoms and empty containers are
+    not visited: :func:`find` runs at every ``md.trace`` (a GPT-2's modules
+    hold ~1,800 empty hook dicts) and the paths were most of its cost.
     """
     seen: dict[int, str] = {}
     stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
@@ -72,66 +77,85 @@ def walk(roots: dict[str, Any], max_depth: int = 64) -> Iterator[tuple[str, Any,
         seen[id(obj)] = path
         yield path, obj, None
         if depth < max_depth:
-            children = list(_children(path, obj))
-            stack.extend((p, c, depth + 1) for p, c in reversed(children))
+            children = list(_children(obj))
+            if named:
+                stack.extend((fmt.format(path, key), c, depth + 1) for fmt, key, c in reversed(children))
+            else:  # atoms and empty containers hold nothing to find
+                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c))
 
 
-def _children(path: str, obj) -> Iterator[tuple[str, Any]]:
+def _inert(obj) -> bool:
+    t = type(obj)
+    return t in _EMPTY_WHEN_FALSE and not obj or isinstance(obj, _ATOMS)
+
+
+_EMPTY_WHEN_FALSE = {list, tuple, dict, set, OrderedDict}
+
+
+# How each kind of child extends its parent's path (``str.format`` of the
+# parent's path and the child's key), spelled out only when asked for.
+_ATTR, _ITEM, _KEY = "{}.{}", "{}[{}]", "{}[{!r}]"
+_TENSOR_KEY, _TENSOR_VALUE, _MEMBER = "{}.keys[{}]", "{}.values[{}]", "{}{{{}}}"
+_CLOSURE, _GLOBAL = "{}.<closure {}>", "{}.<global {}>"
+
+
+def _children(obj) -> Iterator[tuple[str, Any, Any]]:
+    """``(path format, key, child)`` for each child of ``obj``."""
     if isinstance(obj, torch.Tensor):
         with _compat.no_torch_function():  # the real .grad, also under a MetaMode
             grad = obj.grad if obj.is_leaf else None
         if grad is not None:
-            yield f"{path}.grad", grad
+            yield _ATTR, "grad", grad
         return
     if type(obj) in (list, tuple) or isinstance(obj, (list, tuple)) and not hasattr(obj, "__dict__"):
         for i, v in enumerate(obj):
-            yield f"{path}[{i}]", v
+            yield _ITEM, i, v
         return
     if isinstance(obj, dict):
         for i, (k, v) in enumerate(list(obj.items())):
             if isinstance(k, _ATOMS):
-                yield f"{path}[{k!r}]", v
+                yield _KEY, k, v
             else:  # a tensor key (optimizer state): the key by position, then its value
-                yield f"{path}.keys[{i}]", k
-                yield f"{path}.values[{i}]", v
+                yield _TENSOR_KEY, i, k
+                yield _TENSOR_VALUE, i, v
         return
     if isinstance(obj, (set, frozenset)):
         for i, v in enumerate(sorted(obj, key=repr)):
-            yield f"{path}{{{i}}}", v
+            yield _MEMBER, i, v
         return
     if isinstance(obj, types.MethodType):
-        yield f"{path}.__self__", obj.__self__
-        yield f"{path}.__func__", obj.__func__
+        yield _ATTR, "__self__", obj.__self__
+        yield _ATTR, "__func__", obj.__func__
         return
     if isinstance(obj, functools.partial):
-        yield f"{path}.func", obj.func
-        yield f"{path}.args", obj.args
-        yield f"{path}.keywords", obj.keywords
+        yield _ATTR, "func", obj.func
+        yield _ATTR, "args", obj.args
+        yield _ATTR, "keywords", obj.keywords
         return
     if isinstance(obj, types.FunctionType):
-        yield from _function_children(path, obj)
+        yield from _function_children(obj)
         return
     if _walks_dict(obj):
         for k, v in list(vars(obj).items()):
-            yield f"{path}.{k}", v
+            yield _ATTR, k, v
 
 
-def _function_children(path: str, fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[str, Any, Any]]:
     if _module_of(fn).startswith(("torch", "metadispatch")):
         return
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         try:
-            yield f"{path}.<closure {name}>", cell.cell_contents
+            yield _CLOSURE, name, cell.cell_contents
         except ValueError:  # an empty cell
             continue
     if fn.__defaults__:
-        yield f"{path}.__defaults__", fn.__defaults__
+        yield _ATTR, "__defaults__", fn.__defaults__
     if fn.__kwdefaults__:
-        yield f"{path}.__kwdefaults__", fn.__kwdefaults__
+        yield _ATTR, "__kwdefaults__", fn.__kwdefaults__
     g = fn.__globals__
     for name in sorted(_global_names(fn.__code__)):
         if name in g and not isinstance(g[name], _SKIP) and not _library_callable(g[name]):
-            yield f"{path}.<global {name}>", g[name]
+            yield _GLOBAL, name, g[name]
 
 
 def _global_names(code: types.CodeType) -> set:
@@ -168,18 +192,26 @@ def _module_of(obj) -> str:
 
 
 def _walks_dict(obj) -> bool:
-    if not hasattr(obj, "__dict__") or isinstance(obj, (torch.Generator, torch.Tensor)):
-        return False
-    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+    # Cheapest tests first: torch.Generator's metaclass answers isinstance in
+    # Python, and this runs for every object an ``md.trace`` reaches.
+    if isinstance(obj, _USER_STATE):
         return True
+    if not hasattr(obj, "__dict__"):
+        return False
     module = type(obj).__module__ or ""
-    return module.split(".")[0] not in ("torch", "builtins", "metadispatch", "numpy")
+    if module.split(".")[0] in ("torch", "builtins", "metadispatch", "numpy"):
+        return False
+    return not isinstance(obj, (torch.Generator, torch.Tensor))
+
+
+_USER_STATE = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
 
 
 def find(roots: dict[str, Any], keep: Callable[[Any], bool]) -> list:
-    """The objects reachable from ``roots`` for which ``keep`` holds, in walk order."""
+    """The objects reachable from ``roots`` for which ``keep`` holds, in walk
+    order; atoms (numbers, strings, dtypes, ...) are never offered to ``keep``."""
     out = []
-    for _, obj, first in walk(roots):
+    for _, obj, first in walk(roots, named=False):
         if first is None and keep(obj):
             out.append(obj)
     return out

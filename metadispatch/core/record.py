@@ -168,7 +168,9 @@ class Recorder:
         if md is not None and md[0] is self.token:
             m = md[1]
             if m.requires_grad != t.requires_grad:
-                old, m = m, m._replace(requires_grad=t.requires_grad)
+                # (NamedTuple._replace is a Python loop over the fields; this
+                # runs for most outputs of a forward with grad.)
+                old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 t._md = (self.token, m, md[2])
                 if md[2] is not None and t.grad_fn is not None:  # set by autograd, not the user
                     call = self.trace.calls[md[2]]
@@ -292,12 +294,15 @@ class Recorder:
     # -- calls
     def encode(self, x):
         """Arguments with tensors replaced by their TensorMeta."""
-        if type(x) is MetaTensor:  # the common case first
+        t = type(x)
+        if t is MetaTensor:  # the common cases first
             return self.meta_of(x)
+        if t in _PLAIN:  # (torch.Generator's isinstance runs Python)
+            return x
         if isinstance(x, torch.Tensor):
             return self.meta_of(x)
-        if type(x) in (list, tuple):
-            return tuple(self.encode(y) for y in x)
+        if t is list or t is tuple:
+            return tuple([self.encode(y) for y in x])
         if isinstance(x, torch.Generator):
             return self.rng.generator(x)
         if isinstance(x, torch.ScriptObject):
@@ -367,6 +372,9 @@ class Recorder:
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
+_TUPLE_NEW = tuple.__new__
+# Argument types encode() passes through untouched.
+_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
 def _swap(x, old: TensorMeta, new: TensorMeta):

@@ -60,6 +60,9 @@ class StandIns:
         self._handles: list = []
         self._stand_of: dict = {}  # id(real tensor) -> its stand-in
         self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
+        # Held from before md.trace saves the modules to after they are put
+        # back (Note [Garbage collection during tracing] in _compat.py).
+        self._heap = _compat.deferred_full_gc()
 
     def __enter__(self):
         # One set of stand-ins per thread: a MetaMode entered by md.trace uses
@@ -68,6 +71,8 @@ class StandIns:
             return self
         try:
             _ACTIVE.standins = self
+            if self.mode.record:
+                self._heap.__enter__()
             self._handles.append(nn.modules.module.register_module_forward_pre_hook(self._pre))
             self._handles.append(nn.modules.module.register_module_forward_hook(self._post, always_call=True))
             self._handles.append(register_optimizer_step_pre_hook(self._step_pre))
@@ -86,6 +91,7 @@ class StandIns:
             _ACTIVE.standins = None
         _compat.call_without_torch_function(self._restore)
         self._stand_of.clear()
+        self._heap.__exit__(None, None, None)
 
     def _restore(self) -> None:
         while self._states:
@@ -279,8 +285,12 @@ class _ModuleState:
     def __init__(self, mod) -> None:
         self.mod = mod
         self.cls = type(mod)
+        # Shallow copies, one object each: this runs for every module of
+        # every traced model at every md.trace, and a list of
+        # (key, id, value) tuples per container cost more than the copy.
         self.attrs = dict(mod.__dict__)
-        self.containers = [(c, _contents(c)) for c in _containers(self.attrs.values())]
+        self.containers: list = []
+        _snapshot(self.attrs.values(), self.containers, 0)
         self.tensors = [
             (t, t._version, t.grad, type(t), t.data if _uninitialized(t) else None) for t in _tensors(self.containers)
         ]
@@ -295,9 +305,9 @@ class _ModuleState:
         for key, value in self.attrs.items():
             if attrs.get(key, _MISSING) is not value:
                 attrs[key] = value
-        for container, contents in self.containers:
-            if _contents(container) != contents:
-                _refill(container, contents)
+        for container, copy in self.containers:
+            if not _same(container, copy):
+                _refill(container, copy)
         for t, version, grad, cls, data in self.tensors:
             if type(t) is not cls:
                 t.__class__ = cls
@@ -311,36 +321,42 @@ class _ModuleState:
 _MISSING = object()
 
 
-def _containers(values, depth: int = 0):
+def _snapshot(values, out: list, depth: int) -> None:
+    """Append ``(container, shallow copy)`` for the lists, dicts and sets in
+    ``values``, and for those nested in them up to three levels down."""
     for v in values:
-        if type(v) in (list, dict, set) or isinstance(v, dict):
-            yield v
+        t = type(v)
+        if t is dict or t is list or t is set or isinstance(v, dict):
+            copy = dict(v.items()) if isinstance(v, dict) else list(v)
+            out.append((v, copy))
             if depth < 3:
-                yield from _containers(v.values() if isinstance(v, dict) else v, depth + 1)
+                _snapshot(copy.values() if t is not list and t is not set else copy, out, depth + 1)
 
 
-def _contents(c):
+def _same(c, copy) -> bool:
     # by identity: values compared with ``is``, not ``==`` (tensors)
+    if len(c) != len(copy):
+        return False
     if isinstance(c, dict):
-        return [(k, id(v), v) for k, v in c.items()]
-    return [(id(v), v) for v in c]
+        for (k, v), (k0, v0) in zip(c.items(), copy.items()):
+            if v is not v0 or (k is not k0 and k != k0):
+                return False
+        return True
+    return all(a is b for a, b in zip(c, copy))
 
 
-def _refill(c, contents) -> None:
+def _refill(c, copy) -> None:
     c.clear()
-    if isinstance(c, dict):
-        c.update((k, v) for k, _, v in contents)
-    elif isinstance(c, list):
-        c.extend(v for _, v in contents)
+    if isinstance(c, list):
+        c.extend(copy)
     else:
-        c.update(v for _, v in contents)
+        c.update(copy)  # a dict from the dict copy, a set from the list
 
 
 def _tensors(containers):
     seen = set()
-    for _, contents in containers:
-        for entry in contents:
-            v = entry[-1]
+    for _, copy in containers:
+        for v in copy.values() if isinstance(copy, dict) else copy:
             if isinstance(v, torch.Tensor) and not isinstance(v, MetaTensor) and id(v) not in seen:
                 seen.add(id(v))
                 yield v
