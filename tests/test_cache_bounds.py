@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-import pytest
 import torch
 
 import metadispatch as md

@@ -304,13 +304,13 @@ def _call_key(func, args, kwargs, device, ctx, tensor_key):
 
 def _value_key(a, tensor_key, storages):
     t = type(a)
-    if t in _PLAIN:  # most arguments: ints, floats, None, dtypes
+    if t is int:
+        return a  # untagged: Note [What an entry weighs]
+    if t in _PLAIN:  # most other arguments: floats, None, dtypes
         return (t, a)
     k = tensor_key(a, storages)
     if k is not None:
         return k
-    if type(a) is int:
-        return a  # untagged: Note [What an entry weighs]
     if isinstance(a, _HASHABLE):
         return (t, a)
     if t is list or t is tuple:
