@@ -113,6 +113,9 @@ def _earlier_draws(trace: Trace, kept: set) -> set:
     for e in trace.rng_events:
         if e.action == "load" and e.state is not None and e.at <= last.get(e.stream, -1):
             start[e.stream] = max(start.get(e.stream, 0), e.at)
+    for e in trace.rng_events:  # a state saved earlier and loaded after: everything before counts
+        if e.action == "load" and e.state is None and e.at > start.get(e.stream, 0):
+            start[e.stream] = 0
     return {i for i, stream in draws if stream in last and i not in kept and start.get(stream, 0) <= i < last[stream]}
 
 
