@@ -10,7 +10,9 @@ inherit the other's caches or allocator state:
 - fresh traces: trace a small MLP step (forward and backward) on 1,000 fresh
   1 MiB inputs, dropping each result;
 - distinct shapes: 10,000 matmuls of distinct shapes inside one mode, every
-  one a new cache key.
+  one a new cache key; metadispatch's mode also records them (its trace
+  grows by two calls an iteration, ~1.4 KB), so the loop runs again with
+  ``MetaMode(record=False)``: the cache alone.
 
 Growth is resident memory (VmRSS) after the loop minus after a warm-up of the
 same loop, with ``gc.collect()`` before each reading: what the loop keeps,
@@ -30,15 +32,15 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 from benchmarks.common import machine, rss, table  # noqa: E402
 
-LOOPS = {"mode entries": 200_000, "fresh traces": 1_000, "distinct shapes": 10_000}
+LOOPS = {"mode entries": 200_000, "fresh traces": 1_000, "distinct shapes": 10_000, "distinct shapes, no trace": 10_000}
 _ROWS = 2**14  # a fresh 1 MiB input each trace (16 float32 columns), as in issue 13
 
 
-def _mode(tool):
+def _mode(tool, record: bool = True):
     if tool == "metadispatch":
         import metadispatch as md
 
-        return md.MetaMode()
+        return md.MetaMode(record=record)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode()
@@ -74,7 +76,7 @@ def _iteration(loop: str, tool: str):
                     fake_model(mode.from_tensor(torch.randn(_ROWS, 16))).sum().backward()
 
         return once
-    mode = _mode(tool)
+    mode = _mode(tool, record=loop == "distinct shapes")
     mode.__enter__()  # one mode for the whole loop: the cache is what grows
     w = torch.empty(4, 4)
 
@@ -88,7 +90,7 @@ def child(loop: str, tool: str, n: int) -> None:
     torch.set_num_threads(1)
     once = _iteration(loop, tool)
     for i in range(max(1, n // 20)):  # warm-up: imports, first-call caches
-        once(-1 - i if loop != "distinct shapes" else n + i)
+        once(n + i if loop.startswith("distinct") else -1 - i)
     gc.collect()
     before = rss()
     for i in range(n):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -248,3 +250,122 @@ def test_materialize_hf_vit_initialised_with_trunc_normal_equals_eager():
     eager = transformers.ViTModel(cfg)
     for (n, a), (_, b) in zip(_state(meta), _state(eager)):
         assert torch.equal(a, b), n
+
+
+def _assert_same_state(meta, eager):
+    for (n, a), (_, b) in zip(_state(meta), _state(eager), strict=True):
+        assert type(a) is type(b) and torch.equal(a, b), n
+
+
+def _real_model(dropout: float = 0.0):
+    """A real model, its SGD step on real data, and a copy for the eager run."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(dropout), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+
+    def stepper(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step():
+            opt.zero_grad()
+            m(x).sum().backward()
+            opt.step()
+
+        return step
+
+    return model, stepper
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "transformer_layer"])
+def test_materialize_takes_only_the_construction_from_a_mode_that_also_ran_a_step(name):
+    # A real model's training step runs in the same mode before and after the
+    # module is built: materialising replays the calls that built it, and
+    # gives what eager construction gives with the same seed.
+    model, stepper = _real_model()
+    eager_model = copy.deepcopy(model)
+    torch.manual_seed(3)
+    with md.MetaMode():
+        step = stepper(model)
+        step()
+        meta = BUILDERS[name]()
+        step()
+    md.materialize(meta)
+    torch.manual_seed(3)
+    eager_step = stepper(eager_model)
+    eager_step()
+    eager = BUILDERS[name]()
+    eager_step()
+    _assert_same_state(meta, eager)
+
+
+def test_materialize_after_random_draws_that_follow_the_construction():
+    # Dropout after the module was built draws nothing the module needs.
+    model, stepper = _real_model(dropout=0.5)
+    torch.manual_seed(4)
+    with md.MetaMode():
+        meta = BUILDERS["mlp"]()
+        stepper(model)()
+    md.materialize(meta)
+    torch.manual_seed(4)
+    eager = BUILDERS["mlp"]()
+    _assert_same_state(meta, eager)
+
+
+def test_materialize_refuses_when_other_work_drew_random_numbers_before_the_construction():
+    # Note [Slicing keeps eager's random numbers]: eager's dropout moved the
+    # generator the initialisers then drew from; replaying the construction
+    # alone would draw other numbers.
+    model, stepper = _real_model(dropout=0.5)
+    with md.MetaMode():
+        stepper(model)()
+        meta = BUILDERS["mlp"]()
+    with pytest.raises(
+        md.MetaDispatchError, match=r"#\d+ aten\.\w*(bernoulli|dropout)\w*\.\w+ in 1 .*cpu generator before"
+    ):
+        md.materialize(meta)
+    assert all(isinstance(t, md.MetaTensor) for t in meta.state_dict().values())  # nothing replaced
+
+
+def test_materialize_after_random_draws_when_the_seed_was_set_in_between():
+    model, stepper = _real_model(dropout=0.5)
+    torch.manual_seed(5)
+    with md.MetaMode():
+        stepper(model)()
+        torch.manual_seed(6)  # the construction draws from here, whatever came before
+        meta = BUILDERS["mlp"]()
+    md.materialize(meta)
+    torch.manual_seed(6)
+    eager = BUILDERS["mlp"]()
+    _assert_same_state(meta, eager)
+
+
+def test_materialize_refuses_a_module_trained_in_the_mode_on_data_the_trace_did_not_keep():
+    # Its weights now depend on the step's input, larger than const_limit:
+    # the slice reaches it, and materialize refuses, naming it.
+    x = torch.randn(1000, 5)
+    with md.MetaMode():
+        meta = BUILDERS["linear"]()
+        opt = torch.optim.SGD(meta.parameters(), lr=0.1)
+        meta(x).sum().backward()
+        opt.step()
+    with pytest.raises(md.MetaDispatchError, match=r"weight .*\$\d+: f32\[1000, 5\] const"):
+        md.materialize(meta)
+
+
+def test_materialize_follows_writes_through_views_after_other_work():
+    def build_and_edit(step):
+        lin = nn.Linear(5, 3)
+        step()
+        with torch.no_grad():
+            lin.weight[:2].mul_(0.5)  # a write through a view, after the real step
+            lin.bias.copy_(lin.weight.t()[1:4].sum(0))  # from another of its tensors
+        return lin
+
+    model, stepper = _real_model()
+    eager_model = copy.deepcopy(model)
+    torch.manual_seed(7)
+    with md.MetaMode():
+        meta = build_and_edit(stepper(model))
+    md.materialize(meta)
+    torch.manual_seed(7)
+    eager = build_and_edit(stepper(eager_model))
+    _assert_same_state(meta, eager)

@@ -40,7 +40,8 @@ are kept, the oldest dropped first: a key holds every non-tensor argument, so
 one call with a long list (``cat`` of thousands of tensors, a shape list from
 data) weighs as much as thousands of ordinary ones, and an entry count alone
 would not bound the memory.  An entry heavier than an eighth of the byte
-limit is not kept at all.
+limit is not kept at all.  Note [What an entry weighs] says how the bytes
+are counted and kept small.
 
 Not cached at all: ops whose output depends on data (they raise, or are
 answered by a real kernel under ``md.check``), ops that change their
@@ -70,6 +71,30 @@ has them; a TensorMeta record does not, so ``key_from_encoded`` adds them
 from the MetaTensors (two C calls per argument; nothing is added for the
 many that have no bit).
 
+Note [What an entry weighs]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+An entry's bytes are what it alone keeps alive, as tracemalloc sees them
+(``tests/test_cache_bounds.py`` compares the two): each tuple once, ints
+beyond CPython's small-int cache, floats, strings other than names (kwarg
+names and identifier-like literals are interned by CPython), and the dict
+slot and value tuple that hold it -- not the op, dtype, device and type
+objects that every entry shares.  ``sys.getsizeof`` summed over everything counted those
+again and gave about 3 KB an entry where 1.1 KB were resident, so the byte
+bound never bit.  Three things keep entries small, all on the miss path only
+(a hit reads a key built as before):
+
+* the context tuple (:func:`context`) is built afresh by every call; the one
+  stored is shared by every entry with an equal context (``_CONTEXTS``);
+* a recipe's shapes and strides are the key's own tuples where equal (an
+  elementwise op's output has its input's shape and strides);
+* an int argument is its own key part, where other values are tagged with
+  their type: ``1``, ``1.0`` and ``True`` hash and compare equal, so a float
+  or bool must carry its type, but no other part of a key equals an int.
+  (Building the key also gets cheaper: no tuple per int.)
+
+The weight is not stored: it is a function of the entry's objects, computed
+again when the entry is evicted.
+
 Note [Recipes]
 ~~~~~~~~~~~~~~
 Per output: a fresh tensor (``empty_strided`` on meta, or on a storage of
@@ -94,14 +119,15 @@ from ..ir.trace import TensorMeta
 from . import registry
 from .tensor import META, MetaTensor, wrap
 
-__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes"]
+__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes", "entry_weight"]
 
 UNCACHABLE = object()
-LIMIT = 16384  # entries in the shared cache, a few hundred bytes each: ~150 per model
-LIMIT_BYTES = 64 << 20  # keys and recipes together, as sys.getsizeof counts them
+LIMIT = 16384  # entries in the shared cache, several hundred bytes each: ~150 per model
+LIMIT_BYTES = 8 << 20  # what the entries keep alive (Note [What an entry weighs])
 _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
-_WEIGHTS: dict = {}  # key -> its entry's bytes
 _TOTAL = [0]  # bytes of every entry in _SHARED
+_CONTEXTS: dict = {}  # context tuple -> the one every stored key shares
+_SLOT = 8 + 3 * 8 * 2 + sys.getsizeof((None, None))  # a dict slot (a table 1/3 to 2/3 full) and the value tuple
 _STORE_LOCK = threading.Lock()
 _HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -131,12 +157,12 @@ def clear() -> None:
     """Forget every cached answer (the next call of each op runs its rule again)."""
     with _STORE_LOCK:
         _SHARED.clear()
-        _WEIGHTS.clear()
+        _CONTEXTS.clear()
         _TOTAL[0] = 0
 
 
 def cached_bytes() -> int:
-    """Bytes the shared entries hold now (keys and recipes, by ``sys.getsizeof``)."""
+    """Bytes the shared entries keep alive now (Note [What an entry weighs])."""
     return _TOTAL[0]
 
 
@@ -174,19 +200,18 @@ class MetaCache:
     def store(self, key, recipe, stage) -> None:
         # Only misses get here; the lock keeps two tracing threads from
         # evicting at once (iterating a dict another thread resizes raises).
-        weight = _weight(key) + _weight(recipe)
-        if weight > LIMIT_BYTES // 8:
-            return
         with _STORE_LOCK:
             entries = self.entries
             if key in entries:  # two threads missed on the same key
                 return
+            key, recipe = _compact(key, recipe)
+            weight = entry_weight(key, recipe)
+            if weight > LIMIT_BYTES // 8:
+                return
             while entries and (len(entries) >= LIMIT or _TOTAL[0] + weight > LIMIT_BYTES):
                 old = next(iter(entries))  # dicts keep insertion order
-                del entries[old]
-                _TOTAL[0] -= _WEIGHTS.pop(old, 0)
+                _TOTAL[0] -= entry_weight(old, entries.pop(old)[0])
             entries[key] = (recipe, stage)
-            _WEIGHTS[key] = weight
             _TOTAL[0] += weight
 
     def replay(self, recipe, tensors, device):
@@ -196,11 +221,63 @@ class MetaCache:
         return _build(recipe, tensors, device)
 
 
-def _weight(obj, depth: int = 0) -> int:
-    """Bytes of a key or recipe: containers and what they hold (shared atoms counted again)."""
+def _compact(key, recipe):
+    """The key and recipe to store, sharing what they can (Note [What an entry weighs])."""
+    ctx = key[2]
+    shared = _CONTEXTS.get(ctx)
+    if shared is None:
+        if len(_CONTEXTS) >= 256:  # contexts come and go with registry versions
+            _CONTEXTS.clear()
+        _CONTEXTS[ctx] = shared = ctx
+    if shared is not ctx:
+        key = key[:2] + (shared,) + key[3:]
+    if type(recipe) is tuple:
+        pool: dict = {}
+        _pool_ints(key, pool, 0)
+        recipe = _shared_ints(recipe, pool, 0)
+    return key, recipe
+
+
+def _pool_ints(obj, pool: dict, depth: int) -> None:
+    """Every tuple of ints inside ``obj`` (shapes and strides), by value."""
+    if type(obj) is tuple and depth < 8:
+        if obj and all(type(x) is int for x in obj):
+            pool.setdefault(obj, obj)
+        else:
+            for x in obj:
+                _pool_ints(x, pool, depth + 1)
+
+
+def _shared_ints(obj, pool: dict, depth: int):
+    """``obj`` with each tuple of ints replaced by the equal one in ``pool``."""
+    if type(obj) is not tuple or depth >= 8 or not obj:
+        return obj
+    hit = pool.get(obj) if all(type(x) is int for x in obj) else None
+    if hit is not None:
+        return hit
+    return tuple([_shared_ints(x, pool, depth + 1) for x in obj])
+
+
+_SHARED_ATOMS = (type(None), bool, type, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def entry_weight(key, recipe) -> int:
+    """What an entry alone keeps alive (Note [What an entry weighs])."""
+    seen: set = {id(key[0]), id(key[2]), id(UNCACHABLE)}  # the op; the context, shared through _CONTEXTS
+    return _SLOT + _weight(key, seen, 0) + _weight(recipe, seen, 0)
+
+
+def _weight(obj, seen: set, depth: int) -> int:
+    if id(obj) in seen or isinstance(obj, _SHARED_ATOMS):
+        return 0
+    if type(obj) is int and -5 <= obj <= 256:
+        return 0  # CPython's small-int cache
+    if type(obj) is str and obj.isidentifier():
+        return 0  # a name or a literal from code (a kwarg, "mean", "fresh"): CPython interns those
+    seen.add(id(obj))
     size = sys.getsizeof(obj)
     if type(obj) in (tuple, list) and depth < 32:
-        size += sum(_weight(x, depth + 1) for x in obj)
+        size += sum(_weight(x, seen, depth + 1) for x in obj)
     return size
 
 
@@ -227,7 +304,9 @@ def _call_key(func, args, kwargs, device, ctx, tensor_key):
 
 def _value_key(a, tensor_key, storages):
     t = type(a)
-    if t in _PLAIN:  # most arguments: ints, floats, None, dtypes
+    if t is int:
+        return a  # untagged: Note [What an entry weighs]
+    if t in _PLAIN:  # most other arguments: floats, None, dtypes
         return (t, a)
     k = tensor_key(a, storages)
     if k is not None:

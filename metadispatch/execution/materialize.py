@@ -3,10 +3,11 @@
 Build a module under a recording :class:`~metadispatch.MetaMode` and every
 construction op -- ``torch.empty``, ``normal_``, the arithmetic that computes
 a rotary ``inv_freq`` -- is in the mode's trace, and every tensor it built
-carries the id of its record in that trace.  ``md.materialize`` replays that
-trace on a real device, starting the CPU generator from the state it had when
-the mode was entered, and swaps each MetaTensor the module holds for its real
-value: parameters, buffers, their ``.grad``, and tensors kept on plain
+carries the id of its record in that trace.  ``md.materialize`` replays the
+part of that trace the module's tensors depend on (``slicing.py``: the mode
+may also have run a step on a real model) on a real device, starting the CPU
+generator from the state it had when the mode was entered, and swaps each
+MetaTensor the module holds for its real value: parameters, buffers, their ``.grad``, and tensors kept on plain
 attributes (caches, tables), also inside lists, tuples and dicts.  So a
 module built with seed *s* on meta equals, bit for bit, one built eagerly with
 seed *s* -- non-persistent buffers included, which is where
@@ -20,8 +21,11 @@ MetaTensor reachable from the module is found (the walk of ``core/reach.py``,
 as ``md.testing.snapshot`` does); it raises, naming each, when one sits
 where it cannot be replaced (inside an object that is not a module, list,
 tuple or dict), was not built under a recording mode (``md.to_meta``
-copies hold no values), or depends on data the trace did not keep (a real
-tensor above the mode's ``const_limit`` copied in during construction).
+copies hold no values), depends on data the trace did not keep (a real
+tensor above the mode's ``const_limit`` copied in during construction, a
+real step's input the module was trained on in the mode), or draws random
+numbers after another model's random op the mode ran (Note [Slicing keeps
+eager's random numbers] in ``slicing.py``).
 Replay would otherwise fill such a leaf with made-up numbers.  The swap
 itself is undone, by the inverse map, when anything (a ``KeyboardInterrupt``)
 stops it part way.
@@ -42,6 +46,7 @@ from ..core.tensor import MetaTensor, normalize_device
 from ..errors import MetaDispatchError
 from .leaves import bind_leaves
 from .replay import execute
+from .slicing import SliceError, slice_for
 
 __all__ = ["materialize"]
 
@@ -71,7 +76,10 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     names = {id(t): path for path, t in reachable.items()}
     real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
     for rec, metas in _by_recorder(reachable, names).items():
-        trace = rec.trace
+        try:  # only what built these tensors: the mode may have run other work
+            trace = slice_for(rec.trace, [t.__dict__["_md"][1] for t in metas])
+        except SliceError as e:
+            raise MetaDispatchError(f"materialize: cannot replay what built {names[id(metas[0])]}: {e}") from None
         _refuse_outside_data(trace, metas, names)
         env, _, _ = execute(
             trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0), device, check=False, keep_all=True
@@ -139,13 +147,12 @@ def _refuse_outside_data(trace, metas, names) -> None:
     if outside:
         what = ", ".join(f"${leaf.meta.id}: {leaf.meta.type_str()} {leaf.describe()}" for leaf in outside[:8])
         raise MetaDispatchError(
-            f"materialize: the mode that built {names[id(metas[0])]} (and the rest of its "
-            f"tensors) read real tensors from outside it that its trace keeps no values for "
-            f"({what}): a real module's parameters and buffers, the arguments of a step run "
-            "in the mode, or constants larger than the mode's const_limit. Replaying would "
-            "fill them with made-up numbers. Build the module in a MetaMode of its own, "
-            "raise MetaMode(const_limit=...), or load them with load_state_dict after "
-            "materialising"
+            f"materialize: {names[id(metas[0])]} (or another of the module's tensors) was "
+            f"computed from real tensors from outside its mode that the trace keeps no values "
+            f"for ({what}): a real module's parameters and buffers, the arguments of a step "
+            "run on it in the mode, or constants larger than the mode's const_limit. Replaying "
+            "would fill them with made-up numbers. Raise MetaMode(const_limit=...), or load "
+            "them with load_state_dict after materialising"
         )
 
 
