@@ -12,7 +12,19 @@ configuration:
   parameters' gradients;
 * ``flops``: ``md.flops`` equals ``FlopCounterMode`` on the real run;
 * ``memory``: ``md.memory``'s peak equals the real run's (``md.LiveStorages``);
-* ``fake``: the same step traces under ``FakeTensorMode`` (for comparison).
+* ``fake``: the same step traces under ``FakeTensorMode`` (for comparison);
+* ``replay``: ``md.replay`` of the trace on the CPU, with the same weights and
+  inputs, is ``ok`` and its output and gradients equal the eager step's (run
+  from the generator state the trace began with) bit for bit;
+* ``materialize``: the model built under ``md.MetaMode`` from a seed and
+  ``md.materialize``d equals, parameter for parameter and buffer for buffer,
+  bit for bit, the model built eagerly from the same seed;
+* ``cuda``: ``md.tracer(device="cuda", gpu="h100")`` traces the step (autocast
+  on CUDA where the configuration autocasts); a logical GPU, no values to
+  compare.
+
+A column that fails is a result in the table (``error`` and a note), not a
+crash of the tool.
 
 A configuration whose library is not installed (torchvision, timm, diffusers,
 transformers) is skipped.  ``tests/test_model_conformance.py`` runs a quick
@@ -49,12 +61,13 @@ class Config(NamedTuple):
     channels_last: bool = False
 
 
-def _step(config: Config):
+def _step(config: Config, device: str = "cpu"):
     def step(model, *inputs):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=config.autocast):
             out = model(*inputs)
         out = _first_tensor(out)
         out.float().sum().backward()
+        return out
 
     return step
 
@@ -481,8 +494,78 @@ def check(name: str) -> dict:
     row["fake"], note = _ok(lambda: _fake_step(step, model, inputs))
     if note:
         notes.append(f"fake: {note}")
+    if trace is not None:
+        row["replay"], note = _column(lambda: _replay(step, model, inputs, trace))
+        if note:
+            notes.append(f"replay: {note}")
+    row["materialize"], note = _column(lambda: _materialize(config))
+    if note:
+        notes.append(f"materialize: {note}")
+    row["cuda"], note = _ok(lambda: md.tracer(device="cuda", gpu="h100")(_step(config, "cuda"), model, *inputs))
+    if note:
+        notes.append(f"cuda: {note}")
     row["notes"] = "; ".join(notes)
     return row
+
+
+def _column(fn) -> tuple[str, str]:
+    """A column whose ``fn`` returns "" when it holds, or why not."""
+    try:
+        why = fn()
+    except Exception as e:  # a failure is a result, not a crash of the tool
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return ("yes", "") if not why else ("no", why)
+
+
+def _replay(step, model, inputs, trace) -> str:
+    """Replay against the eager step from the generator state the trace began with."""
+    r = md.replay(trace, (model, *inputs))
+    eager_model = copy.deepcopy(model)
+    with torch.random.fork_rng():
+        torch.set_rng_state(trace.rng_state)
+        out = step(eager_model, *inputs)
+    grads = {n: p.grad for n, p in eager_model.named_parameters() if p.grad is not None}
+    differ = [n for n, g in grads.items() if n not in r.grads or not _bitwise(r.grads[n], g)]
+    if not _bitwise(r.output, out):
+        differ.insert(0, "output")
+    if r.ok and not differ:
+        return ""
+    why = "ok" if r.ok else f"not ok: {len(r.mismatches)} mismatched calls, {len(r.made_up)} made up"
+    if not differ:
+        return f"{why}; the values equal eager's"
+    return f"{why}; {len(differ)} of {len(grads) + 1} values differ from eager's ({', '.join(differ[:2])})"
+
+
+def _bitwise(a, b) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.detach(), b.detach())
+    )
+
+
+def _materialize(config: Config, seed: int = 1) -> str:
+    """The model built on meta and materialised against the eager build, both from ``seed``."""
+    torch.manual_seed(seed)
+    with md.MetaMode():
+        meta, _ = config.build()
+    torch.manual_seed(seed)
+    eager, _ = config.build()
+    got, expected = _state(md.materialize(meta)), _state(eager)
+    if [n for n, _ in got] != [n for n, _ in expected]:
+        return f"names differ: {len(got)} vs {len(expected)} tensors"
+    differ = [
+        n
+        for (n, a), (_, b) in zip(got, expected)
+        if type(a) is not type(b) or a.requires_grad != b.requires_grad or not _bitwise(a, b)
+    ]
+    return f"{len(differ)} of {len(got)} tensors differ ({', '.join(differ[:2])})" if differ else ""
+
+
+def _state(module) -> list:
+    """Every parameter and buffer, persistent or not, under each of its names."""
+    return list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
 
 
 def _fake_step(step, model, inputs) -> bool:
@@ -499,7 +582,7 @@ def _fake_step(step, model, inputs) -> bool:
     return True
 
 
-COLUMNS = ("config", "traces", "ops", "meta", "flops", "memory", "fake", "notes")
+COLUMNS = ("config", "traces", "ops", "meta", "flops", "memory", "fake", "replay", "materialize", "cuda", "notes")
 
 
 def table(rows: list[dict]) -> str:
