@@ -21,8 +21,8 @@ QUICK = [
     "nn.custom_op",
     "nn.compiled",
     pytest.param("hf.gpt2", marks=pytest.mark.slow),
-    "tv.resnet18_channels_last",
-    "timm.convnext_atto",
+    pytest.param("tv.resnet18_channels_last", marks=pytest.mark.slow),
+    pytest.param("timm.convnext_atto", marks=pytest.mark.slow),
 ]
 
 
