@@ -12,7 +12,19 @@ configuration:
   parameters' gradients;
 * ``flops``: ``md.flops`` equals ``FlopCounterMode`` on the real run;
 * ``memory``: ``md.memory``'s peak equals the real run's (``md.LiveStorages``);
-* ``fake``: the same step traces under ``FakeTensorMode`` (for comparison).
+* ``fake``: the same step traces under ``FakeTensorMode`` (for comparison);
+* ``replay``: ``md.replay`` of the trace on the CPU, with the same weights and
+  inputs, is ``ok`` and its output and gradients equal the eager step's (run
+  from the generator state the trace began with) bit for bit;
+* ``materialize``: the model built under ``md.MetaMode`` from a seed and
+  ``md.materialize``d equals, parameter for parameter and buffer for buffer,
+  bit for bit, the model built eagerly from the same seed;
+* ``cuda``: ``md.tracer(device="cuda", gpu="h100")`` traces the step (autocast
+  on CUDA where the configuration autocasts); a logical GPU, no values to
+  compare.
+
+A column that fails is a result in the table (``error`` and a note), not a
+crash of the tool.
 
 A configuration whose library is not installed (torchvision, timm, diffusers,
 transformers) is skipped.  ``tests/test_model_conformance.py`` runs a quick
@@ -49,12 +61,13 @@ class Config(NamedTuple):
     channels_last: bool = False
 
 
-def _step(config: Config):
+def _step(config: Config, device: str = "cpu"):
     def step(model, *inputs):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=config.autocast):
             out = model(*inputs)
         out = _first_tensor(out)
         out.float().sum().backward()
+        return out
 
     return step
 
@@ -183,6 +196,39 @@ def _hf(kind):
         if kind == "mamba":
             cfg = tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=8)
             return tf.MambaForCausalLM(cfg), (ids,)
+        if kind == "bart":
+            cfg = tf.BartConfig(
+                vocab_size=100,
+                d_model=32,
+                encoder_layers=1,
+                decoder_layers=1,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=32,
+            )
+            return tf.BartForConditionalGeneration(cfg), (ids, None, ids)
+        if kind == "wav2vec2":
+            cfg = tf.Wav2Vec2Config(
+                vocab_size=100,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                conv_dim=(16, 16),
+                conv_stride=(5, 2),
+                conv_kernel=(10, 3),
+                num_conv_pos_embeddings=16,
+                num_conv_pos_embedding_groups=4,
+                apply_spec_augment=False,  # its masks are drawn with numpy
+                layerdrop=0.0,
+            )
+            return tf.Wav2Vec2Model(cfg), (torch.randn(2, 400),)
+        if kind == "llama_checkpointing":
+            model = tf.LlamaForCausalLM(tf.LlamaConfig(**small))
+            model.gradient_checkpointing_enable()
+            return model, (ids,)
         if kind == "whisper":
             cfg = tf.WhisperConfig(
                 vocab_size=100,
@@ -218,6 +264,71 @@ def _tv(name, shape=(2, 3, 64, 64), channels_last=False, **kwargs):
         return model, (x,)
 
     return build
+
+
+def _detection():
+    import torchvision
+
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None, num_classes=3, min_size=64, max_size=64
+    )
+
+    def losses(m, images, boxes, labels):
+        targets = [{"boxes": b, "labels": lab} for b, lab in zip(boxes, labels)]
+        return sum(m[0](list(images), targets).values())
+
+    boxes = torch.tensor([[[4.0, 4.0, 30.0, 40.0]], [[10.0, 8.0, 60.0, 50.0]]])
+    return _Apply(losses, model.train()), (torch.rand(2, 3, 64, 64), boxes, torch.tensor([[1], [2]]))
+
+
+def _raft():
+    import torchvision
+
+    model = torchvision.models.optical_flow.raft_small(weights=None)
+    return _Apply(lambda m, a, b: m[0](a, b, num_flow_updates=2)[-1], model), (
+        torch.rand(1, 3, 128, 128),  # the correlation pyramid needs 128 pixels
+        torch.rand(1, 3, 128, 128),
+    )
+
+
+_CUSTOM_OP = None
+
+
+def _scaled_tanh():
+    """A ``torch.library`` custom op with a fake kernel and an autograd formula,
+    registered once, when its configuration is first built."""
+    global _CUSTOM_OP
+    if _CUSTOM_OP is None:
+
+        @torch.library.custom_op("mdconformance::scaled_tanh", mutates_args=())
+        def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+            return torch.tanh(x) * scale
+
+        @scaled_tanh.register_fake
+        def _(x, scale):
+            return torch.empty_like(x)
+
+        def backward(ctx, grad):
+            (y,) = ctx.saved_tensors
+            return grad * (ctx.scale - y * y / ctx.scale), None
+
+        def setup_context(ctx, inputs, output):
+            ctx.scale = inputs[1]
+            ctx.save_for_backward(output)
+
+        scaled_tanh.register_autograd(backward, setup_context=setup_context)
+        _CUSTOM_OP = scaled_tanh
+    return _CUSTOM_OP
+
+
+def _custom_op():
+    op = _scaled_tanh()
+    return _Apply(lambda m, x: m[1](op(m[0](x), 2.0)), nn.Linear(16, 32), nn.Linear(32, 8)), (torch.randn(4, 16),)
+
+
+def _compiled():
+    model = _seq(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    return torch.compile(model, backend="eager"), (torch.randn(4, 16),)
 
 
 def _diffusers(kind):
@@ -300,6 +411,9 @@ CONFIGS: dict[str, Config] = {
         for k in ("llama", "gpt2", "t5", "bert", "vit", "qwen3_moe", "mamba", "whisper")
     },
     "hf.llama_autocast": Config(_hf("llama"), needs="transformers", autocast=True),
+    **{f"hf.{k}": Config(_hf(k), needs="transformers") for k in ("bart", "wav2vec2", "llama_checkpointing")},
+    "nn.custom_op": Config(_custom_op),
+    "nn.compiled": Config(_compiled),
     "tv.resnet18": Config(_tv("resnet18"), needs="torchvision"),
     "tv.resnet18_channels_last": Config(_tv("resnet18", channels_last=True), needs="torchvision"),
     "tv.convnext_tiny": Config(_tv("convnext_tiny"), needs="torchvision"),
@@ -307,6 +421,8 @@ CONFIGS: dict[str, Config] = {
     "tv.mobilenet_v3_small": Config(_tv("mobilenet_v3_small"), needs="torchvision"),
     "tv.fcn_resnet50": Config(_tv("fcn_resnet50", num_classes=4, weights_backbone=None), needs="torchvision"),
     "tv.r3d_18": Config(_tv("r3d_18", shape=(1, 3, 4, 32, 32)), needs="torchvision"),
+    "tv.fasterrcnn": Config(_detection, needs="torchvision"),
+    "tv.raft_small": Config(_raft, needs="torchvision"),
     **{f"diffusers.{k}": Config(_diffusers(k), needs="diffusers") for k in ("unet", "vae", "dit")},
     "timm.resnet18": Config(_timm("resnet18"), needs="timm"),
     "timm.convnext_atto": Config(_timm("convnext_atto"), needs="timm"),
@@ -378,8 +494,78 @@ def check(name: str) -> dict:
     row["fake"], note = _ok(lambda: _fake_step(step, model, inputs))
     if note:
         notes.append(f"fake: {note}")
+    if trace is not None:
+        row["replay"], note = _column(lambda: _replay(step, model, inputs, trace))
+        if note:
+            notes.append(f"replay: {note}")
+    row["materialize"], note = _column(lambda: _materialize(config))
+    if note:
+        notes.append(f"materialize: {note}")
+    row["cuda"], note = _ok(lambda: md.tracer(device="cuda", gpu="h100")(_step(config, "cuda"), model, *inputs))
+    if note:
+        notes.append(f"cuda: {note}")
     row["notes"] = "; ".join(notes)
     return row
+
+
+def _column(fn) -> tuple[str, str]:
+    """A column whose ``fn`` returns "" when it holds, or why not."""
+    try:
+        why = fn()
+    except Exception as e:  # a failure is a result, not a crash of the tool
+        return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return ("yes", "") if not why else ("no", why)
+
+
+def _replay(step, model, inputs, trace) -> str:
+    """Replay against the eager step from the generator state the trace began with."""
+    r = md.replay(trace, (model, *inputs))
+    eager_model = copy.deepcopy(model)
+    with torch.random.fork_rng():
+        torch.set_rng_state(trace.rng_state)
+        out = step(eager_model, *inputs)
+    grads = {n: p.grad for n, p in eager_model.named_parameters() if p.grad is not None}
+    differ = [n for n, g in grads.items() if n not in r.grads or not _bitwise(r.grads[n], g)]
+    if not _bitwise(r.output, out):
+        differ.insert(0, "output")
+    if r.ok and not differ:
+        return ""
+    why = "ok" if r.ok else f"not ok: {len(r.mismatches)} mismatched calls, {len(r.made_up)} made up"
+    if not differ:
+        return f"{why}; the values equal eager's"
+    return f"{why}; {len(differ)} of {len(grads) + 1} values differ from eager's ({', '.join(differ[:2])})"
+
+
+def _bitwise(a, b) -> bool:
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.detach(), b.detach())
+    )
+
+
+def _materialize(config: Config, seed: int = 1) -> str:
+    """The model built on meta and materialised against the eager build, both from ``seed``."""
+    torch.manual_seed(seed)
+    with md.MetaMode():
+        meta, _ = config.build()
+    torch.manual_seed(seed)
+    eager, _ = config.build()
+    got, expected = _state(md.materialize(meta)), _state(eager)
+    if [n for n, _ in got] != [n for n, _ in expected]:
+        return f"names differ: {len(got)} vs {len(expected)} tensors"
+    differ = [
+        n
+        for (n, a), (_, b) in zip(got, expected)
+        if type(a) is not type(b) or a.requires_grad != b.requires_grad or not _bitwise(a, b)
+    ]
+    return f"{len(differ)} of {len(got)} tensors differ ({', '.join(differ[:2])})" if differ else ""
+
+
+def _state(module) -> list:
+    """Every parameter and buffer, persistent or not, under each of its names."""
+    return list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
 
 
 def _fake_step(step, model, inputs) -> bool:
@@ -396,7 +582,7 @@ def _fake_step(step, model, inputs) -> bool:
     return True
 
 
-COLUMNS = ("config", "traces", "ops", "meta", "flops", "memory", "fake", "notes")
+COLUMNS = ("config", "traces", "ops", "meta", "flops", "memory", "fake", "replay", "materialize", "cuda", "notes")
 
 
 def table(rows: list[dict]) -> str:
