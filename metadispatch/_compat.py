@@ -513,6 +513,43 @@ def function_mode_stack() -> list:
     return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
 
 
+# Note [Backward under the function mode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch pops a torch-function mode off the stack while its handler runs, so
+# ``loss.backward()`` reaching the MetaMode's function mode ran the autograd
+# engine with no function mode: the engine captures the thread's state when
+# it starts, and code it calls back into -- a checkpointed block recomputing
+# its forward -- saw none of the mode's composite overrides.  On a logical
+# GPU the recomputed attention then took the math kernel where the forward
+# took the profile's fused one, and torch.utils.checkpoint refused the
+# differing saved tensors.  So backward is run as ``torch.autograd.backward``
+# runs it, from below its torch-function check, with the mode back on the
+# stack (``engine_backward``).
+def engine_backward(mode, tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None) -> None:
+    """``torch.autograd.backward``'s body below its torch-function check, with
+    ``mode`` on the function-mode stack for the engine's run."""
+    autograd = torch.autograd
+    edge = autograd.graph.GradientEdge
+    tensors = (tensors,) if isinstance(tensors, (torch.Tensor, edge)) else tuple(tensors)
+    if inputs is None:
+        inputs_tuple: tuple = ()
+    else:
+        inputs_tuple = (inputs,) if isinstance(inputs, (torch.Tensor, edge)) else tuple(inputs)
+        if not inputs_tuple:
+            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+    grads = autograd._tensor_or_tensors_to_tuple(grad_tensors, len(tensors))
+    grads = autograd._make_grads(tensors, grads, is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    push_function_mode(mode)
+    try:
+        autograd.graph._engine_run_backward(
+            tensors, grads, retain_graph, create_graph, inputs_tuple, allow_unreachable=True, accumulate_grad=True
+        )
+    finally:
+        remove_function_mode(mode)
+
+
 def push_function_mode(mode) -> None:
     torch._C._push_on_torch_function_stack(mode)
 

@@ -173,3 +173,25 @@ def test_sdpa_transformers_llama_on_h100_records_cudnn_and_peaks_below_math():
     assert _OPS["cudnn"] in ops and "aten._scaled_dot_product_cudnn_attention_backward.default" in ops
     assert not any(op in math_ops for op in _OPS.values())
     assert fused < math
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_sdpa_checkpoint_recompute_takes_the_forward_kernel(reentrant):
+    # Note [Backward under the function mode]: the recomputed forward ran
+    # without the mode's SDPA override, took the math kernel, and
+    # torch.utils.checkpoint refused the differing saved tensors.
+    from torch.utils.checkpoint import checkpoint
+
+    def block(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def step(q):
+        checkpoint(block, q, use_reentrant=reentrant).sum().backward()
+
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    trace = md.tracer(device="cuda", gpu="h100")(step, q)
+    attention = [c.op for c in trace.calls if "attention" in c.op or c.op == "aten.bmm.default"]
+    fused = attention[0]
+    assert fused.startswith("aten._scaled_dot_product_") and "math" not in fused
+    # forward, its recomputation in backward, then the fused backward op
+    assert attention == [fused, fused, fused.replace(".default", "_backward.default")]

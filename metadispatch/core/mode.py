@@ -383,6 +383,13 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+            if func in _BACKWARD:
+                # Note [Backward under the function mode] in _compat.py
+                bound = _BACKWARD[func](*args, **kwargs)
+                if types == _META_ONLY:
+                    with _compat.no_torch_function_subclass():
+                        return _compat.engine_backward(self, **bound)
+                return _compat.engine_backward(self, **bound)
             if func in _READS_VALUES and type(first) is MetaTensor:
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in: the C method refuses a
@@ -397,6 +404,34 @@ class _SwapReal(_compat.TorchFunctionMode):
 
 
 _META_ONLY = (MetaTensor,)
+
+
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> dict:
+    return {
+        "tensors": self,
+        "grad_tensors": gradient,
+        "retain_graph": retain_graph,
+        "create_graph": create_graph,
+        "inputs": inputs,
+    }
+
+
+def _autograd_backward(
+    tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None
+) -> dict:
+    grads = grad_tensors if grad_variables is None else grad_variables
+    return {
+        "tensors": tensors,
+        "grad_tensors": grads,
+        "retain_graph": retain_graph,
+        "create_graph": create_graph,
+        "inputs": inputs,
+    }
+
+
+# Tensor.backward's and torch.autograd.backward's parameters as
+# _compat.engine_backward's (Note [Backward under the function mode]).
+_BACKWARD = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _autograd_backward}
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
