@@ -70,6 +70,7 @@ from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .sizes import value_sized
 from .streams import stream_of
@@ -78,6 +79,7 @@ from .writes import written_args
 __all__ = ["Program", "program", "free_points"]
 
 _FILENAME = "<metadispatch replay>"
+_LOCALS = frozenset({"env", "gens", "ck", "chk", "same", "wr", "rng", "fit", "pre", "r"})  # run's own names
 
 
 class Program(NamedTuple):
@@ -195,6 +197,7 @@ class _Writer:
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
+        self.fast: dict = {}  # Python binding -> global name (Note [Calling ops through their Python bindings])
         self.bound: set = set()  # ids that are local variables by now
         self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng, fit, pre):"]
         self.generator_uses: dict = {}
@@ -241,7 +244,7 @@ class _Writer:
         args = ", ".join(
             [self._arg(a) for a in call.args] + [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()]
         )
-        op = self._op(call.func)
+        op = self._callable(call)
         written = written_args(call)
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
@@ -316,6 +319,22 @@ class _Writer:
                 name = named
         self.names[name] = v
         return name
+
+    def _callable(self, call) -> str:
+        """The global that runs ``call``: its op's Python binding where that is
+        proven to dispatch the same overload (bindings.py), else the op."""
+        if is_collective(call.func):
+            return self._op(call.func)
+        fast = binding(call.func, call.args, call.kwargs)
+        if fast is None:
+            return self._op(call.func)
+        if fast not in self.fast:
+            name = fast.__name__
+            if not name.isidentifier() or keyword.iskeyword(name) or name in self.names or name in _LOCALS:
+                name = f"{self._op(call.func)}_py"
+            self.fast[fast] = name
+            self.names[name] = fast
+        return self.fast[fast]
 
     def _op(self, func) -> str:
         """``mm_default`` for aten.mm.default; a number added if that is taken."""
