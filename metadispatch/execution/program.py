@@ -6,7 +6,7 @@ tensor slots from a dict, unpack a record) costs a few microseconds per call,
 as much as a small kernel.  So :func:`program` writes the loop out once per
 trace, the way ``torch.fx`` writes a graph's ``forward``::
 
-    t7 = mm_default(t5, t6)
+    t7 = mm(t5, t6)
     ck and same(12, t7)
     del t5
 
@@ -15,10 +15,13 @@ of writes.py.  A trace loaded from a file also gets its fences (Note
 [Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values.
 
-Tensor ids become local variables and constants are bound once; checking
-stays with ``replay.py``, which passes it in.  (Checks written inline, as
-one expression per call, ran no faster and tripled the time ``compile``
-takes -- already ~35 us per call, paid once per trace.)  ``Program.source``
+Tensor ids become local variables and constants are bound once; an op is
+called through torch's Python binding where that is proven to dispatch the
+recorded overload (Note [Calling ops through their Python bindings] in
+bindings.py), else as the overload.  Checking stays with ``replay.py``,
+which passes it in.  (Checks written inline, as one expression per call,
+saved ~0.3 us per call and tripled the time ``compile`` takes -- already
+~35 us per call, paid once per trace.)  ``Program.source``
 shows the generated code, and :meth:`Program.call_index` maps a failing line
 back to the recorded call.
 
@@ -46,7 +49,8 @@ Note [Generated code from untrusted traces]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A trace may come from a file anyone wrote, so nothing from it is pasted into
 the source as text: locals are ``t`` plus an integer id, op and constant
-names are made here (``k3``, ``mm_default``, a dtype's own name), and the
+names are made here (``k3``, ``mm_default``, a dtype's own name, or the
+``__name__`` of one of torch's own Python bindings: bindings.py), and the
 only literals are ``repr`` of None, bools and ints.  A keyword argument's
 name is written as ``name=`` only when it is a parameter of the op's schema
 (the reader refuses others at load; this checks again for traces built in
