@@ -45,6 +45,8 @@ def binding(func, args: tuple, kwargs: dict):
     except TypeError:  # an unhashable constant: no pattern to cache by
         return None
     if key not in _PROVEN:
+        if _compat.dispatch_mode_stack():  # a mode would see the probes: no answer, and none cached
+            return None
         _PROVEN[key] = _prove(func, args, kwargs)
     return _PROVEN[key]
 
@@ -73,7 +75,7 @@ class _Stop(_compat.TorchDispatchMode):
 
 def _prove(func, args: tuple, kwargs: dict):
     ns, _, name = func._schema.name.partition("::")
-    if ns != "aten" or _compat.dispatch_mode_stack():
+    if ns != "aten":
         return None
     candidates = [getattr(table, name, None) for table in _compat.python_bindings]
     candidates = [c for c in candidates if c is not None]
