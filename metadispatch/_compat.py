@@ -36,6 +36,7 @@ __all__ = [
     "pytree",
     "parse_to",
     "variable_functions",
+    "python_bindings",
     "sdpa_entry",
     "TorchDispatchMode",
     "TorchFunctionMode",
@@ -112,6 +113,9 @@ parse_to = torch._C._nn._parse_to
 # torch's C++ functions (torch.tensor_split, torch._VF.lstm, ...): what a
 # torch-function mode sees as ``func`` for them.
 variable_functions = torch._C._VariableFunctions
+# Where torch's generated Python bindings live, searched in this order for an
+# op's name (Note [Calling ops through their Python bindings] in execution/bindings.py).
+python_bindings = (torch._C._VariableFunctions, torch._C._nn, torch._C.TensorBase)
 # F.scaled_dot_product_attention's C++ entry (rules/attention.py calls it plainly).
 sdpa_entry = torch._C._nn.scaled_dot_product_attention
 # Turns torch-function modes off for the duration: code that reads a real

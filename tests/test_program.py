@@ -10,6 +10,7 @@ import tempfile
 import expecttest
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
 from metadispatch.execution.leaves import bind_leaves
@@ -36,14 +37,14 @@ class TestSource(expecttest.TestCase):
 def run(env, gens, ck, chk, same, wr, rng, fit, pre):
     grad(True)
     t0 = env.pop(0)
-    t1 = t_default(t0)
+    t1 = t(t0)
     ck and same(0, t1)
-    t2 = mm_default(t1, t0)
+    t2 = mm(t1, t0)
     ck and same(1, t2)
-    t3 = relu_default(t2)
+    t3 = relu(t2)
     ck and same(2, t3)
     del t2
-    t4 = mul_Tensor(t3, 2)
+    t4 = mul(t3, 2)
     ck and same(3, t4)
     env[0] = t0
     env[1] = t1
@@ -65,29 +66,29 @@ def run(env, gens, ck, chk, same, wr, rng, fit, pre):
 def run(env, gens, ck, chk, same, wr, rng, fit, pre):
     grad(True)
     t0 = env.pop(0)
-    t1 = t_default(t0)
+    t1 = t(t0)
     fit(0, t1, 1)
     ck and same(0, t1)
     t2 = env.pop(2)
     t3 = env.pop(3)
-    t4 = addmm_default(t2, t3, t1)
+    t4 = addmm(t2, t3, t1)
     ck and same(1, t4)
     t5 = env.pop(5)
-    t6 = add_Tensor(t4, t5)
+    t6 = add(t4, t5)
     ck and same(2, t6)
     del t4
-    t7 = relu_default(t6)
+    t7 = relu(t6)
     ck and same(3, t7)
-    t8 = detach_default(t7)
+    t8 = detach(t7)
     fit(4, t8, 1)
     ck and same(4, t8)
     del t6
-    t9 = sum_default(t7)
+    t9 = sum(t7)
     ck and same(5, t9)
     del t5
     t10 = env.pop(10)
     pre(6, t10)
-    t11 = bincount_default(t10)
+    t11 = bincount(t10)
     fit(6, t11, 0)
     ck and same(6, t11)
     env[0] = t0
@@ -154,3 +155,37 @@ def test_replay_wrong_rule_for_a_multi_output_op_is_a_mismatch():
     r = md.replay(t, (torch.randn(3, 4),))
     (m,) = r.mismatches
     assert (m.op, m.output, m.fields) == ("aten.max.dim", 1, ("shape",))
+
+
+class _Log(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.funcs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.funcs.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _overloads(x, w):
+    aten = torch.ops.aten
+    y = aten.mul.Scalar(x, 2.0)  # the binding ``mul`` would pick mul.Tensor
+    y = aten.add.Scalar(y, 1)
+    y = aten.div.Tensor(y, torch.tensor(3.0))  # a 0-dim tensor where a Scalar overload exists
+    y = torch.cat([y @ w, y.unsqueeze(0).sum(0)], dim=1).relu()
+    return y.sum(dim=0, keepdim=True).t() * 0.5
+
+
+def test_program_dispatches_exactly_the_recorded_overloads():
+    # Note [Calling ops through their Python bindings]: where the generated
+    # code calls a binding, the dispatcher sees the recorded overload itself.
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    t = md.trace(_overloads, x, w)
+    prog = program(t, CPU)
+    assert "= mm(" in prog.source and "mul_Scalar(" in prog.source  # both paths are exercised
+    env = bind_leaves(t, (x, w), None, None, CPU, 0)
+    log = _Log()
+    with torch.no_grad(), log:
+        prog.run(env, {}, False, None, None, None, None, None, None)
+    assert log.funcs == [c.func for c in t.calls]
+    torch.testing.assert_close(env[t.output_meta.id], _overloads(x, w), rtol=0, atol=0)

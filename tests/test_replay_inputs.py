@@ -57,3 +57,41 @@ def test_replay_refuses_meta_device_and_non_traces():
         md.replay(trace, (model, x), device="meta")
     with pytest.raises(ReplayInputError, match="expected a Trace"):
         md.replay(42)
+
+
+class _OwnNames(nn.Module):
+    """Names its parameters itself: replay must ask it, not walk it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        for name, p in super().named_parameters(prefix, recurse, remove_duplicate):
+            yield "own." + name, p
+
+
+def _modules_to_name():
+    shared = nn.Linear(2, 2)
+    holes = nn.Linear(2, 2)
+    holes.bias = None  # a parameter slot holding None is skipped
+    holes.register_buffer("gone", None)
+    return [
+        nn.Sequential(shared, nn.Sequential(shared, nn.BatchNorm1d(2)), holes),  # a shared submodule, twice
+        nn.Sequential(nn.Linear(1, 1), _OwnNames()),  # an override below the root
+        _OwnNames(),
+    ]
+
+
+@pytest.mark.parametrize("module", _modules_to_name())
+def test_replay_names_a_modules_tensors_as_torch_does(module):
+    # given_tensors walks the module tree once instead of asking torch twice;
+    # the names, tensors and order are torch's own.
+    from metadispatch.execution.inputs import given_tensors
+
+    expected = [("param", n, p) for n, p in module.named_parameters(remove_duplicate=False)]
+    expected += [("buffer", n, b) for n, b in module.named_buffers(remove_duplicate=False)]
+    expected_keys = list(dict.fromkeys((k, n) for k, n, _ in expected))
+    given = given_tensors((), None, module)
+    assert list(given) == expected_keys
+    assert all(given[(k, n)] is next(t for k2, n2, t in expected if (k2, n2) == (k, n)) for k, n in given)

@@ -37,27 +37,76 @@ __all__ = ["given_tensors", "check_inputs", "check_device"]
 _FROM_MODULE = ("param", "buffer", "grad")
 
 
-def given_tensors(args, kwargs, module) -> dict:
+def given_tensors(args, kwargs, module, flat: list | None = None) -> dict:
     """(kind, name) -> tensor, named as ``md.trace`` named them.
 
-    A tensor argument's ``.grad`` is ``("grad", its name)``, as a parameter's is.
+    A tensor argument's ``.grad`` is ``("grad", its name)``, as a parameter's
+    is.  ``flat`` is :func:`flat_inputs` of ``args`` and ``kwargs``, when the
+    caller has it.
     """
     named, modules = {}, [module] if module is not None else []
-    for path, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]:
+    for name, v in flat_inputs(args, kwargs) if flat is None else flat:
         if isinstance(v, torch.Tensor):
-            named[("arg", arg_name(path))] = v
+            named[("arg", name)] = v
             if v.grad is not None:
-                named[("grad", arg_name(path))] = v.grad
+                named[("grad", name)] = v.grad
         elif isinstance(v, nn.Module):
             modules.append(v)
+    buffers: list = []
     for mod in modules:
-        for name, p in mod.named_parameters(remove_duplicate=False):
+        params, bufs = _named_tensors(mod)
+        for name, p in params:
             named.setdefault(("param", name), p)
             if p.grad is not None:
                 named.setdefault(("grad", name), p.grad)
-        for name, b in mod.named_buffers(remove_duplicate=False):
-            named.setdefault(("buffer", name), b)
+        buffers += bufs
+    for name, b in buffers:
+        named.setdefault(("buffer", name), b)
     return named
+
+
+def flat_inputs(args, kwargs) -> list:
+    """(name, value) of each leaf of ``args`` and ``kwargs``, named as ``md.trace`` names arguments."""
+    return [(arg_name(p), v) for p, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]]
+
+
+_WALK = (nn.Module.named_modules, nn.Module.named_parameters, nn.Module.named_buffers, nn.Module._named_members)
+_PLAIN: dict = {}  # module class -> it names its tensors as nn.Module does
+
+
+def _named_tensors(mod: nn.Module) -> tuple:
+    """``named_parameters`` and ``named_buffers`` of ``mod`` (``remove_duplicate=False``), in one walk.
+
+    Each of torch's methods walks every submodule through nested generators;
+    replay asks for both on every run, which on a small model cost as much as
+    a twentieth of the step.  The walk here yields the same names in the same
+    order; a module whose class overrides any of those methods gets torch's own.
+    """
+    params: list = []
+    buffers: list = []
+    stack = [("", mod)]
+    while stack:
+        prefix, m = stack.pop()
+        cls = type(m)
+        plain = _PLAIN.get(cls)
+        if plain is None:
+            plain = _PLAIN[cls] = (
+                cls.named_modules,
+                cls.named_parameters,
+                cls.named_buffers,
+                cls._named_members,
+            ) == _WALK
+        if not plain:
+            return list(mod.named_parameters(remove_duplicate=False)), list(mod.named_buffers(remove_duplicate=False))
+        for k, v in m._parameters.items():
+            if v is not None:
+                params.append((prefix + k, v))
+        for k, b in m._buffers.items():
+            if b is not None:
+                buffers.append((prefix + k, b))
+        subs = [(f"{prefix}{k}.", sub) for k, sub in m._modules.items() if sub is not None]
+        stack += reversed(subs)  # depth first, in order, as named_modules
+    return params, buffers
 
 
 def check_inputs(trace: Trace, args, kwargs, module) -> dict:
@@ -69,7 +118,8 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
         )
     if module is not None and not isinstance(module, nn.Module):
         raise ReplayInputError(f"replay: module must be an nn.Module, got {type(module).__name__}")
-    given = given_tensors(args, kwargs, module)
+    flat = flat_inputs(args, kwargs)
+    given = given_tensors(args, kwargs, module, flat)
     for (kind, name), t in given.items():
         what = _dataless(t)
         if what:
@@ -90,7 +140,7 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
                     f"replay: argument {extra[0]} was not an argument of the "
                     f"traced call (it had {', '.join(trace.arg_names) or 'none'})"
                 )
-    _check_constants(trace, args, kwargs, module)
+    _check_constants(trace, args, kwargs, module, flat)
     args_named = set(trace.arg_names or ())
     from_module = module is not None or any(k not in ("arg", "grad") or n not in args_named for k, n in given)
     for leaf in needed:
@@ -108,9 +158,8 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
     return given
 
 
-def _check_constants(trace: Trace, args, kwargs, module) -> None:
+def _check_constants(trace: Trace, args, kwargs, module, flat: list) -> None:
     """Note [Non-tensor arguments are constants] (ir/records.py): the same, or refused."""
-    flat = [(arg_name(p), v) for p, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]]
     passed = [n for n, v in flat if isinstance(v, nn.Module)]
     if module is not None and passed:
         raise ReplayInputError(
@@ -138,6 +187,8 @@ def _check_constants(trace: Trace, args, kwargs, module) -> None:
 
 def _check_grads(trace: Trace, given: dict) -> None:
     """A ``.grad`` the traced step would accumulate into: given iff it was there when traced."""
+    if not any(kind == "grad" for kind, _ in given):
+        return
     leaves = {(leaf.kind, leaf.name) for leaf in trace.leaves.values()}
     accumulated = set(trace.grads) | {
         leaf.name for leaf in trace.leaves.values() if leaf.kind == "arg" and leaf.meta.requires_grad
@@ -181,7 +232,7 @@ def _check_aliasing(trace: Trace, given: dict) -> None:
 
 def _dataless(t: torch.Tensor) -> str:
     """What ``t`` is if it holds no data replay could run on, else ''."""
-    if isinstance(t, MetaTensor) or t.device.type == "meta":
+    if isinstance(t, MetaTensor) or t.is_meta:
         return "a MetaTensor (or on meta)"
     if _compat.is_fake(t):
         return "a FakeTensor"
@@ -216,9 +267,12 @@ def check_device(device) -> torch.device:
         d = normalize_device(device)
     except (RuntimeError, TypeError, ValueError) as e:
         raise ReplayInputError(f"replay: device {device!r} is not a device: {e}") from None
-    if d.type == "meta":
+    kind = d.type
+    if kind == "cpu":
+        return d
+    if kind == "meta":
         raise ReplayInputError("replay: device 'meta' runs no kernels; replay on a real device")
-    if d.type == "cuda" and not (torch.cuda.is_available() and (d.index or 0) < torch.cuda.device_count()):
+    if kind == "cuda" and not (torch.cuda.is_available() and (d.index or 0) < torch.cuda.device_count()):
         raise ReplayInputError(f"replay: device {d} is not available here ({torch.cuda.device_count()} CUDA devices)")
     try:
         torch.empty(0, device=d)

@@ -53,22 +53,23 @@ def bind_leaves(
     copies: dict = {}  # storage key of a given tensor -> its copy's storage
     shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
     out, missing = {}, []
+    on = _on(device)
     for tid, leaf in trace.leaves.items():
         t = _real(leaf, given)
         if t is None:
             missing.append(leaf.meta)
             continue
         m = leaf.meta
-        if tuple(t.shape) != m.shape or t.dtype != m.dtype:
+        if t.shape != m.shape or t.dtype is not m.dtype:
             raise ReplayInputError(
                 f"replay: {leaf.kind} {leaf.name or f'${tid}'} is {t.dtype}{list(t.shape)}, "
                 f"the trace recorded {m.dtype}{list(m.shape)}"
             )
-        moved = t.detach().to(device)
-        if moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
+        moved = t.detach() if on(t) else t.detach().to(device)
+        if written and moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
             shared.setdefault(_compat.storage_key(t), []).append(tid)
         out[tid] = moved
-    for tids in shared.values():
+    for tids in shared.values():  # empty when the trace writes no leaf
         if not written.isdisjoint(tids):
             for tid in tids:
                 out[tid] = _copy_keeping_aliases(out[tid], copies)
@@ -76,6 +77,13 @@ def bind_leaves(
     if made_up is not None and missing:
         made_up += _listed(trace, missing)
     return out
+
+
+def _on(device):
+    """``on(t)``: ``t`` is on ``device`` already, so ``.to(device)`` would return it (a cheap test on CPU)."""
+    if device.type == "cpu":
+        return lambda t: t.is_cpu
+    return lambda t: t.device == device
 
 
 def _real(leaf, given: dict) -> torch.Tensor | None:

@@ -6,7 +6,7 @@ tensor slots from a dict, unpack a record) costs a few microseconds per call,
 as much as a small kernel.  So :func:`program` writes the loop out once per
 trace, the way ``torch.fx`` writes a graph's ``forward``::
 
-    t7 = mm_default(t5, t6)
+    t7 = mm(t5, t6)
     ck and same(12, t7)
     del t5
 
@@ -15,10 +15,13 @@ of writes.py.  A trace loaded from a file also gets its fences (Note
 [Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values.
 
-Tensor ids become local variables and constants are bound once; checking
-stays with ``replay.py``, which passes it in.  (Checks written inline, as
-one expression per call, ran no faster and tripled the time ``compile``
-takes -- already ~35 us per call, paid once per trace.)  ``Program.source``
+Tensor ids become local variables and constants are bound once; an op is
+called through torch's Python binding where that is proven to dispatch the
+recorded overload (Note [Calling ops through their Python bindings] in
+bindings.py), else as the overload.  Checking stays with ``replay.py``,
+which passes it in.  (Checks written inline, as one expression per call,
+saved ~0.3 us per call and tripled the time ``compile`` takes -- already
+~35 us per call, paid once per trace.)  ``Program.source``
 shows the generated code, and :meth:`Program.call_index` maps a failing line
 back to the recorded call.
 
@@ -46,7 +49,8 @@ Note [Generated code from untrusted traces]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A trace may come from a file anyone wrote, so nothing from it is pasted into
 the source as text: locals are ``t`` plus an integer id, op and constant
-names are made here (``k3``, ``mm_default``, a dtype's own name), and the
+names are made here (``k3``, ``mm_default``, a dtype's own name, or the
+``__name__`` of one of torch's own Python bindings: bindings.py), and the
 only literals are ``repr`` of None, bools and ints.  A keyword argument's
 name is written as ``name=`` only when it is a parameter of the op's schema
 (the reader refuses others at load; this checks again for traces built in
@@ -70,6 +74,7 @@ from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .sizes import value_sized
 from .streams import stream_of
@@ -78,6 +83,7 @@ from .writes import written_args
 __all__ = ["Program", "program", "free_points"]
 
 _FILENAME = "<metadispatch replay>"
+_LOCALS = frozenset({"env", "gens", "ck", "chk", "same", "wr", "rng", "fit", "pre", "r"})  # run's own names
 
 
 class Program(NamedTuple):
@@ -195,6 +201,7 @@ class _Writer:
         self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
+        self.fast: dict = {}  # Python binding -> global name (Note [Calling ops through their Python bindings])
         self.bound: set = set()  # ids that are local variables by now
         self.lines: list = ["def run(env, gens, ck, chk, same, wr, rng, fit, pre):"]
         self.generator_uses: dict = {}
@@ -241,7 +248,7 @@ class _Writer:
         args = ", ".join(
             [self._arg(a) for a in call.args] + [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()]
         )
-        op = self._op(call.func)
+        op = self._callable(call)
         written = written_args(call)
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
@@ -316,6 +323,22 @@ class _Writer:
                 name = named
         self.names[name] = v
         return name
+
+    def _callable(self, call) -> str:
+        """The global that runs ``call``: its op's Python binding where that is
+        proven to dispatch the same overload (bindings.py), else the op."""
+        if is_collective(call.func):
+            return self._op(call.func)
+        fast = binding(call.func, call.args, call.kwargs)
+        if fast is None:
+            return self._op(call.func)
+        if fast not in self.fast:
+            name = fast.__name__
+            if not name.isidentifier() or keyword.iskeyword(name) or name in self.names or name in _LOCALS:
+                name = f"{self._op(call.func)}_py"
+            self.fast[fast] = name
+            self.names[name] = fast
+        return self.fast[fast]
 
     def _op(self, func) -> str:
         """``mm_default`` for aten.mm.default; a number added if that is taken."""

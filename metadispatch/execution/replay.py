@@ -214,13 +214,29 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
+    same_meta = _matcher(device)
 
     def chk(n, results):
-        _check(calls[n], results, device, mismatches, wrong)
+        _check(calls[n], results, device, mismatches, wrong, same_meta)
 
-    def same(n, t):  # most calls return one tensor
-        if t is None or not _same(singles[n], t, device):
-            _check(calls[n], (t,), device, mismatches, wrong)
+    if device.type == "cpu":
+
+        def same(n, t):  # most calls return one tensor: same_meta written out, a frame fewer (Note [The hot check])
+            m = singles[n]
+            if t is None or not (
+                t.stride() == m.stride
+                and t.shape == m.shape
+                and t.dtype is m.dtype
+                and t.storage_offset() == m.storage_offset
+                and t.is_cpu
+            ):
+                _check(calls[n], (t,), device, mismatches, wrong, same_meta)
+
+    else:
+
+        def same(n, t):
+            if t is None or not same_meta(singles[n], t):
+                _check(calls[n], (t,), device, mismatches, wrong, same_meta)
 
     if clock is not None:  # Note [Timing replayed calls]: the check callbacks read the clock
         index = lambda n: calls[n].index  # noqa: E731
@@ -243,16 +259,18 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
     return mismatches
 
 
-def _check(call, results, device, mismatches: list, wrong: set) -> None:
+def _check(call, results, device, mismatches: list, wrong: set, same_meta=None) -> None:
     """Record mismatches of ``call``'s outputs.
 
     A call whose inputs already had wrong metadata inherits the error; only
     the call that introduced it is reported, as the place to look.
+    ``same_meta`` is :func:`_matcher` of ``device``, when the caller has it.
     """
+    same_meta = same_meta or _matcher(device)
     for k, (m, r) in enumerate(_pairs(call.outputs, results)):
         if not isinstance(r, torch.Tensor):
             diff = _undefined(m, r)
-        elif _same(m, r, device):
+        elif same_meta(m, r):
             continue
         else:
             diff = compare(m, r, device)
@@ -289,15 +307,31 @@ def _pairs(outputs, results):
             yield from ((x, y) for x, y in zip(o, r) if type(x) is TensorMeta)
 
 
-def _same(m: TensorMeta, t: torch.Tensor, device) -> bool:
-    # The common case, kept cheap: this runs for every output of every call.
-    # On CPU, t.is_cpu rather than t.device, which builds a torch.device.
-    return (
+def _matcher(device):
+    """``same(m, t)``: real ``t`` has exactly ``m``'s metadata on ``device``.
+
+    Note [The hot check]
+    ~~~~~~~~~~~~~~~~~~~~
+    This runs for every output of every call, so what is known before the
+    run is decided before it: ``device.type`` is a property that builds a
+    string (about 1 us, as much as the rest of the check), so it is read
+    once here, not per tensor.  On CPU, ``t.is_cpu`` rather than ``t.device``,
+    which builds a torch.device.
+    """
+    if device.type == "cpu":
+        return lambda m, t: (
+            t.stride() == m.stride
+            and t.shape == m.shape
+            and t.dtype is m.dtype
+            and t.storage_offset() == m.storage_offset
+            and t.is_cpu
+        )
+    return lambda m, t: (
         t.stride() == m.stride
         and t.shape == m.shape
         and t.dtype is m.dtype
         and t.storage_offset() == m.storage_offset
-        and (t.is_cpu if device.type == "cpu" else t.device == device)
+        and t.device == device
     )
 
 

@@ -127,19 +127,21 @@ def written_args(call) -> list:
 def write_guard(protected, calls: list):
     """``guard(n, *tensors)``: refuse call ``n`` if it would write a protected tensor.
 
-    ``protected`` holds the caller's tensors; a guard with nothing to protect
-    does nothing.  A sparse tensor is the memory of its indices and values
-    (a file can build one over the caller's tensor, and the schema says its
-    result is fresh); a tensor whose memory replay cannot name (MKL-DNN,
-    nested) is refused where it would be written.
+    ``protected`` holds the caller's tensors; their storages are looked up
+    at the first write, so a trace that writes nothing pays nothing.  A
+    sparse tensor is the memory of its indices and values (a file can build
+    one over the caller's tensor, and the schema says its result is fresh); a
+    tensor whose memory replay cannot name (MKL-DNN, nested) is refused where
+    it would be written.
     """
-    keys: set = set()
-    for t in protected:
-        keys.update(_keys(t) or ())
-    if not keys:
-        return _nothing
+    keys: set | None = None  # the storages of ``protected``, found at the first write (most traces write none)
 
     def guard(n: int, *tensors) -> None:
+        nonlocal keys
+        if keys is None:
+            keys = set()
+            for t in protected:
+                keys.update(_keys(t) or ())
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
@@ -155,10 +157,6 @@ def write_guard(protected, calls: list):
                 )
 
     return guard
-
-
-def _nothing(n: int, *tensors) -> None:
-    return None
 
 
 _COMPRESSED = {
