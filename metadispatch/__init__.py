@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
 # and ``ir``) and nothing else: the analyses, replay, the debugging tools and
 # the test helpers are imported when one of their names is first read
 # (PEP 562 ``__getattr__``): ``import metadispatch`` after ``import torch``
-# went from 0.26-0.33 s to 0.09-0.12 s of CPU (docs/benchmarks.md,
+# went from 0.23-0.26 s to 0.08-0.11 s of CPU (docs/benchmarks.md,
 # "Start-up").  Each
 # name then lives in the module's globals like an eagerly imported one, and
 # ``dir()`` lists the same names as before: the public ones and the
