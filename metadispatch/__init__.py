@@ -11,27 +11,11 @@ Importing this package changes nothing global: modes and hooks exist only
 while a ``MetaMode`` is entered or ``md.trace`` runs.
 """
 
-import importlib.metadata as _metadata
+import importlib as _importlib
+from typing import TYPE_CHECKING
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
-from . import testing
-from .analysis import cuda_counters as _cuda_counters  # noqa: F401  (torch.cuda's memory counters, Note [Wiring])
-from .analysis.calibrate import calibrate, load_efficiency
-from .analysis.comms import comms
-from .analysis.fit import fits
-from .analysis.flops import flops, register_flops, unregister_flops
-from .analysis.live import LiveStorages
-from .analysis.memory import memory
-from .analysis.runtime import Efficiency, runtime
-from .analysis.tables import module_table, shape_log
-from .core.mode import MetaMode
-from .core.profiles import GPUProfile, gpu_profile, register_gpu
-from .core.registry import register_meta, unregister_meta
-from .core.tensor import MetaTensor
-from .debug.check import check, checker
-from .debug.diff import diff
-from .debug.report import Report
-from .debug.verify import RuleCheck, verify_rule
+from .core import cuda_answers as _cuda_answers
 from .errors import (
     BudgetExceededError,
     DataDependentError,
@@ -42,17 +26,122 @@ from .errors import (
     UnsupportedFeatureError,
     UnsupportedOpError,
 )
-from .execution.budget import Budget
-from .execution.materialize import materialize
-from .execution.replay import Mismatch, Replay, replay
-from .ir.trace import Leaf, OpCall, TensorMeta, Trace
-from .tracing.tracer import to_meta, trace, tracer
 
-# The version is written once, in pyproject.toml; an uninstalled checkout has none.
-try:
-    __version__ = _metadata.version("metadispatch")
-except _metadata.PackageNotFoundError:
-    __version__ = "0+unknown"
+
+def _counters(trace, profile):
+    """torch.cuda's memory counters for a logical GPU (Note [Wiring] in
+    core/tensor.py), imported when a mode first needs them: the analyses stay
+    unloaded by ``import metadispatch`` (Note [Public names load on first use])."""
+    from .analysis.cuda_counters import Counters
+
+    return Counters(trace, profile)
+
+
+_cuda_answers.WIRING.counters = _counters
+del _counters  # reached through the wiring only
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers
+    from . import testing
+    from .analysis.calibrate import calibrate, load_efficiency
+    from .analysis.comms import comms
+    from .analysis.fit import fits
+    from .analysis.flops import flops, register_flops, unregister_flops
+    from .analysis.live import LiveStorages
+    from .analysis.memory import memory
+    from .analysis.runtime import Efficiency, runtime
+    from .analysis.tables import module_table, shape_log
+    from .core.mode import MetaMode
+    from .core.profiles import GPUProfile, gpu_profile, register_gpu
+    from .core.registry import register_meta, unregister_meta
+    from .core.tensor import MetaTensor
+    from .debug.check import check, checker
+    from .debug.diff import diff
+    from .debug.report import Report
+    from .debug.verify import RuleCheck, verify_rule
+    from .execution.budget import Budget
+    from .execution.materialize import materialize
+    from .execution.replay import Mismatch, Replay, replay
+    from .ir.trace import Leaf, OpCall, TensorMeta, Trace
+    from .tracing.tracer import to_meta, trace, tracer
+
+# Note [Public names load on first use]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``import metadispatch`` registers the built-in rules (which loads ``core``
+# and ``ir``) and nothing else: the analyses, replay, the debugging tools and
+# the test helpers are imported when one of their names is first read
+# (PEP 562 ``__getattr__``): ``import metadispatch`` after ``import torch``
+# went from 0.23-0.26 s to 0.08-0.11 s of CPU (docs/benchmarks.md,
+# "Start-up").  Each
+# name then lives in the module's globals like an eagerly imported one, and
+# ``dir()`` lists the same names as before: the public ones and the
+# subpackages.
+_LAZY = {
+    "calibrate": "analysis.calibrate",
+    "load_efficiency": "analysis.calibrate",
+    "comms": "analysis.comms",
+    "fits": "analysis.fit",
+    "flops": "analysis.flops",
+    "register_flops": "analysis.flops",
+    "unregister_flops": "analysis.flops",
+    "LiveStorages": "analysis.live",
+    "memory": "analysis.memory",
+    "Efficiency": "analysis.runtime",
+    "runtime": "analysis.runtime",
+    "module_table": "analysis.tables",
+    "shape_log": "analysis.tables",
+    "MetaMode": "core.mode",
+    "GPUProfile": "core.profiles",
+    "gpu_profile": "core.profiles",
+    "register_gpu": "core.profiles",
+    "register_meta": "core.registry",
+    "unregister_meta": "core.registry",
+    "MetaTensor": "core.tensor",
+    "check": "debug.check",
+    "checker": "debug.check",
+    "diff": "debug.diff",
+    "Report": "debug.report",
+    "RuleCheck": "debug.verify",
+    "verify_rule": "debug.verify",
+    "Budget": "execution.budget",
+    "materialize": "execution.materialize",
+    "Mismatch": "execution.replay",
+    "Replay": "execution.replay",
+    "replay": "execution.replay",
+    "Leaf": "ir.trace",
+    "OpCall": "ir.trace",
+    "TensorMeta": "ir.trace",
+    "Trace": "ir.trace",
+    "to_meta": "tracing.tracer",
+    "trace": "tracing.tracer",
+    "tracer": "tracing.tracer",
+}
+_SUBPACKAGES = ("analysis", "core", "debug", "execution", "ir", "rules", "testing", "tracing")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name in _SUBPACKAGES:
+        value = _importlib.import_module(f".{name}", __name__)
+    elif name == "__version__":
+        # Written once, in pyproject.toml; an uninstalled checkout has none.
+        import importlib.metadata
+
+        try:
+            value = importlib.metadata.version("metadispatch")
+        except importlib.metadata.PackageNotFoundError:
+            value = "0+unknown"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    hidden = {"_LAZY", "_SUBPACKAGES", "_importlib", "TYPE_CHECKING", "__getattr__", "__dir__"}
+    return sorted((set(globals()) - hidden) | set(__all__) | set(_SUBPACKAGES) | {"__version__"})
+
 
 __all__ = [
     "MetaTensor",

@@ -1,5 +1,6 @@
 """md.to_meta on tensors, modules and pytrees."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -88,6 +89,27 @@ def test_api_all_keeps_every_public_name_and_each_resolves():
     assert sorted(set(PUBLIC_BEFORE_THE_LAYOUT) - set(md.__all__)) == []
     assert [name for name in md.__all__ if not hasattr(md, name)] == []
     assert len(md.__all__) == len(set(md.__all__))
+
+
+def test_api_dir_lists_the_public_names_and_the_subpackages():
+    # the names load on first use (Note [Public names load on first use]),
+    # dir() lists them all the same, and each is the object its module defines
+    import importlib
+
+    listed = dir(md)
+    subpackages = ["analysis", "core", "debug", "execution", "ir", "rules", "testing", "tracing"]
+    assert [n for n in md.__all__ + subpackages + ["__version__"] if n not in listed] == []
+    # besides them only submodules (as many as have been imported: "cli" once
+    # a test ran it); pytest's assertion rewriting adds "@py_builtins" and such
+    others = [n for n in listed if n.isidentifier() and not n.startswith("__") and n not in md.__all__ + subpackages]
+    assert [n for n in others if not isinstance(getattr(md, n), type(md))] == []
+    assert {"_compat", "_rules", "errors"} <= set(others)
+    for name in md.__all__:
+        value = getattr(md, name)
+        if not isinstance(value, type(md)):
+            assert getattr(importlib.import_module(value.__module__), name) is value, name
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        md.nonexistent  # noqa: B018
 
 
 def test_api_version_comes_from_the_package_metadata():

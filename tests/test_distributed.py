@@ -27,10 +27,26 @@ from tests.distributed_cases import comparable, fsdp_shards, real_rank, replay_r
 _REAL: dict = {}
 
 
+def _start(fn, args: tuple, nprocs: int) -> None:
+    """``mp.spawn``, each rank forked from one server process.
+
+    Note [Ranks forked from one server]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A spawned rank is a fresh interpreter that imports torch, torch.distributed,
+    FSDP and metadispatch before it runs a case: about 3 s of CPU each, 14
+    ranks in this file -- most of its time on 2 cores.  A forkserver imports
+    them once (``tests.distributed_cases`` preloaded) and forks every rank
+    from that process, which has run nothing and started no thread, so each
+    rank still starts from a clean state; each case seeds its own RNG.
+    """
+    mp.set_forkserver_preload(["tests.distributed_cases"])
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
 def _spawn(cases: list, world_size: int, tmp_path_factory) -> dict:
     """case -> each rank's result, from one real run of ``cases`` over ``world_size`` processes."""
     out = tmp_path_factory.mktemp(f"world{world_size}")
-    mp.spawn(real_rank, args=(world_size, cases, str(out)), nprocs=world_size)
+    _start(real_rank, (world_size, cases, str(out)), world_size)
     return {c: [json.loads((out / c / f"{r}.json").read_text()) for r in range(world_size)] for c in cases}
 
 
@@ -317,7 +333,7 @@ def test_distributed_each_rank_replays_its_trace_over_gloo(tmp_path):
         trace.save(tmp_path / f"{rank}.json.gz")
         ops |= {c.op for c in trace if not c.op.startswith("aten.")}
     (tmp_path / "ops").write_text("\n".join(sorted(ops)))
-    mp.spawn(replay_rank, args=(2, str(tmp_path)), nprocs=2)
+    _start(replay_rank, (2, str(tmp_path)), 2)
     for rank in range(2):
         result = json.loads((tmp_path / f"replay{rank}.json").read_text())
         assert (result["ok"], result["mismatches"], result["made_up"]) == (True, [], []), f"rank {rank}"

@@ -159,6 +159,13 @@ def test_mode_importing_changes_nothing_global():
         "import metadispatch\n"
         "after = (len(m._global_forward_pre_hooks), len(m._global_forward_hooks), torch.cuda._lazy_init)\n"
         "assert before == after and s() == [], (before, after)\n"
+        # and it loads only the rules and what they need: the rest on first
+        # use (Note [Public names load on first use] in metadispatch/__init__.py)
+        "import sys\n"
+        "later = ('analysis', 'debug', 'execution', 'testing', 'tracing', 'cli')\n"
+        "loaded = [n for n in sys.modules if n.split('.')[:2][-1] in later and n.startswith('metadispatch.')]\n"
+        "assert loaded == [], loaded\n"
+        "assert metadispatch.flops is sys.modules['metadispatch.analysis.flops'].flops\n"
     )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
