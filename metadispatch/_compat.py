@@ -528,7 +528,10 @@ def function_mode_stack() -> list:
 # took the profile's fused one, and torch.utils.checkpoint refused the
 # differing saved tensors.  So backward is run as ``torch.autograd.backward``
 # runs it, from below its torch-function check, with the mode back on the
-# stack (``engine_backward``).
+# stack (``engine_backward``).  The calls the engine dispatches take the mode
+# off again while the MetaMode answers them (``MetaMode.__torch_dispatch__``):
+# rules, known values and md.check's real runs call torch functions, which
+# must not be swapped or overridden there, as in a forward.
 def engine_backward(mode, tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None) -> None:
     """``torch.autograd.backward``'s body below its torch-function check, with
     ``mode`` on the function-mode stack for the engine's run."""
@@ -552,6 +555,24 @@ def engine_backward(mode, tensors, grad_tensors=None, retain_graph=None, create_
         )
     finally:
         remove_function_mode(mode)
+
+
+function_stack_len = torch._C._len_torch_function_stack
+
+
+def top_function_mode():
+    n = torch._C._len_torch_function_stack()
+    return torch._C._get_function_stack_at(n - 1) if n else None
+
+
+def call_without_function_mode(mode, fn, *args):
+    """``fn(*args)`` with ``mode`` (the top of the function-mode stack) off it
+    for the duration, as torch takes a mode off while its handler runs."""
+    torch._C._pop_torch_function_stack()
+    try:
+        return fn(*args)
+    finally:
+        torch._C._push_on_torch_function_stack(mode)
 
 
 def push_function_mode(mode) -> None:

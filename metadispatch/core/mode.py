@@ -38,6 +38,7 @@ _CPU = torch.device("cpu")
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_FUNCTION_STACK_LEN = _compat.function_stack_len
 
 
 class MetaMode(_compat.TorchDispatchMode):
@@ -112,6 +113,11 @@ class MetaMode(_compat.TorchDispatchMode):
             # C++ asking a logical-CPU MetaTensor for its device, two or three
             # times per traced call (Note [Backend keys of a logical CPU]).
             return args[0].device
+        if _FUNCTION_STACK_LEN() and _compat.top_function_mode() is _SWAP:
+            # A backward's engine runs with the function mode pushed (Note
+            # [Backward under the function mode] in _compat.py); the call and
+            # its rules run without it, as every call in a forward does.
+            return _compat.call_without_function_mode(_SWAP, dispatch, func, args, kwargs or {}, self)
         return dispatch(func, args, kwargs or {}, self)
 
     @classmethod
