@@ -59,16 +59,27 @@ def module_table(trace: Trace, flops=None, memory=None, depth: int | None = None
     """
     flops = flops if flops is not None else count_flops(trace)
     memory = memory if memory is not None else measure(trace)
-    stats: dict = {}
+    # Summed per module first, then into its ancestors: per call, the walk up
+    # the module path cost a third of `metadispatch trace`'s report.
+    own: dict = {}  # module -> [fw calls, bw calls, fw FLOPs, bw FLOPs]
     for call, n in zip(trace.calls, flops.per_call):
-        for m in ancestors(call.module):
-            s = stats.setdefault(m, Counter())
-            bw = "bw" if call.phase == "backward" else "fw"
-            s[bw + " calls"] += 1
-            s[bw + " FLOPs"] += n or 0
+        sums = own.get(call.module)
+        if sums is None:
+            sums = own[call.module] = [0, 0, 0, 0]
+        bw = call.phase == "backward"
+        sums[bw] += 1
+        sums[2 + bw] += n or 0
+    stats: dict = {}
+    for module, (fw_calls, bw_calls, fw_flops, bw_flops) in own.items():
+        for m in ancestors(module):
+            s = stats.get(m) or stats.setdefault(m, Counter())
+            s["fw calls"] += fw_calls
+            s["bw calls"] += bw_calls
+            s["fw FLOPs"] += fw_flops
+            s["bw FLOPs"] += bw_flops
     for info in memory.storages.values():
         for m in ancestors(info.module):
-            s = stats.setdefault(m, Counter())
+            s = stats.get(m) or stats.setdefault(m, Counter())
             if info.category == "params":
                 s["params"] += info.allocated
             elif info.category == "activations" and info in memory.live_at_peak:
