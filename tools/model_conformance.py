@@ -160,6 +160,16 @@ def _hf(kind):
         import transformers as tf
 
         ids = torch.randint(0, 100, (2, 12))
+        encoder_decoder = dict(  # bart and whisper: one layer each side
+            vocab_size=100,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+        )
         small = dict(
             vocab_size=100,
             hidden_size=32,
@@ -197,17 +207,7 @@ def _hf(kind):
             cfg = tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=8)
             return tf.MambaForCausalLM(cfg), (ids,)
         if kind == "bart":
-            cfg = tf.BartConfig(
-                vocab_size=100,
-                d_model=32,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=64,
-                decoder_ffn_dim=64,
-                max_position_embeddings=32,
-            )
+            cfg = tf.BartConfig(**encoder_decoder, max_position_embeddings=32)
             return tf.BartForConditionalGeneration(cfg), (ids, None, ids)
         if kind == "wav2vec2":
             cfg = tf.Wav2Vec2Config(
@@ -231,14 +231,7 @@ def _hf(kind):
             return model, (ids,)
         if kind == "whisper":
             cfg = tf.WhisperConfig(
-                vocab_size=100,
-                d_model=32,
-                encoder_layers=1,
-                decoder_layers=1,
-                encoder_attention_heads=4,
-                decoder_attention_heads=4,
-                encoder_ffn_dim=64,
-                decoder_ffn_dim=64,
+                **encoder_decoder,
                 num_mel_bins=16,
                 max_source_positions=16,
                 max_target_positions=16,

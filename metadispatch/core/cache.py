@@ -115,6 +115,7 @@ import threading
 import torch
 
 from .. import _compat
+from ..ir.records import PLAIN_TYPES
 from ..ir.trace import TensorMeta
 from . import registry
 from .tensor import META, MetaTensor, wrap
@@ -129,7 +130,7 @@ _TOTAL = [0]  # bytes of every entry in _SHARED
 _CONTEXTS: dict = {}  # context tuple -> the one every stored key shares
 _SLOT = 8 + 3 * 8 * 2 + sys.getsizeof((None, None))  # a dict slot (a table 1/3 to 2/3 full) and the value tuple
 _STORE_LOCK = threading.Lock()
-_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_HASHABLE = PLAIN_TYPES
 
 
 _TORCH = torch.__version__

@@ -391,12 +391,8 @@ class _SwapReal(_compat.TorchFunctionMode):
                 return override(*args, **kwargs)
             if func in _BACKWARD:
                 # Note [Backward under the function mode] in _compat.py
-                bound = _BACKWARD[func](*args, **kwargs)
-                if types == _META_ONLY:
-                    with _compat.no_torch_function_subclass():
-                        return _compat.engine_backward(self, **bound)
-                return _compat.engine_backward(self, **bound)
-            if func in _READS_VALUES and type(first) is MetaTensor:
+                func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
+            elif func in _READS_VALUES and type(first) is MetaTensor:
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in: the C method refuses a
                 # subclass; ours answers from the known value.

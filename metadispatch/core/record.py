@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .. import _compat
+from ..ir.records import PLAIN_TYPES
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
 from . import world
@@ -374,7 +375,7 @@ class Recorder:
 _AS_STRIDED = torch.ops.aten.as_strided.default
 _TUPLE_NEW = tuple.__new__
 # Argument types encode() passes through untouched.
-_PLAIN = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
+_PLAIN = frozenset(PLAIN_TYPES)
 
 
 def _swap(x, old: TensorMeta, new: TensorMeta):

@@ -16,6 +16,7 @@ from .._compat import pytree
 from .text import clip
 
 __all__ = [
+    "PLAIN_TYPES",
     "TensorMeta",
     "Leaf",
     "Group",
@@ -84,6 +85,11 @@ def type_str(
 # A record is stored once and printed at every use; an 8-dimensional tensor
 # with large strides prints in about 100 characters (see ``clip``).
 _SHOWN_CHARS = 200
+
+
+# Argument values that are their own record: kept as they are in a call's
+# arguments, and in cache keys as ``(type, value)``.
+PLAIN_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
 class TensorMeta(NamedTuple):
