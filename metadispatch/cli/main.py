@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import os
 import shutil
 import sys
@@ -475,6 +476,14 @@ def console() -> int:
     [Reference kernels without dynamo in the command line].
     """
     _compat.skip_dynamo_in_reference_kernels()
+    # Note [A command line that owns its heap]: what torch built at import
+    # (about a million objects) lives until the process ends, so the cyclic
+    # collector need not walk it again during the step, nor in the three
+    # full collections of interpreter shutdown (~0.5 s of ``metadispatch
+    # trace`` on 2 cores).  Frozen objects are freed by the exit itself;
+    # atexit handlers, thread joins and flushes still run.  Only here: in
+    # the user's process this would keep their garbage alive.
+    gc.freeze()
     # MODULE:CALLABLE names the user's own modules, from where they stand, as
     # ``python -m`` would find them; an installed script's path lacks ".".
     sys.path.insert(0, os.getcwd())
@@ -486,6 +495,8 @@ def console() -> int:
         # not raise again, and stop as ``head`` would leave a writer.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        gc.freeze()  # and what the step built (see the Note above)
 
 
 def main(argv=None) -> int:
