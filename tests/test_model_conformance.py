@@ -51,3 +51,30 @@ def test_model_conformance_column_failure_is_a_result():
     row = conformance.check("nn.ctc")
     assert row["traces"] == "error" and row["cuda"] == "error" and row["materialize"] == "yes"
     assert "DataDependentError" in row["notes"]
+
+
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "model-conformance.md")
+
+
+def test_docs_tables_name_every_configuration():
+    # CI compares a whole run with these tables (--expect): each names every
+    # configuration its environment runs, and only known ones.
+    for version, count in (("2.14", 41), ("2.13", 26)):
+        rows = conformance.expected(DOC, version)
+        assert len(rows) == count and set(rows) <= set(conformance.CONFIGS), version
+        assert all(set(r) == set(conformance.COLUMNS[1:-1]) for r in rows.values())
+
+
+def test_expect_reports_each_difference():
+    want = conformance.expected(DOC, "2.14")
+    row = {"config": "nn.gru", **want["nn.gru"], "notes": "anything"}
+    assert conformance.differences([row], {"nn.gru": want["nn.gru"]}) == []
+    changed = dict(row, ops="no")
+    assert conformance.differences([changed], {"nn.gru": want["nn.gru"]}) == ["nn.gru: {'ops': 'yes -> no'}"]
+    # A row the run lacks, a library not installed (left out) and a model
+    # that cannot be built (a difference):
+    assert conformance.differences([], {"nn.gru": want["nn.gru"]}) == ["nn.gru: only in the docs"]
+    absent = {"config": "tv.resnet18", "skipped": "torchvision not installed"}
+    assert conformance.differences([row, absent], {"nn.gru": want["nn.gru"]}) == []
+    broken = {"config": "nn.gru", "skipped": "cannot build: ValueError: x"}
+    assert conformance.differences([broken], {"nn.gru": want["nn.gru"]})[0].startswith("nn.gru: {'traces': 'yes -> skipped'")

@@ -32,10 +32,15 @@ subset; the table in ``docs/model-conformance.md`` comes from::
 
     python tools/model_conformance.py            # every configuration
     python tools/model_conformance.py lstm gpt2  # some
+
+``--expect docs/model-conformance.md`` compares every result column with the
+docs' table for the installed torch and exits 1 on a difference; CI runs it
+on both torch versions, so the table stays what the tool says.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib.util
 import os
@@ -588,8 +593,53 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    names = [n for n in CONFIGS if not argv or any(a in n for a in argv)]
+def expected(path: str, version: str) -> dict[str, dict]:
+    """The rows of the table in ``path`` that follows the line
+    ``<!-- model-conformance torch X.Y -->`` for this torch's ``X.Y``:
+    config -> its result columns (the notes are written for people)."""
+    lines = open(path, encoding="utf-8").read().splitlines()
+    marker = f"<!-- model-conformance torch {version} -->"
+    if marker not in lines:
+        raise SystemExit(f"{path} has no table marked {marker!r}")
+    rows = {}
+    for line in lines[lines.index(marker) + 1 :]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        installed = not (cells[1].startswith("skipped:") and cells[1].endswith("not installed"))
+        if len(cells) == len(COLUMNS) and cells[0] not in ("config", "---") and installed:
+            rows[cells[0]] = dict(zip(COLUMNS[1:-1], cells[1:-1]))
+    return rows
+
+
+def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
+    """Each configuration whose result columns differ from ``want``, or is missing on either side."""
+    # A library that is not installed leaves its rows out; a model that cannot
+    # be built or run is a difference.
+    got = {
+        r["config"]: {c: str(r.get(c, "skipped")) for c in COLUMNS[1:-1]}
+        for r in rows
+        if not r.get("skipped", "").endswith("not installed")
+    }
+    out = []
+    for name in sorted(got.keys() | want.keys()):
+        if got.get(name) != want.get(name):
+            changed = {c: (want.get(name, {}).get(c), got.get(name, {}).get(c)) for c in COLUMNS[1:-1]}
+            diff = {c: f"{a} -> {b}" for c, (a, b) in changed.items() if a != b}
+            out.append(f"{name}: {diff if name in got and name in want else 'only in the ' + ('run' if name in got else 'docs')}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="run the configurations whose names contain one of these")
+    parser.add_argument(
+        "--expect",
+        metavar="DOC",
+        help="compare every result column with DOC's table for this torch version; exit 1 on a difference",
+    )
+    args = parser.parse_args(argv)
+    names = [n for n in CONFIGS if not args.names or any(a in n for a in args.names)]
     torch.set_num_threads(1)
     rows = []
     for n in names:
@@ -597,7 +647,18 @@ def main(argv: list[str]) -> None:
         print(rows[-1], file=sys.stderr, flush=True)
     print(f"torch {torch.__version__}\n")
     print(table(rows))
+    if args.expect:
+        want = expected(args.expect, ".".join(torch.__version__.split(".")[:2]))
+        if args.names:
+            want = {k: v for k, v in want.items() if k in names}
+        diff = differences(rows, want)
+        if diff:
+            print(f"\n{len(diff)} configurations differ from {args.expect} (update its table if the change is right):")
+            print("\n".join("  " + d for d in diff))
+            return 1
+        print(f"\nevery row equals {args.expect}")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    raise SystemExit(main(sys.argv[1:]))
