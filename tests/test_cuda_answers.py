@@ -124,6 +124,7 @@ def _snapshot(mode):
     return {
         "calls": len(t.calls),
         "deaths": dict(t.deaths),
+        "leaves": dict(t.leaves),
         "allocated": torch.cuda.memory_allocated(),
         "peak": torch.cuda.max_memory_allocated(),
         "reserved": torch.cuda.memory_reserved(),
@@ -134,9 +135,9 @@ def _snapshot(mode):
 
 
 def _prefix(trace, seen):
-    """The trace as it stood when ``seen`` was taken: its calls and the deaths recorded by then."""
+    """The trace as it stood when ``seen`` was taken: its calls, and the deaths and leaves recorded by then."""
     p = copy.copy(trace)
-    p.calls, p.deaths = trace.calls[: seen["calls"]], seen["deaths"]
+    p.calls, p.deaths, p.leaves = trace.calls[: seen["calls"]], seen["deaths"], seen["leaves"]
     return p
 
 

@@ -171,3 +171,39 @@ def test_memory_live_storages_skips_what_is_not_a_tensor():
     with md.LiveStorages(x, None, 3) as live:
         y = x * 2
     assert live.peak == x.nbytes + y.nbytes
+
+
+class _PartlyUsed(torch.nn.Module):
+    """A step that never reads some of the model: a head it skips, a buffer, an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 1000)  # not run by this step
+        self.register_buffer("table", torch.ones(300), persistent=False)
+
+    def forward(self, x, unused):
+        return self.body(x).relu().sum()
+
+
+def test_memory_counts_state_the_step_never_reads(tmp_path):
+    # Note [State the step never reads]: the head, the buffer and the argument
+    # sit in the device's memory while the step runs; the real run counts them.
+    model, inputs = _PartlyUsed(), (torch.randn(4, 16), torch.randn(500))
+
+    def step(m, x, unused):
+        m(x, unused).backward()
+
+    trace = md.trace(step, model, *inputs)
+    m = md.memory(trace, workspaces=False)
+    live = _real_peak(step, model, inputs)
+    assert m.timeline == live.timeline and m.peak == live.peak
+    names = {leaf.name for leaf in trace.leaves.values()}
+    assert {"head.weight", "head.bias", "table"} <= names
+    assert not any(c.inputs and c.inputs[0].shape == (1000, 16) for c in trace.calls)  # never read
+    # An unread leaf saves, loads and replays like any other.
+    trace.save(tmp_path / "t.json")
+    loaded = md.Trace.load(tmp_path / "t.json")
+    assert md.memory(loaded, workspaces=False).peak == live.peak
+    r = md.replay(loaded, (model, *inputs))
+    assert r.ok, str(r)

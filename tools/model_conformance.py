@@ -617,7 +617,7 @@ def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
     # A library that is not installed leaves its rows out; a model that cannot
     # be built or run is a difference.
     got = {
-        r["config"]: {c: str(r.get(c, "skipped")) for c in COLUMNS[1:-1]}
+        r["config"]: {c: str(r.get(c, "skipped" if "skipped" in r else "-")) for c in COLUMNS[1:-1]}
         for r in rows
         if not r.get("skipped", "").endswith("not installed")
     }
@@ -626,7 +626,9 @@ def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
         if got.get(name) != want.get(name):
             changed = {c: (want.get(name, {}).get(c), got.get(name, {}).get(c)) for c in COLUMNS[1:-1]}
             diff = {c: f"{a} -> {b}" for c, (a, b) in changed.items() if a != b}
-            out.append(f"{name}: {diff if name in got and name in want else 'only in the ' + ('run' if name in got else 'docs')}")
+            if name not in want or name not in got:
+                diff = "only in the " + ("run" if name in got else "docs")
+            out.append(f"{name}: {diff}")
     return out
 
 

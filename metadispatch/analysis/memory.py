@@ -7,7 +7,8 @@ the call before its death, as recorded while tracing (Note [Storage numbers
 and deaths] in ``record.py``); a trace without recorded deaths (loaded from
 elsewhere) falls back to "dies after its last use", which can only free
 earlier than a real run does.  Leaves -- parameters, buffers, inputs -- are
-live from the start.  Bytes are the extent the tensors reach in the storage;
+live from the start, also those no call reads (Note [State the step never
+reads] in ``tracing/tracer.py``).  Bytes are the extent the tensors reach in the storage;
 on CUDA they are rounded up to the caching allocator's 512-byte blocks, as
 ``MemTracker`` does.
 
@@ -103,6 +104,12 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
                 )
             info.nbytes = max(info.nbytes, tensor_bytes(m))
             info.last_use = i
+    for leaf in trace.leaves.values():  # Note [State the step never reads] in tracing/tracer.py
+        m = leaf.meta
+        info = out.get(m.storage)
+        if info is None:
+            info = out[m.storage] = _leaf_info(trace, m)
+            info.nbytes = tensor_bytes(m)
     for g in trace.grads.values():
         if g.storage in out:
             out[g.storage].category = "grads"

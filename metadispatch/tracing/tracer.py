@@ -119,13 +119,29 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             tr.output = out
             tr.output_meta = pytree.tree_map(lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
             tr.grads = standins.grads(rec.meta_of)
-            rec.bind_views(_named(standins, margs, mkwargs))
+            named = _named(standins, margs, mkwargs)
+            for t in named:  # Note [State the step never reads]
+                rec.meta_of(t)
+            rec.bind_views(named)
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
     return tr
 
 
+# Note [State the step never reads]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A parameter, buffer or argument the traced code never passes to an op
+# (LLaMA's ``original_inv_freq``, a head the step skips, an unused input) is
+# still in the device's memory while the step runs: the real run's peak
+# counts it.  It used to be no leaf of the trace, and md.memory, which counts
+# the storages calls read, left it out (16 B short of the real peak on
+# transformers' LLaMA, the whole head on a model whose step skips it).  So
+# every tensor md.trace named becomes a leaf once the step is done, read or
+# not; md.memory counts each leaf from the start.  Leaves the step read keep
+# the number their first read gave them (printed traces do not move); one
+# never read is numbered after the last call.  Such a tensor dropped during
+# the step (``m.head = None``) is counted to the end: its death is not seen.
 def _named(standins: StandIns, margs, mkwargs) -> list:
     """Every stand-in ``md.trace`` named: arguments, parameters, buffers, and their ``.grad``."""
     found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
