@@ -9,6 +9,7 @@ import gc
 import sys
 import threading
 import types
+from collections.abc import Mapping
 from types import FrameType
 
 import torch
@@ -528,7 +529,9 @@ def function_mode_stack() -> list:
 # took the profile's fused one, and torch.utils.checkpoint refused the
 # differing saved tensors.  So backward is run as ``torch.autograd.backward``
 # runs it, from below its torch-function check, with the mode back on the
-# stack (``engine_backward``).  The calls the engine dispatches take the mode
+# stack (``engine_backward``), and ``torch.autograd.grad`` likewise
+# (``engine_grad``: a gradient penalty through a checkpointed block failed
+# the same way).  The calls the engine dispatches take the mode
 # off again while the MetaMode answers them (``MetaMode.__torch_dispatch__``):
 # rules, known values and md.check's real runs call torch functions, which
 # must not be swapped or overridden there, as in a forward.
@@ -555,6 +558,73 @@ def engine_backward(mode, tensors, grad_tensors=None, retain_graph=None, create_
         )
     finally:
         remove_function_mode(mode)
+
+
+def engine_grad(
+    mode,
+    outputs,
+    inputs,
+    grad_outputs=None,
+    retain_graph=None,
+    create_graph=False,
+    only_inputs=True,
+    allow_unused=None,
+    is_grads_batched=False,
+    materialize_grads=False,
+):
+    """``torch.autograd.grad``'s body below its torch-function check, with
+    ``mode`` on the function-mode stack for the engine's run (Note [Backward
+    under the function mode]).  Batched gradients (``is_grads_batched``) and
+    the arguments torch warns about or refuses go to torch's own ``grad``."""
+    autograd = torch.autograd
+    if is_grads_batched or not only_inputs or (isinstance(inputs, Mapping) and type(inputs) is not dict):
+        # vmap's machinery, a deprecation warning, a TypeError: torch's own.
+        return autograd.grad(
+            outputs,
+            inputs,
+            grad_outputs,
+            retain_graph,
+            create_graph,
+            only_inputs,
+            allow_unused,
+            True,
+            materialize_grads,
+        )
+    if materialize_grads and allow_unused is False:
+        raise ValueError(
+            "Expected allow_unused to be True or not passed when materialize_grads=True, but got: allow_unused=False."
+        )
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    edge = autograd.graph.GradientEdge
+    outputs = (outputs,) if isinstance(outputs, (torch.Tensor, edge)) else tuple(outputs)
+    if isinstance(inputs, (torch.Tensor, edge)):
+        inputs_tuple: tuple = (inputs,)
+    elif type(inputs) is dict:
+        inputs_tuple = tuple(inputs.values())
+    else:
+        inputs_tuple = tuple(inputs)
+    if not inputs_tuple:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
+    grads = autograd._tensor_or_tensors_to_tuple(grad_outputs, len(outputs))
+    grads = autograd._make_grads(outputs, grads, is_grads_batched=False)
+    if retain_graph is None:
+        retain_graph = create_graph
+    push_function_mode(mode)
+    try:
+        result = autograd.graph._engine_run_backward(
+            outputs, grads, retain_graph, create_graph, inputs_tuple, allow_unused, accumulate_grad=False
+        )
+    finally:
+        remove_function_mode(mode)
+    if materialize_grads:
+        if any(r is None and not isinstance(i, torch.Tensor) for r, i in zip(result, inputs_tuple)):
+            raise RuntimeError("materialize_grads cannot be used when the given input is a GradientEdge")
+        result = tuple(
+            r if r is not None else torch.zeros_like(i, requires_grad=create_graph)
+            for r, i in zip(result, inputs_tuple)
+        )
+    return dict(zip(inputs.keys(), result)) if type(inputs) is dict else result
 
 
 function_stack_len = torch._C._len_torch_function_stack

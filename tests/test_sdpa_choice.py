@@ -195,3 +195,53 @@ def test_sdpa_checkpoint_recompute_takes_the_forward_kernel(reentrant):
     assert fused.startswith("aten._scaled_dot_product_") and "math" not in fused
     # forward, its recomputation in backward, then the fused backward op
     assert attention == [fused, fused, fused.replace(".default", "_backward.default")]
+
+
+def test_sdpa_checkpoint_recompute_under_autograd_grad_takes_the_forward_kernel():
+    # The same for torch.autograd.grad (a gradient penalty, a meta-learning
+    # step): its engine ran without the mode too (CheckpointError, 9 saved
+    # tensors against 7).
+    from torch.utils.checkpoint import checkpoint
+
+    def block(q):
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def step(q):
+        (g,) = torch.autograd.grad(checkpoint(block, q, use_reentrant=False).sum(), q)
+        return g
+
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
+    trace = md.tracer(device="cuda", gpu="h100")(step, q)
+    attention = [c.op for c in trace.calls if "attention" in c.op or c.op == "aten.bmm.default"]
+    fused = attention[0]
+    assert fused.startswith("aten._scaled_dot_product_") and "math" not in fused
+    assert attention == [fused, fused, fused.replace(".default", "_backward.default")]
+    assert trace.output_meta.shape == q.shape and trace.output_meta.device.type == "cuda"
+
+
+@pytest.mark.parametrize("how", ["tuple", "dict", "materialize", "create_graph"])
+def test_autograd_grad_under_a_mode_answers_as_eager(how):
+    # torch.autograd.grad runs through the mode's own copy of its body
+    # (_compat.engine_grad): each way of calling it gives eager's answer.
+    lin, x = torch.nn.Linear(4, 3), torch.randn(2, 4, requires_grad=True)
+    unused = torch.zeros(5, requires_grad=True)
+
+    def step(lin, x, unused):
+        y = lin(x).square().sum()
+        if how == "tuple":
+            return torch.autograd.grad(y, (x, lin.weight))
+        if how == "dict":
+            return torch.autograd.grad(y, {"x": x, "w": lin.weight})
+        if how == "materialize":
+            return torch.autograd.grad(y, (x, unused), materialize_grads=True)
+        (g,) = torch.autograd.grad(y, x, create_graph=True)
+        return torch.autograd.grad(g.sum(), lin.weight)
+
+    eager = step(lin, x, unused)
+    trace = md.trace(step, lin, x, unused)
+    got = trace.output_meta
+    if how == "dict":
+        assert list(got) == list(eager)
+        got, eager = list(got.values()), list(eager.values())
+    assert [(m.shape, m.dtype, m.stride) for m in got] == [(e.shape, e.dtype, e.stride()) for e in eager]
+    assert md.replay(trace, (lin, x, unused)).ok

@@ -392,6 +392,8 @@ class _SwapReal(_compat.TorchFunctionMode):
             if func in _BACKWARD:
                 # Note [Backward under the function mode] in _compat.py
                 func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
+            elif func is _GRAD:
+                func, args = _compat.engine_grad, (self, *args)
             elif func in _READS_VALUES and type(first) is MetaTensor:
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in: the C method refuses a
@@ -434,6 +436,7 @@ def _autograd_backward(
 # Tensor.backward's and torch.autograd.backward's parameters as
 # _compat.engine_backward's (Note [Backward under the function mode]).
 _BACKWARD = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _autograd_backward}
+_GRAD = torch.autograd.grad  # its parameters are _compat.engine_grad's
 
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
