@@ -188,6 +188,10 @@ def test_sdpa_checkpoint_recompute_takes_the_forward_kernel(reentrant):
     def step(q):
         checkpoint(block, q, use_reentrant=reentrant).sum().backward()
 
+    _assert_recompute_takes_the_forward_kernel(step)
+
+
+def _assert_recompute_takes_the_forward_kernel(step):
     q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     trace = md.tracer(device="cuda", gpu="h100")(step, q)
     attention = [c.op for c in trace.calls if "attention" in c.op or c.op == "aten.bmm.default"]
@@ -195,6 +199,7 @@ def test_sdpa_checkpoint_recompute_takes_the_forward_kernel(reentrant):
     assert fused.startswith("aten._scaled_dot_product_") and "math" not in fused
     # forward, its recomputation in backward, then the fused backward op
     assert attention == [fused, fused, fused.replace(".default", "_backward.default")]
+    return trace, q
 
 
 def test_sdpa_checkpoint_recompute_under_autograd_grad_takes_the_forward_kernel():
@@ -210,12 +215,7 @@ def test_sdpa_checkpoint_recompute_under_autograd_grad_takes_the_forward_kernel(
         (g,) = torch.autograd.grad(checkpoint(block, q, use_reentrant=False).sum(), q)
         return g
 
-    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16, requires_grad=True)
-    trace = md.tracer(device="cuda", gpu="h100")(step, q)
-    attention = [c.op for c in trace.calls if "attention" in c.op or c.op == "aten.bmm.default"]
-    fused = attention[0]
-    assert fused.startswith("aten._scaled_dot_product_") and "math" not in fused
-    assert attention == [fused, fused, fused.replace(".default", "_backward.default")]
+    trace, q = _assert_recompute_takes_the_forward_kernel(step)
     assert trace.output_meta.shape == q.shape and trace.output_meta.device.type == "cuda"
 
 
