@@ -256,3 +256,25 @@ def test_cuda_answers_a_logical_world_answers_its_ranks_memory():
     m = md.memory(_prefix(mode.trace, s), allocator="cuda", gpu=md.gpu_profile(None))
     assert (s["peak"], s["reserved_peak"]) == (m.peak, m.reserved_peak) and s["peak"] > 0
     assert torch.cuda.max_memory_allocated() == 0  # torch's own again
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a real CUDA generator answers for itself")
+def test_cuda_answers_rng_state_on_a_logical_gpu_is_a_slot():
+    # Note [A logical GPU's generator state]: saving and restoring the GPU's
+    # state (fork_rng, a trainer's checkpoint) raised "Torch not compiled with
+    # CUDA enabled" although is_available() said True; it is recorded as the
+    # slots a real GPU's replay reads and writes.
+    def step(x):
+        with torch.random.fork_rng(devices=[0]):
+            torch.nn.functional.dropout(x, 0.5)
+        saved = torch.cuda.get_rng_state()
+        torch.nn.functional.dropout(x, 0.5)
+        torch.cuda.set_rng_state(saved)
+        torch.cuda.set_rng_state_all(torch.cuda.get_rng_state_all())
+        return x
+
+    trace = md.tracer(device="cuda", gpu="h100")(step, torch.randn(8))
+    cuda = [(e.action, e.slot) for e in trace.rng_events if e.stream == "cuda:0"]
+    assert cuda == [("save", 1), ("load", 1), ("save", 2), ("load", 2), ("save", 3), ("load", 3)]
+    with pytest.raises(Exception, match="CUDA"):  # torch's own answer again outside the mode
+        torch.cuda.get_rng_state()

@@ -20,8 +20,9 @@ logical world (logical_cuda.py), which order nothing: a trace is one
 sequence of calls, and an event's ``elapsed_time`` is 0.  ``Stream`` and
 ``Event`` stay classes, so ``isinstance`` keeps working in every thread.
 (``torch.cuda.manual_seed`` and the other RNG functions are recorded by
-rngstate.py; ``is_initialized`` stays false, as no CUDA generator state
-exists to save.)
+rngstate.py, which answers ``get_rng_state`` with a handle where no CUDA
+generator exists; ``is_initialized`` stays false, so torch's own
+utilities -- checkpointing -- save no CUDA state.)
 
 The functions are replaced on ``torch.cuda`` (and, for the memory counters,
 on ``torch.cuda.memory``, whose own functions call each other there; the
@@ -159,6 +160,13 @@ def wanted(device, gpu_named: bool, world: bool = False) -> bool:
     real one (world.py answers the rest of ``torch.cuda`` for it)."""
     cuda = world or device is not None and device.type == "cuda"
     return cuda and (gpu_named or not _REAL_IS_AVAILABLE())
+
+
+def without_generator() -> bool:
+    """Whether a logical GPU answers this thread on a host without CUDA: no
+    CUDA generator exists behind ``torch.cuda``'s RNG state functions
+    (rngstate.py, Note [A logical GPU's generator state])."""
+    return not _REAL_IS_AVAILABLE() and _current() is not None
 
 
 def _current() -> _Answering | None:

@@ -59,6 +59,7 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError
+from . import cuda_answers
 from ..ir.rng import GeneratorRef, RngEvent
 
 __all__ = ["RngLog", "install", "WIRING", "start_states"]
@@ -299,8 +300,30 @@ def _manual_seed(seed):
     return out
 
 
+_CUDA_BYTES = 16  # a CUDA generator's state: its seed and its Philox offset, 8 bytes each
+
+
 def _cuda_get_rng_state(device="cuda") -> torch.Tensor:
-    state = _TORCH["cuda.get_rng_state"](device)
+    """Note [A logical GPU's generator state]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    On a host without CUDA a logical GPU has no generator: torch's
+    ``get_rng_state`` raised "Torch not compiled with CUDA enabled" while
+    ``torch.cuda.is_available()`` said True, so code that saves and restores
+    the GPU's state around a block (``torch.random.fork_rng``, a trainer
+    saving its RNG state) died.  What such code needs is Note [RNG state as
+    slots]: which read a later write restores, not the bytes.  So the read
+    returns a handle -- 16 zero bytes, a CUDA state's size -- recorded as a
+    slot, and a write of it is "load that slot", which replay on a real GPU
+    performs with the real states; a write of other bytes is recorded with
+    them and sets nothing here.  The bytes are not the state a real GPU
+    would report, and nothing in the trace draws from them: draws on a
+    logical GPU's stream replay as made up (execution/streams.py).
+    """
+    if cuda_answers.without_generator():
+        with _compat.no_python_dispatch(), _compat.no_torch_function():  # a real tensor, no op
+            state = torch.zeros(_CUDA_BYTES, dtype=torch.uint8)
+    else:
+        state = _TORCH["cuda.get_rng_state"](device)
     log = WIRING.current()
     if log is not None:
         log.save(_cuda_stream(device), state)
@@ -311,7 +334,8 @@ def _cuda_set_rng_state(new_state: torch.Tensor, device="cuda") -> None:
     log = WIRING.current()
     if log is not None:
         _refuse_computed(_cuda_stream(device), new_state)
-    _TORCH["cuda.set_rng_state"](new_state, device)
+    if not cuda_answers.without_generator():  # Note [A logical GPU's generator state]
+        _TORCH["cuda.set_rng_state"](new_state, device)
     if log is not None:
         log.load(_cuda_stream(device), new_state)
 
