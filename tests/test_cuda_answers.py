@@ -278,3 +278,25 @@ def test_cuda_answers_rng_state_on_a_logical_gpu_is_a_slot():
     assert cuda == [("save", 1), ("load", 1), ("save", 2), ("load", 2), ("save", 3), ("load", 3)]
     with pytest.raises(Exception, match="CUDA"):  # torch's own answer again outside the mode
         torch.cuda.get_rng_state()
+
+
+def test_autocast_on_a_logical_gpu_is_refused_not_ignored():
+    # Note [Autocast on a logical GPU]: C++ autocast casts nothing on a
+    # logical GPU's tensors; the trace was a float32 program, said confidently.
+    def step(x, w):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return x @ w
+
+    with pytest.raises(md.UnsupportedFeatureError, match=r"torch.autocast\('cuda'\) on a logical cuda") as e:
+        md.tracer(device="cuda", gpu="h100")(step, torch.randn(4, 8), torch.randn(8, 8))
+    assert "test_cuda_answers.py" in "".join(getattr(e.value, "__notes__", []))  # the user's line
+    # autocast("cuda") around work on a logical CPU changes nothing there, as on a real CPU
+    trace = md.trace(step, torch.randn(4, 8), torch.randn(8, 8))
+    assert [c.op for c in trace.calls] == ["aten.mm.default"] and trace.calls[0].output_metas[0].dtype == torch.float32
+
+    # and autocast on a logical CPU still casts, as eager does
+    def cpu_step(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return x @ w
+
+    assert md.trace(cpu_step, torch.randn(4, 8), torch.randn(8, 8)).output_meta.dtype == torch.bfloat16

@@ -18,7 +18,7 @@ from torch import nn
 
 from .. import _compat
 from .._compat import pytree
-from ..errors import MetaDispatchError
+from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
 from . import composites, cuda_answers, fastpath, known, rngstate
 from .cache import MetaCache
@@ -28,6 +28,7 @@ from .initializers import InitializerRoute
 from .modules import ModuleStack
 from .profiles import GPUProfile, gpu_profile
 from .record import Recorder
+from .source import user_frame
 from .standins import StandIns
 from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
 from .world import World
@@ -380,6 +381,8 @@ class _SwapReal(_compat.TorchFunctionMode):
                     # first forward): MetaTensor's setter carries the trace's record.
                     args[0].data = args[1]
                     return None
+            if _compat.any_autocast():
+                _refuse_autocast(func, args, kwargs)
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
@@ -408,6 +411,42 @@ class _SwapReal(_compat.TorchFunctionMode):
 
 
 _META_ONLY = (MetaTensor,)
+
+# Note [Autocast on a logical GPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torch's autocast is C++ above autograd (``AutocastCUDA``), and it casts only
+# tensors whose C++ device is that device.  A logical GPU's MetaTensor is a
+# meta tensor to C++ (Note [Logical device] in tensor.py; a CUDA key set on
+# a host without CUDA aborts in autograd's device guard), so under
+# ``torch.autocast("cuda")`` nothing was cast and the trace recorded the
+# float32 program a GPU does not run -- activations twice the bytes, the
+# "will it fit" answer wrong with confidence.  Until autocast's CUDA policy
+# is modelled, a torch function given a tensor on a logical device while
+# that device's autocast is on is refused, naming the function and the
+# user's line (checked here, above autograd: below it, in
+# ``__torch_dispatch__``, C++ has turned autocast off).  A logical CPU is
+# exact: its tensors carry CPU's keys (Note [Backend keys of a logical CPU]).
+_AUTOCAST_LOGICAL = ("cuda", "xpu", "mps")
+
+
+def _refuse_autocast(func, args, kwargs) -> None:
+    on = [d for d in _AUTOCAST_LOGICAL if torch.is_autocast_enabled(d)]
+    if not on:
+        return
+    for t in pytree.tree_leaves((args, kwargs)):
+        if type(t) is MetaTensor and t._md_device.type in on:
+            kind = t._md_device.type
+            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+            error = UnsupportedFeatureError(
+                f"{name}: torch.autocast({kind!r}) on a logical {kind} device is not modelled (Note "
+                f"[Autocast on a logical GPU], docs/logical-cuda.md): torch casts only tensors on a real "
+                f"{kind} device, so the trace would leave out the {torch.get_autocast_dtype(kind)} casts "
+                f"and describe a float32 program the GPU does not run. Trace without autocast (a model "
+                "cast with .to(torch.bfloat16) runs its matmuls in bf16 too), or autocast on a logical "
+                "CPU, which is exact"
+            )
+            mark_call(error, name, user_frame())
+            raise error
 
 
 def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> dict:
