@@ -65,7 +65,20 @@ def _stft():
     return lambda x: torch.stft(x, 16, window=window, return_complex=True)
 
 
+def _clipped_step():
+    # Note [Foreach paths for MetaTensors]: clip_grad_norm_ takes its foreach
+    # path on CPU tensors (optimizers: test_logical_gpu_optimizer_... below).
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+
+    def step(x):
+        model(x).square().sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    return step
+
+
 CASES = {
+    "clip_grad_norm": lambda: (_clipped_step(), (4, 8)),
     "autocast_linear": lambda: (_backward(nn.Linear(8, 8), autocast=True), (4, 8)),
     "autocast_conv": lambda: (_backward(nn.Conv2d(3, 8, 3), autocast=True), (2, 3, 10, 10)),
     "autocast_mha": lambda: (_backward(_self_attention(), autocast=True), (2, 5, 8)),
@@ -222,3 +235,37 @@ def test_cpu_fidelity_without_a_mode_same_answers_and_no_plain_meta(case):
     got = _NO_MODE[case](md.to_meta(x))
     assert isinstance(got, md.MetaTensor) and got.device == real.device
     assert (got.shape, got.dtype, got.stride()) == (real.shape, real.dtype, real.stride())
+
+
+def test_logical_gpu_optimizer_takes_the_foreach_path_as_cuda_does():
+    # Note [Foreach paths for MetaTensors]: AdamW's default on CUDA tensors is
+    # foreach; the logical GPU took the single-tensor path.  Eager CPU with
+    # foreach=True dispatches the same ops a GPU's default does.
+    def run(device, foreach):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+        opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
+
+        def step(x):
+            model(x).square().sum().backward()
+            opt.step()
+
+        # (without the profiler ranges optimizers open, which traces do not
+        # record: test_cpu_fidelity_record_function_ops)
+        if device == "eager":
+            calls = md.testing.eager_calls(step, torch.randn(4, 8))
+        else:
+            calls = md.tracer(device=device, gpu="h100" if device == "cuda" else None)(step, torch.randn(4, 8)).calls
+        return [c.op for c in calls if not c.op.startswith("profiler.")]
+
+    foreach = run("eager", True)
+    cuda = run("cuda", None)
+    # The same foreach kernels; only the step counters' increment differs:
+    # under a logical-cuda mode, factories without a device (AdamW's
+    # ``torch.tensor(0.0)`` step) make cuda tensors, which step with the
+    # Scalar overload, where eager's CPU counters take the Tensor one.
+    assert {op for op in foreach if op.startswith("aten._foreach_")} - {"aten._foreach_add_.Tensor"} <= set(cuda)
+    assert not any(op in cuda for op in ("aten.lerp_.Scalar", "aten.addcdiv_.Tensor", "aten.addcmul_.Tensor"))
+    assert run("cpu", None) == run("eager", None) != foreach  # CPU's default: single tensor
+    import torch.optim.optimizer as optimizer  # noqa: PLC0415
+
+    assert md.MetaTensor not in optimizer._foreach_supported_types  # only while a mode is entered

@@ -227,6 +227,9 @@ class MetaMode(_compat.TorchDispatchMode):
         compiled = _compat.eager_compiled()  # Note [Compiled code runs eagerly under a mode]
         entry.steps.append(functools.partial(compiled.__exit__, None, None, None))
         compiled.__enter__()
+        foreach = _compat.foreach_types(MetaTensor)  # Note [Foreach paths for MetaTensors]
+        entry.steps.append(functools.partial(foreach.__exit__, None, None, None))
+        foreach.__enter__()
         entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
         STATE.ambient = self.device or _CPU
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
