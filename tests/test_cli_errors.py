@@ -48,6 +48,9 @@ def _assert_one_line(err: str, message: str):
         (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
         (["trace", "--config", "n_layer=2"], "--config needs --hf"),
         (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+        (["trace", "m:f", "--hf", "gpt2"], "give m:f or --hf gpt2, not both"),
+        (["trace", "m:f", "--dtype", "f32"], "--dtype: for the built-in model and --hf only; m:f makes its own"),
+        (["trace", "m:f", "--batch", "2", "--seq", "8"], "--batch, --seq: for the built-in model and --hf only"),
         (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
         (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
         (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
@@ -479,3 +482,12 @@ def test_cli_config_token_ids_may_be_zero():
     targets.check_overrides(config, {"bos_token_id": 0, "eos_token_id": 0})  # ids, not counts: no error
     with pytest.raises(targets.UsageError, match="n_layer=0: must be an integer of at least 1"):
         targets.check_overrides(config, {"n_layer": 0})
+
+
+def test_cli_dtype_sets_the_built_in_models_dtype(tmp_path, capsys):
+    # --dtype was read for --hf only: the built-in LLaMA stayed bf16 whatever it said.
+    out = tmp_path / "t.json"
+    assert main(["trace", "--dtype", "f32", "--seq", "8", "--forward-only", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("built-in LLaMA-7B (f32, batch 1 x 8 tokens)")
+    params = [leaf.meta for leaf in md.Trace.load(out).leaves.values() if leaf.kind == "param"]
+    assert len(params) == 291 and {p.dtype for p in params} == {torch.float32}

@@ -128,6 +128,14 @@ def _cmd_trace(args) -> int:
     dtype = _DTYPES[args.dtype] if args.dtype else None
     if args.config and not args.hf:
         raise UsageError("--config needs --hf")
+    if args.target and args.hf:
+        raise UsageError(f"give {args.target} or --hf {args.hf}, not both")
+    given = [f"--{o}" for o in ("dtype", "batch", "seq") if getattr(args, o) is not None]
+    if args.target and given:  # the callable makes its own model and inputs: nothing to apply them to
+        raise UsageError(
+            f"{', '.join(given)}: for the built-in model and --hf only; {args.target} makes its own model and inputs"
+        )
+    batch = args.batch if args.batch is not None else 1
     distributed = args.world_size is not None
     if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank):
         raise UsageError("--fsdp, --tp, --dp, --rank and --worst-rank need --world-size")
@@ -145,7 +153,7 @@ def _cmd_trace(args) -> int:
                 targets.parse_overrides(args.config),
                 device,
                 not args.forward_only,
-                args.batch,
+                batch,
                 seq,
                 dtype,
                 lazy=distributed,
@@ -154,7 +162,7 @@ def _cmd_trace(args) -> int:
             t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed)
         else:
             seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(device, not args.forward_only, args.batch, seq, lazy=distributed)
+            t = targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype)
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
@@ -402,8 +410,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--hf", metavar="ARCH", help="a transformers model type built from its config, e.g. llama")
     t.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides for --hf")
     t.add_argument("--device", type=_device, default="cuda", help="logical device (default: cuda)")
-    t.add_argument("--dtype", choices=sorted(_DTYPES), help="cast the --hf model to this dtype")
-    t.add_argument("--batch", type=_at_least(1), default=1, help="batch size (built-in and --hf)")
+    t.add_argument("--dtype", choices=sorted(_DTYPES), help="the model's dtype (built-in, default bf16, and --hf)")
+    t.add_argument("--batch", type=_at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
     t.add_argument("--out", metavar="FILE", help="save the trace")

@@ -82,11 +82,13 @@ def _first_tensor(out):
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
-def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False) -> Target:
-    """LLaMA-7B in bf16, a batch of ``batch`` x ``seq`` tokens."""
+def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None) -> Target:
+    """LLaMA-7B in ``dtype`` (default bf16), a batch of ``batch`` x ``seq`` tokens."""
+    dtype = dtype or torch.bfloat16
+    short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(dtype, str(dtype))
     return _built(
-        f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)",
-        lambda: llama.build(llama.LlamaConfig(), batch, seq),
+        f"built-in LLaMA-7B ({short}, batch {batch} x {seq} tokens)",
+        lambda: llama.build(llama.LlamaConfig(), batch, seq, dtype),
         _train_step(backward),
         device,
         lazy,
