@@ -616,8 +616,10 @@ def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
     """Each configuration whose result columns differ from ``want``, or is missing on either side."""
     # A library that is not installed leaves its rows out; a model that cannot
     # be built or run is a difference.
+    # A column a row has no result for reads as the table writes it ("-":
+    # nothing to compare after the trace failed); a skipped row, every column.
     got = {
-        r["config"]: {c: str(r.get(c, "skipped")) for c in COLUMNS[1:-1]}
+        r["config"]: {c: "skipped" if "skipped" in r else str(r.get(c, "-")) for c in COLUMNS[1:-1]}
         for r in rows
         if not r.get("skipped", "").endswith("not installed")
     }
@@ -626,7 +628,9 @@ def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
         if got.get(name) != want.get(name):
             changed = {c: (want.get(name, {}).get(c), got.get(name, {}).get(c)) for c in COLUMNS[1:-1]}
             diff = {c: f"{a} -> {b}" for c, (a, b) in changed.items() if a != b}
-            out.append(f"{name}: {diff if name in got and name in want else 'only in the ' + ('run' if name in got else 'docs')}")
+            out.append(
+                f"{name}: {diff if name in got and name in want else 'only in the ' + ('run' if name in got else 'docs')}"
+            )
     return out
 
 
