@@ -51,6 +51,8 @@ def _assert_one_line(err: str, message: str):
         (["trace", "m:f", "--hf", "gpt2"], "give m:f or --hf gpt2, not both"),
         (["trace", "m:f", "--dtype", "f32"], "--dtype: for the built-in model and --hf only; m:f makes its own"),
         (["trace", "m:f", "--batch", "2", "--seq", "8"], "--batch, --seq: for the built-in model and --hf only"),
+        (["trace", "--hf", "vit", "--seq", "8"], "--seq 8: --hf vit takes images, not tokens"),
+        (["trace", "--hf", "hubert", "--seq", "8"], "--seq 8: --hf hubert takes raw audio, not tokens"),
         (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
         (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
         (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
@@ -130,7 +132,7 @@ def test_cli_hf_builds_ctc_speech_encoders_on_raw_audio(capsys):
     code = main(argv)
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("transformers Wav2Vec2ForCTC (batch 1 x 1 s of 16 kHz audio): forward and")
-    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2, 128)
+    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2)
     assert [tuple(x.shape) for x in t.inputs] == [(2, targets.AUDIO_SAMPLES)]
     assert t.model.config.layerdrop == 0.0  # a layer skipped at random (training) is no one step
 

@@ -147,14 +147,13 @@ def _cmd_trace(args) -> int:
         _writable(path)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
-            seq = args.seq if args.seq is not None else 128
             t = targets.hf_target(
                 args.hf,
                 targets.parse_overrides(args.config),
                 device,
                 not args.forward_only,
                 batch,
-                seq,
+                args.seq,
                 dtype,
                 lazy=distributed,
             )

@@ -183,11 +183,12 @@ AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech enco
 
 
 def hf_target(
-    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128, dtype=None, lazy: bool = False
+    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=None, dtype=None, lazy: bool = False
 ) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
-    with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``)."""
+    with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``).
+    ``seq``: tokens (default 128); refused for models that take no tokens."""
     try:
         import transformers
         from transformers.models.auto import modeling_auto as auto
@@ -214,6 +215,10 @@ def hf_target(
         kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
+    if kind in ("image", "ctc") and seq is not None:
+        takes = "images" if kind == "image" else "raw audio"
+        raise UsageError(f"--seq {seq}: --hf {arch} takes {takes}, not tokens")
+    seq = 128 if seq is None else seq
     if kind in ("causal", "seq2seq", "speech"):
         _check_positions(config, kind, seq)
     for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
