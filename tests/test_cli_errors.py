@@ -258,6 +258,20 @@ def test_cli_model_that_raises_is_a_failure_to_run(raising_model, capsys):
     )
 
 
+def test_cli_missing_file_the_model_reads_is_named(tmp_path, capsys):
+    # The OS error's message alone ("No such file or directory") named no file.
+    script = tmp_path / "loads.py"
+    script.write_text("import torch\n\ndef build():\n    return torch.load('weights.pt'), ()\n")
+    code, err = _run(["trace", f"{script}:build"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "FileNotFoundError: No such file or directory: 'weights.pt' (at loads.py:4 in build)")
+    code, err = _run(["trace", f"{tmp_path / 'absent.py'}:build"], capsys)
+    assert code == FAILURE
+    _assert_one_line(
+        err, f"building the model: FileNotFoundError: No such file or directory: '{tmp_path / 'absent.py'}'"
+    )
+
+
 def test_cli_debug_shows_the_traceback(raising_model, capsys):
     code, err = _run(["trace", raising_model, "--device", "cpu", "--debug"], capsys)
     assert code == FAILURE and "Traceback (most recent call last)" in err

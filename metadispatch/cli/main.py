@@ -523,7 +523,7 @@ def main(argv=None) -> int:
         if getattr(args, "debug", False):
             traceback.print_exc()
         doing, error = (e.doing, e.error) if isinstance(e, _Failure) else ("failed", e)
-        print(f"{prog}: {doing}: {_one_line(error)}", file=sys.stderr)
+        print(f"{prog}: {doing}: {_one_line(error, doing)}", file=sys.stderr)
         if not getattr(args, "debug", False):
             print("  (run with --debug for the traceback)", file=sys.stderr)
         return 3
@@ -534,12 +534,15 @@ def main(argv=None) -> int:
         return 130
 
 
-def _one_line(error: BaseException) -> str:
-    """``FileNotFoundError: No such file or directory``, and where the user's code raised it."""
+def _one_line(error: BaseException, doing: str = "") -> str:
+    """``FileNotFoundError: No such file or directory: 'w.pt'``, and where the
+    user's code raised it; the file is left out where ``doing`` names it."""
     from ..core.source import traceback_frame
 
     if isinstance(error, OSError) and error.strerror:
         text = f"{type(error).__name__}: {error.strerror}"
+        if error.filename is not None and str(error.filename) not in doing:
+            text += f": {str(error.filename)!r}"  # a model's missing data file, a MODULE:CALLABLE's .py
     else:
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
         # "Validation error for field 'x':" says what, its next line why.
