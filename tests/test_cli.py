@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,6 +40,10 @@ def test_cli_default_trace_prints_summary(tmp_path):
     assert "aten._scaled_dot_product_flash_attention.default" in text
     assert "FLOPs (backward" in text and "peak 25.1GiB" in text and "1-31 (Block, each as above)" in text
     assert "\r" not in out.stderr  # no progress line when not on a terminal
+    # docs/cli.md shows this output in full: it must be what the command prints.
+    shown = (ROOT / "docs" / "cli.md").read_text().split("$ metadispatch trace\n", 1)[1].split("```", 1)[0]
+    timed = re.compile(r"traced in [\d.]+ s")
+    assert timed.sub("traced in T s", text).startswith(timed.sub("traced in T s", shown))
     json.loads((tmp_path / "t.json").read_text())
     # Note [Reference kernels without dynamo in the command line]
     assert "| torch._dynamo\n" not in out.stderr
