@@ -390,6 +390,19 @@ def test_cli_output_in_a_missing_folder_fails_before_building(option, marked_bui
     _assert_one_line(err, f"could not write {tmp_path}: IsADirectoryError")
 
 
+def test_cli_plot_in_a_format_matplotlib_lacks_fails_before_building(marked_build, tmp_path, capsys):
+    # It failed after the whole trace, in matplotlib's savefig.
+    script, marker = marked_build
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m.txt")], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(
+        err, "could not write " + str(tmp_path / "m.txt") + ": ValueError: matplotlib writes no 'txt' format"
+    )
+    # Without an extension: a PNG under the name given (savefig alone wrote m.png and the CLI said m).
+    assert main(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "m.png").exists()
+
+
 @pytest.mark.parametrize("command", ["trace", "check"])
 def test_cli_target_returning_no_pair_is_a_usage_error(command, marked_build, capsys):
     script, _ = marked_build

@@ -145,6 +145,7 @@ def _cmd_trace(args) -> int:
         plan = _plan(args)
     for path in (args.out, args.perfetto, args.plot):
         _writable(path)
+    _plottable(args.plot)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
             t = targets.hf_target(
@@ -267,6 +268,23 @@ def _writable(path) -> None:
     else:
         return
     raise _Failure(f"could not write {path}", error)
+
+
+def _plottable(path) -> None:
+    """Refuse, before building and tracing, a ``--plot`` that matplotlib is
+    missing for or whose extension names a format it cannot write."""
+    if not path:
+        return
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as e:
+        error: Exception = ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]")
+        raise _Failure(f"could not write {path}", error) from e
+    suffix = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        error = ValueError(f"matplotlib writes no {suffix!r} format (it writes {', '.join(sorted(formats))})")
+        raise _Failure(f"could not write {path}", error)
 
 
 class _Failure(Exception):
