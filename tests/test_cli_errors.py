@@ -76,6 +76,7 @@ def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
     "config, message",
     [
         ("bogus_key=5", "--config bogus_key: GPT2Config has no such key"),
+        ("n_layers=2", "--config n_layers: GPT2Config has no such key (did you mean n_layer?)"),
         ("=1", "--config expects KEY=VALUE, got '=1'"),
         ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
         ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),

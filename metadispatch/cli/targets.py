@@ -10,6 +10,7 @@ backward.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -150,7 +151,8 @@ def check_overrides(config, overrides: dict, prefix: str = "") -> None:
     for key, value in overrides.items():
         where = f"--config {prefix}{key}"
         if not hasattr(config, key):
-            raise UsageError(f"{where}: {name} has no such key")
+            close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
+            raise UsageError(f"{where}: {name} has no such key" + (f" (did you mean {close[0]}?)" if close else ""))
         default = getattr(config, key)
         if hasattr(default, "to_dict") and isinstance(value, dict):
             check_overrides(default, value, f"{prefix}{key}.")
