@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import metadispatch as md
 from metadispatch.cli.main import main
@@ -22,6 +23,13 @@ def test_cli_help_on_every_subcommand(command, capsys):
         main([command, "--help"])
     assert e.value.code == 0
     assert "usage: metadispatch " + command in capsys.readouterr().out
+
+
+def test_cli_version_prints_the_installed_versions(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"metadispatch {md.__version__} (torch {torch.__version__})\n"
 
 
 def test_cli_default_trace_prints_summary(tmp_path):

@@ -394,6 +394,19 @@ def _device(text: str) -> str:
     return text
 
 
+class _Version(argparse.Action):
+    """``--version``: read from the installed metadata only when asked (start-up stays cheap)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import metadispatch
+
+        print(f"metadispatch {metadispatch.__version__} (torch {torch.__version__})")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with one line (and a hint) for a usage error instead of the usage text."""
 
@@ -410,6 +423,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    p.add_argument("--version", action=_Version, help="print metadispatch's and torch's versions and exit")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
