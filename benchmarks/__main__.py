@@ -18,6 +18,7 @@ for script in (
     "bench_growth.py",
     "bench_distributed.py",
     "bench_analysis.py",
+    "bench_sdpa_profile.py",
 ):
     print(f"\n== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)

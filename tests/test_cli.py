@@ -2,12 +2,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import metadispatch as md
 from metadispatch.cli.main import main
@@ -21,6 +23,13 @@ def test_cli_help_on_every_subcommand(command, capsys):
         main([command, "--help"])
     assert e.value.code == 0
     assert "usage: metadispatch " + command in capsys.readouterr().out
+
+
+def test_cli_version_prints_the_installed_versions(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"metadispatch {md.__version__} (torch {torch.__version__})\n"
 
 
 def test_cli_default_trace_prints_summary(tmp_path):
@@ -39,6 +48,10 @@ def test_cli_default_trace_prints_summary(tmp_path):
     assert "aten._scaled_dot_product_flash_attention.default" in text
     assert "FLOPs (backward" in text and "peak 25.1GiB" in text and "1-31 (Block, each as above)" in text
     assert "\r" not in out.stderr  # no progress line when not on a terminal
+    # docs/cli.md shows this output in full: it must be what the command prints.
+    shown = (ROOT / "docs" / "cli.md").read_text().split("$ metadispatch trace\n", 1)[1].split("```", 1)[0]
+    timed = re.compile(r"traced in [\d.]+ s")
+    assert timed.sub("traced in T s", text).startswith(timed.sub("traced in T s", shown))
     json.loads((tmp_path / "t.json").read_text())
     # Note [Reference kernels without dynamo in the command line]
     assert "| torch._dynamo\n" not in out.stderr

@@ -48,6 +48,11 @@ def _assert_one_line(err: str, message: str):
         (["trace", "--device", "gpu"], "argument --device: not a device: 'gpu'"),
         (["trace", "--config", "n_layer=2"], "--config needs --hf"),
         (["trace", "not-a-spec"], "expected MODULE:CALLABLE, got 'not-a-spec'"),
+        (["trace", "m:f", "--hf", "gpt2"], "give m:f or --hf gpt2, not both"),
+        (["trace", "m:f", "--dtype", "f32"], "--dtype: for the built-in model and --hf only; m:f makes its own"),
+        (["trace", "m:f", "--batch", "2", "--seq", "8"], "--batch, --seq: for the built-in model and --hf only"),
+        (["trace", "--hf", "vit", "--seq", "8"], "--seq 8: --hf vit takes images, not tokens"),
+        (["trace", "--hf", "hubert", "--seq", "8"], "--seq 8: --hf hubert takes raw audio, not tokens"),
         (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
         (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
         (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
@@ -71,6 +76,7 @@ def test_cli_refuses_bad_arguments_with_exit_2(argv, message, capsys):
     "config, message",
     [
         ("bogus_key=5", "--config bogus_key: GPT2Config has no such key"),
+        ("n_layers=2", "--config n_layers: GPT2Config has no such key (did you mean n_layer?)"),
         ("=1", "--config expects KEY=VALUE, got '=1'"),
         ("n_layer=-1", "--config n_layer=-1: must be an integer of at least 1 (GPT2Config's default is 12)"),
         ("n_layer=0", "--config n_layer=0: must be an integer of at least 1"),
@@ -127,7 +133,7 @@ def test_cli_hf_builds_ctc_speech_encoders_on_raw_audio(capsys):
     code = main(argv)
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("transformers Wav2Vec2ForCTC (batch 1 x 1 s of 16 kHz audio): forward and")
-    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2, 128)
+    t = targets.hf_target("wav2vec2", targets.parse_overrides(small), "cpu", True, 2)
     assert [tuple(x.shape) for x in t.inputs] == [(2, targets.AUDIO_SAMPLES)]
     assert t.model.config.layerdrop == 0.0  # a layer skipped at random (training) is no one step
 
@@ -253,6 +259,20 @@ def test_cli_model_that_raises_is_a_failure_to_run(raising_model, capsys):
     )
 
 
+def test_cli_missing_file_the_model_reads_is_named(tmp_path, capsys):
+    # The OS error's message alone ("No such file or directory") named no file.
+    script = tmp_path / "loads.py"
+    script.write_text("import torch\n\ndef build():\n    return torch.load('weights.pt'), ()\n")
+    code, err = _run(["trace", f"{script}:build"], capsys)
+    assert code == FAILURE
+    _assert_one_line(err, "FileNotFoundError: No such file or directory: 'weights.pt' (at loads.py:4 in build)")
+    code, err = _run(["trace", f"{tmp_path / 'absent.py'}:build"], capsys)
+    assert code == FAILURE
+    _assert_one_line(
+        err, f"building the model: FileNotFoundError: No such file or directory: '{tmp_path / 'absent.py'}'"
+    )
+
+
 def test_cli_debug_shows_the_traceback(raising_model, capsys):
     code, err = _run(["trace", raising_model, "--device", "cpu", "--debug"], capsys)
     assert code == FAILURE and "Traceback (most recent call last)" in err
@@ -371,6 +391,19 @@ def test_cli_output_in_a_missing_folder_fails_before_building(option, marked_bui
     _assert_one_line(err, f"could not write {tmp_path}: IsADirectoryError")
 
 
+def test_cli_plot_in_a_format_matplotlib_lacks_fails_before_building(marked_build, tmp_path, capsys):
+    # It failed after the whole trace, in matplotlib's savefig.
+    script, marker = marked_build
+    code, err = _run(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m.txt")], capsys)
+    assert code == FAILURE and not marker.exists()
+    _assert_one_line(
+        err, "could not write " + str(tmp_path / "m.txt") + ": ValueError: matplotlib writes no 'txt' format"
+    )
+    # Without an extension: a PNG under the name given (savefig alone wrote m.png and the CLI said m).
+    assert main(["trace", f"{script}:build", "--device", "cpu", "--plot", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "m.png").exists()
+
+
 @pytest.mark.parametrize("command", ["trace", "check"])
 def test_cli_target_returning_no_pair_is_a_usage_error(command, marked_build, capsys):
     script, _ = marked_build
@@ -479,3 +512,12 @@ def test_cli_config_token_ids_may_be_zero():
     targets.check_overrides(config, {"bos_token_id": 0, "eos_token_id": 0})  # ids, not counts: no error
     with pytest.raises(targets.UsageError, match="n_layer=0: must be an integer of at least 1"):
         targets.check_overrides(config, {"n_layer": 0})
+
+
+def test_cli_dtype_sets_the_built_in_models_dtype(tmp_path, capsys):
+    # --dtype was read for --hf only: the built-in LLaMA stayed bf16 whatever it said.
+    out = tmp_path / "t.json"
+    assert main(["trace", "--dtype", "f32", "--seq", "8", "--forward-only", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("built-in LLaMA-7B (f32, batch 1 x 8 tokens)")
+    params = [leaf.meta for leaf in md.Trace.load(out).leaves.values() if leaf.kind == "param"]
+    assert len(params) == 291 and {p.dtype for p in params} == {torch.float32}

@@ -616,8 +616,10 @@ def differences(rows: list[dict], want: dict[str, dict]) -> list[str]:
     """Each configuration whose result columns differ from ``want``, or is missing on either side."""
     # A library that is not installed leaves its rows out; a model that cannot
     # be built or run is a difference.
+    # A column a row has no result for reads as the table writes it ("-":
+    # nothing to compare after the trace failed); a skipped row, every column.
     got = {
-        r["config"]: {c: str(r.get(c, "skipped" if "skipped" in r else "-")) for c in COLUMNS[1:-1]}
+        r["config"]: {c: "skipped" if "skipped" in r else str(r.get(c, "-")) for c in COLUMNS[1:-1]}
         for r in rows
         if not r.get("skipped", "").endswith("not installed")
     }

@@ -14,6 +14,7 @@ The plot needs matplotlib (``pip install metadispatch[plot]``).
 from __future__ import annotations
 
 import json
+import os
 
 from ..ir.trace import Trace
 from .flops import ancestors
@@ -137,4 +138,6 @@ def save_plot(trace: Trace, path, memory=None) -> None:
     ax.set_ylabel(f"live {unit}")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    # The format from the name's extension, PNG without one -- written to
+    # ``path`` itself (savefig alone would write ``path.png``).
+    fig.savefig(path, format=os.path.splitext(str(path))[1][1:].lower() or "png")

@@ -128,6 +128,14 @@ def _cmd_trace(args) -> int:
     dtype = _DTYPES[args.dtype] if args.dtype else None
     if args.config and not args.hf:
         raise UsageError("--config needs --hf")
+    if args.target and args.hf:
+        raise UsageError(f"give {args.target} or --hf {args.hf}, not both")
+    given = [f"--{o}" for o in ("dtype", "batch", "seq") if getattr(args, o) is not None]
+    if args.target and given:  # the callable makes its own model and inputs: nothing to apply them to
+        raise UsageError(
+            f"{', '.join(given)}: for the built-in model and --hf only; {args.target} makes its own model and inputs"
+        )
+    batch = args.batch if args.batch is not None else 1
     distributed = args.world_size is not None
     if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank):
         raise UsageError("--fsdp, --tp, --dp, --rank and --worst-rank need --world-size")
@@ -137,16 +145,16 @@ def _cmd_trace(args) -> int:
         plan = _plan(args)
     for path in (args.out, args.perfetto, args.plot):
         _writable(path)
+    _plottable(args.plot)
     with _Progress("building the model"), _stage("building the model"):
         if args.hf:
-            seq = args.seq if args.seq is not None else 128
             t = targets.hf_target(
                 args.hf,
                 targets.parse_overrides(args.config),
                 device,
                 not args.forward_only,
-                args.batch,
-                seq,
+                batch,
+                args.seq,
                 dtype,
                 lazy=distributed,
             )
@@ -154,7 +162,7 @@ def _cmd_trace(args) -> int:
             t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed)
         else:
             seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(device, not args.forward_only, args.batch, seq, lazy=distributed)
+            t = targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype)
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
@@ -260,6 +268,23 @@ def _writable(path) -> None:
     else:
         return
     raise _Failure(f"could not write {path}", error)
+
+
+def _plottable(path) -> None:
+    """Refuse, before building and tracing, a ``--plot`` that matplotlib is
+    missing for or whose extension names a format it cannot write."""
+    if not path:
+        return
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as e:
+        error: Exception = ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]")
+        raise _Failure(f"could not write {path}", error) from e
+    suffix = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        error = ValueError(f"matplotlib writes no {suffix!r} format (it writes {', '.join(sorted(formats))})")
+        raise _Failure(f"could not write {path}", error)
 
 
 class _Failure(Exception):
@@ -369,6 +394,19 @@ def _device(text: str) -> str:
     return text
 
 
+class _Version(argparse.Action):
+    """``--version``: read from the installed metadata only when asked (start-up stays cheap)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import metadispatch
+
+        print(f"metadispatch {metadispatch.__version__} (torch {torch.__version__})")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with one line (and a hint) for a usage error instead of the usage text."""
 
@@ -385,6 +423,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    p.add_argument("--version", action=_Version, help="print metadispatch's and torch's versions and exit")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of an error"
@@ -402,8 +441,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--hf", metavar="ARCH", help="a transformers model type built from its config, e.g. llama")
     t.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides for --hf")
     t.add_argument("--device", type=_device, default="cuda", help="logical device (default: cuda)")
-    t.add_argument("--dtype", choices=sorted(_DTYPES), help="cast the --hf model to this dtype")
-    t.add_argument("--batch", type=_at_least(1), default=1, help="batch size (built-in and --hf)")
+    t.add_argument("--dtype", choices=sorted(_DTYPES), help="the model's dtype (built-in, default bf16, and --hf)")
+    t.add_argument("--batch", type=_at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
     t.add_argument("--out", metavar="FILE", help="save the trace")
@@ -516,7 +555,7 @@ def main(argv=None) -> int:
         if getattr(args, "debug", False):
             traceback.print_exc()
         doing, error = (e.doing, e.error) if isinstance(e, _Failure) else ("failed", e)
-        print(f"{prog}: {doing}: {_one_line(error)}", file=sys.stderr)
+        print(f"{prog}: {doing}: {_one_line(error, doing)}", file=sys.stderr)
         if not getattr(args, "debug", False):
             print("  (run with --debug for the traceback)", file=sys.stderr)
         return 3
@@ -527,12 +566,15 @@ def main(argv=None) -> int:
         return 130
 
 
-def _one_line(error: BaseException) -> str:
-    """``FileNotFoundError: No such file or directory``, and where the user's code raised it."""
+def _one_line(error: BaseException, doing: str = "") -> str:
+    """``FileNotFoundError: No such file or directory: 'w.pt'``, and where the
+    user's code raised it; the file is left out where ``doing`` names it."""
     from ..core.source import traceback_frame
 
     if isinstance(error, OSError) and error.strerror:
         text = f"{type(error).__name__}: {error.strerror}"
+        if error.filename is not None and str(error.filename) not in doing:
+            text += f": {str(error.filename)!r}"  # a model's missing data file, a MODULE:CALLABLE's .py
     else:
         lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
         # "Validation error for field 'x':" says what, its next line why.

@@ -10,6 +10,7 @@ backward.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -82,11 +83,13 @@ def _first_tensor(out):
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
-def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False) -> Target:
-    """LLaMA-7B in bf16, a batch of ``batch`` x ``seq`` tokens."""
+def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None) -> Target:
+    """LLaMA-7B in ``dtype`` (default bf16), a batch of ``batch`` x ``seq`` tokens."""
+    dtype = dtype or torch.bfloat16
+    short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(dtype, str(dtype))
     return _built(
-        f"built-in LLaMA-7B (bf16, batch {batch} x {seq} tokens)",
-        lambda: llama.build(llama.LlamaConfig(), batch, seq),
+        f"built-in LLaMA-7B ({short}, batch {batch} x {seq} tokens)",
+        lambda: llama.build(llama.LlamaConfig(), batch, seq, dtype),
         _train_step(backward),
         device,
         lazy,
@@ -148,7 +151,8 @@ def check_overrides(config, overrides: dict, prefix: str = "") -> None:
     for key, value in overrides.items():
         where = f"--config {prefix}{key}"
         if not hasattr(config, key):
-            raise UsageError(f"{where}: {name} has no such key")
+            close = difflib.get_close_matches(key, list(config.to_dict()), n=1)
+            raise UsageError(f"{where}: {name} has no such key" + (f" (did you mean {close[0]}?)" if close else ""))
         default = getattr(config, key)
         if hasattr(default, "to_dict") and isinstance(value, dict):
             check_overrides(default, value, f"{prefix}{key}.")
@@ -181,11 +185,12 @@ AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech enco
 
 
 def hf_target(
-    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=128, dtype=None, lazy: bool = False
+    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=None, dtype=None, lazy: bool = False
 ) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
-    with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``)."""
+    with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``).
+    ``seq``: tokens (default 128); refused for models that take no tokens."""
     try:
         import transformers
         from transformers.models.auto import modeling_auto as auto
@@ -212,6 +217,10 @@ def hf_target(
         kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
+    if kind in ("image", "ctc") and seq is not None:
+        takes = "images" if kind == "image" else "raw audio"
+        raise UsageError(f"--seq {seq}: --hf {arch} takes {takes}, not tokens")
+    seq = 128 if seq is None else seq
     if kind in ("causal", "seq2seq", "speech"):
         _check_positions(config, kind, seq)
     for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
