@@ -137,6 +137,20 @@ def test_cpu_fidelity_grouped_mm_as_the_cpu_kernel(dtype, transposed):
     assert_matches_eager(_grouped_mm_step(dtype, transposed), torch.randn(6, 8))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_logical_gpu_grouped_mm_as_the_cuda_kernel(dtype):
+    # CUDA's kernel validates and makes its output with the helpers the CPU's
+    # uses (GroupedMMUtils.h; bf16's CUTLASS path, else a loop of mm): the
+    # logical GPU's calls carry the logical CPU's metadata, on cuda.
+    step, x = _grouped_mm_step(dtype, False), torch.randn(6, 8)
+    cpu = md.testing.trace_calls(md.trace(step, x))
+    cuda = md.testing.trace_calls(md.tracer(device="cuda", gpu="h100")(step, x))
+    assert [c.op for c in cuda] == [c.op for c in cpu] and "aten._grouped_mm.default" in {c.op for c in cuda}
+    on_cpu = [[m[:4] for m in c.outputs] for c in cpu]
+    assert [[m[:4] for m in c.outputs] for c in cuda] == on_cpu
+    assert {m[4].type for c in cuda for m in c.outputs} == {"cuda"}
+
+
 def test_cpu_fidelity_transformers_moe_default_path():
     model = tiny_mixtral()
     trace = assert_matches_eager(

@@ -1,14 +1,16 @@
-"""Grouped matrix multiply (``torch._grouped_mm``) on a logical CPU.
+"""Grouped matrix multiply (``torch._grouped_mm``) on a logical CPU or GPU.
 
-torch's meta function for ``_grouped_mm`` implements the checks of the CUDA
-kernel (``_grouped_mm_cuda`` in Blas.cpp): it demands bfloat16, so
-transformers' default MoE experts (Qwen3-MoE, OLMoE, Mixtral, ...) could not
-be traced on a logical CPU, whose kernel (``_grouped_mm`` in
-GroupedBlas.cpp, ``_grouped_mm_fallback``) accepts float32, bfloat16 and
-float16.  And in a CPU build it leaves the output unpadded, where the CPU
-kernel pads the last dimension to 16 bytes as CUDA does
-(``create_grouped_gemm_output_tensor``).  This rule ports the CPU kernel's
-checks and its output; other logical devices keep torch's meta answer.
+torch's meta function for ``_grouped_mm`` demands bfloat16 (the CUDA fast
+path's condition), so transformers' default MoE experts (Qwen3-MoE, OLMoE,
+Mixtral, ...) in float32 could not be traced.  The kernels accept float32,
+bfloat16 and float16: the CPU's (``_grouped_mm`` in GroupedBlas.cpp) and
+CUDA's (``_grouped_mm_cuda``: the bf16 CUTLASS path on sm90/sm100, else
+``_grouped_mm_fallback``, a loop of ``mm``) both validate with
+``_grouped_mm_validate_inputs`` and make their output with
+``create_grouped_gemm_output_tensor`` (GroupedMMUtils.h), which pads the
+last dimension to 16 bytes -- in a CPU build the meta function leaves it
+unpadded.  This rule ports those two shared helpers; other logical devices
+(ROCm builds differ) keep torch's meta answer.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _out_shape(a, b, offs):
 
 @builtin_rule(aten._grouped_mm.default)
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, fallback):
-    if mat_a.device.type != "cpu":
+    if mat_a.device.type not in ("cpu", "cuda"):
         return fallback(mat_a, mat_b, offs, bias, out_dtype)
     torch._check(
         mat_a.dtype in _DTYPES, lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {mat_a.dtype}"
