@@ -178,9 +178,10 @@ def select_conv_backend(x, weight, bias, bias_sizes, stride, padding, dilation, 
 
 
 def conv_switches() -> tuple:
-    """``(oneDNN enabled, NNPACK enabled)``: the switches C++'s convolution
-    backend choice reads on CPU (``_select_conv_backend``)."""
-    return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled())
+    """``(oneDNN enabled, NNPACK enabled, cuDNN enabled)``: the switches the
+    convolution backend choice reads on CPU (``_select_conv_backend``) and on
+    a logical GPU (Note [Convolution layouts on a logical GPU])."""
+    return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(), torch._C._get_cudnn_enabled())
 
 
 def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:

@@ -415,6 +415,16 @@ class _SwapReal(_compat.TorchFunctionMode):
 
 _META_ONLY = (MetaTensor,)
 
+
+def active_profile() -> GPUProfile:
+    """The GPU profile a logical GPU answers as in this thread: the active
+    MetaMode's, or the default where none is active (rules that choose what a
+    GPU would run: attention, convolution layouts)."""
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    profile = mode.device_profile if isinstance(mode, MetaMode) else None
+    return profile if profile is not None else gpu_profile()
+
+
 # Note [Autocast on a logical GPU]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # torch's autocast is C++ above autograd (``AutocastCUDA``), and it casts only

@@ -27,8 +27,7 @@ import torch
 
 from .. import _compat
 from ..core import composites
-from ..core.mode import MetaMode
-from ..core.profiles import gpu_profile
+from ..core.mode import active_profile
 from ..core.registry import builtin_rule
 from ..core.tensor import MetaTensor
 from .sdp_choice import CUDNN, EFFICIENT, FLASH, MATH, TORCH_2_14, SDPParams, select_sdp_backend
@@ -37,10 +36,7 @@ aten = torch.ops.aten
 _sdpa = _compat.sdpa_entry
 
 
-def _profile():
-    mode = _compat.get_infra_mode(_compat.mode_key)
-    profile = mode.device_profile if isinstance(mode, MetaMode) else None
-    return profile if profile is not None else gpu_profile()  # no mode: the default GPU
+_profile = active_profile  # no mode: the default GPU
 
 
 @builtin_rule(aten._fused_sdp_choice.default)
