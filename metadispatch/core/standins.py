@@ -112,10 +112,26 @@ class StandIns:
             self._swap_optimizer(opt)
 
     def save_object(self, obj) -> None:
-        """Save an optimizer's or scheduler's attributes, restored on exit."""
+        """Save an object's attributes (an optimizer, a scheduler, a grad
+        scaler, the user's own), restored on exit."""
         if id(obj) not in self._swapped:
             self._swapped.add(id(obj))
             self._states.append(_ModuleState(obj))
+
+    def save_container(self, container) -> None:
+        """Note [The user's containers]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A step stores what it computes in lists and dicts the user keeps: a
+        hook that appends activations or gradients, ``losses.append(loss)``,
+        ``saved["model"] = model.state_dict()``.  Under a trace those values
+        are MetaTensors, left behind in the user's list after the trace.  So
+        every list, dict and set ``md.trace`` reaches from the function and
+        its arguments is copied (shallowly) before any stand-in goes in, and
+        refilled on exit with what it held, by identity.
+        """
+        if id(container) not in self._swapped:
+            self._swapped.add(id(container))
+            self._states.append(_Contents(container))
 
     def _swap_optimizer(self, opt) -> None:
         self.save_object(opt)
@@ -330,6 +346,18 @@ class _ModuleState:
 
 
 _MISSING = object()
+
+
+class _Contents:
+    """One container as it was (Note [The user's containers])."""
+
+    def __init__(self, container) -> None:
+        self.container = container
+        self.copy = dict(container.items()) if isinstance(container, dict) else list(container)
+
+    def restore(self) -> None:
+        if not _same(self.container, self.copy):
+            _refill(self.container, self.copy)
 
 
 def _snapshot(values, out: list, depth: int) -> None:

@@ -414,7 +414,15 @@ class Converter:
         hit = self._memo.get(id(t))
         if hit is not None and hit[0]() is t:
             return hit[1]
-        with _compat.no_torch_function():  # the real tensor's own metadata
+        # Note [Inference stand-ins]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # A stand-in is an inference tensor when the real one is, wherever it
+        # is made.  A real tensor first reached inside ``torch.inference_mode()``
+        # (an evaluation pass in a training step) is a normal tensor that
+        # the step's later training forward saves for backward: an inference
+        # stand-in failed there ("Inference tensors cannot be saved for
+        # backward"), where eager runs.
+        with _compat.no_torch_function(), torch.inference_mode(t.is_inference()):  # the real tensor's own metadata
             meta = self._convert(t)
         self._memo[id(t)] = (weakref.ref(t, functools.partial(_drop, self._memo, id(t))), meta)
         return meta

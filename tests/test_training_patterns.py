@@ -1,0 +1,617 @@
+"""Everyday training-loop patterns leave the user's objects as they were.
+
+A differential sweep: each pattern builds real objects (a small model, an
+optimizer with state from a real step, schedulers, scalers, hooks,
+parametrisations ...) and a step that changes them when run eagerly.  The
+step is run under ``md.trace``, ``md.check`` and a bare ``MetaMode``, ending
+normally or by an exception part way; afterwards everything reachable from
+the user's objects -- every tensor's bytes, metadata, version counter,
+``.grad``, the identity of each object in every state dict, hook tables,
+tensor attributes -- must be as before, no MetaTensor (nor a tensor on
+``meta``) may be reachable from them, and once the trace is dropped no real
+tensor the test made may be kept alive by metadispatch.
+
+``tests/test_untouched.py`` holds the first matrix of this kind (in-place
+inputs, caches on attributes, optimizers, one scheduler, dropout, RNG); the
+patterns here are the ones it does not cover.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import types
+import weakref
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrizations, prune
+
+import metadispatch as md
+from metadispatch.core.tensor import MetaTensor
+
+
+def _x():
+    return torch.randn(4, 6)
+
+
+def _model():
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def _loss(model, x):
+    return model(x).pow(2).mean()
+
+
+def _eager_step(model, opt=None):
+    """One real step, so that .grad and the optimizer's state exist."""
+    _loss(model, _x()).backward()
+    if opt is not None:
+        opt.step()
+
+
+# Each pattern returns (step, args, roots); roots name the user's objects.
+
+
+def _with_optimizer(make):
+    def pattern():
+        m = _model()
+        opt = make(m.parameters())
+        _eager_step(m, opt)
+
+        def step(x):
+            opt.zero_grad()
+            _loss(m, x).backward()
+            opt.step()
+
+        return step, (_x(),), {"m": m, "opt": opt}
+
+    return pattern
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
+    "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True),
+    "adamw_for_loop": lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=False),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=0.1),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.5),
+}
+PATTERNS = {f"optimizer_{name}": _with_optimizer(make) for name, make in OPTIMIZERS.items()}
+
+
+def pattern(fn):
+    PATTERNS[fn.__name__] = fn
+    return fn
+
+
+@pattern
+def zero_grad_keeps_grads():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    _eager_step(m)
+
+    def step(x):
+        opt.zero_grad(set_to_none=False)
+        _loss(m, x).backward()
+        opt.step()
+
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+def _with_scheduler(make):
+    def pattern():
+        m = _model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = make(opt)
+        _eager_step(m, opt)
+        sched.step()
+
+        def step(x):
+            opt.zero_grad()
+            _loss(m, x).backward()
+            opt.step()
+            sched.step()
+
+        return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
+
+    return pattern
+
+
+PATTERNS["scheduler_step_lr"] = _with_scheduler(lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5))
+PATTERNS["scheduler_one_cycle"] = _with_scheduler(lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 1.0, total_steps=10))
+PATTERNS["scheduler_lambda"] = _with_scheduler(lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda e: 0.9**e))
+
+
+def _scaler_pattern(used_before: bool):
+    def pattern():
+        m = _model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+
+        def step(x):
+            opt.zero_grad()
+            scaler.scale(_loss(m, x)).backward()
+            scaler.unscale_(opt)
+            nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+
+        if used_before:
+            step(_x())
+        return step, (_x(),), {"m": m, "opt": opt, "scaler": scaler}
+
+    return pattern
+
+
+PATTERNS["grad_scaler_fresh"] = _scaler_pattern(False)
+PATTERNS["grad_scaler_used"] = _scaler_pattern(True)
+
+
+@pattern
+def clip_grad_value():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        _loss(m, x).backward()
+        nn.utils.clip_grad_value_(m.parameters(), 0.01)
+        nn.utils.clip_grad_norm_(m.parameters(), 0.1, foreach=False)
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def ema_averaged_model():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ema = torch.optim.swa_utils.AveragedModel(m, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    _eager_step(m, opt)
+    ema.update_parameters(m)
+
+    def step(x):
+        opt.zero_grad()
+        _loss(m, x).backward()
+        opt.step()
+        ema.update_parameters(m)
+
+    return step, (_x(),), {"m": m, "opt": opt, "ema": ema}
+
+
+@pattern
+def swa_averaged_model():
+    m = _model()
+    swa = torch.optim.swa_utils.AveragedModel(m)
+    swa.update_parameters(m)
+
+    def step(x):
+        _loss(m, x).backward()
+        swa.update_parameters(m)
+
+    return step, (_x(),), {"m": m, "swa": swa}
+
+
+def _parametrized(apply):
+    def pattern():
+        m = _model()
+        apply(m[0])
+        opt = torch.optim.Adam(m.parameters(), lr=0.01)
+        _eager_step(m, opt)
+
+        def step(x):
+            opt.zero_grad()
+            _loss(m, x).backward()
+            opt.step()
+
+        return step, (_x(),), {"m": m, "opt": opt}
+
+    return pattern
+
+
+PATTERNS["weight_norm"] = _parametrized(parametrizations.weight_norm)
+PATTERNS["spectral_norm"] = _parametrized(parametrizations.spectral_norm)
+PATTERNS["orthogonal"] = _parametrized(parametrizations.orthogonal)
+PATTERNS["pruned_l1"] = _parametrized(lambda lin: prune.l1_unstructured(lin, "weight", amount=0.4))
+
+
+def _batchnorm(**kwargs):
+    def pattern():
+        m = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5, **kwargs), nn.Linear(5, 3))
+        _eager_step(m)
+
+        def step(x):
+            m.train()
+            _loss(m, x).backward()
+
+        return step, (_x(),), {"m": m}
+
+    return pattern
+
+
+PATTERNS["batchnorm_cumulative"] = _batchnorm(momentum=None)
+PATTERNS["batchnorm_no_running_stats"] = _batchnorm(track_running_stats=False)
+
+
+@pattern
+def module_hooks_keep_tensors():
+    m = _model()
+    kept: dict = {"pre": [], "fwd": [], "bwd": []}
+    m[0].register_forward_pre_hook(lambda mod, args: kept["pre"].append(args[0] * 1))
+    m[1].register_forward_hook(lambda mod, args, out: kept["fwd"].append(out))
+    m[2].register_full_backward_hook(lambda mod, gin, gout: kept["bwd"].append(gout[0]))
+    _eager_step(m)  # the lists hold real tensors before the trace
+
+    def step(x):
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m, "kept": kept}
+
+
+@pattern
+def tensor_hooks_keep_tensors():
+    m = _model()
+    kept: list = []
+    seen: list = []
+    m[0].weight.register_hook(lambda g: kept.append(g) or g * 2)
+    m[2].bias.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    _eager_step(m)
+
+    def step(x):
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m, "kept": kept, "seen": seen}
+
+
+@pattern
+def hook_registered_in_step():
+    m = _model()
+    kept: list = []
+
+    def step(x):
+        m[0].register_forward_hook(lambda mod, args, out: kept.append(out))
+        m[2].weight.register_hook(lambda g: kept.append(g))
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m, "kept": kept}
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(7, 6)
+        self.body = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 7, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.body(self.embed(ids))))
+
+
+@pattern
+def tied_weights():
+    m = Tied()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    m(torch.tensor([[1, 2, 3]])).logsumexp(-1).mean().backward()
+    opt.step()
+
+    def step(ids):
+        opt.zero_grad()
+        m(ids).logsumexp(-1).mean().backward()
+        opt.step()
+
+    return step, (torch.tensor([[3, 4, 5], [0, 1, 6]]),), {"m": m, "opt": opt}
+
+
+@pattern
+def freeze_inside_step():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    _eager_step(m, opt)
+
+    def step(x):
+        m[0].requires_grad_(False)
+        opt.zero_grad()
+        _loss(m, x).backward()
+        opt.step()
+        m[0].requires_grad_(True)
+        m[2].weight.requires_grad = False
+
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+@pattern
+def no_grad_and_inference_mode():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(p.grad, alpha=-0.1)
+        with torch.inference_mode():
+            m(x).sum()
+        m.eval()
+        with torch.no_grad():
+            m(x)
+        m.train()
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def gradient_accumulation():
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    _eager_step(m, opt)
+
+    def step(x):
+        opt.zero_grad()
+        for micro in x.chunk(2):
+            (_loss(m, micro) / 2).backward()
+        opt.step()
+
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+@pattern
+def half_inside_step():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        m.to(torch.bfloat16)
+        _loss(m, x.bfloat16()).backward()
+        m.half()
+        m.float()
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def state_dict_round_trip():
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    _eager_step(m, opt)
+    saved: dict = {}
+
+    def step(x):
+        saved["model"] = m.state_dict()
+        saved["opt"] = opt.state_dict()
+        opt.zero_grad()
+        _loss(m, x).backward()
+        opt.step()
+        m.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+
+    return step, (_x(),), {"m": m, "opt": opt, "saved": saved}
+
+
+@pattern
+def load_state_dict_of_real_tensors():
+    m = _model()
+    other = _model()
+
+    def step(x):
+        m.load_state_dict(other.state_dict())
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m, "other": other}
+
+
+@pattern
+def torch_save_in_step():
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    _eager_step(m, opt)
+    buffers: list = []
+
+    def step(x):
+        _loss(m, x).backward()
+        opt.step()
+        buf = io.BytesIO()
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict()}, buf)
+        buffers.append(buf)
+
+    return step, (_x(),), {"m": m, "opt": opt, "buffers": buffers}
+
+
+# ---------------------------------------------------------------------------
+
+
+def _roots(made_roots):
+    """The roots, and the attribute dictionaries of objects ``snapshot`` does
+    not walk itself (a GradScaler is torch's, but holds the user's state)."""
+    roots = dict(made_roots)
+    for name, obj in made_roots.items():
+        if isinstance(obj, torch.amp.GradScaler):
+            roots[name] = vars(obj)
+    return roots
+
+
+def _snapshot(step, args, roots):
+    return md.testing.snapshot(step=step, args=args, **_roots(roots))
+
+
+def _extra_state(roots) -> dict:
+    """What ``md.testing.snapshot`` does not describe: tensor hook tables and
+    tensor attributes, by identity; a module's class (parametrisations)."""
+    out = {}
+    for path, t in _tensors(roots):
+        hooks = t._backward_hooks
+        out[path] = (
+            type(t).__name__,
+            None if hooks is None else [(k, id(v)) for k, v in hooks.items()],
+            [(k, id(v)) for k, v in (getattr(t, "_post_accumulate_grad_hooks", None) or {}).items()],
+            sorted((k, id(v)) for k, v in vars(t).items()) if hasattr(t, "__dict__") else None,
+        )
+    for name, obj in roots.items():
+        if isinstance(obj, nn.Module):
+            for sub_name, sub in obj.named_modules(remove_duplicate=False):
+                out[f"{name}.{sub_name}<class>"] = type(sub)
+    return out
+
+
+def _tensors(roots):
+    seen = set()
+    for name, obj in roots.items():
+        for path, t in _reachable(name, obj):
+            if isinstance(t, torch.Tensor) and id(t) not in seen:
+                seen.add(id(t))
+                yield path, t
+
+
+def _reachable(name, root):
+    """Everything ``root`` reaches through Python references (gc) and the
+    attributes gc does not see (a tensor's .grad and hook tables)."""
+    stack, seen = [(name, root)], set()
+    while stack:
+        path, obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (types.ModuleType, type, types.CodeType, types.FrameType)):
+            continue
+        if isinstance(obj, dict) and "__builtins__" in obj:  # a module's globals
+            continue
+        if isinstance(obj, types.FunctionType) and obj.__module__.startswith(("torch", "metadispatch")):
+            continue
+        seen.add(id(obj))
+        yield path, obj
+        children = list(gc.get_referents(obj))
+        if isinstance(obj, torch.Tensor):
+            children += [obj.grad if obj.is_leaf else None, obj._backward_hooks, getattr(obj, "_post_accumulate_grad_hooks", None)]
+        if isinstance(obj, dict):
+            stack.extend((f"{path}[{k!r}]", v) for k, v in obj.items() if not isinstance(k, torch.Tensor))
+        stack.extend((f"{path}.*", c) for c in children if c is not None)
+
+
+def _metas(roots) -> list:
+    return [
+        path
+        for name, obj in roots.items()
+        for path, t in _reachable(name, obj)
+        if isinstance(t, MetaTensor) or isinstance(t, torch.Tensor) and t.is_meta
+    ]
+
+
+def _run(verb, step, args):
+    if verb == "trace":
+        return md.trace(step, *args)
+    if verb == "check":
+        return md.check(step, *args)
+    with md.MetaMode() as mode:
+        step(*args)
+    return mode
+
+
+def _ending(step, ending):
+    if ending == "returns":
+        return step
+
+    def ended(*args):
+        step(*args)
+        raise ValueError("the step fails") if ending == "raises" else KeyboardInterrupt
+
+    return ended
+
+
+# Patterns that read a value on the way (``float(num_batches_tracked)``, a
+# scaler's ``found_inf.item()``, ``if n_averaged == 0``): md.trace and a bare
+# MetaMode stop there with a DataDependentError -- which must leave
+# everything as it was too; md.check answers them with the real kernel.  (A
+# bare MetaMode saves the EMA copy at no forward: its real ``n_averaged``
+# answers the ``if``.)  ``torch.save`` of MetaTensors is refused by name.
+STOPS = {
+    "batchnorm_cumulative": (md.DataDependentError, {"trace", "MetaMode"}),
+    "ema_averaged_model": (md.DataDependentError, {"trace"}),
+    "swa_averaged_model": (md.DataDependentError, {"trace"}),
+    "grad_scaler_fresh": (md.DataDependentError, {"trace", "MetaMode"}),
+    "grad_scaler_used": (md.DataDependentError, {"trace", "MetaMode"}),
+    "torch_save_in_step": (TypeError, {"trace", "MetaMode"}),
+}
+
+# docs/untouched.md, Limits: a bare MetaMode does not know the user's
+# objects -- it saves a module at its first forward and an optimizer at its
+# first step; what the block stores in the user's own lists and dicts is the
+# block's output, MetaTensors.  md.trace covers all of these.
+_NOT_SAVED = "a bare MetaMode saves no {}; md.trace does"
+_BARE_MODE_MISSES = {
+    "ema_averaged_model": _NOT_SAVED.format("module before its forward (n_averaged += 1)"),
+    "swa_averaged_model": _NOT_SAVED.format("module before its forward (n_averaged += 1)"),
+    "grad_scaler_fresh": _NOT_SAVED.format("GradScaler"),
+    "grad_scaler_used": _NOT_SAVED.format("GradScaler"),
+    "scheduler_lambda": _NOT_SAVED.format("scheduler"),
+    "scheduler_one_cycle": _NOT_SAVED.format("scheduler"),
+    "scheduler_step_lr": _NOT_SAVED.format("scheduler"),
+    "hook_registered_in_step": _NOT_SAVED.format("list the block appends to"),
+    "module_hooks_keep_tensors": _NOT_SAVED.format("list the block appends to"),
+    "state_dict_round_trip": _NOT_SAVED.format("dict the block stores in"),
+}
+
+
+def _cases():
+    for name in sorted(PATTERNS):
+        for verb in ("trace", "check", "MetaMode"):
+            miss = _BARE_MODE_MISSES.get(name) if verb == "MetaMode" else None
+            marks = [pytest.mark.xfail(strict=True, reason=miss)] if miss else []
+            yield pytest.param(name, verb, marks=marks, id=f"{name}-{verb}")
+
+
+def _raised(name, verb, ending):
+    """What running the pattern ``verb``-wise and ending ``ending`` raises."""
+    stop, verbs = STOPS.get(name, (None, ()))
+    if verb in verbs:
+        return stop
+    if verb == "check":  # it reports exceptions, answers data-dependent ops for real
+        gets_to_the_end = stop is None or stop is md.DataDependentError
+        return KeyboardInterrupt if ending == "interrupted" and gets_to_the_end else None
+    return {"returns": None, "raises": ValueError, "interrupted": KeyboardInterrupt}[ending]
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises", "interrupted"])
+@pytest.mark.parametrize(("name", "verb"), list(_cases()))
+def test_training_patterns_leave_user_objects_as_they_were(name, verb, ending):
+    torch.manual_seed(0)
+    step, args, roots = PATTERNS[name]()
+    run = _ending(step, ending)
+    before, extra = _snapshot(step, args, roots), _extra_state(roots)
+    raised = _raised(name, verb, ending)
+    if raised is None:
+        _run(verb, run, args)
+    else:
+        with pytest.raises(raised):
+            _run(verb, run, args)
+    before.assert_unchanged(_snapshot(step, args, roots))
+    assert _extra_state(roots) == extra
+    assert _metas({"step": step, "args": args, **roots}) == []
+
+
+def test_training_patterns_change_their_objects_when_run_eagerly():
+    """The sweep can fail: run for real, every pattern changes what it reaches."""
+    unchanged = []
+    for name, make in PATTERNS.items():
+        torch.manual_seed(0)
+        step, args, roots = make()
+        before, extra = _snapshot(step, args, roots), _extra_state(roots)
+        step(*args)
+        if _snapshot(step, args, roots) == before and _extra_state(roots) == extra:
+            unchanged.append(name)
+    assert unchanged == []
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_training_patterns_keep_no_real_tensor_alive(name):
+    torch.manual_seed(0)
+    step, args, roots = PATTERNS[name]()
+    refs = [weakref.ref(t) for _, t in _tensors({"step": step, "args": args, **roots})]
+    assert refs
+    stop = STOPS.get(name, (None,))[0]
+    try:
+        trace = md.trace(step, *args)
+    except Exception as e:  # what stopped the step holds no real tensor either
+        assert stop is not None and isinstance(e, stop), e
+        trace = e.with_traceback(None)  # its frames are the step's, which hold the user's objects
+    del step, args, roots
+    gc.collect()
+    alive = [r() for r in refs if r() is not None]
+    assert alive == [], f"{len(alive)} of {len(refs)} real tensors outlive their owners while the trace lives"
+    del trace  # alive until here
