@@ -19,6 +19,7 @@ patterns here are the ones it does not cover.
 from __future__ import annotations
 
 import gc
+import inspect
 import io
 import types
 import weakref
@@ -418,6 +419,63 @@ def torch_save_in_step():
     return step, (_x(),), {"m": m, "opt": opt, "buffers": buffers}
 
 
+@pattern
+def loss_item_logged():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    _eager_step(m)
+    losses: list = []
+
+    def step(x):
+        loss = _loss(m, x)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+
+    return step, (_x(),), {"m": m, "opt": opt, "losses": losses}
+
+
+class Trainer:
+    """The user's own object holding the model, optimizer and bookkeeping."""
+
+    def __init__(self):
+        self.model = _model()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.01)
+        self.steps = 0
+        self.last_loss = None
+        self.history: list = []
+
+    def step(self, x):
+        self.opt.zero_grad()
+        loss = _loss(self.model, x)
+        loss.backward()
+        self.opt.step()
+        self.steps += 1
+        self.last_loss = loss.detach()
+        self.history.append(self.last_loss)
+
+
+@pattern
+def trainer_object():
+    trainer = Trainer()
+    trainer.step(_x())
+    return trainer.step, (_x(),), {"trainer": trainer}
+
+
+@pattern
+def module_zero_grad_and_vector_to_parameters():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        m.zero_grad(set_to_none=False)
+        _loss(m, x).backward()
+        vec = nn.utils.parameters_to_vector(m.parameters())
+        nn.utils.vector_to_parameters(vec - 0.1 * vec, m.parameters())
+
+    return step, (_x(),), {"m": m}
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -550,6 +608,7 @@ STOPS = {
     "grad_scaler_fresh": (md.DataDependentError, {"trace", "MetaMode"}),
     "grad_scaler_used": (md.DataDependentError, {"trace", "MetaMode"}),
     "torch_save_in_step": (TypeError, {"trace", "MetaMode"}),
+    "loss_item_logged": (md.DataDependentError, {"trace", "MetaMode"}),
 }
 
 # docs/untouched.md, Limits: a bare MetaMode does not know the user's
@@ -572,6 +631,7 @@ _BARE_MODE_MISSES = {
     "hook_registered_in_step": (_IN_FORWARD, {"returns", "interrupted"}),
     "module_hooks_keep_tensors": (_IN_FORWARD, {"returns", "interrupted"}),
     "state_dict_round_trip": (_IN_FORWARD, {"returns", "interrupted"}),
+    "trainer_object": (_NOT_SAVED.format("object of the user's own class"), {"returns"}),
 }
 
 
@@ -652,3 +712,14 @@ def test_training_patterns_keep_no_real_tensor_alive(name):
     alive = [r() for r in refs if r() is not None]
     assert alive == [], f"{len(alive)} of {len(refs)} real tensors outlive their owners while the trace lives"
     del trace  # alive until here
+
+
+def test_training_patterns_loss_item_stops_naming_the_op_and_the_line():
+    step, args, roots = PATTERNS["loss_item_logged"]()
+    with pytest.raises(md.DataDependentError) as e:
+        md.trace(step, *args)
+    lines, first = inspect.getsourcelines(step)
+    line = first + next(i for i, text in enumerate(lines) if "loss.item()" in text)
+    assert "aten._local_scalar_dense.default" in str(e.value)
+    assert f"test_training_patterns.py:{line} in step" in "\n".join(e.value.__notes__)
+    assert roots["losses"] == []
