@@ -723,3 +723,43 @@ def test_training_patterns_loss_item_stops_naming_the_op_and_the_line():
     assert "aten._local_scalar_dense.default" in str(e.value)
     assert f"test_training_patterns.py:{line} in step" in "\n".join(e.value.__notes__)
     assert roots["losses"] == []
+
+
+def _gpt2_training():
+    """A tiny GPT-2 (tied embedding and head) with AdamW, a warm-up schedule
+    from transformers, clipping and a loss log, after one real step."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=40, n_positions=16)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    sched = transformers.get_linear_schedule_with_warmup(opt, 2, 10)
+    log: dict = {"loss": []}
+
+    def step(ids):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        log["loss"].append(loss.detach())
+
+    step(torch.randint(0, 40, (2, 8)))
+    return step, (torch.randint(0, 40, (2, 8)),), {"model": model, "opt": opt, "sched": sched, "log": log}
+
+
+@pytest.mark.slow  # ~5 s: a transformers import and a GPT-2 step traced and checked
+@pytest.mark.parametrize("verb", ["trace", "check"])
+def test_training_patterns_transformers_gpt2_step_leaves_its_objects_as_they_were(verb):
+    step, args, roots = _gpt2_training()
+    for ending in ("returns", "interrupted"):
+        before, extra = _snapshot(step, args, roots), _extra_state(roots)
+        if ending == "returns":
+            _run(verb, step, args)
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                _run(verb, _ending(step, ending), args)
+        before.assert_unchanged(_snapshot(step, args, roots))
+        assert _extra_state(roots) == extra
+        assert _metas({"step": step, "args": args, **roots}) == []

@@ -62,7 +62,8 @@ def walk(
     path it was first reached by (an identity: "the same object as").  With
     ``named=False`` paths are not spelled out (every path is ``""``; ``first``
     is ``""`` for an object seen before) and atoms and empty containers are
-    not visited (empty containers are with ``empty=True``): :func:`find` runs
+    not visited (empty containers are with ``empty=True``, but for those in
+    an object's attributes, which are saved with it): :func:`find` runs
     at every ``md.trace`` (a GPT-2's modules hold ~1,800 empty hook dicts)
     and the paths were most of its cost.
     """
@@ -84,7 +85,9 @@ def walk(
             if named:
                 stack.extend((fmt.format(path, key), c, depth + 1) for fmt, key, c in reversed(children))
             else:  # atoms and empty containers hold nothing to find
-                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c, empty))
+                # (an object's own empty tables are its state: not asked for)
+                keep_empty = empty and not _walks_dict(obj)
+                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c, keep_empty))
 
 
 def _inert(obj, empty: bool) -> bool:

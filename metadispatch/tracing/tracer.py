@@ -105,14 +105,14 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
             # containers it reaches are copied first, before any stand-in
             # goes into a module's tables (Note [The user's containers]).
             reached = find({"fn": fn, "args": args, "kwargs": kwargs}, _saved_kind, empty=True)
+            objects = [obj for obj in reached if not is_container(obj)]
+            # an object's own tables (a GPT-2's ~2,000 hook dicts) are saved with it
+            own = {id(v) for obj in objects for v in vars(obj).values()}
             for obj in reached:
-                if is_container(obj):
+                if is_container(obj) and id(obj) not in own:
                     standins.save_container(obj)
-            for obj in reached:
-                if isinstance(obj, nn.Module):
-                    standins.save(obj)
-                elif not is_container(obj):
-                    standins.save_object(obj)
+            for obj in objects:
+                standins.save(obj) if isinstance(obj, nn.Module) else standins.save_object(obj)
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
             margs, mkwargs = _convert_args(mode, standins, args, kwargs)
