@@ -8,14 +8,14 @@ from any roots (arguments, a function, a module), depth first:
   (and the code of functions nested in it) names; a bound method: its
   ``__self__`` and function; a ``functools.partial``: its function and
   arguments;
-* a module, optimizer, scheduler or other user object: its ``__dict__``
+* a module, optimizer, scheduler, grad scaler or other user object: its ``__dict__``
   (for a module that holds ``_parameters``, ``_buffers``, ``_modules`` and the
   plain attributes forward may have cached tensors on);
 * lists, tuples, dicts (keys and values), sets;
 * a tensor: its ``.grad``.
 
 Not walked: Python modules, classes, and objects defined by torch or the
-standard library other than modules, optimizers, schedulers and tensors --
+standard library other than modules, optimizers, schedulers, grad scalers and tensors --
 their state is not the user's.  Each object is visited once, under the first
 path that reaches it.
 """
