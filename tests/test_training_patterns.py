@@ -631,6 +631,7 @@ _BARE_MODE_MISSES = {
     "hook_registered_in_step": (_IN_FORWARD, {"returns", "interrupted"}),
     "module_hooks_keep_tensors": (_IN_FORWARD, {"returns", "interrupted"}),
     "state_dict_round_trip": (_IN_FORWARD, {"returns", "interrupted"}),
+    "tensor_hooks_keep_tensors": (_IN_FORWARD, {"returns"}),
     "trainer_object": (_NOT_SAVED.format("object of the user's own class"), {"returns"}),
 }
 
@@ -728,6 +729,45 @@ def test_training_patterns_loss_item_stops_naming_the_op_and_the_line():
     assert "aten._local_scalar_dense.default" in str(e.value)
     assert f"test_training_patterns.py:{line} in step" in "\n".join(e.value.__notes__)
     assert roots["losses"] == []
+
+
+def test_training_patterns_parameter_hooks_run_in_the_trace_as_in_eager():
+    """Hooks on the real parameters -- a gradient scaled by ``register_hook``,
+    an optimizer step in backward by ``register_post_accumulate_grad_hook``
+    (torch's own recipe) -- run on their stand-ins: the trace holds their
+    ops, as the eager run does, and the model is left as it was."""
+    m = _model()
+    m[0].weight.register_hook(lambda g: g * 2)
+
+    def step_in_backward(p):
+        p.add_(p.grad, alpha=-0.1)
+        p.grad = None
+
+    for p in m.parameters():
+        p.register_post_accumulate_grad_hook(step_in_backward)
+    x = _x()
+    before = md.testing.snapshot(m)
+    trace = md.trace(lambda x: _loss(m, x).backward(), x)
+    before.assert_unchanged(md.testing.snapshot(m))
+    eager = md.testing.eager_calls(lambda x: _loss(m, x).backward(), x)
+    assert md.testing.trace_calls(trace) == eager
+    assert sum(c.op == "aten.add_.Tensor" for c in eager) == 4  # the hooks ran
+
+
+def test_training_patterns_parameter_attributes_are_read_through_stand_ins():
+    """Training code reads flags it set on its parameters (Megatron's
+    ``param.sequence_parallel``); the stand-in has them, the real one keeps its own."""
+    m = _model()
+    m[0].weight.sequence_parallel = True
+
+    def step(x):
+        scale = 2.0 if m[0].weight.sequence_parallel else 1.0
+        m[0].weight.sequence_parallel = False  # rebinding on the stand-in
+        return (_loss(m, x) * scale).backward()
+
+    trace = md.trace(step, _x())
+    assert m[0].weight.sequence_parallel is True
+    assert any(c.op == "aten.mul.Tensor" and 2.0 in c.args for c in trace)
 
 
 def _gpt2_training():

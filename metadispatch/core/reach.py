@@ -12,7 +12,7 @@ from any roots (arguments, a function, a module), depth first:
   (for a module that holds ``_parameters``, ``_buffers``, ``_modules`` and the
   plain attributes forward may have cached tensors on);
 * lists, tuples, dicts (keys and values), sets;
-* a tensor: its ``.grad``.
+* a tensor: its ``.grad``, hook tables and attributes.
 
 Not walked: Python modules, classes, and objects defined by torch or the
 standard library other than modules, optimizers, schedulers, grad scalers and tensors --
@@ -110,8 +110,16 @@ def _children(obj) -> Iterator[tuple[str, Any, Any]]:
     if isinstance(obj, torch.Tensor):
         with _compat.no_torch_function():  # the real .grad, also under a MetaMode
             grad = obj.grad if obj.is_leaf else None
+            hooks = obj._backward_hooks, getattr(obj, "_post_accumulate_grad_hooks", None)
         if grad is not None:
             yield _ATTR, "grad", grad
+        # what its stand-in runs and reads (Note [What a stand-in carries] in tensor.py)
+        for key, table in zip(("_backward_hooks", "_post_accumulate_grad_hooks"), hooks):
+            if table:
+                yield _ATTR, key, table
+        for key, value in obj.__dict__.items():
+            if not key.startswith("_md"):
+                yield _ATTR, key, value
         return
     if type(obj) in (list, tuple) or isinstance(obj, (list, tuple)) and not hasattr(obj, "__dict__"):
         for i, v in enumerate(obj):

@@ -446,6 +446,7 @@ class Converter:
             # What Parameter.__new__ does for tensor subclasses, minus the
             # detach() that would show up as a call in the trace.
             out._is_param = True
+        _carry_user_state(t, out)
         return out
 
     def _meta_storage(self, t: torch.Tensor):
@@ -456,6 +457,32 @@ class Converter:
             meta = torch.UntypedStorage(real.nbytes(), device=META)
             hit = self._storages[key] = (weakref.ref(real, functools.partial(_drop, self._storages, key)), meta)
         return hit[1]
+
+
+def _carry_user_state(t: torch.Tensor, out: MetaTensor) -> None:
+    """Note [What a stand-in carries]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Training code hangs things on its parameters: attributes read in the
+    step (Megatron's ``param.sequence_parallel``, a sharding flag) and
+    hooks -- ``register_hook`` (a gradient scaled or kept),
+    ``register_post_accumulate_grad_hook`` (an optimizer step in backward).
+    A bare stand-in had none of them: the attribute raised AttributeError
+    where eager runs, and the hooks' ops were missing from the trace.  So a
+    stand-in gets the real tensor's attributes (the same values, by
+    reference, as eager reads them; rebinding one on the stand-in leaves
+    the real tensor's alone) and the same hook functions, in order.  The
+    real tensor's own tables are not touched.
+    """
+    for key, value in t.__dict__.items():
+        if not key.startswith("_md"):
+            out.__dict__.setdefault(key, value)
+    if not t.requires_grad:
+        return
+    for hook in (t._backward_hooks or {}).values():
+        out.register_hook(hook)
+    if t.is_leaf:
+        for hook in (getattr(t, "_post_accumulate_grad_hooks", None) or {}).values():
+            out.register_post_accumulate_grad_hook(hook)
 
 
 def _drop(table: dict, key, ref) -> None:
