@@ -403,8 +403,9 @@ class Converter:
     user's tensors are not kept alive.
     """
 
-    def __init__(self, device=None) -> None:
+    def __init__(self, device=None, *, hooks: bool = False) -> None:
         self.device = normalize_device(device) if device is not None else None
+        self.hooks = hooks  # stand-ins run the real tensor's hooks (Note [What a stand-in carries])
         self._memo: dict = {}  # id(real) -> (weakref to real, meta)
         self._storages: dict = {}  # storage key -> (weakref to real storage, meta storage)
 
@@ -446,7 +447,7 @@ class Converter:
             # What Parameter.__new__ does for tensor subclasses, minus the
             # detach() that would show up as a call in the trace.
             out._is_param = True
-        _carry_user_state(t, out)
+        _carry_user_state(t, out, self.hooks)
         return out
 
     def _meta_storage(self, t: torch.Tensor):
@@ -459,7 +460,7 @@ class Converter:
         return hit[1]
 
 
-def _carry_user_state(t: torch.Tensor, out: MetaTensor) -> None:
+def _carry_user_state(t: torch.Tensor, out: MetaTensor, hooks: bool) -> None:
     """Note [What a stand-in carries]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     Training code hangs things on its parameters: attributes read in the
@@ -471,12 +472,13 @@ def _carry_user_state(t: torch.Tensor, out: MetaTensor) -> None:
     stand-in gets the real tensor's attributes (the same values, by
     reference, as eager reads them; rebinding one on the stand-in leaves
     the real tensor's alone) and the same hook functions, in order.  The
-    real tensor's own tables are not touched.
+    real tensor's own tables are not touched.  ``md.to_meta``'s copies get
+    the attributes but not the hooks, as ``copy.deepcopy`` gives none.
     """
     for key, value in t.__dict__.items():
         if not key.startswith("_md"):
             out.__dict__.setdefault(key, value)
-    if not t.requires_grad:
+    if not hooks or not t.requires_grad:
         return
     for hook in (t._backward_hooks or {}).values():
         out.register_hook(hook)
