@@ -18,6 +18,7 @@ patterns here are the ones it does not cover.
 
 from __future__ import annotations
 
+import copy
 import gc
 import inspect
 import io
@@ -476,6 +477,92 @@ def module_zero_grad_and_vector_to_parameters():
     return step, (_x(),), {"m": m}
 
 
+@pattern
+def manual_warmup_and_new_param_group():
+    m = _model()
+    extra = nn.Parameter(torch.randn(3))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    _eager_step(m, opt)
+
+    def step(x):
+        for group in opt.param_groups:
+            group["lr"] = group["lr"] * 0.5
+        if len(opt.param_groups) == 1:
+            opt.add_param_group({"params": [extra], "lr": 0.01})
+        opt.zero_grad()
+        (_loss(m, x) + extra.sum()).backward()
+        opt.step()
+
+    return step, (_x(),), {"m": m, "opt": opt, "extra": extra}
+
+
+@pattern
+def chained_schedulers():
+    m = _model()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
+    decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[2])
+    _eager_step(m, opt)
+    sched.step()
+
+    def step(x):
+        opt.zero_grad()
+        _loss(m, x).backward()
+        opt.step()
+        sched.step()
+
+    return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
+
+
+@pattern
+def reduce_on_plateau():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+    sched.step(1.0)
+
+    def step(x):
+        loss = _loss(m, x)
+        loss.backward()
+        opt.step()
+        sched.step(loss.detach())
+
+    return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
+
+
+@pattern
+def autocast_bf16():
+    m = _model()
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+    _eager_step(m, opt)
+
+    def step(x):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = _loss(m, x)
+        loss.float().backward()
+        opt.step()
+
+    return step, (_x(),), {"m": m, "opt": opt}
+
+
+@pattern
+def teacher_copy_and_functional_call():
+    m = _model()
+    held: dict = {}
+    params = dict(m.named_parameters())
+
+    def step(x):
+        held["teacher"] = copy.deepcopy(m)
+        with torch.no_grad():
+            target = held["teacher"](x)
+        out = torch.func.functional_call(m, params, (x,))
+        (out - target).pow(2).mean().backward()
+
+    return step, (_x(),), {"m": m, "held": held, "params": params}
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -609,6 +696,7 @@ STOPS = {
     "grad_scaler_used": (md.DataDependentError, {"trace", "MetaMode"}),
     "torch_save_in_step": (TypeError, {"trace", "MetaMode"}),
     "loss_item_logged": (md.DataDependentError, {"trace", "MetaMode"}),
+    "reduce_on_plateau": (md.DataDependentError, {"trace", "MetaMode"}),
 }
 
 # docs/untouched.md, Limits: a bare MetaMode does not know the user's
@@ -632,6 +720,15 @@ _BARE_MODE_MISSES = {
     "module_hooks_keep_tensors": (_IN_FORWARD, {"returns", "interrupted"}),
     "state_dict_round_trip": (_IN_FORWARD, {"returns", "interrupted"}),
     "tensor_hooks_keep_tensors": (_IN_FORWARD, {"returns"}),
+    "chained_schedulers": (_NOT_SAVED.format("scheduler"), {"returns"}),
+    "manual_warmup_and_new_param_group": (
+        _NOT_SAVED.format("optimizer before its first step (param_groups written)"),
+        {"returns", "interrupted"},
+    ),
+    "teacher_copy_and_functional_call": (
+        _NOT_SAVED.format("dict: functional_call writes the module's tensors, the stand-ins, back into it"),
+        {"returns", "interrupted"},
+    ),
     "trainer_object": (_NOT_SAVED.format("object of the user's own class"), {"returns"}),
 }
 
