@@ -566,18 +566,8 @@ def teacher_copy_and_functional_call():
 # ---------------------------------------------------------------------------
 
 
-def _roots(made_roots):
-    """The roots, and the attribute dictionaries of objects ``snapshot`` does
-    not walk itself (a GradScaler is torch's, but holds the user's state)."""
-    roots = dict(made_roots)
-    for name, obj in made_roots.items():
-        if isinstance(obj, torch.amp.GradScaler):
-            roots[name] = vars(obj)
-    return roots
-
-
 def _snapshot(step, args, roots):
-    return md.testing.snapshot(step=step, args=args, **_roots(roots))
+    return md.testing.snapshot(step=step, args=args, **roots)
 
 
 def _extra_state(roots) -> dict:
