@@ -563,6 +563,58 @@ def teacher_copy_and_functional_call():
     return step, (_x(),), {"m": m, "held": held, "params": params}
 
 
+@pattern
+def pruned_inside_step():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        prune.l1_unstructured(m[0], "weight", amount=0.3)
+        _loss(m, x).backward()
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def parametrized_inside_step():
+    m = _model()
+    _eager_step(m)
+
+    def step(x):
+        parametrizations.weight_norm(m[2])
+        _loss(m, x).backward()
+        torch.nn.utils.parametrize.remove_parametrizations(m[2], "weight")
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def seeded_dropout_in_step():
+    m = nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.3))
+
+    def step(x):
+        torch.manual_seed(123)
+        m(x).sum().backward()
+
+    return step, (_x(),), {"m": m}
+
+
+@pattern
+def grads_deleted_and_set_in_step():
+    m = _model()
+    _eager_step(m)
+    g = torch.ones(3, 5)
+
+    def step(x):
+        for p in m.parameters():
+            del p.grad
+        m[2].weight.grad = g
+        _loss(m, x).backward()
+        m[0].weight.grad.mul_(0)
+
+    return step, (_x(),), {"m": m, "g": g}
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -696,6 +748,7 @@ STOPS = {
 _NOT_SAVED = "a bare MetaMode saves no {}; md.trace does"
 _AFTER_STEP = _NOT_SAVED.format("module before its forward (n_averaged += 1)")
 _IN_FORWARD = _NOT_SAVED.format("list or dict the block stores in")
+_BEFORE_FORWARD = _NOT_SAVED.format("module changed before its first forward")
 # name -> (reason, the endings it fails for: an interrupt at the first
 # optimizer step or forward comes before an EMA update or a scheduler step)
 _BARE_MODE_MISSES = {
@@ -711,6 +764,8 @@ _BARE_MODE_MISSES = {
     "state_dict_round_trip": (_IN_FORWARD, {"returns", "interrupted"}),
     "tensor_hooks_keep_tensors": (_IN_FORWARD, {"returns"}),
     "chained_schedulers": (_NOT_SAVED.format("scheduler"), {"returns"}),
+    "pruned_inside_step": (_BEFORE_FORWARD, {"returns", "interrupted"}),
+    "parametrized_inside_step": (_BEFORE_FORWARD, {"returns", "interrupted"}),
     "manual_warmup_and_new_param_group": (
         _NOT_SAVED.format("optimizer before its first step (param_groups written)"),
         {"returns", "interrupted"},
