@@ -724,16 +724,13 @@ def _ending(step, ending):
     return ended
 
 
-# Patterns that read a value on the way (``float(num_batches_tracked)``, a
-# scaler's ``found_inf.item()``, ``if n_averaged == 0``): md.trace and a bare
-# MetaMode stop there with a DataDependentError -- which must leave
-# everything as it was too; md.check answers them with the real kernel.  (A
-# bare MetaMode saves the EMA copy at no forward: its real ``n_averaged``
-# answers the ``if``.)  ``torch.save`` of MetaTensors is refused by name.
+# Patterns that read a value of the data on the way (``loss.item()``, a
+# scaler's ``found_inf.item()``): md.trace and a bare MetaMode stop there
+# with a DataDependentError -- which must leave everything as it was too;
+# md.check answers them with the real kernel.  ``torch.save`` of
+# MetaTensors is refused by name.  (Counters in buffers are known values:
+# test_training_patterns_counter_buffers_trace_as_eager_runs.)
 STOPS = {
-    "batchnorm_cumulative": (md.DataDependentError, {"trace", "MetaMode"}),
-    "ema_averaged_model": (md.DataDependentError, {"trace"}),
-    "swa_averaged_model": (md.DataDependentError, {"trace"}),
     "grad_scaler_fresh": (md.DataDependentError, {"trace", "MetaMode"}),
     "grad_scaler_used": (md.DataDependentError, {"trace", "MetaMode"}),
     "torch_save_in_step": (TypeError, {"trace", "MetaMode"}),
@@ -910,6 +907,20 @@ def test_training_patterns_parameter_attributes_are_read_through_stand_ins():
     trace = md.trace(step, _x())
     assert m[0].weight.sequence_parallel is True
     assert any(c.op == "aten.mul.Tensor" and 2.0 in c.args for c in trace)
+
+
+@pytest.mark.parametrize("name", ["batchnorm_cumulative", "swa_averaged_model", "ema_averaged_model"])
+def test_training_patterns_counter_buffers_trace_as_eager_runs(name):
+    """``BatchNorm(momentum=None)`` divides by ``num_batches_tracked`` and
+    ``AveragedModel`` branches on ``n_averaged``: the trace reads their values
+    (Note [Counters in buffers]) and runs the ops eager runs, where it
+    stopped with a DataDependentError."""
+    torch.manual_seed(0)
+    step, args, roots = PATTERNS[name]()
+    trace = md.trace(step, *args)
+    assert any("known value" in line for line in trace.lines())
+    eager = [c for c in md.testing.eager_calls(step, *args) if not c.op.startswith("profiler.")]
+    assert md.testing.trace_calls(trace) == eager
 
 
 def _gpt2_training():

@@ -218,6 +218,8 @@ class StandIns:
                 if id(t) in names and "_md_name" not in stand.__dict__:
                     stand._md_name = names[id(t)]
                 self._stand_grad(t, stand, names.get(id(t)))
+                if table is mod._buffers and _counter(t):
+                    known.know(stand, t, self.mode)  # Note [Counters in buffers]
                 table[key] = stand
                 self._stand_of[id(t)] = stand
 
@@ -284,6 +286,19 @@ class StandIns:
                     named = p.__dict__.get("_md_name")
                     out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))
         return out
+
+
+def _counter(t: torch.Tensor) -> bool:
+    """Note [Counters in buffers]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A one-element integer buffer counts steps, not data: batch norm's
+    ``num_batches_tracked`` (``momentum=None`` divides by it),
+    ``AveragedModel``'s ``n_averaged`` (``if n_averaged == 0`` picks the
+    first copy).  Like an optimizer's step count, its stand-in knows its
+    value (Note [Known values]), so the step traces as eager runs it where it
+    stopped with a DataDependentError; ``+= 1`` on it stays known.
+    """
+    return t.numel() == 1 and not t.is_floating_point() and not t.is_complex() and not t.requires_grad
 
 
 def _uninitialized(t) -> bool:
