@@ -254,10 +254,11 @@ def test_check_packed_sequence_on_logical_cuda_keeps_batch_sizes_on_cpu():
 
 def test_check_knows_integer_inputs_not_float_ones_nor_module_buffers():
     def step(model, ids, x):
-        return int(ids.sum()), int(model.steps.sum()), float(x.sum())
+        return int(ids.sum()), int(model.counts.sum()), float(x.sum()), int(model.steps)
 
     model = nn.Module()
-    model.register_buffer("steps", torch.tensor([3]))
+    model.register_buffer("counts", torch.tensor([3, 4]))
+    model.register_buffer("steps", torch.tensor(9))  # a counter (Note [Counters in buffers])
     ids, x = torch.tensor([2, 0, 5]), torch.randn(3)
     report = md.check(step, model, ids, x)
     assert report.error is None, str(report)
@@ -265,6 +266,7 @@ def test_check_knows_integer_inputs_not_float_ones_nor_module_buffers():
     read = [(report.trace.calls[a.index].inputs[0].dtype, a.value) for a in report.assumptions]
     assert [dtype for dtype, _ in read] == [torch.int64, torch.float32]  # the buffer and x: made up
     assert report.trace.output[1] == int(read[0][1])
+    assert report.trace.output[3] == 9  # the counter, read for real
 
 
 def test_check_report_is_not_ok_after_a_made_up_read():

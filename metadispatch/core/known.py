@@ -20,8 +20,10 @@ its real CPU value, ``_md_known = (value, cell)``, while it has at most
   global, an index tensor -- are constants too (``MetaMode.from_scope``),
   so ``tensor_split(x, idx)`` or ``x[idx]`` with a real ``idx`` is answered
   as without a mode; tensors the user converts (``mode.from_tensor``,
-  ``md.trace``'s arguments), parameters and tensors that need grad are
-  data, never known, and neither is anything computed from them -- except
+  ``md.trace``'s arguments), parameters, buffers and tensors that need
+  grad are data, never known (but for step counters: an optimizer's, and
+  Note [Counters in buffers] in standins.py), and neither is anything
+  computed from them -- except
   under ``md.check``, whose integer and boolean arguments (lengths, ids,
   labels) keep their values: a check reports on the run of those inputs;
 * a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is

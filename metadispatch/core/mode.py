@@ -84,7 +84,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self.record = record
         self.trace = Trace()
         self._recorder = Recorder(self.trace, stack=stack, const_limit=const_limit)
-        self._converter = Converter(self.device)
+        self._converter = Converter(self.device, hooks=True)
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self.cache = MetaCache() if cache else None
         self._saved: list = []  # per __enter__, an _Entry: what __exit__ undoes

@@ -8,14 +8,14 @@ from any roots (arguments, a function, a module), depth first:
   (and the code of functions nested in it) names; a bound method: its
   ``__self__`` and function; a ``functools.partial``: its function and
   arguments;
-* a module, optimizer, scheduler or other user object: its ``__dict__``
+* a module, optimizer, scheduler, grad scaler or other user object: its ``__dict__``
   (for a module that holds ``_parameters``, ``_buffers``, ``_modules`` and the
   plain attributes forward may have cached tensors on);
 * lists, tuples, dicts (keys and values), sets;
-* a tensor: its ``.grad``.
+* a tensor: its ``.grad``, hook tables and attributes.
 
 Not walked: Python modules, classes, and objects defined by torch or the
-standard library other than modules, optimizers, schedulers and tensors --
+standard library other than modules, optimizers, schedulers, grad scalers and tensors --
 their state is not the user's.  Each object is visited once, under the first
 path that reaches it.
 """
@@ -33,7 +33,7 @@ from torch import nn
 
 from .. import _compat
 
-__all__ = ["walk", "find"]
+__all__ = ["walk", "find", "is_container", "holds_state"]
 
 _ATOMS = (
     int,
@@ -53,15 +53,19 @@ _SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
 _OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
 
 
-def walk(roots: dict[str, Any], max_depth: int = 64, named: bool = True) -> Iterator[tuple[str, Any, str | None]]:
+def walk(
+    roots: dict[str, Any], max_depth: int = 64, named: bool = True, empty: bool = False
+) -> Iterator[tuple[str, Any, str | None]]:
     """Yield ``(path, object, first_path)`` for everything reachable from ``roots``.
 
     ``first_path`` is None the first time an object is reached, else the
     path it was first reached by (an identity: "the same object as").  With
     ``named=False`` paths are not spelled out (every path is ``""``; ``first``
     is ``""`` for an object seen before) and atoms and empty containers are
-    not visited: :func:`find` runs at every ``md.trace`` (a GPT-2's modules
-    hold ~1,800 empty hook dicts) and the paths were most of its cost.
+    not visited (empty containers are with ``empty=True``, but for those in
+    an object's attributes, which are saved with it): :func:`find` runs
+    at every ``md.trace`` (a GPT-2's modules hold ~1,800 empty hook dicts)
+    and the paths were most of its cost.
     """
     seen: dict[int, str] = {}
     stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
@@ -81,12 +85,14 @@ def walk(roots: dict[str, Any], max_depth: int = 64, named: bool = True) -> Iter
             if named:
                 stack.extend((fmt.format(path, key), c, depth + 1) for fmt, key, c in reversed(children))
             else:  # atoms and empty containers hold nothing to find
-                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c))
+                # (an object's own empty tables are its state: not asked for)
+                keep_empty = empty and not _walks_dict(obj)
+                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c, keep_empty))
 
 
-def _inert(obj) -> bool:
+def _inert(obj, empty: bool) -> bool:
     t = type(obj)
-    return t in _EMPTY_WHEN_FALSE and not obj or isinstance(obj, _ATOMS)
+    return not empty and t in _EMPTY_WHEN_FALSE and not obj or isinstance(obj, _ATOMS)
 
 
 _EMPTY_WHEN_FALSE = {list, tuple, dict, set, OrderedDict}
@@ -104,8 +110,16 @@ def _children(obj) -> Iterator[tuple[str, Any, Any]]:
     if isinstance(obj, torch.Tensor):
         with _compat.no_torch_function():  # the real .grad, also under a MetaMode
             grad = obj.grad if obj.is_leaf else None
+            hooks = obj._backward_hooks, getattr(obj, "_post_accumulate_grad_hooks", None)
         if grad is not None:
             yield _ATTR, "grad", grad
+        # what its stand-in runs and reads (Note [What a stand-in carries] in tensor.py)
+        for key, table in zip(("_backward_hooks", "_post_accumulate_grad_hooks"), hooks):
+            if table:
+                yield _ATTR, key, table
+        for key, value in obj.__dict__.items():
+            if not key.startswith("_md"):
+                yield _ATTR, key, value
         return
     if type(obj) in (list, tuple) or isinstance(obj, (list, tuple)) and not hasattr(obj, "__dict__"):
         for i, v in enumerate(obj):
@@ -204,14 +218,29 @@ def _walks_dict(obj) -> bool:
     return not isinstance(obj, (torch.Generator, torch.Tensor))
 
 
-_USER_STATE = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)
+# torch's objects that hold the user's training state (a GradScaler's scale
+# and per-optimizer records).
+_USER_STATE = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler)
 
 
-def find(roots: dict[str, Any], keep: Callable[[Any], bool]) -> list:
+def is_container(obj) -> bool:
+    """A list, dict or set (or a subclass: ``OrderedDict``, ``defaultdict``) the user may keep values in."""
+    return isinstance(obj, (list, dict, set))
+
+
+def holds_state(obj) -> bool:
+    """An object whose attributes are the user's state: a module, optimizer,
+    scheduler or grad scaler, or an object of a class not from torch or the
+    standard library."""
+    return _walks_dict(obj) and not isinstance(obj, functools.partial)
+
+
+def find(roots: dict[str, Any], keep: Callable[[Any], bool], empty: bool = False) -> list:
     """The objects reachable from ``roots`` for which ``keep`` holds, in walk
-    order; atoms (numbers, strings, dtypes, ...) are never offered to ``keep``."""
+    order; atoms (numbers, strings, dtypes, ...) are never offered to ``keep``,
+    nor empty containers unless ``empty``."""
     out = []
-    for _, obj, first in walk(roots, named=False):
+    for _, obj, first in walk(roots, named=False, empty=empty):
         if first is None and keep(obj):
             out.append(obj)
     return out

@@ -112,10 +112,26 @@ class StandIns:
             self._swap_optimizer(opt)
 
     def save_object(self, obj) -> None:
-        """Save an optimizer's or scheduler's attributes, restored on exit."""
+        """Save an object's attributes (an optimizer, a scheduler, a grad
+        scaler, the user's own), restored on exit."""
         if id(obj) not in self._swapped:
             self._swapped.add(id(obj))
             self._states.append(_ModuleState(obj))
+
+    def save_container(self, container) -> None:
+        """Note [The user's containers]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        A step stores what it computes in lists and dicts the user keeps: a
+        hook that appends activations or gradients, ``losses.append(loss)``,
+        ``saved["model"] = model.state_dict()``.  Under a trace those values
+        are MetaTensors, left behind in the user's list after the trace.  So
+        every list, dict and set ``md.trace`` reaches from the function and
+        its arguments is copied (shallowly) before any stand-in goes in, and
+        refilled on exit with what it held, by identity.
+        """
+        if id(container) not in self._swapped:
+            self._swapped.add(id(container))
+            self._states.append(_Contents(container))
 
     def _swap_optimizer(self, opt) -> None:
         self.save_object(opt)
@@ -202,6 +218,8 @@ class StandIns:
                 if id(t) in names and "_md_name" not in stand.__dict__:
                     stand._md_name = names[id(t)]
                 self._stand_grad(t, stand, names.get(id(t)))
+                if table is mod._buffers and _counter(t):
+                    known.know(stand, t, self.mode)  # Note [Counters in buffers]
                 table[key] = stand
                 self._stand_of[id(t)] = stand
 
@@ -270,6 +288,19 @@ class StandIns:
         return out
 
 
+def _counter(t: torch.Tensor) -> bool:
+    """Note [Counters in buffers]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A one-element integer buffer counts steps, not data: batch norm's
+    ``num_batches_tracked`` (``momentum=None`` divides by it),
+    ``AveragedModel``'s ``n_averaged`` (``if n_averaged == 0`` picks the
+    first copy).  Like an optimizer's step count, its stand-in knows its
+    value (Note [Known values]), so the step traces as eager runs it where it
+    stopped with a DataDependentError; ``+= 1`` on it stays known.
+    """
+    return t.numel() == 1 and not t.is_floating_point() and not t.is_complex() and not t.requires_grad
+
+
 def _uninitialized(t) -> bool:
     # A lazy module's parameter before its first forward: it changes its own
     # class when materialised, which _ModuleState puts back.
@@ -330,6 +361,18 @@ class _ModuleState:
 
 
 _MISSING = object()
+
+
+class _Contents:
+    """One container as it was (Note [The user's containers])."""
+
+    def __init__(self, container) -> None:
+        self.container = container
+        self.copy = dict(container.items()) if isinstance(container, dict) else list(container)
+
+    def restore(self) -> None:
+        if not _same(self.container, self.copy):
+            _refill(self.container, self.copy)
 
 
 def _snapshot(values, out: list, depth: int) -> None:

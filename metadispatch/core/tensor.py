@@ -403,8 +403,9 @@ class Converter:
     user's tensors are not kept alive.
     """
 
-    def __init__(self, device=None) -> None:
+    def __init__(self, device=None, *, hooks: bool = False) -> None:
         self.device = normalize_device(device) if device is not None else None
+        self.hooks = hooks  # stand-ins run the real tensor's hooks (Note [What a stand-in carries])
         self._memo: dict = {}  # id(real) -> (weakref to real, meta)
         self._storages: dict = {}  # storage key -> (weakref to real storage, meta storage)
 
@@ -414,7 +415,15 @@ class Converter:
         hit = self._memo.get(id(t))
         if hit is not None and hit[0]() is t:
             return hit[1]
-        with _compat.no_torch_function():  # the real tensor's own metadata
+        # Note [Inference stand-ins]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # A stand-in is an inference tensor when the real one is, wherever it
+        # is made.  A real tensor first reached inside ``torch.inference_mode()``
+        # (an evaluation pass in a training step) is a normal tensor that
+        # the step's later training forward saves for backward: an inference
+        # stand-in failed there ("Inference tensors cannot be saved for
+        # backward"), where eager runs.
+        with _compat.no_torch_function(), torch.inference_mode(t.is_inference()):  # the real tensor's own metadata
             meta = self._convert(t)
         self._memo[id(t)] = (weakref.ref(t, functools.partial(_drop, self._memo, id(t))), meta)
         return meta
@@ -438,6 +447,7 @@ class Converter:
             # What Parameter.__new__ does for tensor subclasses, minus the
             # detach() that would show up as a call in the trace.
             out._is_param = True
+        _carry_user_state(t, out, self.hooks)
         return out
 
     def _meta_storage(self, t: torch.Tensor):
@@ -448,6 +458,33 @@ class Converter:
             meta = torch.UntypedStorage(real.nbytes(), device=META)
             hit = self._storages[key] = (weakref.ref(real, functools.partial(_drop, self._storages, key)), meta)
         return hit[1]
+
+
+def _carry_user_state(t: torch.Tensor, out: MetaTensor, hooks: bool) -> None:
+    """Note [What a stand-in carries]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    Training code hangs things on its parameters: attributes read in the
+    step (Megatron's ``param.sequence_parallel``, a sharding flag) and
+    hooks -- ``register_hook`` (a gradient scaled or kept),
+    ``register_post_accumulate_grad_hook`` (an optimizer step in backward).
+    A bare stand-in had none of them: the attribute raised AttributeError
+    where eager runs, and the hooks' ops were missing from the trace.  So a
+    stand-in gets the real tensor's attributes (the same values, by
+    reference, as eager reads them; rebinding one on the stand-in leaves
+    the real tensor's alone) and the same hook functions, in order.  The
+    real tensor's own tables are not touched.  ``md.to_meta``'s copies get
+    the attributes but not the hooks, as ``copy.deepcopy`` gives none.
+    """
+    for key, value in t.__dict__.items():
+        if not key.startswith("_md"):
+            out.__dict__.setdefault(key, value)
+    if not hooks or not t.requires_grad:
+        return
+    for hook in (t._backward_hooks or {}).values():
+        out.register_hook(hook)
+    if t.is_leaf:
+        for hook in (getattr(t, "_post_accumulate_grad_hooks", None) or {}).values():
+            out.register_post_accumulate_grad_hook(hook)
 
 
 def _drop(table: dict, key, ref) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from .._compat import pytree
 from ..core.mode import MetaMode
-from ..core.reach import find
+from ..core.reach import find, holds_state, is_container
 from ..core.standins import StandIns
 from ..core.tensor import Converter, MetaTensor
 from ..ir.records import arg_name, describe_constant
@@ -101,8 +101,17 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
         with standins:
             # Modules the function reaches through closures and globals are
             # saved before it runs: it may change them (``.to()``, ``.train()``)
-            # before calling them, or without calling them at all.
-            for obj in find({"fn": fn, "args": args, "kwargs": kwargs}, _saved_kind):
+            # before calling them, or without calling them at all.  The
+            # containers it reaches are copied first, before any stand-in
+            # goes into a module's tables (Note [The user's containers]).
+            reached = find({"fn": fn, "args": args, "kwargs": kwargs}, _saved_kind, empty=True)
+            objects = [obj for obj in reached if not is_container(obj)]
+            # an object's own tables (a GPT-2's ~2,000 hook dicts) are saved with it
+            own = {id(v) for obj in objects for v in vars(obj).values()}
+            for obj in reached:
+                if is_container(obj) and id(obj) not in own:
+                    standins.save_container(obj)
+            for obj in objects:
                 standins.save(obj) if isinstance(obj, nn.Module) else standins.save_object(obj)
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
@@ -151,7 +160,7 @@ def _named(standins: StandIns, margs, mkwargs) -> list:
 
 
 def _saved_kind(obj) -> bool:
-    return isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler))
+    return is_container(obj) or holds_state(obj)
 
 
 def _convert_args(mode, standins, args, kwargs):
