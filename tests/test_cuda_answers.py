@@ -276,7 +276,7 @@ def test_cuda_answers_rng_state_on_a_logical_gpu_is_a_slot():
     trace = md.tracer(device="cuda", gpu="h100")(step, torch.randn(8))
     cuda = [(e.action, e.slot) for e in trace.rng_events if e.stream == "cuda:0"]
     assert cuda == [("save", 1), ("load", 1), ("save", 2), ("load", 2), ("save", 3), ("load", 3)]
-    with pytest.raises(Exception, match="CUDA"):  # torch's own answer again outside the mode
+    with pytest.raises(Exception, match="CUDA|NVIDIA"):  # torch's own answer again outside the mode (CPU or CUDA build)
         torch.cuda.get_rng_state()
 
 
