@@ -60,6 +60,7 @@ from .program import program
 from .result import Mismatch, Replay, Tolerance
 from .streams import MadeUp, Streams
 from .timing import Clock
+from .uninit import uninitialised_reads
 from .writes import write_guard
 
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
@@ -138,7 +139,7 @@ def replay(
         grads,
         buffers,
         mismatches,
-        made_up + streams.made_up,
+        made_up + streams.made_up + uninitialised_reads(trace),
         allow_made_up,
         _tolerance(device),
         checked=check,
