@@ -31,6 +31,16 @@ free: the real in-place op mutates the very tensor bound to that id (and so
 every real view of it), and the real view op returns a real view.  We only
 rebind the id to the returned object, which is the same tensor.
 
+Note [Threads in replay]
+~~~~~~~~~~~~~~~~~~~~~~~~
+A CPU reduction splits its input among the threads it has and adds the
+partial sums in order, so ``x.sum()`` of four million float32 differs in its
+last bits between one thread and two; every call's metadata still matches.
+The trace records ``torch.get_num_threads()`` when tracing began
+(``trace.threads``), and a CPU replay runs with that many, then gives back
+the caller's number -- as it gives back the generators.  A file without the
+number (written before it was kept) replays with the caller's.
+
 Note [Significant strides]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
 The stride of a dimension of size 1, or of any dimension of an empty tensor,
@@ -41,6 +51,7 @@ compare only the strides that matter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -203,12 +214,30 @@ def execute(
     guard = write_guard(protect, prog.calls)
     fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+    with (
+        torch.random.fork_rng(devices=cuda),
+        torch.no_grad(),
+        _threads(trace.threads if device.type == "cpu" else None),
+    ):
         env = bind()
         streams = Streams(trace, prog, device, seed)
         streams.start()
         mismatches = _run(prog, env, streams, device, check, guard, fit, pre, clock)
     return env, mismatches, streams
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    """Note [Threads in replay]: run with ``n`` threads, then as many as before."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:

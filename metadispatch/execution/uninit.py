@@ -67,6 +67,7 @@ _OVERWRITES = {
     "aten::geometric_",
     "aten::log_normal_",
     "aten::cauchy_",
+    "metadispatch::trunc_normal_",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
 }
 # ... or some of it, at positions its other arguments choose.
 _WRITES_SOME = {"aten::index_put_", "aten::index_copy_", "aten::index_fill_", "aten::scatter_", "aten::masked_fill_"}

@@ -111,6 +111,7 @@ class _Writer:
             "modules": dict(trace.modules),
             "gpu": trace.gpu,
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
+            "threads": trace.threads,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())} if deaths is not None else None),
             **self.streams(trace),
             "world": list(trace.world) if trace.world is not None else None,
