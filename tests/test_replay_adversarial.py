@@ -460,3 +460,27 @@ def test_replay_adversarial_flush_denormal_set_inside_the_step(tmp_path):
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU cannot flush denormals")
     assert _replays(step, torch.full((4,), 1e-10), tmp_path=tmp_path) == {"memory": "not ok", "file": "not ok"}
+
+
+class _Cached(nn.Module):
+    """A plain tensor attribute (neither parameter nor buffer) the forward updates in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.cache = torch.zeros(3)
+
+    def forward(self, x):
+        self.cache.add_(x.sum(0))
+        return self.lin(x) + self.cache
+
+
+def test_replay_adversarial_step_returning_a_real_tensor_it_updated(tmp_path):
+    # Note [Real tensors the step returns]: the output was the user's own
+    # (unchanged) tensor; replay returned it and said ok, and save refused it.
+    model = _Cached()
+    verdicts = _replays(lambda m, x: (m(x), m.cache), model, torch.randn(2, 3), tmp_path=tmp_path)
+    assert verdicts == {"memory": "ok", "file": "ok"}
+    trace = md.trace(lambda m, x: (m(x), m.cache), model, torch.randn(2, 3))
+    assert not any(type(v) is torch.Tensor for v in pytree.tree_leaves(trace.output))  # nothing real kept
+    assert torch.equal(model.cache, torch.zeros(3))
