@@ -498,3 +498,27 @@ def test_replay_adversarial_module_attribute_changed_since_tracing():
         model.cache.fill_(5.0)
     r = md.replay(trace, (model, x))
     assert not r.ok or _differs(r.output, copy.deepcopy(model)(x)) is None
+
+
+def _at_offset(t, offset):
+    """``t``'s values at element ``offset`` of a fresh storage (another alignment for offset % 4)."""
+    s = torch.empty(t.numel() + offset, dtype=t.dtype)
+    s[offset:] = t
+    return s[offset:]
+
+
+def test_replay_adversarial_input_at_another_alignment_gives_eagers_values_on_it():
+    # BLAS's dot (and mv, a one-row linear) adds in an order that depends on
+    # the address's alignment: the same values one float further give other
+    # bits.  Replay runs on the tensors given, where they lie, so its values
+    # are eager's on those tensors (docs/replay.md, Tolerance).
+    torch.manual_seed(0)
+    a, b = torch.randn(5000), torch.randn(5000)
+    trace = md.trace(torch.dot, a, b)
+    given = (_at_offset(a, 1), _at_offset(b, 1))
+    on_given = torch.dot(*given)
+    r = md.replay(trace, given)
+    assert r.ok and _same_bits(r.output, on_given)
+    if _same_bits(on_given, torch.dot(a, b)):
+        pytest.skip("this BLAS's dot does not depend on alignment")
+    assert not _same_bits(r.output, torch.dot(a, b))  # why "on those tensors" matters
