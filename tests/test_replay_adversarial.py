@@ -522,3 +522,32 @@ def test_replay_adversarial_input_at_another_alignment_gives_eagers_values_on_it
     if _same_bits(on_given, torch.dot(a, b)):
         pytest.skip("this BLAS's dot does not depend on alignment")
     assert not _same_bits(r.output, torch.dot(a, b))  # why "on those tensors" matters
+
+
+@pytest.mark.parametrize("field", ["shape", "dtype", "stride", "storage_offset"])
+@pytest.mark.parametrize("which", ["output", "intermediate", "view written in place"])
+def test_replay_adversarial_trace_edited_after_recording_is_not_ok(tmp_path, field, which):
+    import json
+
+    def step(a):
+        b = (a * 2).t()
+        return b.add_(1).sum(0)
+
+    x = torch.randn(3, 4)
+    md.trace(step, x).save(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    tensors = doc["tensors"]
+    row = {"output": doc["output"]["t"], "intermediate": 1, "view written in place": 2}[which]
+    if field == "dtype":
+        doc["strings"].append("float64")
+        tensors["dtype"][row] = len(doc["strings"]) - 1
+    elif field == "storage_offset":
+        tensors[field][row] += 1
+    else:
+        tensors[field][row] = [v + 1 for v in tensors[field][row]]
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    try:
+        r = md.replay(tmp_path / "t.json", (x,))
+    except MetaDispatchError:
+        return  # refused: as good as not ok
+    assert not r.ok and r.mismatches, f"{which} {field} edited: {r}"
