@@ -392,6 +392,7 @@ UNINITIALISED = {
         lambda: (torch.randn(30),),
     ),
     "empty as out=": ("ok", lambda a: torch.cat([a, a], out=torch.empty(6)), lambda: (torch.randn(3),)),
+    "empty(0) as out=, resized": ("ok", lambda a: torch.add(a, 1, out=torch.empty(0)) * 2, lambda: (torch.randn(3),)),
     "empty, inverse of a sort's permutation": ("ok", _inverse_permutation, lambda: (torch.randn(7),)),
     "zeros_like of empty": ("ok", lambda a: torch.zeros_like(torch.empty(3)) + a, lambda: (torch.randn(3),)),
     "empty, set_ onto an input": ("ok", _set_onto_an_input, lambda: (torch.randn(3),)),

@@ -133,9 +133,10 @@ class _Walk:
             for m in call.inputs:
                 if id(m) not in unread:
                     self._read(m, call.index)
+        after = {o.id: o for o in call.output_metas}  # an ``out=`` argument as resized to fit
         for key, m in written.items():
             if key in unread and (whole or not some or self._covers(call, m)):
-                self._write(m)
+                self._write(after.get(m.id, m))
         self._follow(call, f)
         self._allocate(call, packet)
 
