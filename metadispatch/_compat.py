@@ -184,6 +184,12 @@ def conv_switches() -> tuple:
     return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(), torch._C._get_cudnn_enabled())
 
 
+def set_conv_switches(switches: tuple) -> None:
+    """Set what :func:`conv_switches` reads."""
+    torch._C._set_mkldnn_enabled(switches[0])
+    torch._C._set_nnpack_enabled(switches[1])
+
+
 def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:
     """The memory format ``backend`` gives a convolution's outputs."""
     return torch._C._conv_determine_backend_memory_format(x, weight, backend)

@@ -36,10 +36,14 @@ Note [Threads in replay]
 A CPU reduction splits its input among the threads it has and adds the
 partial sums in order, so ``x.sum()`` of four million float32 differs in its
 last bits between one thread and two; every call's metadata still matches.
-The trace records ``torch.get_num_threads()`` when tracing began
-(``trace.threads``), and a CPU replay runs with that many, then gives back
-the caller's number -- as it gives back the generators.  A file without the
-number (written before it was kept) replays with the caller's.
+Likewise ``aten.convolution`` picks its CPU kernel (oneDNN, NNPACK, or
+torch's own) by global switches, and the kernels round differently.  The
+trace records ``torch.get_num_threads()`` and the convolution switches when
+tracing began (``trace.threads``, ``trace.conv_switches``), and a CPU replay
+runs with them, then gives back the caller's -- as it gives back the
+generators.  A file without them (written before they were kept) replays
+with the caller's.  Limit: a switch flipped inside the traced step
+(``torch.backends.mkldnn.flags``) is not recorded.
 
 Note [Significant strides]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -214,10 +218,11 @@ def execute(
     guard = write_guard(protect, prog.calls)
     fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
+    cpu = device.type == "cpu"
     with (
         torch.random.fork_rng(devices=cuda),
         torch.no_grad(),
-        _threads(trace.threads if device.type == "cpu" else None),
+        _cpu_settings(trace.threads if cpu else None, trace.conv_switches if cpu else None),
     ):
         env = bind()
         streams = Streams(trace, prog, device, seed)
@@ -227,17 +232,21 @@ def execute(
 
 
 @contextlib.contextmanager
-def _threads(n: int | None):
-    """Note [Threads in replay]: run with ``n`` threads, then as many as before."""
-    before = torch.get_num_threads()
-    if n is None or n == before:
+def _cpu_settings(threads: int | None, switches: tuple | None):
+    """Note [Threads in replay]: run with ``threads`` and the convolution ``switches``, then as before."""
+    before = (torch.get_num_threads(), _compat.conv_switches())
+    if (threads is None or threads == before[0]) and (switches is None or switches == before[1]):
         yield
         return
-    torch.set_num_threads(n)
     try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if switches is not None:
+            _compat.set_conv_switches(switches)
         yield
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        _compat.set_conv_switches(before[1])
 
 
 def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:

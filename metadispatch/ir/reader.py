@@ -105,6 +105,11 @@ class Reader:
             if type(threads) is not int or not 1 <= threads <= _MAX_THREADS:
                 self.fail("threads", f"expected a number of threads from 1 to {_MAX_THREADS}, got {threads!r}")
             t.threads = threads
+        switches = doc.get("conv_switches")
+        if switches is not None:
+            if not (isinstance(switches, list) and len(switches) == 2 and all(type(s) is bool for s in switches)):
+                self.fail("conv_switches", f"expected two flags, got {switches!r}")
+            t.conv_switches = tuple(switches)
         self.streams(doc, t)
         names = doc.get("arg_names")
         if names is not None:
