@@ -595,3 +595,15 @@ def test_replay_adversarial_convolution_switch_flipped_inside_the_step(tmp_path)
 
     torch.manual_seed(0)
     assert _replays(step, nn.Conv2d(3, 8, 3), torch.randn(2, 3, 16, 16), tmp_path=tmp_path)["memory"] == "not ok"
+
+
+def test_replay_adversarial_caller_writing_a_returned_constant_changes_no_later_replay():
+    # A step returning a tensor from its scope hands out the trace's constant;
+    # replay returned the trace's own tensor, so a caller's write to it
+    # changed what every later replay computed -- and each said ok.
+    scale = torch.ones(3)
+    trace = md.trace(lambda x: (x * scale, scale), torch.ones(3))
+    first = md.replay(trace, (torch.ones(3),))
+    first.output[1].add_(5)
+    again = md.replay(trace, (torch.ones(3),))
+    assert again.ok and torch.equal(again.output[1], torch.ones(3)) and torch.equal(again.output[0], torch.ones(3))
