@@ -12,9 +12,10 @@ follows each such allocation through the calls, by the trace's storage
 numbers:
 
 - a call that only writes an argument -- ``fill_``, ``zero_``, ``copy_``, the
-  in-place random ops, an ``out=`` argument -- initialises the elements the
-  argument covers, when they are one contiguous range (the whole tensor, a
-  row, a transposed whole);
+  in-place random ops, an ``out=`` argument, a collective's output, the
+  shard FSDP copies into its all-gather buffer -- initialises the elements
+  it writes, when they are one contiguous range (the whole tensor, a row, a
+  transposed whole);
 - a call that reads elements not yet written, and a result of the trace
   (output, gradient, buffer) that holds some, is listed in
   ``Replay.made_up`` -- once per allocation -- as made-up inputs are: its
@@ -53,24 +54,40 @@ _ALLOCATES = {
     "aten::empty_permuted",
 }
 _GROWS = {"aten::resize_", "aten::resize_as_"}
-# Ops that write an argument without reading it: all of it (the in-place
-# random ops draw, ``bernoulli_(p)`` reads ``p``, not ``self``)...
+# Ops that write an argument without reading it, by name: all of it (the
+# in-place random ops draw, ``bernoulli_(p)`` reads ``p``, not ``self``; a
+# collective's output is every rank's data)...
 _OVERWRITES = {
-    "aten::fill_",
-    "aten::zero_",
-    "aten::copy_",
-    "aten::normal_",
-    "aten::uniform_",
-    "aten::bernoulli_",
-    "aten::random_",
-    "aten::exponential_",
-    "aten::geometric_",
-    "aten::log_normal_",
-    "aten::cauchy_",
-    "metadispatch::trunc_normal_",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
+    **dict.fromkeys(
+        (
+            "aten::fill_",
+            "aten::zero_",
+            "aten::copy_",
+            "aten::normal_",
+            "aten::uniform_",
+            "aten::bernoulli_",
+            "aten::random_",
+            "aten::exponential_",
+            "aten::geometric_",
+            "aten::log_normal_",
+            "aten::cauchy_",
+            "metadispatch::trunc_normal_",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
+        ),
+        "self",
+    ),
+    # Their schemas mark nothing written (Note [What an op writes and aliases]).
+    "c10d::_allgather_base_": "output_tensor",
+    "c10d::allgather_": "output_tensors",
+    "c10d::_reduce_scatter_base_": "output_tensor",
+    "c10d::reduce_scatter_": "output_tensors",
 }
-# ... or some of it, at positions its other arguments choose.
-_WRITES_SOME = {"aten::index_put_", "aten::index_copy_", "aten::index_fill_", "aten::scatter_", "aten::masked_fill_"}
+# ... or some of it, at positions its other arguments choose...
+_WRITES_SOME = dict.fromkeys(
+    ("aten::index_put_", "aten::index_copy_", "aten::index_fill_", "aten::scatter_", "aten::masked_fill_"), "self"
+)
+# ... or the part of it that its result ``k`` views: FSDP copies this rank's
+# shard into the all-gather buffer and returns that slice.
+_WRITES_RESULT = {"fsdp::all_gather_copy_in": ("all_gather_output", 0)}
 # Ops that read only an argument's metadata (besides the allocations and views).
 _METADATA_ONLY = {
     "aten::zeros_like",
@@ -123,19 +140,27 @@ class _Walk:
     def _call(self, call) -> None:
         packet = call.func.name().partition(".")[0]
         f = facts(call.func)
-        schema = call.func._schema.arguments
-        written = {id(m): m for arg in f.writes for m in tensor_metas(arg_value(call, arg))}
-        whole = packet in _OVERWRITES
-        some = packet in _WRITES_SOME and not _accumulates(call)
-        unread = set(written) if whole or some else set()
-        unread |= {id(m) for arg in f.writes if schema[arg[0]].is_out for m in tensor_metas(arg_value(call, arg))}
+        named = {a.name: (i, a.name) for i, a in enumerate(call.func._schema.arguments)}
+        unread: dict = {}  # id -> (argument written without being read, all of it?)
+        for arg in [named[a.name] for a in call.func._schema.arguments if a.is_out]:
+            unread.update((id(m), (m, True)) for m in tensor_metas(arg_value(call, arg)))
+        name = _OVERWRITES.get(packet)
+        if name in named:
+            unread.update((id(m), (m, True)) for m in tensor_metas(arg_value(call, named[name])))
+        name = _WRITES_SOME.get(packet)
+        if name in named and not _accumulates(call, named):
+            unread.update((id(m), (m, False)) for m in tensor_metas(arg_value(call, named[name])))
+        name, k = _WRITES_RESULT.get(packet, (None, 0))
+        if name in named and k < len(call.output_metas):
+            unread.update((id(m), (m, False)) for m in tensor_metas(arg_value(call, named[name])))
+            self._write(call.output_metas[k])
         if not f.is_view and packet not in _METADATA_ONLY:
             for m in call.inputs:
                 if id(m) not in unread:
                     self._read(m, call.index)
         after = {o.id: o for o in call.output_metas}  # an ``out=`` argument as resized to fit
-        for key, m in written.items():
-            if key in unread and (whole or not some or self._covers(call, m)):
+        for m, whole in unread.values():
+            if whole or self._covers(call, m):
                 self._write(after.get(m.id, m))
         self._follow(call, f)
         self._allocate(call, packet)
@@ -208,9 +233,8 @@ class _Walk:
         )
 
 
-def _accumulates(call) -> bool:
+def _accumulates(call, named: dict) -> bool:
     """``index_put_(accumulate=True)`` and ``scatter_(reduce=...)`` read what they write into."""
-    named = {a.name: (i, a.name) for i, a in enumerate(call.func._schema.arguments)}
     accumulate = arg_value(call, named["accumulate"]) if "accumulate" in named else False
     return bool(accumulate) or ("reduce" in named and arg_value(call, named["reduce"]) is not None)
 
