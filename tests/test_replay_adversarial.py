@@ -10,9 +10,13 @@ case also says which way it should go, so a case where replay and the
 harness are wrong together does not pass unnoticed.
 
 The aliasing, ``out=``, random-stream, promotion and layout cases below all
-replay eager's values; the ones that did not when this file was written
-(uninitialised memory, inputs of another layout or aliasing) are the
-regression tests after them.
+replay eager's values.  The ones that did not when this file was written are
+the regression tests after them: inputs of another layout or overlap,
+uninitialised memory, the number of CPU threads and the convolution
+switches, a real tensor the step returns, a constant a caller writes, and
+traces edited after recording.  What replay still cannot see is a strict
+xfail each: global switches flipped inside the step, and a module attribute
+(neither parameter nor buffer) changed since tracing.
 """
 
 from __future__ import annotations
