@@ -352,6 +352,12 @@ def _partly_filled(e):
     return e
 
 
+def _bytes_filled(dtype, n):
+    e = torch.empty(4)
+    e.view(dtype)[:n].fill_(7)
+    return e
+
+
 def _some_rows_put(a):
     e = torch.empty(5)
     e[torch.tensor([0, 1, 2])] = a
@@ -383,6 +389,16 @@ UNINITIALISED = {
         lambda: (torch.randn(3),),
     ),
     "empty, columns filled": ("not ok", _columns_filled, lambda: (torch.randn(3), torch.randn(3))),
+    "empty, half its bytes filled as int16": (
+        "not ok",
+        lambda a: _bytes_filled(torch.int16, 4) + a,
+        lambda: (torch.randn(4),),
+    ),
+    "empty, all its bytes filled as int32": (
+        "ok",
+        lambda a: _bytes_filled(torch.int32, 4) + a,
+        lambda: (torch.randn(4),),
+    ),
     "empty, filled": ("ok", lambda a: torch.empty(3).fill_(2.0) + a, lambda: (torch.randn(3),)),
     "empty, rows filled": ("ok", _rows_filled, lambda: (torch.randn(3), torch.randn(3))),
     "empty, transposed and drawn into": (

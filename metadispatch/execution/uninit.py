@@ -122,7 +122,7 @@ class _Walk:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self.pending: dict = {}  # storage number -> [allocating call, its output, written ranges]
+        self.pending: dict = {}  # storage number -> [allocating call, its output, written byte ranges]
         self.moved: dict = {}  # id -> the storage it is memory of, where not its recorded one
         self.permutations: dict = {}  # id -> number of elements it permutes
         self.found: list = []
@@ -186,7 +186,7 @@ class _Walk:
         if packet in _ALLOCATES and outs:
             self.pending[self._storage(outs[0])] = [call, outs[0], []]
         elif packet in _GROWS and outs and call.inputs:
-            before, after = _end(call.inputs[0]), _end(outs[0])
+            before, after = _end(call.inputs[0]), _end(outs[0])  # resize_ keeps the dtype
             if after > before and self._storage(outs[0]) not in self.pending:
                 self.pending[self._storage(outs[0])] = [call, outs[0], [(0, before)]]
         elif call.op in _PERMUTES and len(outs) > _PERMUTES[call.op]:
@@ -217,7 +217,7 @@ class _Walk:
         entry = self.pending.get(storage)
         if entry is None or m.numel == 0:
             return
-        lo, hi = m.storage_offset, _end(m)
+        lo, hi = m.storage_offset * m.dtype.itemsize, _end(m)
         if any(a <= lo and hi <= b for a, b in entry[2]):
             return
         call, out = entry[0], entry[1]
@@ -240,21 +240,24 @@ def _accumulates(call, named: dict) -> bool:
 
 
 def _end(m: TensorMeta) -> int:
-    """One past the last element ``m`` addresses in its storage."""
-    if m.numel == 0:
-        return m.storage_offset
-    return m.storage_offset + 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride))
+    """One past the last byte ``m`` addresses in its storage (views of another dtype share it)."""
+    last = (
+        m.storage_offset
+        if m.numel == 0
+        else m.storage_offset + 1 + sum((s - 1) * st for s, st in zip(m.shape, m.stride))
+    )
+    return last * m.dtype.itemsize
 
 
 def _dense_range(m: TensorMeta) -> tuple | None:
-    """``(first, end)`` when ``m``'s elements are exactly one contiguous range, else None."""
+    """``(first, end)`` bytes when ``m``'s elements are exactly one contiguous range, else None."""
     dims = sorted((st, s) for s, st in zip(m.shape, m.stride) if s != 1)
     expected = 1
     for st, s in dims:
         if st != expected:
             return None
         expected *= s
-    return (m.storage_offset, m.storage_offset + m.numel)
+    return (m.storage_offset * m.dtype.itemsize, (m.storage_offset + m.numel) * m.dtype.itemsize)
 
 
 def _merge(ranges: list) -> list:
