@@ -627,3 +627,22 @@ def test_replay_adversarial_caller_writing_a_returned_constant_changes_no_later_
     first.output[1].add_(5)
     again = md.replay(trace, (torch.ones(3),))
     assert again.ok and torch.equal(again.output[1], torch.ones(3)) and torch.equal(again.output[0], torch.ones(3))
+
+
+def test_replay_adversarial_uninitialised_tables_name_real_arguments():
+    # A name that is not the op's argument would silently make its writes
+    # reads (trunc_normal_'s is "tensor", not "self").
+    import torch.distributed  # noqa: F401 -- defines the c10d ops
+    import torch.distributed.fsdp  # noqa: F401 -- defines the fsdp ops
+
+    from metadispatch.execution import uninit
+    from metadispatch.ir.ownops import ensure_defined
+
+    ensure_defined()
+    tables = {**uninit._OVERWRITES, **uninit._WRITES_SOME, **{k: v[0] for k, v in uninit._WRITES_RESULT.items()}}
+    for packet, name in tables.items():
+        ns, op = packet.split("::")
+        overloads = getattr(getattr(torch.ops, ns), op)
+        for overload in overloads.overloads():
+            args = [a.name for a in getattr(overloads, overload)._schema.arguments]
+            assert name in args, f"{packet}.{overload} has no argument {name!r}: {args}"

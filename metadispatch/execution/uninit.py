@@ -71,10 +71,10 @@ _OVERWRITES = {
             "aten::geometric_",
             "aten::log_normal_",
             "aten::cauchy_",
-            "metadispatch::trunc_normal_",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
         ),
         "self",
     ),
+    "metadispatch::trunc_normal_": "tensor",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
     # Their schemas mark nothing written (Note [What an op writes and aliases]).
     "c10d::_allgather_base_": "output_tensor",
     "c10d::allgather_": "output_tensors",
