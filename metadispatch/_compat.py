@@ -69,6 +69,8 @@ __all__ = [
     "any_autocast",
     "sdp_switches",
     "conv_switches",
+    "cpu_conv_switches",
+    "set_cpu_conv_switches",
 ]
 
 # Note [Backend keys of a logical CPU]
@@ -184,8 +186,13 @@ def conv_switches() -> tuple:
     return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(), torch._C._get_cudnn_enabled())
 
 
-def set_conv_switches(switches: tuple) -> None:
-    """Set what :func:`conv_switches` reads."""
+def cpu_conv_switches() -> tuple:
+    """``(oneDNN enabled, NNPACK enabled)``: the switches a CPU convolution picks its kernel by."""
+    return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled())
+
+
+def set_cpu_conv_switches(switches: tuple) -> None:
+    """Set what :func:`cpu_conv_switches` reads."""
     torch._C._set_mkldnn_enabled(switches[0])
     torch._C._set_nnpack_enabled(switches[1])
 

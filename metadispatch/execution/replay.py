@@ -234,7 +234,7 @@ def execute(
 @contextlib.contextmanager
 def _cpu_settings(threads: int | None, switches: tuple | None):
     """Note [Threads in replay]: run with ``threads`` and the convolution ``switches``, then as before."""
-    before = (torch.get_num_threads(), _compat.conv_switches())
+    before = (torch.get_num_threads(), _compat.cpu_conv_switches())
     if (threads is None or threads == before[0]) and (switches is None or switches == before[1]):
         yield
         return
@@ -242,11 +242,11 @@ def _cpu_settings(threads: int | None, switches: tuple | None):
         if threads is not None:
             torch.set_num_threads(threads)
         if switches is not None:
-            _compat.set_conv_switches(switches)
+            _compat.set_cpu_conv_switches(switches)
         yield
     finally:
         torch.set_num_threads(before[0])
-        _compat.set_conv_switches(before[1])
+        _compat.set_cpu_conv_switches(before[1])
 
 
 def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:
