@@ -69,6 +69,8 @@ __all__ = [
     "any_autocast",
     "sdp_switches",
     "conv_switches",
+    "cpu_conv_switches",
+    "set_cpu_conv_switches",
 ]
 
 # Note [Backend keys of a logical CPU]
@@ -182,6 +184,17 @@ def conv_switches() -> tuple:
     convolution backend choice reads on CPU (``_select_conv_backend``) and on
     a logical GPU (Note [Convolution layouts on a logical GPU])."""
     return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(), torch._C._get_cudnn_enabled())
+
+
+def cpu_conv_switches() -> tuple:
+    """``(oneDNN enabled, NNPACK enabled)``: the switches a CPU convolution picks its kernel by."""
+    return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled())
+
+
+def set_cpu_conv_switches(switches: tuple) -> None:
+    """Set what :func:`cpu_conv_switches` reads."""
+    torch._C._set_mkldnn_enabled(switches[0])
+    torch._C._set_nnpack_enabled(switches[1])
 
 
 def conv_backend_memory_format(x, weight, backend) -> torch.memory_format:

@@ -208,6 +208,9 @@ class MetaMode(_compat.TorchDispatchMode):
                 "FAKE dispatch-mode slot; leave that mode first"
             )
         rngstate.start_states(self.trace)
+        if self.trace.threads is None:  # Note [Threads in replay] in execution/replay.py
+            self.trace.threads = torch.get_num_threads()
+            self.trace.conv_switches = _compat.cpu_conv_switches()
         # Random ops that run for real (known values, md.check's fallback)
         # must not move the user's generators.
         entry.steps.append(functools.partial(_compat.set_rng_states, _compat.rng_states()))

@@ -14,7 +14,22 @@ parameter:
 * a module without a parameter or buffer the trace read (differently named),
   or without the ``.grad`` the trace accumulated into;
 * a MetaTensor, a FakeTensor or a tensor on ``meta`` anywhere: it holds no data;
+* a tensor laid out otherwise than when traced (Note [Inputs keep their layout]),
+  or tensors that overlapped when traced and do not, or overlap otherwise;
 * a device that is not available here.
+
+Note [Inputs keep their layout]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Equal values are not enough for eager's bits: a float32 ``sum`` adds in the
+order its input lies in memory, so ``x.t().contiguous()`` and ``x.t()`` sum
+to different last bits (1 ulp on a 257x513 input), and every call's
+recorded metadata still matches.  So a given tensor must have the strides
+that were recorded (the significant ones, Note [Significant strides] in
+ir/compare.py), and tensors that shared memory when traced must share it
+again, at the same distance: ``f(x[:4], x[2:6])`` writing its first
+argument changes its second in eager, and two separate tensors would not.
+The storage offset of a tensor alone is not compared -- it moves no
+element of the result -- only offsets between tensors of one memory.
 
 Passing nothing at all (``md.replay(trace)``) is allowed: every leaf is then
 made up and listed in ``Replay.made_up``.
@@ -29,6 +44,7 @@ from .. import _compat
 from .._compat import pytree
 from ..core.tensor import MetaTensor, normalize_device
 from ..errors import ReplayInputError
+from ..ir.compare import describe, differences
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 
@@ -154,6 +170,7 @@ def check_inputs(trace: Trace, args, kwargs, module) -> dict:
             elif from_module:
                 raise ReplayInputError(_not_in_module(leaf, given))
     _check_grads(trace, given)
+    _check_layouts(trace, given)
     _check_aliasing(trace, given)
     return given
 
@@ -217,16 +234,44 @@ def _check_aliasing(trace: Trace, given: dict) -> None:
                 f"in what was given it is {'missing' if a not in given else 'a tensor of its own'}"
             )
     by_storage: dict = {}  # real storage -> (recorded storage number, leaf)
+    by_record: dict = {}  # recorded storage number -> (real storage, real offset - recorded offset, leaf)
     for leaf in trace.leaves.values():
         t = given.get((leaf.kind, leaf.name))
         if t is None or t.layout != torch.strided:
             continue
-        seen = by_storage.setdefault(_compat.storage_key(t), (leaf.meta.storage, leaf))
-        if seen[0] != leaf.meta.storage:
+        key, m = _compat.storage_key(t), leaf.meta
+        seen = by_storage.setdefault(key, (m.storage, leaf))
+        if seen[0] != m.storage:
             raise ReplayInputError(
                 f"replay: {seen[1].kind} {seen[1].name} and {leaf.kind} {leaf.name} share memory "
                 "in what was given (tied, or the same tensor twice) but were separate tensors "
                 "when traced; eager would see writes to one in the other"
+            )
+        # Note [Inputs keep their layout]: memory shared when traced is shared again, at the same distance.
+        first = by_record.setdefault(m.storage, (key, t.storage_offset() - m.storage_offset, leaf))
+        if first[:2] != (key, t.storage_offset() - m.storage_offset):
+            other = first[2]
+            raise ReplayInputError(
+                f"replay: {other.kind} {other.name} and {leaf.kind} {leaf.name} shared memory when "
+                f"traced ({leaf.name} at {m.storage_offset - other.meta.storage_offset:+} elements from "
+                f"{other.name}); in what was given they "
+                + ("do not" if first[0] != key else "overlap otherwise")
+                + ", and eager would see writes to one in the other as traced"
+            )
+
+
+def _check_layouts(trace: Trace, given: dict) -> None:
+    """Note [Inputs keep their layout]: each given tensor has its recorded strides."""
+    for leaf in trace.leaves.values():
+        t = given.get((leaf.kind, leaf.name)) if leaf.kind in ("arg", *_FROM_MODULE) else None
+        if t is None or t.layout != torch.strided or tuple(t.shape) != leaf.meta.shape:
+            continue  # another shape is bind_leaves' refusal
+        diff = [d for d in differences(leaf.meta, t) if d[0] == "stride"]
+        if diff:
+            raise ReplayInputError(
+                f"replay: {leaf.kind} {leaf.name}: {describe(*diff[0])} (recorded != given); a kernel's "
+                "result can depend on the order its input lies in memory, so replay runs the layout "
+                "that was traced (pass a tensor laid out like it, or trace with this one)"
             )
 
 

@@ -40,8 +40,9 @@ def bind_leaves(
 ) -> dict:
     """id -> real tensor on ``device`` for every leaf; see the module docstring.
 
-    Leaves the trace may write are copies, and so is every leaf whose real
-    tensor shares a storage with one of them (Note [Replay never writes its
+    The trace's constants are copies (replay may hand one out as an output),
+    leaves the trace may write are, and so is every leaf whose real tensor
+    shares a storage with one of them (Note [Replay never writes its
     inputs] in replay.py, writes.py); aliasing between them is kept.  Each
     leaf filled without data is appended to ``made_up`` as a
     :class:`~metadispatch.execution.streams.MadeUp`.  ``given`` is
@@ -66,7 +67,11 @@ def bind_leaves(
                 f"the trace recorded {m.dtype}{list(m.shape)}"
             )
         moved = t.detach() if on(t) else t.detach().to(device)
-        if written and moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
+        if leaf.kind == "const" and moved.layout == torch.strided and moved.data_ptr() == t.data_ptr():
+            # The trace's own tensor: replay may hand it out as an output, and
+            # a caller writing that output must not change the next replay.
+            moved = _copy_keeping_aliases(moved, copies)
+        elif written and moved.layout == torch.strided and _compat.storage_key(moved) == _compat.storage_key(t):
             shared.setdefault(_compat.storage_key(t), []).append(tid)
         out[tid] = moved
     for tids in shared.values():  # empty when the trace writes no leaf
@@ -111,7 +116,7 @@ def leaf_bytes(trace: Trace, args, kwargs, module, given: dict | None = None) ->
         t = _real(leaf, given)
         if t is None:
             total += _extent(leaf.meta) * leaf.meta.dtype.itemsize
-        elif tid in written:
+        elif tid in written or leaf.kind == "const":
             total += t.untyped_storage().nbytes() if t.layout == torch.strided else 0
     return total
 

@@ -31,6 +31,20 @@ free: the real in-place op mutates the very tensor bound to that id (and so
 every real view of it), and the real view op returns a real view.  We only
 rebind the id to the returned object, which is the same tensor.
 
+Note [Threads in replay]
+~~~~~~~~~~~~~~~~~~~~~~~~
+A CPU reduction splits its input among the threads it has and adds the
+partial sums in order, so ``x.sum()`` of four million float32 differs in its
+last bits between one thread and two; every call's metadata still matches.
+Likewise ``aten.convolution`` picks its CPU kernel (oneDNN, NNPACK, or
+torch's own) by global switches, and the kernels round differently.  The
+trace records ``torch.get_num_threads()`` and the convolution switches when
+tracing began (``trace.threads``, ``trace.conv_switches``), and a CPU replay
+runs with them, then gives back the caller's -- as it gives back the
+generators.  A file without them (written before they were kept) replays
+with the caller's.  Limit: a switch flipped inside the traced step
+(``torch.backends.mkldnn.flags``) is not recorded.
+
 Note [Significant strides]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
 The stride of a dimension of size 1, or of any dimension of an empty tensor,
@@ -41,6 +55,7 @@ compare only the strides that matter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -60,6 +75,7 @@ from .program import program
 from .result import Mismatch, Replay, Tolerance
 from .streams import MadeUp, Streams
 from .timing import Clock
+from .uninit import uninitialised_reads
 from .writes import write_guard
 
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
@@ -138,7 +154,7 @@ def replay(
         grads,
         buffers,
         mismatches,
-        made_up + streams.made_up,
+        made_up + streams.made_up + uninitialised_reads(trace),
         allow_made_up,
         _tolerance(device),
         checked=check,
@@ -202,12 +218,35 @@ def execute(
     guard = write_guard(protect, prog.calls)
     fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+    cpu = device.type == "cpu"
+    with (
+        torch.random.fork_rng(devices=cuda),
+        torch.no_grad(),
+        _cpu_settings(trace.threads if cpu else None, trace.conv_switches if cpu else None),
+    ):
         env = bind()
         streams = Streams(trace, prog, device, seed)
         streams.start()
         mismatches = _run(prog, env, streams, device, check, guard, fit, pre, clock)
     return env, mismatches, streams
+
+
+@contextlib.contextmanager
+def _cpu_settings(threads: int | None, switches: tuple | None):
+    """Note [Threads in replay]: run with ``threads`` and the convolution ``switches``, then as before."""
+    before = (torch.get_num_threads(), _compat.cpu_conv_switches())
+    if (threads is None or threads == before[0]) and (switches is None or switches == before[1]):
+        yield
+        return
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if switches is not None:
+            _compat.set_cpu_conv_switches(switches)
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        _compat.set_cpu_conv_switches(before[1])
 
 
 def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:

@@ -100,6 +100,16 @@ class Reader:
         t.gpu = self.text(gpu, "gpu") if gpu is not None else None
         rng = doc.get("rng_state")
         t.rng_state = self.bytes_tensor(rng, "rng_state", _RNG_BYTES) if rng is not None else None
+        threads = doc.get("threads")
+        if threads is not None:
+            if type(threads) is not int or not 1 <= threads <= _MAX_THREADS:
+                self.fail("threads", f"expected a number of threads from 1 to {_MAX_THREADS}, got {threads!r}")
+            t.threads = threads
+        switches = doc.get("conv_switches")
+        if switches is not None:
+            if not (isinstance(switches, list) and len(switches) == 2 and all(type(s) is bool for s in switches)):
+                self.fail("conv_switches", f"expected two flags, got {switches!r}")
+            t.conv_switches = tuple(switches)
         self.streams(doc, t)
         names = doc.get("arg_names")
         if names is not None:
@@ -460,6 +470,7 @@ class Reader:
 # defined already), a definition (a call's output), or neither (trace output).
 _PLAIN_REF, _USE, _DEFINE = 0, 1, 2
 _NUMBERS = {type(None), bool, int, float}
+_MAX_THREADS = 1 << 12  # replay runs with this many: a file must not ask for a million
 _RNG_BYTES = 1 << 16  # torch.get_rng_state() is 5056 bytes
 _ACTIONS = {"save", "load", "seed"}  # ir/rng.py
 _STREAM = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})|generator (0|[1-9][0-9]{0,8})")

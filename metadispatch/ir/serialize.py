@@ -111,6 +111,8 @@ class _Writer:
             "modules": dict(trace.modules),
             "gpu": trace.gpu,
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
+            "threads": trace.threads,
+            "conv_switches": list(trace.conv_switches) if trace.conv_switches is not None else None,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())} if deaths is not None else None),
             **self.streams(trace),
             "world": list(trace.world) if trace.world is not None else None,

@@ -62,6 +62,12 @@ class Trace:
         # The CPU generator's state when the recording mode was first entered,
         # so that md.materialize can replay construction with eager's numbers.
         self.rng_state: torch.Tensor | None = None
+        # torch.get_num_threads() at the same moment: CPU kernels split
+        # reductions by it (Note [Threads in replay] in execution/replay.py).
+        self.threads: int | None = None
+        # (oneDNN enabled, NNPACK enabled), likewise: a CPU convolution's
+        # kernel, and so its bits, follows them (the same Note).
+        self.conv_switches: tuple[bool, bool] | None = None
         # The rest of the random streams (ir/rng.py): CUDA generators' states
         # ("cuda:0" -> state, where a real CUDA was there to ask), explicit
         # generators' (device, state at first use), and state reads and writes.

@@ -125,6 +125,8 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
                 out = fn(*margs, **mkwargs)
             rec = mode._recorder
             tr = mode.trace
+            # Note [Real tensors the step returns]
+            out = pytree.tree_map(lambda v: mode.from_tensor(v) if type(v) is torch.Tensor else v, out)
             tr.output = out
             tr.output_meta = pytree.tree_map(lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
             tr.grads = standins.grads(rec.meta_of)
@@ -151,6 +153,21 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace
 # the number their first read gave them (printed traces do not move); one
 # never read is numbered after the last call.  Such a tensor dropped during
 # the step (``m.head = None``) is counted to the end: its death is not seen.
+
+
+# Note [Real tensors the step returns]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A step can return a real tensor it reached from its scope, not through an
+# argument or a module's parameters and buffers: ``return y, self.cache``
+# where ``self.cache`` is a plain attribute that ``self.cache.add_(x)``
+# updated.  The ops wrote its stand-in (a constant leaf), not the user's
+# tensor, so the output is that stand-in: replay returns its own updated copy,
+# as eager returns the updated tensor.  Left real, the trace kept the user's
+# tensor alive, could not be saved, and replay handed back the unchanged
+# original while saying ok.  A tensor no op read becomes a constant leaf
+# (made up in replay where it is larger than ``const_limit``, as any constant).
+
+
 def _named(standins: StandIns, margs, mkwargs) -> list:
     """Every stand-in ``md.trace`` named: arguments, parameters, buffers, and their ``.grad``."""
     found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
