@@ -409,3 +409,28 @@ def test_distributed_fully_shard_makes_only_the_chunks_a_rank_reads(rank):
         got = shard()
     assert got == expected
     assert max(len(c.output_metas) for c in mode.trace) < 64  # no 64-way split
+
+
+def test_distributed_cli_summary_reads_what_trace_wrote(tmp_path, capsys):
+    # Note [A logical world's file in summary]: summary runs no op, so it
+    # allows a world's collectives and FSDP ops; replay still refuses them.
+    out = tmp_path / "rank0.json"
+    argv = ["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "2", "--fsdp"]
+    assert main([*argv, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(out)]) == 0
+    shown = capsys.readouterr().out
+    loaded = md.Trace.load(out, allow_ops=["c10d::*", "fsdp::*", "inductor::resize_storage_bytes_"])
+    assert any(c.op.startswith("fsdp.") for c in loaded)
+    assert shown.startswith(f"{len(loaded)} calls (") and str(md.memory(loaded)).split("\n")[0] in shown
+    assert main(["replay", str(out)]) == 3
+    assert "fsdp.all_gather_copy_in" in capsys.readouterr().err
+
+
+def test_distributed_allow_ops_by_namespace_allows_that_namespace_only(tmp_path):
+    with md.MetaMode(world_size=2) as mode:
+        dist.all_reduce(torch.ones(2))
+    mode.trace.save(tmp_path / "t.json")
+    assert md.Trace.load(tmp_path / "t.json", allow_ops=["c10d::*"])[-1].op == "c10d.allreduce_.default"
+    with pytest.raises(md.TraceFormatError, match="replay will not run c10d.allreduce_"):
+        md.Trace.load(tmp_path / "t.json", allow_ops=["fsdp::*", "aten::*"])

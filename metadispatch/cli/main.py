@@ -310,15 +310,45 @@ class _stage:
         raise _Failure(self.doing, exc) from exc
 
 
-def _load(path):
+def _load(path, *, reads_only: bool = False):
     import metadispatch as md
 
     with _Progress(f"reading {path}"), _stage(f"could not read {path}"):
-        return md.Trace.load(path)
+        try:
+            return md.Trace.load(path)
+        except md.TraceFormatError as e:
+            if not reads_only or not any(f"'{ns}." in str(e) for ns in _WORLD_NAMESPACES):
+                raise
+        return _load_world(path)
+
+
+# Note [A logical world's file in summary]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``metadispatch trace --world-size N --out f`` writes a rank's trace with
+# the collectives and FSDP ops it recorded; loading refuses ops outside aten
+# unless allowed (Note [Ops a file may name] in ir/decode.py), because replay
+# runs them, and the ``fsdp`` ops exist only once torch.distributed.fsdp is
+# imported.  ``summary`` runs no op: it reads metadata.  So where a file names
+# an op of these namespaces, summary imports torch.distributed.fsdp -- a
+# module of our choosing, not the file's -- and allows the file's ops of
+# these namespaces only; every other check of the loader holds.  ``replay``
+# keeps refusing them: a rank's trace replays in a real job, with a process
+# group (docs/distributed.md).
+_WORLD_NAMESPACES = ("c10d", "_c10d_functional", "fsdp", "inductor")
+# every op of the first three; of inductor's, the storage resize FSDP uses
+_WORLD_OPS = ("c10d::*", "_c10d_functional::*", "fsdp::*", "inductor::resize_storage_bytes_")
+
+
+def _load_world(path):
+    import torch.distributed.fsdp  # noqa: F401 -- defines the fsdp ops
+
+    import metadispatch as md
+
+    return md.Trace.load(path, allow_ops=_WORLD_OPS)
 
 
 def _cmd_summary(args) -> int:
-    trace = _load(args.file)
+    trace = _load(args.file, reads_only=True)
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     return 0
 

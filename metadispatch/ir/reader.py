@@ -61,7 +61,7 @@ class Reader:
 
     def __init__(self, name: str, allow_ops=()) -> None:
         self.name = name
-        self.allow_ops = {str(op) for op in allow_ops}  # "mylib.op.default" or "mylib::op"
+        self.allow_ops = {str(op) for op in allow_ops}  # "mylib.op.default", "mylib::op" or "mylib::*"
         self.defined: set = set()  # tensor ids seen so far (leaves, outputs)
         self.strings: list = []
         self.tensors: list = []  # TensorMeta, by index in the tensors table
@@ -358,7 +358,8 @@ class Reader:
                 where, f"unknown op {_short(name)}: this torch ({torch.__version__}) has no such operator overload"
             )
         why = refusal(func)
-        if why is not None and name not in self.allow_ops and func.name() not in self.allow_ops:
+        allowed = self.allow_ops
+        if why is not None and not {name, func.name(), func.namespace + "::*"} & allowed:
             self.fail(
                 where,
                 f"replay will not run {name}: {why}; a trace you trust can "

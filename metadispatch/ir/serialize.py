@@ -281,7 +281,8 @@ def load(
     only a regular file is read, at most ``max_size`` bytes of JSON text
     (decompressed) holding at most ``max_values`` JSON values, and ops replay
     may not run are refused unless named in ``allow_ops``
-    (``"mylib.fused.default"`` or ``"mylib::fused"``).
+    (``"mylib.fused.default"``, ``"mylib::fused"``, or ``"mylib::*"`` for
+    every op of a namespace).
     """
     name = os.path.basename(str(path))
     try:
