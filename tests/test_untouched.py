@@ -475,3 +475,21 @@ def test_untouched_to_meta_leaves_the_module_as_it_was(ending):
         with pytest.raises(NotImplementedError, match="strided"):
             md.to_meta(m, device="cuda")
     before.assert_unchanged(md.testing.snapshot(m))
+
+
+def test_sparse_gradient_is_refused_by_name_and_leaves_the_model_as_it_was():
+    # nn.Embedding(sparse=True) makes a sparse gradient: a trace holds strided
+    # tensors only, and this failed with torch's NotImplementedError from
+    # inside the recorder.
+    emb = nn.Embedding(10, 4, sparse=True)
+    before = md.testing.snapshot(emb)
+
+    def step(m, i):
+        m(i).sum().backward()
+
+    with pytest.raises(md.UnsupportedFeatureError, match="sparse_coo tensor: traces hold strided") as e:
+        md.trace(step, emb, torch.tensor([1, 2, 3]))
+    assert any("_sparse_coo_tensor" in n and "test_untouched.py" in n for n in e.value.__notes__)
+    assert md.testing.snapshot(emb) == before
+    # the same model with dense gradients traces
+    assert md.trace(step, nn.Embedding(10, 4), torch.tensor([1, 2, 3])).grads["weight"].shape == (10, 4)

@@ -377,6 +377,8 @@ def _recipe(f, inputs, result):
 
 def _recipe_one(out, inputs, fresh):
     if isinstance(out, torch.Tensor):
+        if out.layout is not torch.strided:
+            return UNCACHABLE  # a sparse result has no storage to rebuild it from
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
@@ -386,7 +388,7 @@ def _recipe_one(out, inputs, fresh):
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
         key = _compat.storage_key(out)
         for i, t in enumerate(inputs):
-            if _compat.storage_key(t) == key:
+            if t.layout is torch.strided and _compat.storage_key(t) == key:
                 if t.dtype != out.dtype or bits != (t.is_conj(), t.is_neg()):
                     return UNCACHABLE  # Note [Conjugate and negative bits]
                 return ("view", i) + meta

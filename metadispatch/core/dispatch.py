@@ -98,7 +98,11 @@ def dispatch(func, args, kwargs, mode):
         if note is None and known.concerns(f, tensors):
             known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
-        mode._recorder.record(func, f, pending, result, stage, note)
+        try:
+            mode._recorder.record(func, f, pending, result, stage, note)
+        except MetaDispatchError as e:  # a result a trace cannot hold
+            mark_call(e, f.name, user_frame())
+            raise
     return result
 
 

@@ -33,6 +33,7 @@ import weakref
 import torch
 
 from .. import _compat
+from ..errors import UnsupportedFeatureError
 from ..ir.records import PLAIN_TYPES
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
@@ -272,6 +273,15 @@ class Recorder:
         return self._next_id - 1
 
     def _storage_number(self, t: torch.Tensor) -> int:
+        if t.layout is not torch.strided:
+            # A trace's tensors are strided storages (TensorMeta, memory,
+            # replay); a sparse gradient (``nn.Embedding(sparse=True)``) has
+            # no storage, and failed here with torch's NotImplementedError.
+            raise UnsupportedFeatureError(
+                f"a {str(t.layout).replace('torch.', '')} tensor: traces hold strided tensors only "
+                "(nn.Embedding and nn.EmbeddingBag with sparse=True make sparse gradients; trace them "
+                "with sparse=False, whose dense gradient a real run with sparse=True does not allocate)"
+            )
         storage = t.untyped_storage()
         key = storage._cdata
         hit = self._live.get(key)
