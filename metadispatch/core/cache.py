@@ -375,20 +375,29 @@ def _recipe(f, inputs, result):
     return ("tuple", parts)
 
 
+def _storage_key(t):
+    """``_compat.storage_key``, or None for a tensor with no storage (sparse).
+    (Caught, not asked: ``t.layout`` on a MetaTensor is a torch-function call.)"""
+    try:
+        return _compat.storage_key(t)
+    except NotImplementedError:
+        return None
+
+
 def _recipe_one(out, inputs, fresh):
     if isinstance(out, torch.Tensor):
-        if out.layout is not torch.strided:
-            return UNCACHABLE  # a sparse result has no storage to rebuild it from
         for i, t in enumerate(inputs):
             if out is t:
                 return ("same", i)
+        key = _storage_key(out)
+        if key is None:
+            return UNCACHABLE  # a sparse result has no storage to rebuild it from
         bits = (out.is_conj(), out.is_neg())
         # None: the call's device (a native kernel's plain meta output).
         device = out._md_device if isinstance(out, MetaTensor) else None
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
-        key = _compat.storage_key(out)
         for i, t in enumerate(inputs):
-            if t.layout is torch.strided and _compat.storage_key(t) == key:
+            if _storage_key(t) == key:
                 if t.dtype != out.dtype or bits != (t.is_conj(), t.is_neg()):
                     return UNCACHABLE  # Note [Conjugate and negative bits]
                 return ("view", i) + meta

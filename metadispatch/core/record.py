@@ -273,16 +273,18 @@ class Recorder:
         return self._next_id - 1
 
     def _storage_number(self, t: torch.Tensor) -> int:
-        if t.layout is not torch.strided:
+        try:
+            storage = t.untyped_storage()
+        except NotImplementedError:
             # A trace's tensors are strided storages (TensorMeta, memory,
             # replay); a sparse gradient (``nn.Embedding(sparse=True)``) has
-            # no storage, and failed here with torch's NotImplementedError.
+            # none.  (Asked here, not up front: ``t.layout`` on a MetaTensor
+            # is a torch-function call, ~3 us on every recorded output.)
             raise UnsupportedFeatureError(
                 f"a {str(t.layout).replace('torch.', '')} tensor: traces hold strided tensors only "
                 "(nn.Embedding and nn.EmbeddingBag with sparse=True make sparse gradients; trace them "
                 "with sparse=False, whose dense gradient a real run with sparse=True does not allocate)"
-            )
-        storage = t.untyped_storage()
+            ) from None
         key = storage._cdata
         hit = self._live.get(key)
         if hit is not None:
