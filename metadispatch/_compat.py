@@ -593,23 +593,35 @@ def function_mode_stack() -> list:
 def engine_backward(mode, tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None) -> None:
     """``torch.autograd.backward``'s body below its torch-function check, with
     ``mode`` on the function-mode stack for the engine's run."""
+    inputs_tuple = () if inputs is None else _roots(inputs)
+    if inputs is not None and not inputs_tuple:
+        raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+    _run_engine(mode, _roots(tensors), grad_tensors, retain_graph, create_graph, inputs_tuple, True, True)
+
+
+def _roots(x) -> tuple:
+    """A tensor or gradient edge as a 1-tuple, a sequence of them as a tuple."""
+    return (x,) if isinstance(x, (torch.Tensor, torch.autograd.graph.GradientEdge)) else tuple(x)
+
+
+def _run_engine(mode, roots: tuple, grad_tensors, retain_graph, create_graph, inputs: tuple, unreachable, accumulate):
+    """The engine's run ``backward`` and ``grad`` share: the roots'
+    gradients made as torch makes them, then ``mode`` on the function-mode
+    stack for the run."""
     autograd = torch.autograd
-    edge = autograd.graph.GradientEdge
-    tensors = (tensors,) if isinstance(tensors, (torch.Tensor, edge)) else tuple(tensors)
-    if inputs is None:
-        inputs_tuple: tuple = ()
-    else:
-        inputs_tuple = (inputs,) if isinstance(inputs, (torch.Tensor, edge)) else tuple(inputs)
-        if not inputs_tuple:
-            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
-    grads = autograd._tensor_or_tensors_to_tuple(grad_tensors, len(tensors))
-    grads = autograd._make_grads(tensors, grads, is_grads_batched=False)
-    if retain_graph is None:
-        retain_graph = create_graph
+    grads = autograd._make_grads(
+        roots, autograd._tensor_or_tensors_to_tuple(grad_tensors, len(roots)), is_grads_batched=False
+    )
     push_function_mode(mode)
     try:
-        autograd.graph._engine_run_backward(
-            tensors, grads, retain_graph, create_graph, inputs_tuple, allow_unreachable=True, accumulate_grad=True
+        return autograd.graph._engine_run_backward(
+            roots,
+            grads,
+            create_graph if retain_graph is None else retain_graph,
+            create_graph,
+            inputs,
+            allow_unreachable=unreachable,
+            accumulate_grad=accumulate,
         )
     finally:
         remove_function_mode(mode)
@@ -651,27 +663,12 @@ def engine_grad(
         )
     if allow_unused is None:
         allow_unused = materialize_grads
-    edge = autograd.graph.GradientEdge
-    outputs = (outputs,) if isinstance(outputs, (torch.Tensor, edge)) else tuple(outputs)
-    if isinstance(inputs, (torch.Tensor, edge)):
-        inputs_tuple: tuple = (inputs,)
-    elif type(inputs) is dict:
-        inputs_tuple = tuple(inputs.values())
-    else:
-        inputs_tuple = tuple(inputs)
+    inputs_tuple = tuple(inputs.values()) if type(inputs) is dict else _roots(inputs)
     if not inputs_tuple:
         raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
-    grads = autograd._tensor_or_tensors_to_tuple(grad_outputs, len(outputs))
-    grads = autograd._make_grads(outputs, grads, is_grads_batched=False)
-    if retain_graph is None:
-        retain_graph = create_graph
-    push_function_mode(mode)
-    try:
-        result = autograd.graph._engine_run_backward(
-            outputs, grads, retain_graph, create_graph, inputs_tuple, allow_unused, accumulate_grad=False
-        )
-    finally:
-        remove_function_mode(mode)
+    result = _run_engine(
+        mode, _roots(outputs), grad_outputs, retain_graph, create_graph, inputs_tuple, allow_unused, False
+    )
     if materialize_grads:
         if any(r is None and not isinstance(i, torch.Tensor) for r, i in zip(result, inputs_tuple)):
             raise RuntimeError("materialize_grads cannot be used when the given input is a GradientEdge")
