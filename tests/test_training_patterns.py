@@ -57,9 +57,11 @@ def _eager_step(model, opt=None):
 # Each pattern returns (step, args, roots); roots name the user's objects.
 
 
-def _with_optimizer(make):
+def _with_optimizer(make, prepare=None):
     def pattern():
         m = _model()
+        if prepare is not None:
+            prepare(m[0])
         opt = make(m.parameters())
         _eager_step(m, opt)
 
@@ -196,20 +198,7 @@ def swa_averaged_model():
 
 
 def _parametrized(apply):
-    def pattern():
-        m = _model()
-        apply(m[0])
-        opt = torch.optim.Adam(m.parameters(), lr=0.01)
-        _eager_step(m, opt)
-
-        def step(x):
-            opt.zero_grad()
-            _loss(m, x).backward()
-            opt.step()
-
-        return step, (_x(),), {"m": m, "opt": opt}
-
-    return pattern
+    return _with_optimizer(lambda ps: torch.optim.Adam(ps, lr=0.01), prepare=apply)
 
 
 PATTERNS["weight_norm"] = _parametrized(parametrizations.weight_norm)

@@ -175,14 +175,8 @@ def _hf(kind):
             encoder_ffn_dim=64,
             decoder_ffn_dim=64,
         )
-        small = dict(
-            vocab_size=100,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
+        encoder = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+        small = dict(vocab_size=100, **encoder, num_key_value_heads=2)
         if kind == "llama":
             return tf.LlamaForCausalLM(tf.LlamaConfig(**small)), (ids,)
         if kind == "gpt2":
@@ -191,19 +185,10 @@ def _hf(kind):
             cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
             return tf.T5ForConditionalGeneration(cfg), (ids, None, ids)
         if kind == "bert":
-            cfg = tf.BertConfig(
-                vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-            )
+            cfg = tf.BertConfig(vocab_size=100, **encoder)
             return tf.BertModel(cfg), (ids,)
         if kind == "vit":
-            cfg = tf.ViTConfig(
-                image_size=32,
-                patch_size=8,
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=64,
-            )
+            cfg = tf.ViTConfig(image_size=32, patch_size=8, **encoder)
             return tf.ViTModel(cfg), (torch.randn(2, 3, 32, 32),)
         if kind == "qwen3_moe":
             cfg = tf.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=8)
@@ -217,10 +202,7 @@ def _hf(kind):
         if kind == "wav2vec2":
             cfg = tf.Wav2Vec2Config(
                 vocab_size=100,
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=64,
+                **encoder,
                 conv_dim=(16, 16),
                 conv_stride=(5, 2),
                 conv_kernel=(10, 3),

@@ -334,9 +334,9 @@ def _load(path, *, reads_only: bool = False):
 # these namespaces only; every other check of the loader holds.  ``replay``
 # keeps refusing them: a rank's trace replays in a real job, with a process
 # group (docs/distributed.md).
-_WORLD_NAMESPACES = ("c10d", "_c10d_functional", "fsdp", "inductor")
-# every op of the first three; of inductor's, the storage resize FSDP uses
+# every op of the first three namespaces; of inductor's, the storage resize FSDP uses
 _WORLD_OPS = ("c10d::*", "_c10d_functional::*", "fsdp::*", "inductor::resize_storage_bytes_")
+_WORLD_NAMESPACES = tuple(op.split("::")[0] for op in _WORLD_OPS)
 
 
 def _load_world(path):
