@@ -149,6 +149,38 @@ def _matrix_rank(input, *args, **kwargs):
         return torch.linalg.matrix_rank(input, *args, **kwargs)
 
 
+# Note [Softmax of half to float on a GPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``softmax``/``log_softmax`` of a float16 CUDA tensor with ``dtype=float32``
+# skip the cast: the C++ composite calls ``_softmax(x, dim, half_to_float=True)``
+# when ``input.is_cuda()`` (SoftMax.cpp), where every other device casts
+# first.  A logical GPU's MetaTensor is meta to C++, so the composite cast;
+# transformers' attention (``softmax(..., dtype=torch.float32)`` on fp16
+# scores) and autocast's float32 softmax recorded a copy the GPU never makes.
+def _half_to_float(op):
+    def impl(input, dim, dtype=None, *, _op=op):
+        return _op(input, dim, True)
+
+    return impl
+
+
+def _half_to_float_applies(args, kwargs) -> bool:
+    x = args[0] if args else kwargs.get("input")
+    if len(args) > 2:
+        dtype = args[2]
+    else:
+        dtype = kwargs.get("dtype")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    return (
+        dtype == torch.float32
+        and isinstance(x, MetaTensor)
+        and x._md_device.type == "cuda"
+        and x.dtype == torch.float16
+        and isinstance(dim, int)
+        and not kwargs.keys() - {"input", "dim", "dtype"}
+    )
+
+
 OVERRIDES = {
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
@@ -176,6 +208,15 @@ _BY_FUNCTION = {
     _VF.gru: (OVERRIDES["gru.data"], _packed),
     _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
     torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
+    **{
+        f: (_half_to_float(op), _half_to_float_applies)
+        for f, op in (
+            (_VF.softmax, _VF._softmax),
+            (torch.Tensor.softmax, _VF._softmax),
+            (_VF.log_softmax, _VF._log_softmax),
+            (torch.Tensor.log_softmax, _VF._log_softmax),
+        )
+    },
 }
 
 
