@@ -184,6 +184,58 @@ def test_autocast_forward_of_a_torchvision_resnet_is_what_cuda_autocast_dispatch
     )
 
 
+def _swin():
+    torchvision = pytest.importorskip("torchvision")
+    return torchvision.models.swin_t(num_classes=10).eval(), (torch.randn(1, 3, 64, 64),)
+
+
+def _timm_vit():
+    timm = pytest.importorskip("timm")
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10).eval(), (
+        torch.randn(1, 3, 224, 224),
+    )
+
+
+def _unet():
+    diffusers = pytest.importorskip("diffusers")
+    unet = diffusers.UNet2DModel(
+        sample_size=16,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+    ).eval()
+
+    class Denoise(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unet = unet
+
+        def forward(self, x):
+            return self.unet(x, 3).sample
+
+    return Denoise(), (torch.randn(1, 3, 16, 16),)
+
+
+@needs_fake_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "build", [_swin, _timm_vit, _unet], ids=["torchvision.swin_t", "timm.vit_tiny", "diffusers.unet2d"]
+)
+def test_autocast_forward_of_vision_models_is_what_cuda_autocast_dispatches(build):
+    # Swin writes Python numbers into its attention mask (Note [A Python
+    # number written into a GPU tensor]); bf16, where BatchNorm is not cuDNN's.
+    model, inputs = build()
+
+    def fn(m, x):
+        return m(x)
+
+    _same(_cuda_calls(fn, model, inputs, torch.bfloat16), _traced_calls(fn, model, inputs, torch.bfloat16))
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 def test_autocast_training_step_of_transformers_models_runs_on_a_logical_gpu(name):
     model, inputs = _HF[name]()

@@ -131,6 +131,7 @@ INERT_COMPOSITES = frozenset(
     leaky_relu elu selu celu rrelu threshold softsign tanhshrink logsigmoid masked_fill masked_select
     full_like zeros_like ones_like empty_like rand_like randn_like randint_like new_zeros new_ones new_full
     new_empty clone detach item float double half bfloat16 long int short bool char byte cpu cuda
+    dropout_ feature_dropout_ alpha_dropout_ feature_alpha_dropout_
     embedding one_hot flip roll rot90 std var std_mean var_mean mean nanmean amax amin max min
     argmax argmin all any isfinite isinf isnan isclose allclose equal sort argsort topk stack hstack
     vstack dstack cat concat concatenate batch_norm instance_norm adaptive_avg_pool1d adaptive_avg_pool2d

@@ -181,6 +181,36 @@ def _half_to_float_applies(args, kwargs) -> bool:
     )
 
 
+# Note [A Python number written into a GPU tensor]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``t[index] = 0.5`` turns the number into a tensor in C++ (``THPVariable_setitem``):
+# for a CUDA ``t`` a 0-dim CPU tensor made without dispatch
+# (``scalar_tensor_static``), which the slice then takes with ``fill_``.
+# For a logical GPU's MetaTensor C++ sees ``meta`` and dispatches
+# ``scalar_tensor`` on it, then views, expands and copies: two to four ops a
+# GPU does not run, at every masked write (torchvision's Swin builds its
+# attention mask so).  Here the number becomes the 0-dim CPU tensor CUDA
+# makes, outside the trace, and C++ writes it as it would on a GPU.
+def _setitem_number(self, index, value):
+    with _compat.no_python_dispatch():
+        value = torch.scalar_tensor(value, dtype=self.dtype)
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    if mode is not None:
+        value = aten.lift_fresh.default(mode.cpu_constant(value))
+    with _compat.no_torch_function_subclass():
+        torch.Tensor.__setitem__(self, index, value)
+
+
+def _setitem_number_applies(args, kwargs) -> bool:
+    return (
+        len(args) == 3
+        and type(args[2]) in (int, float, bool)
+        and isinstance(args[0], MetaTensor)
+        and args[0]._md_device.type == "cuda"
+        and not args[0].is_quantized
+    )
+
+
 OVERRIDES = {
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
@@ -208,6 +238,7 @@ _BY_FUNCTION = {
     _VF.gru: (OVERRIDES["gru.data"], _packed),
     _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
     torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
+    torch.Tensor.__setitem__: (_setitem_number, _setitem_number_applies),
     **{
         f: (_half_to_float(op), _half_to_float_applies)
         for f, op in (

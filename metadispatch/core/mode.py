@@ -168,6 +168,18 @@ class MetaMode(_compat.TorchDispatchMode):
                 meta._md_user_device = t.device
         return meta
 
+    def cpu_constant(self, t: torch.Tensor) -> MetaTensor:
+        """A logical-CPU stand-in, known by value, for a small real CPU tensor
+        that C++ makes for a GPU op whatever the mode's device (Note [A Python
+        number written into a GPU tensor] in composites.py)."""
+        converter = self.__dict__.get("_cpu_converter")
+        if converter is None:
+            converter = self._cpu_converter = Converter(_CPU)
+        meta = converter(t)
+        self._recorder.note_real(meta, t)
+        known.know(meta, t, self)
+        return meta
+
     def forget_reals(self) -> None:
         """Drop every reference to the real tensors converted so far.
 
@@ -180,6 +192,8 @@ class MetaMode(_compat.TorchDispatchMode):
         converted later gets a new stand-in.
         """
         self._converter.forget()
+        if "_cpu_converter" in self.__dict__:
+            self._cpu_converter.forget()
         self._recorder.forget_reals()
 
     def __enter__(self):
