@@ -717,6 +717,11 @@ def aten_names_with_kernel(key: str) -> frozenset[str]:
     )
 
 
+# Dispatch below the autograd keys for the duration (a custom autograd
+# Function's forward calling an op whose meta-backend entry is its composite).
+below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
 # torch.nn.functional's C bindings (``nll_loss_nd``, ``nll_loss``)
 nn_functions = torch._C._nn
 

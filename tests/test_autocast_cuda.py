@@ -127,8 +127,14 @@ class _Functions(nn.Module):
         n = F.normalize(h) + torch.norm(h, dim=1, keepdim=True) + h.norm(2, 1, keepdim=True)
         s = n.pow(2).sum(-1) + h.square().mean() + torch.rsqrt(h.abs() + 1).sum() + h.exp().log1p().sum()
         e = torch.einsum("ij,jk->ik", h, self.w).sum() + torch.cdist(h, h).sum() + torch.cat([h, x.float()], 0)[:2]
-        return s, e, torch.addcmul(h, h.half().float(), x), F.log_softmax(h, -1), h.softmax(-1, torch.float32)
-        # (rms_norm: a GPU runs its fused kernel, a logical one the composite: not yet modelled)
+        return (
+            s,
+            e,
+            torch.addcmul(h, h.half().float(), x),
+            F.log_softmax(h, -1),
+            h.softmax(-1, torch.float32),
+            torch.rms_norm(h, [8]),
+        )
 
 
 def _attention(m, x):

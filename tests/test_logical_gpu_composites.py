@@ -9,6 +9,8 @@ leg), the trace is compared with what C++ dispatches for them.
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import metadispatch as md
 from metadispatch.testing import _EagerLog, trace_calls
@@ -28,7 +30,12 @@ def _softmaxes(x):
     return h.softmax(-1, dtype=torch.float32), torch.log_softmax(h, 1, torch.float32), h.softmax(-1)
 
 
-CASES = {"setitem_number": _masked, "softmax_half_to_float": _softmaxes}
+def _rms_norms(x):
+    w = x.new_ones(6)
+    return torch.rms_norm(x, [6], w, 1e-6), F.rms_norm(x.half(), [6]), F.rms_norm(x.view(2, 2, 6), [2, 6])
+
+
+CASES = {"setitem_number": _masked, "softmax_half_to_float": _softmaxes, "rms_norm": _rms_norms}
 
 
 def _ops(calls):
@@ -74,3 +81,24 @@ def test_softmax_of_half_to_float_takes_cudas_fused_cast():
         ("aten._softmax.default", False),
     ]
     assert sum(c.op == "aten._to_copy.default" for c in t.calls) == 1  # the .half() alone
+
+
+def test_rms_norm_runs_the_fused_kernel_forward_and_backward_as_cuda_does():
+    norm = nn.RMSNorm(8)
+
+    def step(x):
+        norm(x).sum().backward()
+
+    t = md.tracer(device="cuda")(step, torch.randn(4, 8, requires_grad=True))
+    ops = [c.op for c in t.calls]
+    assert ops.count("aten._fused_rms_norm.default") == 1
+    assert ops.count("aten._fused_rms_norm_backward.default") == 1
+    assert not {"aten.pow.Tensor_Scalar", "aten.rsqrt.default", "aten.mean.dim"} & set(ops)
+    assert {n: g.shape for n, g in t.grads.items()} == {"weight": (8,)}
+    # a weight of another dtype takes the composite, as C++ does (and warns)
+    mixed = md.tracer(device="cuda")(
+        lambda x: F.rms_norm(x, [8], torch.ones(8, dtype=torch.float64)), torch.randn(4, 8)
+    )
+    assert "aten._fused_rms_norm.default" not in [c.op for c in mixed.calls]
+    # a logical CPU is still eager's
+    md.testing.assert_matches_eager(step, torch.randn(4, 8, requires_grad=True))

@@ -211,6 +211,62 @@ def _setitem_number_applies(args, kwargs) -> bool:
     )
 
 
+# Note [rms_norm's fused kernel on a GPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``rms_norm``'s C++ body calls ``_fused_rms_norm`` (unless the input is
+# complex or channels-last, or the weight's dtype differs: then its Python-
+# like composite).  On CUDA that op has a kernel, so the GPU runs one op and
+# saves the input, the weight and ``rstd`` for ``_fused_rms_norm_backward``;
+# on the CPU and on meta it is a ``CompositeImplicitAutograd`` body -- pow,
+# mean, rsqrt, mul, each saved for backward -- which a logical GPU recorded:
+# other ops and more saved bytes than the GPU (``nn.RMSNorm``, torchtitan's
+# LLaMA).  On a logical GPU the fused op is called below autograd by a
+# Function whose backward is ``_fused_rms_norm_backward``, as the GPU's
+# autograd formula runs it (with ``create_graph`` the formula differentiates
+# the composite instead: not modelled).
+class _FusedRmsNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, normalized_shape, weight, eps, saves):
+        with _compat.below_autograd():
+            out, rstd = aten._fused_rms_norm.default(input, normalized_shape, weight, eps)
+            if saves:
+                # the GPU's autograd node saves rstd, an output, as a detached alias
+                rstd = aten.detach.default(rstd)
+        ctx.save_for_backward(input, rstd, weight)
+        ctx.normalized_shape = normalized_shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, rstd, weight = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[2]]
+        with _compat.below_autograd():
+            grad_input, grad_weight = aten._fused_rms_norm_backward.default(
+                grad, input, ctx.normalized_shape, rstd, weight, mask
+            )
+        return grad_input, None, grad_weight, None, None
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    saves = torch.is_grad_enabled() and (input.requires_grad or weight is not None and weight.requires_grad)
+    return _FusedRmsNorm.apply(input, list(normalized_shape), weight, eps, saves)
+
+
+def _rms_norm_applies(args, kwargs) -> bool:
+    if len(args) < 2 or kwargs.keys() - {"weight", "eps"}:
+        return False
+    x = args[0]
+    weight = args[2] if len(args) > 2 else kwargs.get("weight")
+    return (
+        isinstance(x, MetaTensor)
+        and x._md_device.type == "cuda"
+        and hasattr(aten, "_fused_rms_norm_backward")
+        and not x.is_complex()
+        and (weight is None or weight.dtype == x.dtype)
+        and _compat.suggest_memory_format(x) not in (torch.channels_last, torch.channels_last_3d)
+    )
+
+
 OVERRIDES = {
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
@@ -239,6 +295,8 @@ _BY_FUNCTION = {
     _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
     torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
     torch.Tensor.__setitem__: (_setitem_number, _setitem_number_applies),
+    _VF.rms_norm: (_rms_norm, _rms_norm_applies),
+    torch.nn.functional.rms_norm: (_rms_norm, _rms_norm_applies),
     **{
         f: (_half_to_float(op), _half_to_float_applies)
         for f, op in (
