@@ -35,7 +35,18 @@ def _rms_norms(x):
     return torch.rms_norm(x, [6], w, 1e-6), F.rms_norm(x.half(), [6]), F.rms_norm(x.view(2, 2, 6), [2, 6])
 
 
-CASES = {"setitem_number": _masked, "softmax_half_to_float": _softmaxes, "rms_norm": _rms_norms}
+def _dropouts(x):
+    a = F.dropout(x, 0.1) + torch.dropout(x, 0.2, True) + F.dropout(x, 0.0) + F.dropout(x, 0.5, training=False)
+    return a, F.dropout(x.clone(), 0.3, True, True), nn.Dropout(0.1)(x)
+
+
+CASES = {
+    "setitem_number": _masked,
+    "softmax_half_to_float": _softmaxes,
+    "rms_norm": _rms_norms,
+    "dropout": _dropouts,
+    "logsigmoid": lambda x: F.logsigmoid(x) + F.logsigmoid(x.t().contiguous().t()),
+}
 
 
 def _ops(calls):
@@ -102,3 +113,21 @@ def test_rms_norm_runs_the_fused_kernel_forward_and_backward_as_cuda_does():
     assert "aten._fused_rms_norm.default" not in [c.op for c in mixed.calls]
     # a logical CPU is still eager's
     md.testing.assert_matches_eager(step, torch.randn(4, 8, requires_grad=True))
+
+
+def test_dropout_in_training_runs_cudas_fused_kernel_and_saves_a_bool_mask():
+    lin = nn.Linear(8, 8)
+
+    def step(x):
+        F.dropout(lin(x), 0.1).sum().backward()
+
+    t = md.tracer(device="cuda")(step, torch.randn(4, 8))
+    ops = [c.op for c in t.calls]
+    assert "aten.bernoulli_.float" not in ops and "aten.empty_like.default" not in ops
+    (fwd,) = [c for c in t.calls if c.op == "aten.native_dropout.default"]
+    assert fwd.output_metas[1].dtype == torch.bool
+    assert "aten.native_dropout_backward.default" in ops
+    # in place, and on a logical CPU, the generic body, as on those devices
+    inplace = md.tracer(device="cuda")(lambda x: F.dropout(x, 0.1, True, True), torch.randn(4, 8))
+    assert "aten.native_dropout.default" not in [c.op for c in inplace.calls]
+    md.testing.assert_matches_eager(lambda x: F.dropout(x, 0.1), torch.randn(4, 8))

@@ -177,6 +177,8 @@ SAMPLES = {
             (_x(2, 4, 5), _x(2, 5, 4).mT),
         )
     ],
+    # rules/activations.py: the CPU kernel's full buffer (a GPU's is empty: test_logical_gpu_composites.py)
+    aten.log_sigmoid_forward.default: [(_x(3, 4),), (_x(4, 3).t(),), (_x(5, dtype=torch.float64),)],
     # rules/grouped_mm.py: the CPU kernel's dtypes, and its output padded to 16 bytes
     aten._grouped_mm.default: [
         (_x(6, 8, dtype=d), _x(2, 8, n, dtype=d), _offs(3, 6)) for d in _DT for n in (4, 8, 12, 16)

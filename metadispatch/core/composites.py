@@ -267,6 +267,42 @@ def _rms_norm_applies(args, kwargs) -> bool:
     )
 
 
+# Note [Dropout's fused kernel on a GPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``dropout``'s C++ body (Dropout.cpp) runs ``native_dropout`` -- one op, a
+# boolean mask saved for backward -- when ``input.is_cuda()`` and
+# ``0 < p < 1`` in training with a non-empty input; elsewhere its generic
+# body: a float mask from ``empty_like`` + ``bernoulli_``, scaled, multiplied.
+# A logical GPU's MetaTensor took the generic body: four ops where a GPU runs
+# one, and a saved mask four times the bytes of the GPU's -- in every
+# training step with dropout (GPT-2's defaults).  ``dropout_`` (in place)
+# always takes the generic body, on CUDA too.
+def _native_dropout(input, p=0.5, train=True):
+    return torch.native_dropout(input, p, train)[0]
+
+
+def _dropout_applies(args, kwargs) -> bool:
+    names = ("input", "p", "train", "inplace")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    train = bound.get("train", bound.get("training", True))
+    p = bound.get("p", 0.5)
+    x = bound.get("input")
+    return (
+        isinstance(x, MetaTensor)
+        and x._md_device.type == "cuda"
+        and not bound.get("inplace", False)
+        and train is True
+        and isinstance(p, (int, float))
+        and 0 < p < 1
+        and x.numel() > 0
+    )
+
+
+def _functional_dropout(input, p=0.5, training=True, inplace=False):
+    return torch.native_dropout(input, p, training)[0]
+
+
 OVERRIDES = {
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
@@ -296,6 +332,8 @@ _BY_FUNCTION = {
     torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
     torch.Tensor.__setitem__: (_setitem_number, _setitem_number_applies),
     _VF.rms_norm: (_rms_norm, _rms_norm_applies),
+    _VF.dropout: (_native_dropout, _dropout_applies),
+    torch.nn.functional.dropout: (_functional_dropout, _dropout_applies),
     torch.nn.functional.rms_norm: (_rms_norm, _rms_norm_applies),
     **{
         f: (_half_to_float(op), _half_to_float_applies)

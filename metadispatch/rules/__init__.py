@@ -6,6 +6,7 @@ real CPU kernel in ``tests/test_rules.py``.
 """
 
 from . import (  # noqa: F401
+    activations,
     attention,
     collectives,
     convolution,
