@@ -50,7 +50,7 @@ CASES = {
 
 
 def _ops(calls):
-    return [(c.op, tuple((o[0], o[1], o[4].type) for o in c.outputs)) for c in calls]
+    return [(c.op, tuple((o[0], o[1], o[4].type, o[2] if 0 not in o[0] else None) for o in c.outputs)) for c in calls]
 
 
 @needs_fake_cuda
