@@ -7,6 +7,7 @@ real CPU kernel in ``tests/test_rules.py``.
 
 from . import (  # noqa: F401
     attention,
+    batch_norm_cuda,
     collectives,
     convolution,
     data_dependent,
