@@ -105,7 +105,8 @@ CONDITIONS = {
         lambda: _input((2, 3, 4, 4)),
         CUDNN,  # no statistics: the module normalises with the batch's, training=True
     ),
-    "small_eps": (lambda: _bn(4, eps=1e-7), lambda: _input((2, 3, 4, 4)), CUDNN),  # cuDNN >= 8: no minimum
+    "small_eps": (lambda: _bn(4, eps=1e-7), lambda: _input((2, 3, 4, 4)), CUDNN),  # cuDNN 9: minimum 0.0
+    "eval_eps_zero": (lambda: _bn(4, train=False, eps=0.0), lambda: _input((2, 3, 4, 4)), CUDNN),
     "eval_batch_65535": (lambda: _bn(4, 1, train=False), lambda: torch.randn(65535, 1, 1, 1), CUDNN),
     "eval_batch_65536": (lambda: _bn(4, 1, train=False), lambda: torch.randn(65536, 1, 1, 1), NATIVE),
 }

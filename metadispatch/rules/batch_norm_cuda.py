@@ -19,7 +19,7 @@ a float16 input comes with a float32 weight, weight and bias are defined,
 both running statistics are defined (or neither, in training), the input
 has at least 3 dimensions, at most 880,801 samples in training or 65,535 in
 eval, fewer than 2**31 - 1 elements, and ``eps`` is at least cuDNN's
-``CUDNN_BN_MIN_EPSILON`` -- 0.0 since cuDNN 8 (``F.batch_norm`` itself
+``CUDNN_BN_MIN_EPSILON`` -- 0.0 in the cuDNN torch ships (``F.batch_norm`` itself
 refuses a negative ``eps``), so this only matters for direct calls with a
 negative one.  Every condition is pinned against a FakeTensorMode on a CUDA
 build of torch in tests/test_logical_cuda_batch_norm.py.  MIOpen (ROCm) is
@@ -57,8 +57,10 @@ from ..core.tensor import MetaTensor
 
 aten = torch.ops.aten
 
-# cudnn.h: ``#define CUDNN_BN_MIN_EPSILON 0.0`` since cuDNN 8 (1e-5 before),
-# what ``getCUDAHooks().batchnormMinEpsilonCuDNN()`` returns.
+# ``CUDNN_BN_MIN_EPSILON``, what ``getCUDAHooks().batchnormMinEpsilonCuDNN()``
+# returns: 0.0 in the cuDNN torch's wheels ship (torch 2.14.1+cu130's C++
+# picks cuDNN for eps = 1e-7 and, in eval, 0.0: the fake-CUDA tests); early
+# cuDNN releases had 1e-5.
 CUDNN_BN_MIN_EPSILON = 0.0
 _TRAIN_BATCH, _EVAL_BATCH = 880801, 65535  # the C++'s "spatial" limits
 _INT32_MAX = 2**31 - 1
@@ -74,7 +76,7 @@ def uses_cudnn(input, weight, bias, running_mean, running_var, training: bool, e
         running_mean is None and running_var is None and training
     )
     return (
-        _compat.conv_switches()[2]  # torch.backends.cudnn.enabled, as ctx.userEnabledCuDNN()
+        torch.backends.cudnn.enabled  # ctx.userEnabledCuDNN(), the global flag
         and torch.bfloat16 not in (input.dtype, weight.dtype)
         and (input.dtype != torch.float16 or weight.dtype == torch.float32)
         and stats_ok
