@@ -135,6 +135,46 @@ def test_forward_equals_fake_cuda(name):
     assert _traced(_forward, m, x) == real
 
 
+INSTANCE = {
+    "affine_1d": (lambda: nn.InstanceNorm1d(3, affine=True), (2, 3, 5), CUDNN),
+    "affine_2d_fp16_input": (lambda: nn.InstanceNorm2d(3, affine=True), (2, 3, 4, 4), CUDNN),
+    "plain_3d": (lambda: nn.InstanceNorm3d(3), (2, 3, 2, 3, 2), NATIVE),
+    "running_stats_train": (lambda: nn.InstanceNorm2d(3, affine=True, track_running_stats=True), (2, 3, 4, 4), CUDNN),
+    "running_stats_eval": (
+        lambda: nn.InstanceNorm2d(3, affine=True, track_running_stats=True).eval(),
+        (2, 3, 4, 4),
+        CUDNN,
+    ),
+}
+
+
+def _instance_case(name):
+    module, shape, expected = INSTANCE[name]
+    dtype = torch.float16 if "fp16" in name else torch.float32
+    return module(), torch.randn(shape).to(dtype), expected
+
+
+@pytest.mark.parametrize("name", list(INSTANCE))
+def test_instance_norm_backend(name):
+    """An affine instance norm is a cuDNN batch norm over (1, N*C, ...) on a GPU."""
+    m, x, expected = _instance_case(name)
+    traced = _traced(_forward, m, x)
+    assert _bn_op(traced) == expected
+    assert traced[_ops(traced).index(expected)].outputs[0][0] == (1, x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize("name", list(INSTANCE))
+def test_instance_norm_equals_fake_cuda(name):
+    m, x, _ = _instance_case(name)
+    assert _traced(_forward, m, x) == _cuda_calls(m, x)
+
+
+def test_instance_norm_backward_runs_cudnns():
+    m, x, _ = _instance_case("affine_2d_fp16_input")
+    assert "aten.cudnn_batch_norm_backward.default" in _ops(_traced(_step, m, x))
+
+
 def test_cudnn_switch_and_the_cache():
     m, x = _bn(4), _input((2, 3, 4, 4))
     assert _bn_op(_traced(_forward, m, x)) == CUDNN  # warms the metadata cache ...
@@ -244,6 +284,14 @@ def test_logical_cpu_records_what_the_cpu_dispatches(wants, channels_last):
     assert NATIVE in _ops(log.calls)
     x_traced = x.clone().requires_grad_("input" in wants)
     assert trace_calls(md.tracer(device="cpu")(_step, copy.deepcopy(m), x_traced)) == log.calls
+
+
+def test_logical_cpu_instance_norm_unchanged():
+    m, x, _ = _instance_case("running_stats_train")
+    real = copy.deepcopy(m)
+    with _EagerLog() as log:
+        _step(real, x)
+    assert trace_calls(md.tracer(device="cpu")(_step, copy.deepcopy(m), x)) == log.calls
 
 
 def test_meta_tensors_without_a_mode():

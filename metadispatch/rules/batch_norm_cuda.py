@@ -1,4 +1,4 @@
-"""Batch norm on a logical CUDA device: cuDNN's kernel where a real GPU takes it.
+"""Batch and instance norm on a logical CUDA device: cuDNN's kernel where a real GPU takes it.
 
 Note [Batch norm on a logical GPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -44,7 +44,11 @@ by a dispatched op, and is in no trace.  ``_batch_norm_with_update`` (export
 and compile graphs; eager never dispatches it) chooses the same backend
 inside its CUDA kernel, one op either way; its metadata stays torch's meta
 answer, which differs from cuDNN's only for inputs not dense in any layout.
-``instance_norm`` reaches ``batch_norm`` from C++ and keeps the native path.
+
+``instance_norm`` (``F.instance_norm``, ``nn.InstanceNorm*d``) is a batch norm
+over ``(1, N * C, ...)`` that C++ calls directly, out of the mode's reach, so
+its body is ported too (:func:`instance_norm`): an affine instance norm runs
+``cudnn_batch_norm`` on a GPU, a plain one the native kernel.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ CUDNN_BN_MIN_EPSILON = 0.0
 _TRAIN_BATCH, _EVAL_BATCH = 880801, 65535  # the C++'s "spatial" limits
 _INT32_MAX = 2**31 - 1
 
-_batch_norm = torch.batch_norm
+_batch_norm, _instance_norm = torch.batch_norm, torch.instance_norm
 
 
 def uses_cudnn(input, weight, bias, running_mean, running_var, training: bool, eps: float) -> bool:
@@ -137,6 +141,48 @@ def functional_batch_norm(
     )
 
 
+def instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled):
+    """``instance_norm`` (Normalization.cpp): a batch norm over ``(1, N * C, ...)``,
+    through :func:`batch_norm`, so its backend is chosen as there (an affine
+    instance norm runs ``cudnn_batch_norm`` on a GPU)."""
+    torch._check(
+        use_input_stats or (running_mean is not None and running_var is not None),
+        lambda: "Expected running_mean and running_var to be defined when use_input_stats is false",
+    )
+    b, c = input.shape[0], input.shape[1]
+
+    def repeated(t):  # repeat_if_defined
+        return t.repeat(b) if t is not None else None
+
+    weight_, bias_, mean_, var_ = (repeated(t) for t in (weight, bias, running_mean, running_var))
+    reshaped = input.contiguous().view(1, b * c, *input.shape[2:])
+    out = batch_norm(reshaped, weight_, bias_, mean_, var_, use_input_stats, momentum, eps, cudnn_enabled)
+    # The per-instance statistics averaged back into the running ones, through
+    # an alias ("they are const but we want to modify their data"); torch 2.13
+    # and 2.14 do it only when the input's statistics were used (their CPU and
+    # fake-CUDA runs dispatch no copy in eval).
+    for stat, stat_ in ((running_mean, mean_), (running_var, var_)):
+        if stat is not None and use_input_stats:
+            aten.alias.default(stat).copy_(stat_.view(b, c).mean(0, False))
+    return out.view(input.shape)
+
+
+def functional_instance_norm(
+    input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True, momentum=0.1, eps=1e-5
+):
+    """``F.instance_norm``'s body (the same in torch 2.13 and 2.14), calling :func:`instance_norm`."""
+    if use_input_stats:
+        size = input.size()  # _verify_spatial_size
+        values = 1
+        for extent in size[2:]:
+            values *= extent
+        if values == 1:
+            raise ValueError(f"Expected more than 1 spatial element when training, got input size {size}")
+    return instance_norm(
+        input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, torch.backends.cudnn.enabled
+    )
+
+
 def _on_logical_cuda(args, kwargs) -> bool:
     first = args[0] if args else kwargs.get("input")
     return isinstance(first, MetaTensor) and first.device.type == "cuda"
@@ -146,3 +192,7 @@ composites.register_override(
     _batch_norm, batch_norm, lambda args, kwargs: not kwargs and _on_logical_cuda(args, kwargs)
 )
 composites.register_override(torch.nn.functional.batch_norm, functional_batch_norm, _on_logical_cuda)
+composites.register_override(
+    _instance_norm, instance_norm, lambda args, kwargs: not kwargs and _on_logical_cuda(args, kwargs)
+)
+composites.register_override(torch.nn.functional.instance_norm, functional_instance_norm, _on_logical_cuda)
