@@ -175,6 +175,22 @@ def test_instance_norm_backward_runs_cudnns():
     assert "aten.cudnn_batch_norm_backward.default" in _ops(_traced(_step, m, x))
 
 
+@needs_fake_cuda
+@pytest.mark.parametrize("train", [True, False])
+def test_under_cuda_autocast_equals_fake_cuda(train):
+    """Under autocast(float16) a convolution hands BatchNorm a float16 input
+    with float32 parameters: cuDNN's mixed case."""
+    from tests.test_autocast_cuda import _cuda_calls as autocast_calls
+    from tests.test_autocast_cuda import _same, _traced_calls
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.BatchNorm2d(4))
+    model.train(train)
+    x = torch.randn(2, 3, 8, 8)
+    real = autocast_calls(_forward, model, (x,), torch.float16)
+    assert _ops(real).count(CUDNN) == 2
+    _same(real, _traced_calls(_forward, model, (x,), torch.float16))
+
+
 def test_cudnn_switch_and_the_cache():
     m, x = _bn(4), _input((2, 3, 4, 4))
     assert _bn_op(_traced(_forward, m, x)) == CUDNN  # warms the metadata cache ...
