@@ -119,7 +119,13 @@ def _grad_input_like_input(out, x):
 @builtin_rule(aten.native_batch_norm_backward.default)
 def batch_norm_backward(grad, x, *args, fallback):
     out = fallback(grad, x, *args)
-    return out if x.device.type != "cpu" else _grad_input_like_input(out, x)
+    if x.device.type != "cpu":
+        return out
+    # The CPU kernel leaves the gradients that ``output_mask`` does not ask
+    # for undefined (batch_norm_backward_cpu_template); the meta
+    # decomposition computes all three.
+    out = _grad_input_like_input(out, x)
+    return tuple(o if wanted else None for o, wanted in zip(out, args[-1]))
 
 
 @builtin_rule(aten.native_group_norm_backward.default)
