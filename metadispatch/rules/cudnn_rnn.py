@@ -239,6 +239,19 @@ def cudnn_rnn_backward(
     return dx, dhx, dcx, dw
 
 
+@builtin_rule(aten._cudnn_rnn_flatten_weight.default)
+def cudnn_rnn_flatten_weight(
+    weight_arr, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers, batch_first, bidirectional
+):
+    """The flat buffer, as torch's C++ meta kernel (``_cudnn_rnn_flatten_weight_meta``)
+    answers it -- without asking cuDNN for its length (the Note) and, like
+    that kernel, without moving the weights into it."""
+    torch._check(len(weight_arr) > 0, lambda: "empty weight list")
+    torch._check(mode in _GATES, lambda: f"_cudnn_rnn_flatten_weight: unrecognized cuDNN RNN mode {mode}")
+    count = weight_count(mode, input_size, hidden_size, proj_size, num_layers, bidirectional)
+    return weight_arr[0].new_zeros((count,))
+
+
 @builtin_rule(aten._cudnn_init_dropout_state.default)
 def cudnn_init_dropout_state(dropout, train, dropout_seed, *, dtype=None, layout=None, device=None, pin_memory=None):
     """cuDNN's dropout state: its size is ``cudnnDropoutGetStatesSize``'s (the Note)."""
