@@ -194,7 +194,10 @@ class Memory:
     whose libraries size a CUDA trace's workspaces (default: the trace's).
     ``categories=False`` skips the analysis of what the optimizer's and
     FSDP's storages are (``roles.py``): the totals are the same, each
-    storage keeps the category of the phase that made it.
+    storage keeps the category of the phase that made it.  ``unsized``
+    counts, by op, the calls whose own memory only their library sizes at
+    run time (cuDNN's RNN reserve, workspaces and dropout state): the peak
+    leaves it out, and the printed table says so.
     """
 
     def __init__(
