@@ -14,6 +14,7 @@ against torch's own meta kernel.
 
 import dataclasses
 
+import expecttest
 import pytest
 import torch
 from torch import nn
@@ -244,3 +245,38 @@ def test_cudnn_rnn_flatten_weight_answers_as_torchs_meta_kernel():
     assert buf.shape == (weight_count(LSTM, 4, 6, 3, 2, False),) == (sum(p.numel() for p in m.parameters()),)
     assert mode.trace.calls[-1].op == "aten._cudnn_rnn_flatten_weight.default"
     assert all(p.untyped_storage().nbytes() == p.numel() * 4 for p in m.parameters())  # not moved
+
+
+class TestGolden(expecttest.TestCase):
+    def test_cudnn_rnn_batch_first_lstm_step_reads_as_the_cuda_program(self):
+        # Derived from torch's C++ (the module docstring): the whole stack in
+        # one _cudnn_rnn, the weights copied into a fresh buffer (weight_buf
+        # None: Note [cuDNN RNNs on a logical GPU]), cuDNN's batch_first
+        # output strides, and one _cudnn_rnn_backward with every weight's
+        # gradient a view into one buffer.  A GPU's dispatch log also shows
+        # try_get_weight_buf's empty/set_ before _cudnn_rnn (not recorded).
+        m = nn.LSTM(2, 3, batch_first=True)
+        h0, c0 = torch.zeros(1, 4, 3), torch.zeros(1, 4, 3)
+        trace = md.tracer(device="cuda")(lambda x: m(x, (h0, c0))[0].sum().backward(), torch.randn(4, 5, 2))
+        self.assertExpectedInline(
+            "\n".join(trace.lines()),
+            """\
+$0: f32[4, 5, 2]@cuda:0 = arg args[0]
+$1: f32[12, 2]@cuda:0 = param weight_ih_l0
+$2: f32[12, 3]@cuda:0 = param weight_hh_l0
+$3: f32[12]@cuda:0 = param bias_ih_l0
+$4: f32[12]@cuda:0 = param bias_hh_l0
+$5: f32[1, 4, 3]@cuda:0 = const
+$6: f32[1, 4, 3]@cuda:0 = const
+$7: f32[4, 5, 3]{3, 12, 1}@cuda:0, $8: f32[1, 4, 3]@cuda:0, $9: f32[1, 4, 3]@cuda:0, $10: u8[0]@cuda:0, $11: f32[84]@cuda:0 = aten._cudnn_rnn.default($0, [$1, $2, $3, $4], 4, None, $5, $6, 2, 3, 0, 1, True, 0.0, True, False, [], None)
+$12: f32[4, 5, 3]{3, 12, 1}@cuda:0 = aten.detach.default($7)
+$13: f32[]@cuda:0 = aten.sum.default($7)
+$14: f32[]@cuda:0 = aten.ones_like.default($13, pin_memory=False, memory_format=torch.preserve_format)
+$15: f32[4, 5, 3]{0, 0, 0}@cuda:0 = aten.expand.default($14, [4, 5, 3])  # (bw)
+$16: f32[4, 5, 3]{3, 12, 1}@cuda:0 = aten.detach.default($12)  # (bw)
+$17: f32[4, 5, 2]{2, 8, 1}@cuda:0, $18: f32[1, 4, 3]@cuda:0, $19: f32[1, 4, 3]@cuda:0, [$20: f32[12, 2]@cuda:0, $21: f32[12, 3]+24@cuda:0, $22: f32[12]+60@cuda:0, $23: f32[12]+72@cuda:0] = aten._cudnn_rnn_backward.default($0, [$1, $2, $3, $4], 4, $11, $5, $6, $16, $15, None, None, 2, 3, 0, 1, True, 0.0, True, False, [], None, $10, [False, False, False, True])  # (bw)
+$24: f32[12, 2]@cuda:0 = aten.detach.default($20)  # (bw)
+$25: f32[12]+60@cuda:0 = aten.detach.default($22)  # (bw)
+$26: f32[12, 3]+24@cuda:0 = aten.detach.default($21)  # (bw)
+$27: f32[12]+72@cuda:0 = aten.detach.default($23)  # (bw)""",
+        )
