@@ -152,6 +152,17 @@ def test_cudnn_rnn_bfloat16_needs_sm80():
         profiles._PROFILES.pop("test-rnn-sm70", None)
 
 
+def test_cudnn_rnn_refuses_mixed_dtypes_as_the_kernel_does():
+    # nn.LSTM checks first; the op itself (check_attributes in RNN.h) for other callers
+    m = nn.LSTM(4, 6)
+
+    def call(x, h):
+        return torch.lstm(x, (h, h), m._flat_weights, True, 1, 0.0, True, False, False)
+
+    with pytest.raises(RuntimeError, match="Input and parameter tensors are not the same dtype"):
+        md.tracer(device="cuda")(call, torch.randn(5, 3, 4).double(), torch.zeros(1, 3, 6).double())
+
+
 def test_cudnn_rnn_logical_cpu_is_unchanged():
     m = nn.LSTM(4, 6, 2)
     trace = md.tracer(device="cpu")(_step, m, _input(m))

@@ -140,6 +140,22 @@ def _sizes(input, hx, hidden_size, proj_size, num_layers, bidirectional, batch_f
     return output, (stack, batch, proj_size or hidden_size), (stack, batch, hidden_size)
 
 
+def _check_attributes(input, params, hiddens) -> None:
+    """``check_attributes(..., check_dtype=true)`` in aten/src/ATen/native/RNN.h."""
+    for name, tensors in (("hidden", hiddens), ("parameter", params)):
+        for t in tensors:
+            if t is not None and t.device != input.device:
+                raise RuntimeError(
+                    f"Input and {name} tensors are not at the same device, found input tensor at "
+                    f"{input.device} and {name} tensor at {t.device}"
+                )
+            if t is not None and t.dtype != input.dtype:
+                raise RuntimeError(
+                    f"Input and {name} tensors are not the same dtype, found input tensor with "
+                    f"{input.dtype} and {name} tensor with {t.dtype}"
+                )
+
+
 @builtin_rule(aten._cudnn_rnn.default)
 def cudnn_rnn(
     input,
@@ -161,6 +177,7 @@ def cudnn_rnn(
 ):
     """``_cudnn_rnn`` in cudnn/RNN.cpp: (output, hy, cy, reserve, weight_buf)."""
     torch._check(mode in _GATES, lambda: f"_cudnn_rnn: unrecognized cuDNN RNN mode {mode}")
+    _check_attributes(input, weight, (hx, cx))
     torch._check(mode == LSTM or cx is None, lambda: "rnn: illegal defined cx for non-LSTM RNN")
     torch._check(hx.is_contiguous(), lambda: "rnn: hx is not contiguous")
     packed = len(batch_sizes) != 0
