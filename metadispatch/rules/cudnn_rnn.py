@@ -11,7 +11,9 @@ ops it records the way cuDNN's kernels shape their outputs.
 
 Note [cuDNN RNNs on a logical GPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Ported, with the C++ each piece follows:
+Ported, with the C++ each piece follows (pytorch/pytorch's cudnn/RNN.cpp at
+00fc08aa and RNN.cpp as stored, newer than 2.14 by the ROCm probe they
+hold; the 2.13 and 2.14 sources could not be fetched whole here):
 
 - the choice (``use_cudnn``, RNN.cpp; ``cudnn_is_acceptable``,
   TypeProperties.cpp; ``supportsBFloat16RNNWithCuDNN``, CUDAHooks.cpp): a
@@ -21,9 +23,15 @@ Ported, with the C++ each piece follows:
   torch 2.14.1's ``cudnn_is_acceptable`` was checked on FakeTensors (it no
   longer looks at the dtype); torch 2.13.0's CPU build cannot be asked, and
   its binary holds the same ``supportsBFloat16RNNWithCuDNN``, so it is
-  assumed the same.  Packed sequences take cuDNN too (``lstm.data``),
-  with the batch sizes as a list, read from the known value of
-  ``batch_sizes`` (Note [Packed sequences] in core/composites.py);
+  assumed the same.  The cuDNN version it compares is the one the wheel was
+  built with; the profile's (``cudnn_version``, the wheel's required
+  runtime) stands in for it.  Packed sequences take cuDNN too
+  (``lstm.data``), with the batch sizes as a list, read from the known value
+  of ``batch_sizes`` (Note [Packed sequences] in core/composites.py).  The
+  choice is made above the dispatch, at each call of the composite, and the
+  rules below read no global switch, so no cached answer depends on it
+  (toggling ``torch.backends.cudnn.enabled`` between traces in one process
+  changes the trace: tests/test_cudnn_rnn.py);
 - ``_cudnn_rnn``'s outputs (``_cudnn_rnn`` in cudnn/RNN.cpp): the output is
   made sequence-first and transposed for ``batch_first``, so its strides are
   ``(O, B*O, 1)`` there -- torch's meta kernel says contiguous, which no GPU
