@@ -12,8 +12,10 @@ ops it records the way cuDNN's kernels shape their outputs.
 Note [cuDNN RNNs on a logical GPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Ported, with the C++ each piece follows (pytorch/pytorch's cudnn/RNN.cpp at
-00fc08aa and RNN.cpp as stored, newer than 2.14 by the ROCm probe they
-hold; the 2.13 and 2.14 sources could not be fetched whole here):
+commit 00fc08aa, and an RNN.cpp newer than 2.14: it holds a MIOpen RNN
+probe whose message neither installed binary has; the 2.13 and 2.14
+sources could not be fetched whole here, and the parts used are the same
+in every version read):
 
 - the choice (``use_cudnn``, RNN.cpp; ``cudnn_is_acceptable``,
   TypeProperties.cpp; ``supportsBFloat16RNNWithCuDNN``, CUDAHooks.cpp): a
