@@ -14,8 +14,9 @@ Note [cuDNN RNNs on a logical GPU]
 Ported, with the C++ each piece follows (pytorch/pytorch's cudnn/RNN.cpp at
 commit 00fc08aa, and an RNN.cpp newer than 2.14: it holds a MIOpen RNN
 probe whose message neither installed binary has; the 2.13 and 2.14
-sources could not be fetched whole here, and the parts used are the same
-in every version read):
+sources could not be fetched whole here.  Older copies of RNN.cpp call
+``cudnn_is_acceptable`` alone, before bfloat16 RNNs; both installed
+binaries hold ``supportsBFloat16RNNWithCuDNN``, so both have ``use_cudnn``):
 
 - the choice (``use_cudnn``, RNN.cpp; ``cudnn_is_acceptable``,
   TypeProperties.cpp; ``supportsBFloat16RNNWithCuDNN``, CUDAHooks.cpp): a
