@@ -236,7 +236,7 @@ def test_cudnn_rnn_trace_saves_loads_prints_and_is_analysed_honestly(tmp_path):
     flops = md.flops(loaded)
     assert flops.uncounted["aten._cudnn_rnn.default"] == 1 and "no formula" in str(flops)
     # cuDNN's reserve, workspaces and dropout state are not sized: said where the figure is printed.
-    for memory in (md.memory(loaded), md.memory(loaded, allocator="cuda")):
+    for memory in (md.memory(loaded), md.memory(loaded, allocator="cuda"), md.fits(loaded)):
         assert "not sized: " in str(memory) and "the peak is low" in str(memory)
     assert md.memory(loaded).unsized == {
         "aten._cudnn_init_dropout_state.default": 1,
