@@ -163,6 +163,17 @@ def test_cudnn_rnn_refuses_mixed_dtypes_as_the_kernel_does():
         md.tracer(device="cuda")(call, torch.randn(5, 3, 4).double(), torch.zeros(1, 3, 6).double())
 
 
+def test_cudnn_rnn_without_a_mode_answers_the_same():
+    # Note [Composite overrides without a mode]: MetaTensors alone take the same path.
+    m, x, h0 = nn.LSTM(4, 6, 2, dropout=0.2, batch_first=True), torch.randn(3, 5, 4), torch.zeros(2, 3, 6)
+    traced = md.tracer(device="cuda")(lambda m, x, h: m(x, (h, h)), m, x, h0).output_meta[0]
+    meta = md.to_meta(m, device="cuda")
+    out, _ = meta(md.to_meta(x, device="cuda"), (md.to_meta(h0, device="cuda"),) * 2)
+    assert (out.shape, out.stride(), out.device) == (traced.shape, traced.stride, traced.device)
+    out.sum().backward()
+    assert meta.weight_hh_l1.grad.shape == m.weight_hh_l1.shape
+
+
 def test_cudnn_rnn_logical_cpu_is_unchanged():
     m = nn.LSTM(4, 6, 2)
     trace = md.tracer(device="cpu")(_step, m, _input(m))

@@ -293,13 +293,19 @@ _DROPOUT_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _dropout_state(dropout, train, input):
-    """``get_dropout_state``: made on the first call that needs one, then handed to every call."""
+    """``get_dropout_state``: made on the first call that needs one, then handed to every call.
+
+    Without a mode there is no trace to hold it, and a factory with no
+    MetaTensor among its arguments would reach torch's own CUDA: none is
+    made (``_cudnn_rnn``'s outputs do not depend on it)."""
     mode = _compat.get_infra_mode(_compat.mode_key)
-    state = _DROPOUT_STATES.get(mode) if mode is not None else None
+    if mode is None:
+        return None
+    state = _DROPOUT_STATES.get(mode)
     if train and dropout > 0 and state is None:
-        state = aten._cudnn_init_dropout_state(dropout, train, 0, dtype=torch.uint8, device=input.device)
-        if mode is not None:
-            _DROPOUT_STATES[mode] = state
+        state = _DROPOUT_STATES[mode] = aten._cudnn_init_dropout_state(
+            dropout, train, 0, dtype=torch.uint8, device=input.device
+        )
     return state
 
 
