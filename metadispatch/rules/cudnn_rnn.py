@@ -47,7 +47,8 @@ binaries hold ``supportsBFloat16RNNWithCuDNN``, so both have ``use_cudnn``):
 - dropout between layers in training (``get_dropout_state``): the first
   such call in a trace records ``_cudnn_init_dropout_state``, and every
   cuDNN RNN call after it on that trace is handed that state, as the
-  process-wide cache does.
+  process-wide cache does (MetaTensors used without a mode get none: no
+  trace holds it).
 
 What is not exact, and why:
 
