@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     attention,
     collectives,
     convolution,
+    cudnn_branch,
     cudnn_rnn,
     data_dependent,
     device_hinted,
