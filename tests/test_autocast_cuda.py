@@ -109,11 +109,10 @@ class _Mlp(nn.Module):
 class _Conv(nn.Module):
     def __init__(self):
         super().__init__()
-        # (BatchNorm: a GPU runs cuDNN's for fp16 and fp32 inputs; pinned apart)
-        self.c, self.g = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8)
+        self.c, self.bn, self.g = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GroupNorm(2, 8)
 
     def forward(self, x):
-        h = F.interpolate(F.relu(self.c(x)), scale_factor=2)
+        h = F.interpolate(F.relu(self.bn(self.c(x))), scale_factor=2)
         return F.adaptive_avg_pool2d(self.g(h), 1).flatten(1).softmax(-1)
 
 
@@ -233,7 +232,7 @@ def _unet():
 )
 def test_autocast_forward_of_vision_models_is_what_cuda_autocast_dispatches(build):
     # Swin writes Python numbers into its attention mask (Note [A Python
-    # number written into a GPU tensor]); bf16, where BatchNorm is not cuDNN's.
+    # number written into a GPU tensor]).
     model, inputs = build()
 
     def fn(m, x):

@@ -322,21 +322,21 @@ def _packed(args, kwargs) -> bool:
     return not kwargs and len(args) > 3 and isinstance(args[1], torch.Tensor) and isinstance(args[3], (list, tuple))
 
 
-# torch function -> (override, whether a call is the overload it replaces)
-_BY_FUNCTION = {
-    _VF.tensor_split: (OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices),
-    torch.Tensor.tensor_split: (OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices),
-    _VF.lstm: (OVERRIDES["lstm.data"], _packed),
-    _VF.gru: (OVERRIDES["gru.data"], _packed),
-    _VF._pad_packed_sequence: (OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs),
-    torch.linalg.matrix_rank: (OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args)),
-    torch.Tensor.__setitem__: (_setitem_number, _setitem_number_applies),
-    _VF.rms_norm: (_rms_norm, _rms_norm_applies),
-    _VF.dropout: (_native_dropout, _dropout_applies),
-    torch.nn.functional.dropout: (_functional_dropout, _dropout_applies),
-    torch.nn.functional.rms_norm: (_rms_norm, _rms_norm_applies),
+# torch function -> [(override, whether a call is the overload it replaces)], first match wins
+_BY_FUNCTION: dict = {
+    _VF.tensor_split: [(OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices)],
+    torch.Tensor.tensor_split: [(OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices)],
+    _VF.lstm: [(OVERRIDES["lstm.data"], _packed)],
+    _VF.gru: [(OVERRIDES["gru.data"], _packed)],
+    _VF._pad_packed_sequence: [(OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs)],
+    torch.linalg.matrix_rank: [(OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args))],
+    torch.Tensor.__setitem__: [(_setitem_number, _setitem_number_applies)],
+    _VF.rms_norm: [(_rms_norm, _rms_norm_applies)],
+    torch.nn.functional.rms_norm: [(_rms_norm, _rms_norm_applies)],
+    _VF.dropout: [(_native_dropout, _dropout_applies)],
+    torch.nn.functional.dropout: [(_functional_dropout, _dropout_applies)],
     **{
-        f: (_half_to_float(op), _half_to_float_applies)
+        f: [(_half_to_float(op), _half_to_float_applies)]
         for f, op in (
             (_VF.softmax, _VF._softmax),
             (torch.Tensor.softmax, _VF._softmax),
@@ -350,15 +350,15 @@ _BY_FUNCTION = {
 def register_override(function, impl, applies) -> None:
     """Call ``impl`` instead of torch function ``function`` while a MetaMode is
     entered, for calls where ``applies(args, kwargs)``; for composites whose
-    override belongs with a rule family (rules/attention.py's SDPA)."""
-    _BY_FUNCTION[function] = (impl, applies)
+    override belongs with a rule family (rules/attention.py's SDPA).  It is
+    asked before the overrides registered earlier for the same function
+    (rules/cudnn_rnn.py's before the packed-sequence ones above)."""
+    _BY_FUNCTION.setdefault(function, []).insert(0, (impl, applies))
 
 
 def override_for(func, args, kwargs):
     """The override to call instead of ``func(*args, **kwargs)``, or None."""
-    entry = _BY_FUNCTION.get(func)
-    if entry is None or not entry[1](args, kwargs):
+    entries = _BY_FUNCTION.get(func)
+    if entries is None or not any(isinstance(a, MetaTensor) for a in args[:2]):
         return None
-    if not any(isinstance(a, MetaTensor) for a in args[:2]):
-        return None
-    return entry[0]
+    return next((impl for impl, applies in entries if applies(args, kwargs)), None)

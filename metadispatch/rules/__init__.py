@@ -11,6 +11,8 @@ from . import (  # noqa: F401
     batch_norm_cuda,
     collectives,
     convolution,
+    cudnn_branch,
+    cudnn_rnn,
     data_dependent,
     device_hinted,
     grouped_mm,
