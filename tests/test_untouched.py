@@ -493,3 +493,24 @@ def test_sparse_gradient_is_refused_by_name_and_leaves_the_model_as_it_was():
     assert md.testing.snapshot(emb) == before
     # the same model with dense gradients traces
     assert md.trace(step, nn.Embedding(10, 4), torch.tensor([1, 2, 3])).grads["weight"].shape == (10, 4)
+
+
+@pytest.mark.parametrize("move", ["to", "cuda"])
+def test_untouched_module_moved_to_a_logical_gpu_in_a_bare_mode(move):
+    # Note [A real tensor's methods on its stand-in]: a real module built
+    # outside a bare MetaMode and moved inside it.  torch's own ``to`` on the
+    # stand-ins compared C++'s meta device: it copied, through autograd for
+    # a parameter (the CPU-only build refused a CUDA device guard), left
+    # stand-ins in the module's buffers after the mode, and ``.device`` said meta.
+    model = nn.Sequential(nn.Conv1d(2, 4, 3), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(12, 2))
+    before = md.testing.snapshot(model)
+    with md.MetaMode(device="cuda") as mode:
+        moved = model.to("cuda") if move == "to" else model.cuda()
+        assert moved is model
+        assert next(model.parameters()).device == torch.device("cuda:0")
+        assert model[1].running_mean.is_cuda and model[1].running_mean.get_device() == 0
+        model(torch.randn(3, 2, 5, device="cuda")).sum().backward()
+    before.assert_unchanged(md.testing.snapshot(model))
+    assert all(p.grad is None for p in model.parameters())
+    assert "aten._to_copy.default" not in [c.op for c in mode.trace.calls]
+    assert {c.output_metas[0].device for c in mode.trace.calls if c.output_metas} == {torch.device("cuda:0")}

@@ -395,7 +395,9 @@ class _SwapReal(_compat.TorchFunctionMode):
         kwargs = kwargs or {}
         mode = _compat.get_infra_mode(_compat.mode_key)
         if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
+            real = None
             if _has_real(args) or (kwargs and _has_real(kwargs.values())):
+                real = args[0] if args else None
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
                 if func == _SET_DATA and isinstance(args[0], MetaTensor):
                     # ``real.data = meta`` (``m.double()`` before the module's
@@ -427,9 +429,15 @@ class _SwapReal(_compat.TorchFunctionMode):
                 func, args = _compat.engine_grad, (self, *args)
             elif func in _READS_VALUES and type(first) is MetaTensor:
                 # A real tensor's method (a MetaTensor's own never comes
-                # here), now on its stand-in: the C method refuses a
-                # subclass; ours answers from the known value.
-                func = _READS_VALUES[func]
+                # here), now on its stand-in (Note [A real tensor's methods
+                # on its stand-in]).
+                out = _READS_VALUES[func](*args, **kwargs)
+                if out is first and func in _MOVES and type(real) in (torch.Tensor, nn.Parameter):
+                    # Moved to where its stand-in already is: the real tensor
+                    # itself, as torch returns it, so that ``module.to`` keeps
+                    # the user's buffers in the module, not stand-ins.
+                    return real
+                return out
         if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
             # (Note [Composite overrides without a mode]).
@@ -515,10 +523,24 @@ _BY_IDENTITY = {torch.Tensor.__hash__}
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
 # Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
 # from the user's scope): MetaTensor's own, which answer from a known value.
+# Note [A real tensor's methods on its stand-in]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A real tensor's method or property reaching the mode (a module built
+# outside a bare MetaMode and used inside it) runs on its stand-in; torch's
+# own implementation of the ones MetaTensor overrides answers from the C++
+# tensor -- ``.device`` said ``meta`` (``next(model.parameters()).device``,
+# transformers' ``model.device``), ``.to("cuda")`` compared the C++ meta
+# device and copied, through autograd for a parameter, whose device guard for
+# CUDA fails on a CPU-only build -- or refuses a subclass (``tolist``).  So
+# MetaTensor's own answers them.
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
 _READS_VALUES = {
-    torch.Tensor.tolist: MetaTensor.tolist,
-    torch.Tensor.numpy: MetaTensor.numpy,
-    torch.Tensor.__array__: MetaTensor.__array__,
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
+    **{
+        getattr(torch.Tensor, name).__get__: getattr(MetaTensor, name).fget
+        for name in ("device", "is_cuda", "is_cpu", "is_meta")
+    },
 }
 
 
