@@ -400,3 +400,29 @@ def test_inert_composites_are_ones_cuda_autocast_leaves_alone():
                 assert logs[0] == logs[1], f"{name} ({dtype}): autocast changes what CUDA dispatches"
                 checked += 1
     assert checked > 100
+
+
+def test_grad_scaler_step_under_check_assumes_finite_gradients_and_steps_the_optimizer():
+    # Note [GradScaler's found_inf]: a made-up "found inf" skipped the
+    # optimizer step, and with it the optimizer state a GPU holds.
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(x, y):
+        scaler = torch.amp.GradScaler("cuda")  # made inside: outside, on a host without CUDA, it disables itself
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    report = md.checker("cuda")(step, torch.randn(4, 8), torch.tensor([0, 1, 2, 3]))
+    assert report.error is None, str(report)
+    ops = [c.op for c in report.trace.calls]
+    assert "aten._amp_foreach_non_finite_check_and_unscale_.default" in ops
+    assert "aten._amp_update_scale_.default" in ops
+    stepped = [c for c in report.trace.calls if c.phase == "optimizer" and c.op.startswith("aten._foreach_addcdiv")]
+    assert stepped, "the optimizer did not step"
+    (assumed,) = report.assumptions
+    assert float(assumed.value) == 0.0 and "finite gradients assumed" in assumed.basis
+    assert not opt.state  # the user's optimizer is untouched

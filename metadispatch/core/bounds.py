@@ -85,9 +85,27 @@ def _int_within(ints: int, lo: float, hi: float) -> int:
     return value if high is None else min(value, high)
 
 
+# Note [GradScaler's found_inf]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``GradScaler.step`` asks ``found_inf.item()`` whether the unscaled
+# gradients had an inf or a NaN, and skips ``optimizer.step`` when they did.
+# A made-up value from a standard normal said "found" (any non-zero does), so
+# md.check's trace of a mixed-precision step had no optimizer step -- no
+# optimizer state, a peak far too low.  The flag that
+# ``_amp_foreach_non_finite_check_and_unscale_`` writes is given the bounds
+# [0, 0], finite gradients, the common step's answer; md.check lists the
+# value among its assumptions.
+_FINITE = Bounds(0.0, 0.0, "_amp_foreach_non_finite_check_and_unscale_ (finite gradients assumed)")
+
+
 def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> None:
     """Give the outputs of a top-level call ``name`` their bounds, if it has a
     rule here; an in-place op without one drops the bounds of what it wrote."""
+    if name == "aten._amp_foreach_non_finite_check_and_unscale_.default":
+        found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
+        if isinstance(found_inf, MetaTensor):
+            found_inf._md_bounds = _FINITE
+        return
     rule = _RULES.get(name)
     if rule is None:
         if mutates:
