@@ -131,3 +131,22 @@ def test_dropout_in_training_runs_cudas_fused_kernel_and_saves_a_bool_mask():
     inplace = md.tracer(device="cuda")(lambda x: F.dropout(x, 0.1, True, True), torch.randn(4, 8))
     assert "aten.native_dropout.default" not in [c.op for c in inplace.calls]
     md.testing.assert_matches_eager(lambda x: F.dropout(x, 0.1), torch.randn(4, 8))
+
+
+def test_calls_inside_torchs_python_functions_meet_the_overrides():
+    # Note [Seeing inside torch's Python functions]: nn.MultiheadAttention's
+    # F.multi_head_attention_forward calls F.scaled_dot_product_attention and
+    # F.dropout; seen only from outside, a logical H100 recorded the math
+    # attention and the generic dropout.
+    mha = nn.MultiheadAttention(64, 4, batch_first=True, dropout=0.1)
+
+    def step(x):
+        mha(x, x, x, need_weights=False)[0].sum().backward()
+
+    t = md.tracer(device="cuda", gpu="h100")(step, torch.randn(2, 16, 64).bfloat16())
+    ops = [c.op for c in t.calls]
+    assert any(op.startswith("aten._scaled_dot_product_") and "math" not in op for op in ops), ops
+    assert not {"aten._safe_softmax.default", "aten.bernoulli_.float", "aten.softmax.int"} & set(ops)
+    # outside the attention, mha's own dropout of the weights is not used (need_weights=False);
+    # a logical CPU is still eager's
+    md.testing.assert_matches_eager(lambda x: mha(x, x, x, need_weights=False)[0].sum(), torch.randn(2, 16, 64))

@@ -24,10 +24,8 @@ A torch function sees only the outermost call, while C++ autocast sees every
 aten op, including those inside composites.  Two kinds of composite remain:
 
 - torch's Python functions (``F.normalize``, ``Tensor.__matmul__``,
-  ``torch.norm``): run with their own torch-function check answered "no"
-  (``_see_inside``: the same code, with a globals mapping that answers the
-  three ``has_torch_function`` names), the mode pushed again, so the calls
-  they make come back here one by one;
+  ``torch.norm``) are seen inside (inside.py), so the calls they make come
+  back here one by one;
 - C++ composites not on the lists (``CompositeImplicitAutograd``): their
   bodies call aten ops we never see above autograd.  Those known to call
   no listed op (``INERT_COMPOSITES``, each checked against C++ autocast on
@@ -56,6 +54,7 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError, mark_call
+from . import inside
 from .source import user_frame
 from .tensor import MetaTensor
 
@@ -145,7 +144,6 @@ INERT_COMPOSITES = frozenset(
 class _State(threading.local):
     def __init__(self):
         self.cache: dict[int, tuple] = {}  # id(fp32 leaf) -> (weakref to it, its cast)
-        self.inside: list = []  # Python functions seen inside, with their first argument
 
 
 _STATE = _State()
@@ -198,8 +196,8 @@ def prepare(func, args, kwargs):
     with a logical-GPU tensor: the arguments cast as C++ autocast casts them;
     ``see_inside`` when ``func`` is torch's Python to run with the mode
     pushed again (Note [Autocast on a logical GPU])."""
-    if isinstance(func, types.FunctionType) and not _reentered(func, args):
-        return _see_inside(func, args), args, kwargs, True
+    if isinstance(func, types.FunctionType) and not inside.reentered(func, args):
+        return inside.see_inside(func, args), args, kwargs, True
     name = getattr(func, "__name__", "")
     policy = POLICIES.get(name) if name in registered_names() else None
     if policy is None:
@@ -311,66 +309,6 @@ def _refuse(name: str) -> None:
     )
     mark_call(error, name, user_frame())
     raise error
-
-
-# -- torch's Python functions, seen inside
-
-
-def _false(*_args) -> bool:
-    return False
-
-
-class _NoCheckGlobals(dict):
-    """A Python function's module globals, with torch's ``has_torch_function``
-    checks answering False: the function's own check lets its body run, and
-    every call it makes still meets the mode."""
-
-    def __init__(self, real: dict):
-        super().__init__(
-            has_torch_function=_false,
-            has_torch_function_unary=_false,
-            has_torch_function_variadic=_false,
-            __builtins__=real.get("__builtins__", __builtins__),
-        )
-        self._real = real
-
-    def __missing__(self, key):
-        return self._real[key]
-
-
-_GLOBALS: dict[int, tuple] = {}
-_REBOUND: dict = {}
-
-
-def _reentered(func, args) -> bool:
-    """Whether ``func``'s body, seen inside, called the C method of the same
-    name (``Tensor.unflatten``'s ``super().unflatten``: torch names the
-    Python override as the function a C method's handler gets), which is
-    answered as that C method."""
-    first = args[0] if args else None
-    return any(f is func and a is first for f, a in _STATE.inside)
-
-
-def _see_inside(func: types.FunctionType, args):
-    first = args[0] if args else None
-    rebound = _REBOUND.get(func)
-    if rebound is None:
-        module = func.__globals__
-        entry = _GLOBALS.get(id(module))
-        if entry is None or entry[0] is not module:
-            entry = _GLOBALS[id(module)] = (module, _NoCheckGlobals(module))
-        rebound = types.FunctionType(func.__code__, entry[1], func.__name__, func.__defaults__, func.__closure__)
-        rebound.__kwdefaults__ = func.__kwdefaults__
-        _REBOUND[func] = rebound
-
-    def run(*a, **k):
-        _STATE.inside.append((func, first))
-        try:
-            return rebound(*a, **k)
-        finally:
-            _STATE.inside.pop()
-
-    return run
 
 
 # -- C++ composites off the lists, ported

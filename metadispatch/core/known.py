@@ -113,7 +113,14 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
             _invalidate(func, args, kwargs)
         return
     real_args, real_kwargs = _substitute(args, kwargs, reals)
-    real_out = run_real(func, real_args, real_kwargs)
+    try:
+        real_out = run_real(func, real_args, real_kwargs)
+    except NotImplementedError:
+        # No CPU kernel to compute the value with (``cudnn_batch_norm`` of
+        # known tensors on a logical GPU): the outputs are not known.
+        if f.mutates:
+            _invalidate(func, args, kwargs)
+        return
     if f.name in _LIFT:
         real_out = real_out.clone()  # never alias the user's tensor
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None

@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
-from . import autocast, composites, cuda_answers, fastpath, known, rngstate
+from . import autocast, composites, cuda_answers, fastpath, inside, known, rngstate
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -408,8 +408,8 @@ class _SwapReal(_compat.TorchFunctionMode):
                 _refuse_autocast(func, args, kwargs)
                 if func not in _BACKWARD and func is not _GRAD and autocast.applies(args, kwargs):
                     # Note [Autocast on a logical GPU] in autocast.py
-                    func, args, kwargs, inside = autocast.prepare(func, args, kwargs)
-                    if inside:
+                    func, args, kwargs, run_inside = autocast.prepare(func, args, kwargs)
+                    if run_inside:
                         return _compat.call_with_function_mode(self, func, args, kwargs)
             elif autocast.has_cache():
                 autocast.clear_cache()
@@ -422,6 +422,15 @@ class _SwapReal(_compat.TorchFunctionMode):
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
+            if (
+                type(func) is _FUNCTION
+                and type(first) is MetaTensor
+                and first._md_device.type == "cuda"
+                and func not in _BACKWARD
+                and not inside.reentered(func, args)
+            ):
+                # Note [Seeing inside torch's Python functions] in inside.py
+                return _compat.call_with_function_mode(self, inside.see_inside(func, args), args, kwargs)
             if func in _BACKWARD:
                 # Note [Backward under the function mode] in _compat.py
                 func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
@@ -533,6 +542,7 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: co
 # device and copied, through autograd for a parameter, whose device guard for
 # CUDA fails on a CPU-only build -- or refuses a subclass (``tolist``).  So
 # MetaTensor's own answers them.
+_FUNCTION = type(_tensor_backward)  # a Python function
 _MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
 _READS_VALUES = {
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
