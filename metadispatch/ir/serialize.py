@@ -22,8 +22,10 @@ reader checks a whole column of indexes or sizes with a few C-level passes
 instead of one Python call per value.
 
 Limits: ``trace.output`` (the MetaTensors ``fn`` returned) is not saved, only
-``output_meta``; containers other than tuples, lists and dicts (such as a
-Hugging Face ``ModelOutput``) come back as plain dicts or tuples.
+``output_meta``; the named tuples torch's ops return (``torch.return_types``,
+by name from a fixed table) come back as themselves, other containers than
+tuples, lists and dicts (such as a Hugging Face ``ModelOutput``) as plain
+dicts or tuples.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import torch
 
 from ..errors import TraceFormatError
 from .calls import OpCall
+from .decode import RETURN_TYPES
 from .reader import Reader
 from .records import Group, TensorMeta
 from .rng import GeneratorRef
@@ -228,6 +231,8 @@ class _Writer:
             return {"generator": x.index}
         if isinstance(x, dict):
             return {"dict": [[self.enc(k, where), self.enc(v, where)] for k, v in x.items()]}
+        if RETURN_TYPES.get(t.__name__) is t:  # torch.sort's (values, indices) and its kin
+            return {"return_type": [t.__name__, self.seq(tuple(x), where)]}
         where = f"calls[{where}]" if type(where) is int else where
         raise TypeError(f"cannot save {t.__name__} in {where}: not a recorded value type")
 
