@@ -159,6 +159,12 @@ SAMPLES = {
     # Note [Norm gradients follow the input]: the input's layout, not the gradient's
     aten.native_batch_norm_backward.default: [
         _norm_backward("batch", xf, gf, t) for xf in _FORMATS for gf in _FORMATS for t in (True, False)
+    ]
+    # Note [Batch-norm gradients the mask leaves out]: undefined where the mask is off
+    + [
+        _norm_backward("batch", _FORMATS[0], _FORMATS[0], t, mask)
+        for t in (True, False)
+        for mask in ([False, True, True], [True, False, False], [False, False, False])
     ],
     aten.native_group_norm_backward.default: [
         _norm_backward("group", xf, gf, True, mask)

@@ -118,8 +118,25 @@ def _grad_input_like_input(out, x):
 
 @builtin_rule(aten.native_batch_norm_backward.default)
 def batch_norm_backward(grad, x, *args, fallback):
+    """Note [Batch-norm gradients the mask leaves out]
+
+    torch's meta function (``meta_batch_norm_backward`` through its
+    decomposition) returns all three gradients whatever ``output_mask``
+    says.  The kernels allocate only the ones asked for and return undefined
+    tensors for the rest: ``batch_norm_backward_cpu`` tests
+    ``grad_input_mask[k]`` before each ``empty_like``, and
+    ``batch_norm_backward_cuda`` leaves ``grad_input`` undefined without
+    ``grad_input_mask[0]`` and asks its reduction for the other two only
+    where the mask is set.  Autograd asks for no input gradient whenever the
+    input needs none (``BatchNorm1d`` on data), so a defined record made
+    replay report a mismatch there, and md.memory counted a tensor the
+    kernel never allocates.  The answer is None where the mask is off.
+    """
     out = fallback(grad, x, *args)
-    return out if x.device.type != "cpu" else _grad_input_like_input(out, x)
+    if x.device.type == "cpu":
+        out = _grad_input_like_input(out, x)
+    mask = args[-1]
+    return tuple(o if keep else None for o, keep in zip(out, mask))
 
 
 @builtin_rule(aten.native_group_norm_backward.default)
