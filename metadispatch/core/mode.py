@@ -380,13 +380,18 @@ class _SwapReal(_compat.TorchFunctionMode):
         kwargs = kwargs or {}
         mode = _compat.get_infra_mode(_compat.mode_key)
         if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
-            if _has_real(args) or (kwargs and _has_real(kwargs.values())):
+            real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
+            if real:
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
-                if func == _SET_DATA and isinstance(args[0], MetaTensor):
-                    # ``real.data = meta`` (``m.double()`` before the module's
-                    # first forward): MetaTensor's setter carries the trace's record.
-                    args[0].data = args[1]
-                    return None
+            if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
+                with _compat.no_python_dispatch():  # a constant's copy is made for real
+                    mode._recorder.before_data_swap(args[0], args[1])
+            if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
+                # ``real.data = meta`` (``m.double()`` before the module's
+                # first forward), ``meta.data = real``: MetaTensor's setter
+                # carries the trace's record.
+                args[0].data = args[1]
+                return None
             if _compat.any_autocast():
                 _refuse_autocast(func, args, kwargs)
             generator = kwargs.get("generator")
