@@ -4,7 +4,7 @@ A ``sys.settrace`` hook raises KeyboardInterrupt at the k-th line run inside
 ``MetaMode.__enter__``/``__exit__`` (and the metadispatch functions they
 call), for every k; afterwards torch's mode slot and stacks, its mode flags,
 the lift flag, the gc threshold and freeze count, the functions a mode patches
-(RNG state functions, ``has_torch_function``, ``trunc_normal_``), grad mode,
+(RNG state functions, ``has_torch_function``, ``trunc_normal_``, ``torch.save``), grad mode,
 the global module and optimizer hooks must be as before.
 """
 
@@ -45,6 +45,7 @@ def _global_state() -> dict:
         "ambient device": STATE.ambient,
         "patched": [getattr(mod, name) for mod, name, _, _ in rngstate._PATCHES],
         "has_torch_function": torch.overrides.has_torch_function,
+        "torch.save": (torch.save, torch.serialization.save),  # Note [torch.save inside a traced step]
         "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),

@@ -1,0 +1,103 @@
+"""``torch.save`` under a MetaMode: refused before any file is touched when it would write a MetaTensor.
+
+Note [torch.save inside a traced step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A training step that checkpoints (``torch.save(model.state_dict(), path)``)
+hands ``torch.save`` stand-ins, which hold no data: there is nothing to
+write, and no faithful answer.  torch opens (creates or truncates) the file
+first and pickles after, so the pickler's refusal of a MetaTensor came as a
+bare ``TypeError`` from inside ``torch.serialization`` -- with the user's
+checkpoint already replaced by a broken one.  While a MetaMode is entered,
+``torch.save`` (and ``torch.serialization.save``) first pickles the object
+into nothing, every tensor replaced by a placeholder, to find a tensor in
+it; finding one, it raises :class:`UnsupportedFeatureError` naming the
+call, the tensor and the user's line, having written nothing.  A real
+tensor is refused too: the step's ops act on its stand-in (Note [Swap above
+autograd] in mode.py), so what eager would write at that point -- the
+values after the step's in-place updates -- is not known, and writing the
+values from before would put a wrong checkpoint on disk.  An object without
+tensors is saved by torch's own function, as eager would.  Code that took
+``torch.save`` into another name before the mode was entered still reaches
+the pickler's ``TypeError`` (tensor.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import torch
+
+from ..errors import UnsupportedFeatureError, mark_call
+from .source import user_frame
+from .tensor import MetaTensor
+
+__all__ = ["install"]
+
+_TORCH: dict = {}  # the save _save calls: what torch.save was when installed
+
+
+class _Found(Exception):
+    def __init__(self, tensor) -> None:
+        super().__init__()
+        self.tensor = tensor
+
+
+class _Probe(pickle.Pickler):
+    """Pickles into nothing; raises :class:`_Found` at the first tensor or storage, before copying its data."""
+
+    def persistent_id(self, obj):
+        if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+            raise _Found(obj)
+        return None
+
+
+class _Discard:
+    def write(self, data) -> int:
+        return len(data)
+
+
+def _save(obj, f, *args, **kwargs):
+    try:
+        _Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except _Found as found:
+        error = UnsupportedFeatureError(
+            f"torch.save({_target(f)}): the object holds {_why(found.tensor)}; nothing was written "
+            "(Note [torch.save inside a traced step]). Save outside the traced step, or skip saving "
+            "while tracing; md.materialize gives real tensors, trace.save the trace"
+        )
+        mark_call(error, "torch.save", user_frame())
+        raise error from None
+    except Exception:
+        pass  # not picklable for another reason: torch's save says so, as in eager
+    return _TORCH["save"](obj, f, *args, **kwargs)
+
+
+def _why(t) -> str:
+    if isinstance(t, MetaTensor):
+        return f"a MetaTensor ({t.dtype} {list(t.shape)} on {t._md_device}), which holds no data, so there is nothing to write"
+    if isinstance(t, torch.Tensor):
+        return (
+            f"a real tensor ({t.dtype} {list(t.shape)}) whose value at this point of the step is not known: "
+            "the traced ops act on its stand-in"
+        )
+    return "a storage, whose value at this point of the step is not known"
+
+
+def _target(f) -> str:
+    return repr(str(f)) if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") else type(f).__name__
+
+
+def install(steps: list) -> None:
+    """Wrap ``torch.save``; append the undo to ``steps`` first.  An outer mode's wrapping is kept."""
+    current = torch.save
+    if current is _save:
+        return
+    _TORCH["save"] = current
+    steps.append(functools.partial(_restore, current, torch.serialization.save))
+    torch.save = torch.serialization.save = _save
+
+
+def _restore(save, serialization_save) -> None:
+    torch.save = save
+    torch.serialization.save = serialization_save
