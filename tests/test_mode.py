@@ -211,7 +211,7 @@ def test_mode_entries_in_a_loop_leave_no_garbage_behind():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
-# Note [torch.save inside a traced step] (core/saving.py)
+# Note [torch.save inside a traced step] (core/unseen.py)
 
 
 def _checkpointing_step(path):
@@ -255,3 +255,14 @@ def test_mode_torch_save_of_a_real_tensor_the_step_may_have_changed_is_refused()
     with pytest.raises(md.UnsupportedFeatureError, match=r"a real tensor \(torch.float32 \[3\]\) whose value"):
         md.trace(step, torch.ones(3))
     assert torch.equal(held, torch.zeros(3))
+
+
+# Note [Lazy modules built inside a MetaMode] (core/unseen.py)
+
+
+def test_mode_lazy_module_built_inside_is_refused_naming_it_and_the_line():
+    with pytest.raises(md.UnsupportedFeatureError, match=r"nn\.LazyConv2d: .* or use nn\.Conv2d") as info:
+        with md.MetaMode():
+            torch.nn.LazyConv2d(4, 3)
+    assert any("test_mode.py" in n for n in info.value.__notes__)
+    assert torch.nn.parameter.is_lazy(torch.nn.LazyConv2d(4, 3).weight)  # torch's own again after the mode

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from torch import nn
 
 import metadispatch as md
 from metadispatch.execution.leaves import index_bounds
@@ -257,3 +258,29 @@ def test_replay_optimizer_step_runs_and_round_trips(tmp_path):
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # given module untouched
     t.save(tmp_path / "opt.json")
     assert str(md.Trace.load(tmp_path / "opt.json")) == str(t)
+
+
+@pytest.mark.parametrize(
+    "make, shape",
+    [(lambda: nn.LazyLinear(3), (2, 4)), (lambda: nn.LazyConv1d(3, 2), (2, 4, 5))],
+    ids=["linear", "conv1d"],
+)
+def test_replay_lazy_module_materialised_in_the_step_matches_eager(make, shape):
+    # Note [Lazy modules in replay]: the first forward's materialisation is
+    # recorded as construction; the module given to replay is still lazy.
+    torch.manual_seed(0)
+    model, x = make(), torch.randn(*shape)
+    t = md.trace(_lazy_step, model, x)
+    assert nn.parameter.is_lazy(model.weight)  # md.trace leaves the user's module as it was
+    out, grads, _ = _eager(model, _lazy_step, (x,), t.rng_state)
+    r = md.replay(t, (model, x))
+    assert r.ok, r.mismatches
+    assert torch.equal(r.output, out)
+    assert sorted(r.grads) == ["bias", "weight"]
+    assert all(torch.equal(r.grads[n], grads[n]) for n in r.grads)
+
+
+def _lazy_step(m, x):
+    y = m(x)
+    y.square().sum().backward()
+    return y

@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
-from . import composites, cuda_answers, fastpath, known, rngstate, saving
+from . import composites, cuda_answers, fastpath, known, rngstate, unseen
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -227,7 +227,7 @@ class MetaMode(_compat.TorchDispatchMode):
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
-        saving.install(entry.steps)  # Note [torch.save inside a traced step] in saving.py
+        unseen.install(entry.steps)  # Note [Functions no mode sees] in unseen.py
         compiled = _compat.eager_compiled()  # Note [Compiled code runs eagerly under a mode]
         entry.steps.append(functools.partial(compiled.__exit__, None, None, None))
         compiled.__enter__()

@@ -1,4 +1,14 @@
-"""``torch.save`` under a MetaMode: refused before any file is touched when it would write a MetaTensor.
+"""torch's Python-level functions no mode sees, guarded while a MetaMode is entered.
+
+Note [Functions no mode sees]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A few of torch's functions act in Python before any op reaches a mode, and
+their failure on a MetaTensor came as a bare error from inside torch, after
+harm was done.  While a MetaMode is entered they are wrapped (and restored
+on exit, an outer mode's wrapping kept): ``torch.save`` (Note [torch.save
+inside a traced step]) and the constructors of lazy modules' uninitialised
+tensors (Note [Lazy modules built inside a MetaMode]).  Code that took one
+into another name before the mode was entered is not reached.
 
 Note [torch.save inside a traced step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,8 +35,10 @@ from __future__ import annotations
 
 import functools
 import pickle
+import sys
 
 import torch
+from torch import nn
 
 from ..errors import UnsupportedFeatureError, mark_call
 from .source import user_frame
@@ -34,7 +46,8 @@ from .tensor import MetaTensor
 
 __all__ = ["install"]
 
-_TORCH: dict = {}  # the save _save calls: what torch.save was when installed
+_TORCH: dict = {}  # what the wrappers call: torch's functions as they were when installed
+_LAZY = (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer)
 
 
 class _Found(Exception):
@@ -88,16 +101,52 @@ def _target(f) -> str:
     return repr(str(f)) if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__") else type(f).__name__
 
 
+def _uninitialised(cls, *args, **kwargs):
+    """Note [Lazy modules built inside a MetaMode]."""
+    module = _lazy_module_being_built()
+    what = f"nn.{type(module).__name__}" if module is not None else cls.__name__
+    becomes = getattr(module, "cls_to_become", None)
+    instead = f"nn.{becomes.__name__}" if isinstance(becomes, type) else "the module it becomes"
+    error = UnsupportedFeatureError(
+        f"{what}: a lazy module's {cls.__name__} cannot be built inside a MetaMode "
+        "(Note [Lazy modules built inside a MetaMode]). Build the lazy module before entering the mode "
+        "-- its first forward inside the mode or md.trace records the materialisation -- or use "
+        f"{instead} with its input size"
+    )
+    mark_call(error, f"{cls.__name__}.__new__", user_frame())
+    raise error
+
+
+def _lazy_module_being_built():
+    frame = sys._getframe(2)
+    for _ in range(8):  # the module's __init__ is a few frames up
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, nn.modules.lazy.LazyModuleMixin):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
 def install(steps: list) -> None:
-    """Wrap ``torch.save``; append the undo to ``steps`` first.  An outer mode's wrapping is kept."""
+    """Wrap the functions of Note [Functions no mode sees]; append the undo to ``steps`` first.
+
+    An outer mode's wrapping is kept.
+    """
     current = torch.save
     if current is _save:
         return
     _TORCH["save"] = current
-    steps.append(functools.partial(_restore, current, torch.serialization.save))
+    lazy = [(cls, cls.__dict__["__new__"]) for cls in _LAZY]
+    steps.append(functools.partial(_restore, current, torch.serialization.save, lazy))
     torch.save = torch.serialization.save = _save
+    for cls in _LAZY:
+        cls.__new__ = _uninitialised  # type: ignore[method-assign]
 
 
-def _restore(save, serialization_save) -> None:
+def _restore(save, serialization_save, lazy: list) -> None:
     torch.save = save
     torch.serialization.save = serialization_save
+    for cls, new in lazy:
+        cls.__new__ = new
