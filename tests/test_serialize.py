@@ -154,6 +154,10 @@ _BAD_DOCS = {
         lambda d: _edit(d, ["calls", "args", 0, 0], {"pickle": "gASV"}),
         "calls.args[0][0]: unknown tag 'pickle'",
     ),
+    "negative storage bytes": (
+        lambda d: _edit(d, ["storage_bytes"], {"storage": [0], "bytes": [-8]}),
+        "storage_bytes.bytes[0]: expected a non-negative integer",
+    ),
     "unknown return type": (
         lambda d: _edit(d, ["output"], {"return_type": ["_attr", [{"t": 3}, {"t": 3}]]}),
         "output: unknown return type '_attr'",

@@ -23,6 +23,20 @@ lives, so the reference dies exactly when the last tensor using the
 storage does -- the same moment as in an eager run of the same code, since
 the traced code holds the same references.  This is what ``md.memory``
 builds its timeline from.
+
+Note [Storages larger than their tensors]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A tensor record says how far a tensor reaches into its storage, not how
+large the storage is, and the allocator holds the storage: an input sliced
+from a larger tensor (transformers' Whisper decoder ids, a ``[2, 4]`` slice
+of ``[2, 12]``: 64 B past its last element), or a kernel that allocates more
+than it returns (``_embedding_bag``'s CPU kernel makes ``offset2bag`` one
+element longer and shrinks it; rules/embedding.py mirrors that).  Each
+storage's bytes are noted when it is numbered -- a stand-in's meta storage
+is the size of the real one, a rule's output's what the rule allocated --
+in ``trace.storage_bytes``, and ``md.memory`` counts the larger of that and
+the furthest any tensor reaches.  A saved trace keeps only the entries
+larger than that reach.
 """
 
 from __future__ import annotations
@@ -337,6 +351,7 @@ class Recorder:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
+        self.trace.storage_bytes[n] = storage.nbytes()  # Note [Storages larger than their tensors]
         ref = weakref.ref(storage, self._died)
         self._live[key] = (n, ref)
         self._refs[ref] = (key, n)

@@ -133,6 +133,11 @@ class Reader:
             self.counts(storages, "deaths.storage")
             self.counts(calls, "deaths.call")
             t.deaths = dict(zip(storages, calls))
+        if doc.get("storage_bytes") is not None:
+            storages, sizes = self.columns(doc, "storage_bytes", ("storage", "bytes"))
+            self.counts(storages, "storage_bytes.storage")
+            self.counts(sizes, "storage_bytes.bytes")
+            t.storage_bytes = dict(zip(storages, sizes))
         self.world(doc, t)
         return t
 

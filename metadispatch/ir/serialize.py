@@ -46,7 +46,7 @@ from ..errors import TraceFormatError
 from .calls import OpCall
 from .decode import RETURN_TYPES
 from .reader import Reader
-from .records import Group, TensorMeta
+from .records import Group, TensorMeta, tensor_bytes
 from .rng import GeneratorRef
 
 if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
@@ -117,6 +117,7 @@ class _Writer:
             "threads": trace.threads,
             "conv_switches": list(trace.conv_switches) if trace.conv_switches is not None else None,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())} if deaths is not None else None),
+            "storage_bytes": self.storage_bytes(trace),
             **self.streams(trace),
             "world": list(trace.world) if trace.world is not None else None,
             "groups": [self.enc(g, "groups") for g in trace.groups.values()],
@@ -124,6 +125,14 @@ class _Writer:
             "arg_constants": trace.arg_constants,
             "aliases": trace.aliases,
         }
+
+    def storage_bytes(self, trace: Trace) -> dict:
+        """Note [Storages larger than their tensors]: the storages larger than any tensor on them reaches."""
+        reach: dict = {}
+        for m in self.refs:  # every tensor record written
+            reach[m.storage] = max(reach.get(m.storage, 0), tensor_bytes(m))
+        larger = {n: b for n, b in trace.storage_bytes.items() if n in reach and b > reach[n]}
+        return {"storage": list(larger), "bytes": list(larger.values())}
 
     def streams(self, trace: Trace) -> dict:
         """The random streams beyond the CPU start state (ir/rng.py)."""

@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     convolution,
     data_dependent,
     device_hinted,
+    embedding,
     grouped_mm,
     histogram,
     linalg,
