@@ -266,3 +266,12 @@ def test_mode_lazy_module_built_inside_is_refused_naming_it_and_the_line():
             torch.nn.LazyConv2d(4, 3)
     assert any("test_mode.py" in n for n in info.value.__notes__)
     assert torch.nn.parameter.is_lazy(torch.nn.LazyConv2d(4, 3).weight)  # torch's own again after the mode
+
+
+def test_mode_lazy_module_built_before_materialises_inside_and_stays_lazy():
+    # the mode's own stand-in for it is made with torch's constructor (Note [Lazy modules under a trace])
+    lazy = torch.nn.LazyLinear(3)
+    with md.MetaMode():
+        y = lazy(torch.randn(2, 4))
+        assert (y.shape, lazy.weight.shape) == (torch.Size([2, 3]), torch.Size([3, 4]))
+    assert torch.nn.parameter.is_lazy(lazy.weight)

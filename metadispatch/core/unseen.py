@@ -40,6 +40,7 @@ import sys
 import torch
 from torch import nn
 
+from .. import _compat
 from ..errors import UnsupportedFeatureError, mark_call
 from .source import user_frame
 from .tensor import MetaTensor
@@ -71,19 +72,22 @@ class _Discard:
 
 
 def _save(obj, f, *args, **kwargs):
+    why = None
     try:
         _Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     except _Found as found:
-        error = UnsupportedFeatureError(
-            f"torch.save({_target(f)}): the object holds {_why(found.tensor)}; nothing was written "
-            "(Note [torch.save inside a traced step]). Save outside the traced step, or skip saving "
-            "while tracing; md.materialize gives real tensors, trace.save the trace"
-        )
-        mark_call(error, "torch.save", user_frame())
-        raise error from None
+        why = _why(found.tensor)  # only the words: the exception's frames hold the object
     except Exception:
         pass  # not picklable for another reason: torch's save says so, as in eager
-    return _TORCH["save"](obj, f, *args, **kwargs)
+    if why is None:
+        return _TORCH["save"](obj, f, *args, **kwargs)
+    error = UnsupportedFeatureError(
+        f"torch.save({_target(f)}): the object holds {why}; nothing was written "
+        "(Note [torch.save inside a traced step]). Save outside the traced step, or skip saving "
+        "while tracing; md.materialize gives real tensors, trace.save the trace"
+    )
+    mark_call(error, "torch.save", user_frame())
+    raise error
 
 
 def _why(t) -> str:
@@ -103,6 +107,10 @@ def _target(f) -> str:
 
 def _uninitialised(cls, *args, **kwargs):
     """Note [Lazy modules built inside a MetaMode]."""
+    if not _compat.torch_function_enabled():
+        # metadispatch's own stand-in for a lazy module built before the mode
+        # (Note [Lazy modules under a trace] in standins.py): a real one, on meta
+        return _TORCH[cls](cls, *args, **kwargs)
     module = _lazy_module_being_built()
     what = f"nn.{type(module).__name__}" if module is not None else cls.__name__
     becomes = getattr(module, "cls_to_become", None)
@@ -139,6 +147,7 @@ def install(steps: list) -> None:
         return
     _TORCH["save"] = current
     lazy = [(cls, cls.__dict__["__new__"]) for cls in _LAZY]
+    _TORCH.update((cls, new.__func__ if isinstance(new, staticmethod) else new) for cls, new in lazy)
     steps.append(functools.partial(_restore, current, torch.serialization.save, lazy))
     torch.save = torch.serialization.save = _save
     for cls in _LAZY:
