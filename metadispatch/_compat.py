@@ -697,6 +697,35 @@ def call_without_function_mode(mode, fn, *args):
         torch._C._push_on_torch_function_stack(mode)
 
 
+def call_with_function_mode(mode, fn, args, kwargs):
+    """``fn(*args, **kwargs)`` with ``mode`` pushed back on the function-mode
+    stack for the duration (from inside its own handler, where torch took it off)."""
+    torch._C._push_on_torch_function_stack(mode)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        remove_function_mode(mode)
+
+
+def aten_names_with_kernel(key: str) -> frozenset[str]:
+    """The aten op names (overload dropped) with a kernel registered at
+    dispatch key ``key`` for some overload (``"AutocastCUDA"``,
+    ``"CompositeImplicitAutograd"``)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return frozenset(
+        op[6:].split(".")[0] for op in torch._C._dispatch_get_all_op_names() if op.startswith("aten::") and has(op, key)
+    )
+
+
+# Dispatch below the autograd keys for the duration (a custom autograd
+# Function's forward calling an op whose meta-backend entry is its composite).
+below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
+# torch.nn.functional's C bindings (``nll_loss_nd``, ``nll_loss``)
+nn_functions = torch._C._nn
+
+
 def push_function_mode(mode) -> None:
     torch._C._push_on_torch_function_stack(mode)
 

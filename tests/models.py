@@ -74,6 +74,21 @@ def hf_gpt2():
     )
 
 
+def hf_bert():
+    return _hf(
+        lambda t: t.BertForMaskedLM(
+            t.BertConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                vocab_size=100,
+                max_position_embeddings=32,
+            )
+        )
+    )
+
+
 def tiny_mixtral():
     """A one-layer Mixtral on transformers' default MoE path (``torch._grouped_mm``)."""
     transformers = __import__("pytest").importorskip("transformers")

@@ -33,10 +33,6 @@ def test_model_conformance_quick_subset(name):
         pytest.skip(f"{needs} not installed")
     row = conformance.check(name)
     expected = {c: "yes" for c in conformance.COLUMNS if c not in ("config", "notes")}
-    if conformance.CONFIGS[name].autocast:
-        # Note [Autocast on a logical GPU]: refused, not traced as float32.
-        expected["cuda"] = "error"
-        assert "torch.autocast('cuda') on a logical cuda device is not modelled" in row["notes"]
     assert {c: row[c] for c in expected} == expected, row["notes"]
 
 

@@ -80,7 +80,9 @@ def test_replay_batchnorm_running_stats_match_eager(traced):
 @pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "llama"])
 def test_replay_logical_cuda_trace_on_cpu(name):
     model, fn, inputs, exact = build(name)
-    t = md.tracer(device="cuda")(fn, model, *inputs)
+    # With cuDNN a GPU runs cudnn_batch_norm, which has no CPU kernel (test below).
+    with torch.backends.cudnn.flags(enabled=name != "cnn_batchnorm"):
+        t = md.tracer(device="cuda")(fn, model, *inputs)
     assert t[0].output_metas[0].device.type == "cuda"
     # Dropout draws from CUDA's generator in eager: on CPU that stream is made up.
     r = md.replay(t, (model, *inputs), device="cpu", seed=3)
@@ -90,6 +92,13 @@ def test_replay_logical_cuda_trace_on_cpu(name):
     assert r.output.device.type == "cpu"
     if name != "mlp":
         _assert_match(r.output, _eager(model, fn, inputs, t.rng_state)[0], exact)
+
+
+def test_replay_on_cpu_refuses_a_gpu_only_kernel():
+    model, fn, inputs, _ = build("cnn_batchnorm")
+    t = md.tracer(device="cuda")(fn, model, *inputs)
+    with pytest.raises(md.ReplayError, match="aten.cudnn_batch_norm.default has no cpu kernel"):
+        md.replay(t, (model, *inputs), device="cpu")
 
 
 @cuda

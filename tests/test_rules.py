@@ -195,6 +195,8 @@ SAMPLES = {
             (_x(2, 4, 5), _x(2, 5, 4).mT),
         )
     ],
+    # rules/activations.py: the CPU kernel's full buffer (a GPU's is empty: test_logical_gpu_composites.py)
+    aten.log_sigmoid_forward.default: [(_x(3, 4),), (_x(4, 3).t(),), (_x(5, dtype=torch.float64),)],
     # rules/grouped_mm.py: the CPU kernel's dtypes, and its output padded to 16 bytes
     aten._grouped_mm.default: [
         (_x(6, 8, dtype=d), _x(2, 8, n, dtype=d), _offs(3, 6)) for d in _DT for n in (4, 8, 12, 16)
@@ -361,6 +363,15 @@ _NEEDS_A_WORLD = ("c10d", "_c10d_functional")
 # Rules that answer from a known value only: verify_rule's inputs are data.
 _NEEDS_A_VALUE = {aten.masked_select.default}
 
+# cuDNN's kernels, which no CPU runs (and no GPU was lent): tests/test_cudnn_rnn.py
+# checks them against torch's meta kernel and the eager CPU module's shapes.
+_NEEDS_CUDNN = {
+    aten._cudnn_rnn.default,
+    aten._cudnn_rnn_backward.default,
+    aten._cudnn_rnn_flatten_weight.default,
+    aten._cudnn_init_dropout_state.default,
+}
+
 
 @pytest.mark.parametrize(
     "x, mask",
@@ -378,7 +389,7 @@ def test_rules_masked_select_with_a_known_mask_matches_real(x, mask):
 
 
 def test_rules_every_builtin_rule_has_a_differential_test():
-    have = set(SAMPLES) | _NEEDS_A_VALUE
+    have = set(SAMPLES) | _NEEDS_A_VALUE | _NEEDS_CUDNN
     assert {op for op in registry._BUILTIN if op.namespace not in _NEEDS_A_WORLD} <= have
 
 

@@ -20,7 +20,7 @@ configuration:
   ``md.materialize``d equals, parameter for parameter and buffer for buffer,
   bit for bit, the model built eagerly from the same seed;
 * ``cuda``: ``md.tracer(device="cuda", gpu="h100")`` traces the step (autocast
-  on CUDA where the configuration autocasts, which metadispatch refuses:
+  on CUDA where the configuration autocasts, with CUDA's autocast policy:
   Note [Autocast on a logical GPU]); a logical GPU, no values to compare.
 
 A column that fails is a result in the table (``error`` and a note), not a

@@ -18,6 +18,7 @@ from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .memory import Memory
 from .reserved import CudaMemory
+from .workspace import unsized_lines
 
 __all__ = ["Fit", "OOMCall", "fits"]
 
@@ -108,8 +109,10 @@ class Fit:
     def __str__(self) -> str:
         head = f"{self.line()} of {_gib(self.capacity)}, peak allocated {_gib(self.memory.peak)}"
         if self.fits:
-            return f"{head}; {_gib(self.headroom)} to spare."
-        return f"{head}; short by {_gib(-self.headroom)}: {self.first_oom_call}."
+            text = f"{head}; {_gib(self.headroom)} to spare."
+        else:
+            text = f"{head}; short by {_gib(-self.headroom)}: {self.first_oom_call}."
+        return " ".join([text, *unsized_lines(self.memory.memory.unsized)])
 
 
 def fits(trace: Trace, gpu: str | GPUProfile | None = None, capacity: int | None = None, **conf) -> Fit:

@@ -49,7 +49,7 @@ from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 from .roles import ROLES, roles
-from .workspace import cpu_block, cublas_workspace, transient_workspace, uses_cublas
+from .workspace import cpu_block, cublas_workspace, transient_workspace, unsized, unsized_lines, uses_cublas
 
 __all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
 
@@ -192,7 +192,10 @@ class Memory:
     whose libraries size a CUDA trace's workspaces (default: the trace's).
     ``categories=False`` skips the analysis of what the optimizer's and
     FSDP's storages are (``roles.py``): the totals are the same, each
-    storage keeps the category of the phase that made it.
+    storage keeps the category of the phase that made it.  ``unsized``
+    counts, by op, the calls whose own memory only their library sizes at
+    run time (cuDNN's RNN reserve, workspaces and dropout state): the peak
+    leaves it out, and the printed table says so.
     """
 
     def __init__(
@@ -215,6 +218,8 @@ class Memory:
         self.peak = max(self.timeline, default=0)
         self.peak_call = self.timeline.index(self.peak) if n else None
         self.live_at_peak = [s for s in self.storages.values() if self._live(s, self.peak_call)]
+        # op name -> calls whose own memory only their library sizes (workspace.py): the peak leaves it out
+        self.unsized: Counter = Counter(call.op for call in trace.calls if unsized(call))
         self.by_category = Counter({c: 0 for c in CATEGORIES})
         self.by_module: Counter = Counter()
         for s in self.live_at_peak:
@@ -234,7 +239,7 @@ class Memory:
         lines += render(("category", "at peak", "share"), rows, align="<>>")
         rows = [(m or "<top>", fmt_bytes(b), _pct(b, self.peak)) for m, b in self.by_module.most_common(10)]
         lines += render(("module", "at peak", "share"), rows, align="<>>")
-        return "\n".join(lines)
+        return "\n".join(lines + unsized_lines(self.unsized))
 
     def _where(self) -> str:
         if self.peak_call is None:

@@ -20,6 +20,7 @@ from ..core.profiles import GPUProfile
 from ..ir.text import fmt_bytes
 from .allocator import Block, CachingAllocator
 from .allocconfig import AllocatorConfig
+from .workspace import unsized_lines
 
 __all__ = ["CudaMemory"]
 
@@ -110,6 +111,7 @@ class CudaMemory:
                 f"{self.retries} free-and-retry",
                 f"capacity {fmt_bytes(self.capacity)}: "
                 + ("fits" if self.fits else f"out of memory at call #{self.first_oom_call}"),
+                *unsized_lines(self.memory.unsized),
             ]
         )
 

@@ -26,6 +26,11 @@ convolution's weight gradient, tens of KiB, which depend on how it splits the
 work over threads) is not modelled; nor are grouped and transposed
 convolutions, cuDNN's convolution workspaces (chosen by its heuristics at run
 time), memory-efficient attention's backward accumulators, or any other op.
+cuDNN's RNN kernels take a reserve, workspaces and a dropout state whose
+sizes only cuDNN knows at run time; the trace records them as torch's meta
+kernel does (empty), so ``md.memory`` lists those calls in ``unsized`` and
+says, when printed, that its peak leaves them out (Note [cuDNN RNNs on a
+logical GPU] in ``rules/cudnn_rnn.py``).
 The CPU figures follow ATen's choice between oneDNN and its own
 ``slow_conv2d`` (with this host's thread count), assume oneDNN's blocked
 layouts for the host's vector width (16 channels with AVX-512, else 8) and
@@ -41,7 +46,15 @@ import torch
 from ..core.profiles import GPUProfile
 from ..ir.trace import OpCall
 
-__all__ = ["CUBLAS_OPS", "transient_workspace", "cublas_workspace", "uses_cublas", "cpu_block"]
+__all__ = [
+    "CUBLAS_OPS",
+    "transient_workspace",
+    "cublas_workspace",
+    "uses_cublas",
+    "cpu_block",
+    "unsized",
+    "unsized_lines",
+]
 
 aten = torch.ops.aten
 
@@ -60,6 +73,25 @@ CUBLAS_OPS = frozenset(
         aten._scaled_mm.default,
     }
 )
+
+
+# CUDA calls whose scratch only the library sizes at run time (the limits above)
+UNSIZED_OPS = frozenset(
+    {aten._cudnn_rnn.default, aten._cudnn_rnn_backward.default, aten._cudnn_init_dropout_state.default}
+)
+
+
+def unsized(call: OpCall) -> bool:
+    """Whether ``call`` takes memory the trace cannot size (cuDNN's RNN reserve, workspace, dropout state)."""
+    return call.func in UNSIZED_OPS and any(m.device.type == "cuda" for m in call.output_metas)
+
+
+def unsized_lines(calls) -> list:
+    """What a printed figure says about the calls it could not size (``Memory.unsized``: op name -> calls)."""
+    if not calls:
+        return []
+    ops = ", ".join(f"{op} x{n}" for op, n in calls.most_common())
+    return [f"not sized: {ops}: cuDNN's reserve, workspaces and dropout state are left out (the peak is low)"]
 
 
 def cpu_block() -> int:

@@ -53,7 +53,7 @@ import threading
 import torch
 
 from .. import _compat
-from . import logical_cuda
+from . import autocast, logical_cuda
 from .profiles import GPUProfile
 
 __all__ = ["enter", "wanted", "WIRING"]
@@ -202,6 +202,8 @@ class _PerThreadClass(type):
 
 
 def _replacement(owner, name: str, real):
+    if owner is torch:
+        return _per_thread(real, functools.partial(_clear_autocast_cache, real))
     if owner is torch.cuda.nvtx:
         return _per_thread(real, _nothing)
     if owner is torch.accelerator:
@@ -217,7 +219,15 @@ def _targets() -> list:
         + [(torch.cuda.memory, name) for name in _MEMORY]
         + [(torch.cuda.nvtx, name) for name in _NVTX]
         + [(torch.accelerator, name) for name in _ACCELERATOR]
+        + [(torch, "clear_autocast_cache")]
     )
+
+
+def _clear_autocast_cache(real, _answering) -> None:
+    # ``torch.autocast`` empties C++'s cast cache when the outermost one
+    # exits; the logical GPU's casts are cached in Python (autocast.py).
+    autocast.clear_cache()
+    real()
 
 
 def _add(key: int, profile: GPUProfile, trace) -> None:

@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
-from . import composites, cuda_answers, fastpath, known, rngstate, unseen
+from . import autocast, composites, cuda_answers, fastpath, known, rngstate, unseen
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -168,6 +168,18 @@ class MetaMode(_compat.TorchDispatchMode):
                 meta._md_user_device = t.device
         return meta
 
+    def cpu_constant(self, t: torch.Tensor) -> MetaTensor:
+        """A logical-CPU stand-in, known by value, for a small real CPU tensor
+        that C++ makes for a GPU op whatever the mode's device (Note [A Python
+        number written into a GPU tensor] in composites.py)."""
+        converter = self.__dict__.get("_cpu_converter")
+        if converter is None:
+            converter = self._cpu_converter = Converter(_CPU)
+        meta = converter(t)
+        self._recorder.note_real(meta, t)
+        known.know(meta, t, self)
+        return meta
+
     def forget_reals(self) -> None:
         """Drop every reference to the real tensors converted so far.
 
@@ -180,6 +192,8 @@ class MetaMode(_compat.TorchDispatchMode):
         converted later gets a new stand-in.
         """
         self._converter.forget()
+        if "_cpu_converter" in self.__dict__:
+            self._cpu_converter.forget()
         self._recorder.forget_reals()
 
     def __enter__(self):
@@ -363,6 +377,7 @@ def _deactivate(entry: _Entry) -> None:
         _compat.set_dispatch_mode_flags(flags)
         heap.__exit__(None, None, None)
         active.before = None
+        autocast.clear_cache()  # Note [Autocast on a logical GPU] in autocast.py
 
 
 class _SwapReal(_compat.TorchFunctionMode):
@@ -395,6 +410,13 @@ class _SwapReal(_compat.TorchFunctionMode):
                 return None
             if _compat.any_autocast():
                 _refuse_autocast(func, args, kwargs)
+                if func not in _BACKWARD and func is not _GRAD and autocast.applies(args, kwargs):
+                    # Note [Autocast on a logical GPU] in autocast.py
+                    func, args, kwargs, inside = autocast.prepare(func, args, kwargs)
+                    if inside:
+                        return _compat.call_with_function_mode(self, func, args, kwargs)
+            elif autocast.has_cache():
+                autocast.clear_cache()
             generator = kwargs.get("generator")
             if generator is not None:
                 mode.keep_generator(generator)
@@ -434,21 +456,15 @@ def active_profile() -> GPUProfile:
     return profile if profile is not None else gpu_profile()
 
 
-# Note [Autocast on a logical GPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# torch's autocast is C++ above autograd (``AutocastCUDA``), and it casts only
-# tensors whose C++ device is that device.  A logical GPU's MetaTensor is a
-# meta tensor to C++ (Note [Logical device] in tensor.py; a CUDA key set on
-# a host without CUDA aborts in autograd's device guard), so under
-# ``torch.autocast("cuda")`` nothing was cast and the trace recorded the
-# float32 program a GPU does not run -- activations twice the bytes, the
-# "will it fit" answer wrong with confidence.  Until autocast's CUDA policy
-# is modelled, a torch function given a tensor on a logical device while
-# that device's autocast is on is refused, naming the function and the
-# user's line (checked here, above autograd: below it, in
-# ``__torch_dispatch__``, C++ has turned autocast off).  A logical CPU is
-# exact: its tensors carry CPU's keys (Note [Backend keys of a logical CPU]).
-_AUTOCAST_LOGICAL = ("cuda", "xpu", "mps")
+# Note [Autocast on other logical devices]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CUDA's autocast policy is applied to a logical GPU above autograd (Note
+# [Autocast on a logical GPU] in autocast.py).  Other logical devices' autocast
+# (xpu, mps) casts nothing for a MetaTensor, which is a meta tensor to C++, and
+# is not modelled: a torch function given a tensor on such a device while
+# its autocast is on is refused, naming the function and the user's line,
+# rather than traced as the float32 program the device does not run.
+_AUTOCAST_LOGICAL = ("xpu", "mps")
 
 
 def _refuse_autocast(func, args, kwargs) -> None:
@@ -461,7 +477,7 @@ def _refuse_autocast(func, args, kwargs) -> None:
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
             error = UnsupportedFeatureError(
                 f"{name}: torch.autocast({kind!r}) on a logical {kind} device is not modelled (Note "
-                f"[Autocast on a logical GPU], docs/logical-cuda.md): torch casts only tensors on a real "
+                f"[Autocast on other logical devices], docs/logical-cuda.md): torch casts only tensors on a real "
                 f"{kind} device, so the trace would leave out the {torch.get_autocast_dtype(kind)} casts "
                 f"and describe a float32 program the GPU does not run. Trace without autocast (a model "
                 "cast with .to(torch.bfloat16) runs its matmuls in bf16 too), or autocast on a logical "

@@ -6,9 +6,13 @@ real CPU kernel in ``tests/test_rules.py``.
 """
 
 from . import (  # noqa: F401
+    activations,
     attention,
+    batch_norm_cuda,
     collectives,
     convolution,
+    cudnn_branch,
+    cudnn_rnn,
     data_dependent,
     device_hinted,
     embedding,

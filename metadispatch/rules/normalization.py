@@ -122,21 +122,20 @@ def batch_norm_backward(grad, x, *args, fallback):
 
     torch's meta function (``meta_batch_norm_backward`` through its
     decomposition) returns all three gradients whatever ``output_mask``
-    says.  The kernels allocate only the ones asked for and return undefined
-    tensors for the rest: ``batch_norm_backward_cpu`` tests
-    ``grad_input_mask[k]`` before each ``empty_like``, and
-    ``batch_norm_backward_cuda`` leaves ``grad_input`` undefined without
-    ``grad_input_mask[0]`` and asks its reduction for the other two only
-    where the mask is set.  Autograd asks for no input gradient whenever the
-    input needs none (``BatchNorm1d`` on data), so a defined record made
-    replay report a mismatch there, and md.memory counted a tensor the
-    kernel never allocates.  The answer is None where the mask is off.
+    says.  The CPU kernel (``batch_norm_backward_cpu_template``) allocates
+    only the ones asked for and leaves the rest undefined.  Autograd asks
+    for no input gradient whenever the input needs none (``BatchNorm1d`` on
+    data), so a defined record made replay report "output 0: defined
+    expected tensor, got NoneType" there, and md.memory counted a tensor the
+    kernel never allocates.  On a logical CPU the answer is None where the
+    mask is off.  ``batch_norm_backward_cuda``'s source reads the same, but
+    other devices keep torch's meta answer until a real GPU run checks it.
     """
     out = fallback(grad, x, *args)
-    if x.device.type == "cpu":
-        out = _grad_input_like_input(out, x)
-    mask = args[-1]
-    return tuple(o if keep else None for o, keep in zip(out, mask))
+    if x.device.type != "cpu":
+        return out
+    out = _grad_input_like_input(out, x)
+    return tuple(o if wanted else None for o, wanted in zip(out, args[-1]))
 
 
 @builtin_rule(aten.native_group_norm_backward.default)
