@@ -275,3 +275,20 @@ def test_mode_lazy_module_built_before_materialises_inside_and_stays_lazy():
         y = lazy(torch.randn(2, 4))
         assert (y.shape, lazy.weight.shape) == (torch.Size([2, 3]), torch.Size([3, 4]))
     assert torch.nn.parameter.is_lazy(lazy.weight)
+
+
+def test_mode_torch_save_and_lazy_modules_in_another_thread_are_torchs(tmp_path):
+    # the wrappers are process-wide while a mode is entered; a thread without one gets torch's own
+    import threading
+
+    done = []
+
+    def other():
+        torch.save({"w": torch.ones(2)}, tmp_path / "other.pt")
+        done.append(torch.nn.parameter.is_lazy(torch.nn.LazyLinear(2).weight))
+
+    with md.MetaMode():
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert done == [True] and torch.equal(torch.load(tmp_path / "other.pt")["w"], torch.ones(2))

@@ -593,3 +593,4 @@ WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
 WIRING.function = _function
 rngstate.WIRING.current = _current_rng_log
+unseen.WIRING.active = lambda: isinstance(_compat.get_infra_mode(_compat.mode_key), MetaMode)

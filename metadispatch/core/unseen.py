@@ -7,8 +7,11 @@ their failure on a MetaTensor came as a bare error from inside torch, after
 harm was done.  While a MetaMode is entered they are wrapped (and restored
 on exit, an outer mode's wrapping kept): ``torch.save`` (Note [torch.save
 inside a traced step]) and the constructors of lazy modules' uninitialised
-tensors (Note [Lazy modules built inside a MetaMode]).  Code that took one
-into another name before the mode was entered is not reached.
+tensors (Note [Lazy modules built inside a MetaMode]).  The wrapping is
+process-wide, so each wrapper first asks whether its own thread has a
+MetaMode entered (``WIRING``) and is torch's function where it has not.
+Code that took one into another name before the mode was entered is not
+reached.
 
 Note [torch.save inside a traced step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -45,10 +48,23 @@ from ..errors import UnsupportedFeatureError, mark_call
 from .source import user_frame
 from .tensor import MetaTensor
 
-__all__ = ["install"]
+__all__ = ["install", "WIRING"]
 
 _TORCH: dict = {}  # what the wrappers call: torch's functions as they were when installed
 _LAZY = (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer)
+
+
+class _Wiring:
+    """``active()``: whether a MetaMode is entered on this thread (set by mode.py).
+
+    The wrappers are process-wide while any thread has a mode entered; a
+    thread without one gets torch's own functions.
+    """
+
+    active = staticmethod(lambda: False)
+
+
+WIRING = _Wiring()
 
 
 class _Found(Exception):
@@ -72,6 +88,8 @@ class _Discard:
 
 
 def _save(obj, f, *args, **kwargs):
+    if not WIRING.active():
+        return _TORCH["save"](obj, f, *args, **kwargs)
     why = None
     try:
         _Probe(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
@@ -107,9 +125,9 @@ def _target(f) -> str:
 
 def _uninitialised(cls, *args, **kwargs):
     """Note [Lazy modules built inside a MetaMode]."""
-    if not _compat.torch_function_enabled():
-        # metadispatch's own stand-in for a lazy module built before the mode
-        # (Note [Lazy modules under a trace] in standins.py): a real one, on meta
+    if not WIRING.active() or not _compat.torch_function_enabled():
+        # another thread's, or metadispatch's own stand-in for a lazy module built
+        # before the mode (Note [Lazy modules under a trace] in standins.py)
         return _TORCH[cls](cls, *args, **kwargs)
     module = _lazy_module_being_built()
     what = f"nn.{type(module).__name__}" if module is not None else cls.__name__
