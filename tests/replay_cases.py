@@ -25,6 +25,11 @@ def cnn():
     )
 
 
+def batchnorm_first():
+    """BatchNorm1d on the data: autograd asks its backward for no input gradient."""
+    return nn.Sequential(nn.BatchNorm1d(6), nn.Linear(6, 3))
+
+
 def llama(attn="sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -103,6 +108,7 @@ def _tokens():
 CASES = {
     "mlp": (mlp, classify, lambda: (torch.randn(4, 6), torch.tensor([0, 2, 1, 2])), True),
     "cnn_batchnorm": (cnn, classify, _images, True),
+    "batchnorm1d_first": (batchnorm_first, classify, lambda: (torch.randn(4, 6), torch.tensor([0, 2, 1, 2])), True),
     "llama": (lambda: llama("eager"), language_model, _tokens, True),
     "llama_sdpa": (llama, language_model, _tokens, False),
     "gpt2": (gpt2, language_model, _tokens, True),

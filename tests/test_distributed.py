@@ -423,8 +423,19 @@ def test_distributed_cli_summary_reads_what_trace_wrote(tmp_path, capsys):
     loaded = md.Trace.load(out, allow_ops=["c10d::*", "fsdp::*", "inductor::resize_storage_bytes_"])
     assert any(c.op.startswith("fsdp.") for c in loaded)
     assert shown.startswith(f"{len(loaded)} calls (") and str(md.memory(loaded)).split("\n")[0] in shown
-    assert main(["replay", str(out)]) == 3
-    assert "fsdp.all_gather_copy_in" in capsys.readouterr().err
+    # replay refuses it as what it is, with what to do instead (not "unknown op")
+    assert main(["replay", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is rank 0 of a logical world of 2 ranks" in err and f"metadispatch summary {out}" in err
+    assert "unknown op" not in err
+
+
+def test_distributed_cli_replay_refuses_a_world_trace_without_collectives(tmp_path, capsys):
+    with md.MetaMode(world_size=2, rank=1) as mode:
+        torch.ones(2).relu()
+    mode.trace.save(tmp_path / "t.json")
+    assert main(["replay", str(tmp_path / "t.json")]) == 2
+    assert "is rank 1 of a logical world of 2 ranks" in capsys.readouterr().err
 
 
 def test_distributed_allow_ops_by_namespace_allows_that_namespace_only(tmp_path):

@@ -207,3 +207,39 @@ def test_memory_counts_state_the_step_never_reads(tmp_path):
     assert md.memory(loaded, workspaces=False).peak == live.peak
     r = md.replay(loaded, (model, *inputs))
     assert r.ok, str(r)
+
+
+# Note [Storages larger than their tensors] (core/record.py)
+
+
+def _bag_step(m, indices, offsets):
+    y = m(indices, offsets)
+    if m.weight.requires_grad:
+        y.sum().backward()
+    return y
+
+
+@pytest.mark.parametrize(
+    "mode, last, grad",
+    [("mean", False, True), ("sum", True, True), ("sum", True, False), ("max", True, False)],
+)
+def test_memory_counts_embedding_bag_storages_as_the_cpu_kernel_allocates(tmp_path, mode, last, grad):
+    # offset2bag is one element longer than it reads, bag_size sized like offsets
+    bag = torch.nn.EmbeddingBag(50, 16, mode=mode, include_last_offset=last).requires_grad_(grad)
+    inputs = (torch.randint(0, 50, (24,)), torch.arange(0, 30 if last else 24, 6))
+    trace = md.trace(_bag_step, bag, *inputs)
+    live = _real_peak(_bag_step, bag, inputs)
+    assert md.memory(trace, workspaces=False).timeline == live.timeline
+    trace.save(tmp_path / "t.json")
+    assert md.memory(md.Trace.load(tmp_path / "t.json"), workspaces=False).peak == live.peak
+
+
+def test_memory_counts_the_whole_storage_of_a_sliced_input(tmp_path):
+    # transformers' Whisper decoder ids: a [2, 4] slice of a [2, 12] tensor
+    ids = torch.randn(2, 12)[:, :4]
+    lin = torch.nn.Linear(4, 3)
+    trace = md.trace(train_step, lin, ids)
+    live = _real_peak(train_step, lin, (ids,))
+    assert md.memory(trace, workspaces=False).peak == live.peak
+    trace.save(tmp_path / "t.json")
+    assert md.memory(md.Trace.load(tmp_path / "t.json"), workspaces=False).peak == live.peak

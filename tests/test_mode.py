@@ -209,3 +209,86 @@ def test_mode_entries_in_a_loop_leave_no_garbage_behind():
     )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# Note [torch.save inside a traced step] (core/unseen.py)
+
+
+def _checkpointing_step(path):
+    def step(m, x):
+        y = m(x).sum()
+        torch.save({"model": m.state_dict(), "step": 3}, path)
+        return y
+
+    return step
+
+
+def test_mode_torch_save_of_a_metatensor_is_refused_at_its_line_and_writes_nothing(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"old": torch.ones(2)}, path)
+    before = path.read_bytes()
+    with pytest.raises(md.UnsupportedFeatureError, match=r"torch\.save\('.*ckpt\.pt'\): the object holds a MetaTensor"):
+        md.trace(_checkpointing_step(path), torch.nn.Linear(3, 2), torch.randn(4, 3))
+    assert path.read_bytes() == before  # eager's save would have replaced it; a trace has no data to
+    assert torch.save is torch.serialization.save and torch.save.__module__ == "torch.serialization"
+
+
+def test_mode_torch_save_without_tensors_saves_as_eager(tmp_path):
+    def step(x):
+        torch.save({"step": 3, "lr": 0.1}, tmp_path / "state.pt")
+        return x * 2
+
+    md.trace(step, torch.ones(2))
+    traced = torch.load(tmp_path / "state.pt")
+    step(torch.ones(2))
+    assert traced == torch.load(tmp_path / "state.pt") == {"step": 3, "lr": 0.1}
+
+
+def test_mode_torch_save_of_a_real_tensor_the_step_may_have_changed_is_refused():
+    held = torch.zeros(3)
+
+    def step(x):
+        held.add_(x)  # acts on the stand-in: eager would save ones
+        torch.save(held, os.devnull)
+        return x
+
+    with pytest.raises(md.UnsupportedFeatureError, match=r"a real tensor \(torch.float32 \[3\]\) whose value"):
+        md.trace(step, torch.ones(3))
+    assert torch.equal(held, torch.zeros(3))
+
+
+# Note [Lazy modules built inside a MetaMode] (core/unseen.py)
+
+
+def test_mode_lazy_module_built_inside_is_refused_naming_it_and_the_line():
+    with pytest.raises(md.UnsupportedFeatureError, match=r"nn\.LazyConv2d: .* or use nn\.Conv2d") as info:
+        with md.MetaMode():
+            torch.nn.LazyConv2d(4, 3)
+    assert any("test_mode.py" in n for n in info.value.__notes__)
+    assert torch.nn.parameter.is_lazy(torch.nn.LazyConv2d(4, 3).weight)  # torch's own again after the mode
+
+
+def test_mode_lazy_module_built_before_materialises_inside_and_stays_lazy():
+    # the mode's own stand-in for it is made with torch's constructor (Note [Lazy modules under a trace])
+    lazy = torch.nn.LazyLinear(3)
+    with md.MetaMode():
+        y = lazy(torch.randn(2, 4))
+        assert (y.shape, lazy.weight.shape) == (torch.Size([2, 3]), torch.Size([3, 4]))
+    assert torch.nn.parameter.is_lazy(lazy.weight)
+
+
+def test_mode_torch_save_and_lazy_modules_in_another_thread_are_torchs(tmp_path):
+    # the wrappers are process-wide while a mode is entered; a thread without one gets torch's own
+    import threading
+
+    done = []
+
+    def other():
+        torch.save({"w": torch.ones(2)}, tmp_path / "other.pt")
+        done.append(torch.nn.parameter.is_lazy(torch.nn.LazyLinear(2).weight))
+
+    with md.MetaMode():
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert done == [True] and torch.equal(torch.load(tmp_path / "other.pt")["w"], torch.ones(2))

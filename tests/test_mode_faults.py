@@ -4,7 +4,7 @@ A ``sys.settrace`` hook raises KeyboardInterrupt at the k-th line run inside
 ``MetaMode.__enter__``/``__exit__`` (and the metadispatch functions they
 call), for every k; afterwards torch's mode slot and stacks, its mode flags,
 the lift flag, the gc threshold and freeze count, the functions a mode patches
-(RNG state functions, ``has_torch_function``, ``trunc_normal_``), grad mode,
+(RNG state functions, ``has_torch_function``, ``trunc_normal_``, ``torch.save``, lazy parameters' constructors), grad mode,
 the global module and optimizer hooks must be as before.
 """
 
@@ -22,7 +22,7 @@ import torch._dynamo.eval_frame as eval_frame  # imported, so that mode entry se
 import metadispatch as md
 from metadispatch import _compat
 from metadispatch.core import mode as mode_module
-from metadispatch.core import rngstate
+from metadispatch.core import rngstate, unseen
 from metadispatch.core.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)
@@ -45,6 +45,9 @@ def _global_state() -> dict:
         "ambient device": STATE.ambient,
         "patched": [getattr(mod, name) for mod, name, _, _ in rngstate._PATCHES],
         "has_torch_function": torch.overrides.has_torch_function,
+        # Note [Functions no mode sees] in core/unseen.py
+        "torch.save": (torch.save, torch.serialization.save),
+        "lazy": [cls.__dict__["__new__"] for cls in unseen._LAZY],
         "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
         "active": list(mode_module._ACTIVE.entries),

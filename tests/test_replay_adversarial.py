@@ -158,6 +158,31 @@ def _data_assigned(a, b):
     return a + 1
 
 
+_SCOPE_WEIGHT = {"same shape": torch.randn(3, 4), "another shape": torch.randn(3, 2)}
+
+
+def _param_data_from_scope(shape):
+    def step(m, x):
+        m.weight.data = _SCOPE_WEIGHT[shape]  # a tensor no call read before
+        return m.weight * 2, m.weight.sum() + x.sum()
+
+    return step
+
+
+def _param_data_is_an_argument(m, x):
+    m.weight.data = x
+    with torch.no_grad():
+        m.weight.mul_(2)  # writes x, as eager's weight is x now
+    return x.sum(), m.weight + 1
+
+
+def _param_data_resized_then_trained(m, x):
+    m.weight.data = m.weight.data[:, :2].contiguous()
+    y = nn.functional.linear(x[:, :2], m.weight, m.bias)
+    y.sum().backward()
+    return y, m.weight.grad
+
+
 def _dup():
     return torch.tensor([0, 2, 0, 2, 1, 0])
 
@@ -254,6 +279,23 @@ EAGER_VALUES = {
         lambda: (torch.randn(50)[7:].as_strided((5, 4), (2, 9), 3),),
     ),
     "Tensor.data assignment": (_data_assigned, lambda: (torch.randn(3), torch.randn(3))),
+    # Note [Data swapped into a named tensor]: the parameter is the new data from then on
+    "param.data = a tensor from the scope, same shape": (
+        _param_data_from_scope("same shape"),
+        lambda: (nn.Linear(4, 3), torch.randn(2, 4)),
+    ),
+    "param.data = a tensor from the scope, another shape": (
+        _param_data_from_scope("another shape"),
+        lambda: (nn.Linear(4, 3), torch.randn(2, 4)),
+    ),
+    "param.data = an argument, written in place": (
+        _param_data_is_an_argument,
+        lambda: (nn.Linear(4, 3), torch.randn(3, 4)),
+    ),
+    "param.data of another shape, then backward": (
+        _param_data_resized_then_trained,
+        lambda: (nn.Linear(4, 3), torch.randn(2, 4)),
+    ),
     "AdamW, foreach": (_optimizer(True), lambda: (nn.Linear(4, 3), torch.randn(5, 4))),
     "AdamW, for loop": (_optimizer(False), lambda: (nn.Linear(4, 3), torch.randn(5, 4))),
 }
@@ -646,3 +688,17 @@ def test_replay_adversarial_uninitialised_tables_name_real_arguments():
         for overload in overloads.overloads():
             args = [a.name for a in getattr(overloads, overload)._schema.arguments]
             assert name in args, f"{packet}.{overload} has no argument {name!r}: {args}"
+
+
+def _buffer_data_swapped_after_read(m, x):
+    y = m(x)
+    m.running_mean.data = torch.zeros(2)
+    return y
+
+
+def test_replay_adversarial_buffer_data_swapped_after_its_read_is_refused_at_its_line():
+    # Replay.buffers would give the running mean the step read and updated;
+    # eager's module holds the new tensor (Note [Data swapped into a named tensor]).
+    with pytest.raises(md.UnsupportedFeatureError, match=r"buffer running_mean\.data = ") as info:
+        md.trace(_buffer_data_swapped_after_read, nn.BatchNorm1d(4), torch.randn(5, 4))
+    assert any("in _buffer_data_swapped_after_read" in n for n in info.value.__notes__)

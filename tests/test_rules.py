@@ -86,9 +86,21 @@ def _c(*shape):
     return torch.randn(*shape, dtype=torch.complex64)
 
 
-def _bag(mode):
-    weight, indices, offsets = _x(10, 3), torch.tensor([1, 2, 4, 5, 4, 9]), torch.tensor([0, 2, 4])
-    return (weight, indices, offsets, False, mode, False, None, False)
+def _bag(mode, dtype=torch.float32, last=False, padding_idx=-1):
+    weight, indices = _x(10, 3, dtype=dtype), torch.tensor([1, 2, 4, 5, 4, 9])
+    offsets = torch.tensor([0, 2, 4, 6] if last else [0, 2, 4])
+    return (weight, indices, offsets, False, mode, False, None, last, padding_idx)
+
+
+# Note [Embedding-bag storages]: the CPU kernel's auxiliary outputs, by mode,
+# fast path (bfloat16 is on it), include_last_offset and padding_idx
+_BAGS = [
+    _bag(m, d, last, pad)
+    for m in (0, 1, 2)
+    for d in (torch.float32, torch.bfloat16)
+    for last in (False, True)
+    for pad in (-1, 1)
+]
 
 
 def _conv(shape, fmt, weight_fmt=torch.contiguous_format, transposed=False, groups=1):
@@ -159,6 +171,12 @@ SAMPLES = {
     # Note [Norm gradients follow the input]: the input's layout, not the gradient's
     aten.native_batch_norm_backward.default: [
         _norm_backward("batch", xf, gf, t) for xf in _FORMATS for gf in _FORMATS for t in (True, False)
+    ]
+    # Note [Batch-norm gradients the mask leaves out]: undefined where the mask is off
+    + [
+        _norm_backward("batch", _FORMATS[0], _FORMATS[0], t, mask)
+        for t in (True, False)
+        for mask in ([False, True, True], [True, False, False], [False, False, False])
     ],
     aten.native_group_norm_backward.default: [
         _norm_backward("group", xf, gf, True, mask)
@@ -209,8 +227,8 @@ SAMPLES = {
     ],
     aten.linalg_eig.default: [(_x(5, 5),), (_x(2, 3, 3, dtype=torch.float64),), (_c(4, 4),)],
     aten.nonzero_static.default: [((torch.tensor([[1.0, 0.0], [0.0, 2.0]]),), {"size": s}) for s in (1, 2, 5)],
-    aten._embedding_bag.default: [_bag(m) for m in (0, 1, 2)],
-    aten._embedding_bag_forward_only.default: [_bag(m) for m in (0, 1, 2)],
+    aten._embedding_bag.default: _BAGS,
+    aten._embedding_bag_forward_only.default: _BAGS,
     aten.pixel_shuffle.default: [(_x(1, 8, 3, 3), 2), (_x(2, 8, 3, 3).to(memory_format=_CL), 2)],
     aten.reflection_pad2d.default: [
         (_x(1, 2, 4, 4), [1, 1, 2, 2]),

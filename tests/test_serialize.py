@@ -154,6 +154,18 @@ _BAD_DOCS = {
         lambda d: _edit(d, ["calls", "args", 0, 0], {"pickle": "gASV"}),
         "calls.args[0][0]: unknown tag 'pickle'",
     ),
+    "negative storage bytes": (
+        lambda d: _edit(d, ["storage_bytes"], {"storage": [0], "bytes": [-8]}),
+        "storage_bytes.bytes[0]: expected a non-negative integer",
+    ),
+    "unknown return type": (
+        lambda d: _edit(d, ["output"], {"return_type": ["_attr", [{"t": 3}, {"t": 3}]]}),
+        "output: unknown return type '_attr'",
+    ),
+    "return type of another arity": (
+        lambda d: _edit(d, ["output"], {"return_type": ["topk", [{"t": 3}]]}),
+        "output: return type topk holds 2 values, got 1",
+    ),
     "too many args": (
         lambda d: _edit(d, ["calls", "args", 2], [None] * 9),
         "calls.args[2]: 9 arguments do not fit the schema of aten.relu.default",
@@ -298,3 +310,24 @@ def test_serialize_reads_version_3_files_and_says_their_generators_are_made_up(t
     assert "generator='<generator>'" in str(old)
     r = md.replay(old, (torch.ones(4, 4),))
     assert not r.ok and [m.name for m in r.made_up] == ["generator"]
+
+
+def _named_tuples(x):
+    values, _ = torch.sort(x, dim=-1)
+    return {"k": torch.kthvalue(x, 2, 1), "max": x.max(0), "top": (torch.topk(values * 2, 2),)}
+
+
+def test_serialize_round_trips_torch_return_types_and_replays_them_as_eager(tmp_path):
+    x = torch.randn(3, 4)
+    t = md.trace(_named_tuples, x)
+    t.save(tmp_path / "t.json")
+    loaded = md.Trace.load(tmp_path / "t.json")
+    assert loaded.output_meta == t.output_meta
+    assert type(loaded.output_meta["top"][0]) is torch.return_types.topk
+    expected = _named_tuples(x)
+    r = md.replay(loaded, (x,))
+    assert r.ok
+    for key in ("k", "max"):
+        assert type(r.output[key]) is type(expected[key])
+        assert all(torch.equal(a, b) for a, b in zip(r.output[key], expected[key]))
+    assert torch.equal(r.output["top"][0].indices, expected["top"][0].indices)

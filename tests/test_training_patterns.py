@@ -719,7 +719,7 @@ def _ending(step, ending):
 STOPS = {
     "grad_scaler_fresh": (md.DataDependentError, {"trace", "MetaMode"}),
     "grad_scaler_used": (md.DataDependentError, {"trace", "MetaMode"}),
-    "torch_save_in_step": (TypeError, {"trace", "MetaMode"}),
+    "torch_save_in_step": (md.UnsupportedFeatureError, {"trace", "MetaMode"}),  # Note [torch.save inside a traced step]
     "loss_item_logged": (md.DataDependentError, {"trace", "MetaMode"}),
     "reduce_on_plateau": (md.DataDependentError, {"trace", "MetaMode"}),
 }

@@ -8,8 +8,9 @@ and deaths] in ``record.py``); a trace without recorded deaths (loaded from
 elsewhere) falls back to "dies after its last use", which can only free
 earlier than a real run does.  Leaves -- parameters, buffers, inputs -- are
 live from the start, also those no call reads (Note [State the step never
-reads] in ``tracing/tracer.py``).  Bytes are the extent the tensors reach in the storage;
-on CUDA they are rounded up to the caching allocator's 512-byte blocks, as
+reads] in ``tracing/tracer.py``).  Bytes are the storage's size: the furthest
+the tensors reach in it, or more where the storage is larger (Note [Storages
+larger than their tensors] in ``core/record.py``); on CUDA they are rounded up to the caching allocator's 512-byte blocks, as
 ``MemTracker`` does.
 
 Categories: ``params`` (parameter leaves, and what the step shows to be
@@ -42,6 +43,7 @@ import torch
 from .._compat import pytree
 from ..core.fsdp_storage import RESIZE_OP
 from ..core.profiles import GPUProfile, gpu_profile
+from ..ir.records import tensor_bytes
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
 from .allocconfig import AllocatorConfig
@@ -54,14 +56,6 @@ __all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "alloc
 CATEGORIES = (*ROLES, "activations", "temporaries", "optimizer", "workspaces", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
 CUDA_BLOCK = 512  # the CUDA caching allocator rounds every allocation up to this
-
-
-def tensor_bytes(m: TensorMeta) -> int:
-    """Bytes of storage a tensor reaches: up to its last element."""
-    if any(s == 0 for s in m.shape):
-        return 0
-    last = m.storage_offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride))
-    return (last + 1) * m.dtype.itemsize
 
 
 def allocated_bytes(nbytes: int, device: torch.device) -> int:
@@ -110,6 +104,10 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
         if info is None:
             info = out[m.storage] = _leaf_info(trace, m)
             info.nbytes = tensor_bytes(m)
+    for number, nbytes in trace.storage_bytes.items():  # Note [Storages larger than their tensors] in record.py
+        info = out.get(number)
+        if info is not None and nbytes > info.nbytes:
+            info.nbytes = nbytes
     for g in trace.grads.values():
         if g.storage in out:
             out[g.storage].category = "grads"

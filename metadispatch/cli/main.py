@@ -347,6 +347,43 @@ def _load_world(path):
     return md.Trace.load(path, allow_ops=_WORLD_OPS)
 
 
+def _load_for_replay(path):
+    """The trace at ``path``, refused with what to do instead where it is one rank of a logical world.
+
+    A world's file names collective and FSDP ops, which the loader refuses
+    ("unknown op"); it is read again the way ``summary`` reads it only to say
+    what the file is -- the trace replay runs is the one loaded with every
+    check (Note [A logical world's file in summary]).
+    """
+    import metadispatch as md
+
+    try:
+        trace = _load(path)
+    except _Failure as failure:
+        error = failure.error
+        if not isinstance(error, md.TraceFormatError) or not any(f"'{ns}." in str(error) for ns in _WORLD_NAMESPACES):
+            raise
+        with _stage(f"could not read {path}"):
+            world = _load_world(path).world
+        if world is None:
+            raise
+        raise UsageError(_world_refusal(path, *world)) from None
+    if trace.world is not None:
+        raise UsageError(_world_refusal(path, *trace.world))
+    return trace
+
+
+def _world_refusal(path, size: int, rank: int) -> str:
+    return (
+        f"{path} is rank {rank} of a logical world of {size} ranks (metadispatch trace "
+        f"--world-size {size}): its collectives exchange data with the other ranks, which one process "
+        f"does not have, so it cannot be replayed here. Instead: 'metadispatch summary {path}' reads its "
+        "memory, FLOPs and collectives; to check the step's values on real kernels, trace it without "
+        "--world-size and replay that file; or replay each rank's trace with md.replay in that rank's "
+        f"process of a real {size}-process job (docs/distributed.md)"
+    )
+
+
 def _cmd_summary(args) -> int:
     trace = _load(args.file, reads_only=True)
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
@@ -358,7 +395,7 @@ def _cmd_replay(args) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device here; replay on --device cpu")
-    trace = _load(args.file)
+    trace = _load_for_replay(args.file)
     with _Progress("replaying"), _stage("replay failed"):
         # A file holds no weights or inputs: replay makes them up and checks
         # every call's metadata; the output lists what was made up.

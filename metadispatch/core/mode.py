@@ -20,7 +20,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
-from . import autocast, composites, cuda_answers, fastpath, inside, known, rngstate
+from . import autocast, composites, cuda_answers, fastpath, inside, known, rngstate, unseen
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
@@ -241,6 +241,7 @@ class MetaMode(_compat.TorchDispatchMode):
         # The device C++ composites' factories fall back on (Note [Meta from
         # options] in dispatch.py) starts afresh with each mode: a device left
         # by an earlier mode must not leak into this one's answers.
+        unseen.install(entry.steps)  # Note [Functions no mode sees] in unseen.py
         compiled = _compat.eager_compiled()  # Note [Compiled code runs eagerly under a mode]
         entry.steps.append(functools.partial(compiled.__exit__, None, None, None))
         compiled.__enter__()
@@ -395,15 +396,20 @@ class _SwapReal(_compat.TorchFunctionMode):
         kwargs = kwargs or {}
         mode = _compat.get_infra_mode(_compat.mode_key)
         if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
-            real = None
-            if _has_real(args) or (kwargs and _has_real(kwargs.values())):
-                real = args[0] if args else None
+            real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
+            real_first = None
+            if real:
+                real_first = args[0] if args else None
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
-                if func == _SET_DATA and isinstance(args[0], MetaTensor):
-                    # ``real.data = meta`` (``m.double()`` before the module's
-                    # first forward): MetaTensor's setter carries the trace's record.
-                    args[0].data = args[1]
-                    return None
+            if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
+                with _compat.no_python_dispatch():  # a constant's copy is made for real
+                    mode._recorder.before_data_swap(args[0], args[1])
+            if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
+                # ``real.data = meta`` (``m.double()`` before the module's
+                # first forward), ``meta.data = real``: MetaTensor's setter
+                # carries the trace's record.
+                args[0].data = args[1]
+                return None
             if _compat.any_autocast():
                 _refuse_autocast(func, args, kwargs)
                 if func not in _BACKWARD and func is not _GRAD and autocast.applies(args, kwargs):
@@ -441,11 +447,11 @@ class _SwapReal(_compat.TorchFunctionMode):
                 # here), now on its stand-in (Note [A real tensor's methods
                 # on its stand-in]).
                 out = _READS_VALUES[func](*args, **kwargs)
-                if out is first and func in _MOVES and type(real) in (torch.Tensor, nn.Parameter):
+                if out is first and func in _MOVES and type(real_first) in (torch.Tensor, nn.Parameter):
                     # Moved to where its stand-in already is: the real tensor
                     # itself, as torch returns it, so that ``module.to`` keeps
                     # the user's buffers in the module, not stand-ins.
-                    return real
+                    return real_first
                 return out
         if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
@@ -619,3 +625,4 @@ WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
 WIRING.function = _function
 rngstate.WIRING.current = _current_rng_log
+unseen.WIRING.active = lambda: isinstance(_compat.get_infra_mode(_compat.mode_key), MetaMode)

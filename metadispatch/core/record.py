@@ -23,6 +23,20 @@ lives, so the reference dies exactly when the last tensor using the
 storage does -- the same moment as in an eager run of the same code, since
 the traced code holds the same references.  This is what ``md.memory``
 builds its timeline from.
+
+Note [Storages larger than their tensors]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A tensor record says how far a tensor reaches into its storage, not how
+large the storage is, and the allocator holds the storage: an input sliced
+from a larger tensor (transformers' Whisper decoder ids, a ``[2, 4]`` slice
+of ``[2, 12]``: 64 B past its last element), or a kernel that allocates more
+than it returns (``_embedding_bag``'s CPU kernel makes ``offset2bag`` one
+element longer and shrinks it; rules/embedding.py mirrors that).  Each
+storage's bytes are noted when it is numbered -- a stand-in's meta storage
+is the size of the real one, a rule's output's what the rule allocated --
+in ``trace.storage_bytes``, and ``md.memory`` counts the larger of that and
+the furthest any tensor reaches.  A saved trace keeps only the entries
+larger than that reach.
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ import weakref
 import torch
 
 from .. import _compat
-from ..errors import UnsupportedFeatureError
+from ..errors import UnsupportedFeatureError, mark_call
 from ..ir.records import PLAIN_TYPES
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
@@ -96,6 +110,11 @@ class BackwardModules:
 
 
 _SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
+
+
+def _is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
+    leaf = trace.leaves.get(tid)
+    return leaf is not None and leaf.kind == kind and leaf.name == name
 
 
 class Recorder:
@@ -180,6 +199,44 @@ class Recorder:
             return m
         return self._leaf(t)
 
+    def before_data_swap(self, target: torch.Tensor, value: MetaTensor) -> None:
+        """Note [Data swapped into a named tensor]: ``target.data = value`` is about to run.
+
+        Note [Data swapped into a named tensor]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``p.data = v`` is no dispatched op: the parameter's C++ tensor becomes
+        ``v``'s and MetaTensor's setter hands ``p`` ``v``'s record, so a later
+        call reading ``p`` reads ``v``'s id.  A ``v`` no call had read yet (an
+        argument, a tensor from the user's scope) had no record to hand over,
+        and ``p``'s first read then made ``p`` a leaf -- ``param weight``
+        holding ``v``'s shape and storage: replay refused the module's own
+        weight as the wrong shape or, where the shapes agree, bound the
+        module's weight where eager read ``v``, and said ok.  So ``v`` gets
+        its record (a leaf of its own kind) first, and :meth:`bind_views`
+        takes no tensor whose data was swapped as the base of the leaves on
+        its storage.
+
+        A buffer the step has already read is refused: ``Replay.buffers``
+        gives each buffer's leaf after the calls that wrote it, and the
+        buffer would no longer be that tensor (eager's module holds ``v``).
+        Parameters are not in a replay's result, and a buffer swapped before
+        its first read never becomes a buffer leaf.
+        """
+        named = getattr(target, "__dict__", {}).get("_md_name")
+        md = target.__dict__.get("_md") if named is not None else None
+        if named is not None and named[0] == "buffer" and md is not None and md[0] is self.token:
+            if _is_leaf_named(self.trace, md[1].id, *named):
+                error = UnsupportedFeatureError(
+                    f"buffer {named[1]}.data = <{value.dtype} {list(value.shape)}>: the step assigns a "
+                    "buffer's .data after reading it, and replay's buffers would report the tensor it "
+                    "read, not the one assigned (Note [Data swapped into a named tensor]). Write it in "
+                    f"place ({named[1]}.copy_(new) where the shapes agree), or assign it before the step "
+                    "first reads it"
+                )
+                mark_call(error, "Tensor.data.__set__", user_frame())
+                raise error
+        self.meta_of(value)
+
     def _leaf(self, t: MetaTensor) -> TensorMeta:
         storage = self._storage_number(t)
         named = t.__dict__.get("_md_name")
@@ -261,6 +318,9 @@ class Recorder:
             if hit is None or hit[0] not in unnamed or hit[0] in bases:
                 continue
             kind, name = t.__dict__["_md_name"]
+            md = t.__dict__.get("_md")
+            if md is not None and md[0] is self.token and not _is_leaf_named(self.trace, md[1].id, kind, name):
+                continue  # its data was swapped for another's (Note [Data swapped into a named tensor])
             if not any(leaf.kind == kind and leaf.name == name for leaf in self.trace.leaves.values()):
                 self.meta_of(t)  # a base the traced code never read itself: a leaf replay binds
             bases[hit[0]] = f"{kind} {name}"
@@ -291,6 +351,7 @@ class Recorder:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
+        self.trace.storage_bytes[n] = storage.nbytes()  # Note [Storages larger than their tensors]
         ref = weakref.ref(storage, self._died)
         self._live[key] = (n, ref)
         self._refs[ref] = (key, n)

@@ -53,7 +53,8 @@ def check_world(trace: Trace) -> None:
         raise ReplayError(
             f"replay: this trace is rank {rank} of a world of {n}; it replays in that rank's process of "
             f"a real {n}-process job (dist.init_process_group, e.g. 'gloo'), every rank replaying its "
-            f"own trace at once -- this process is {where} (docs/distributed.md)"
+            f"own trace at once -- this process is {where}. To check the step's values in one process, "
+            "trace it without a world and replay that (docs/distributed.md)"
         )
 
 

@@ -72,13 +72,28 @@ def given_tensors(args, kwargs, module, flat: list | None = None) -> dict:
     for mod in modules:
         params, bufs = _named_tensors(mod)
         for name, p in params:
+            if nn.parameter.is_lazy(p):
+                continue  # Note [Lazy modules in replay]
             named.setdefault(("param", name), p)
             if p.grad is not None:
                 named.setdefault(("grad", name), p.grad)
         buffers += bufs
     for name, b in buffers:
-        named.setdefault(("buffer", name), b)
+        if not nn.parameter.is_lazy(b):
+            named.setdefault(("buffer", name), b)
     return named
+
+
+# Note [Lazy modules in replay]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A lazy module (``nn.LazyLinear``) holds ``UninitializedParameter``s until
+# its first forward; a traced step that runs that forward records the
+# materialisation as construction (``empty``, then the init's ``uniform_``),
+# not as parameter leaves, and md.trace leaves the user's module as it was.
+# Replay given that module again must not touch the uninitialised tensors:
+# they hold no storage, and asking for one raises torch's ValueError inside
+# the write guard.  They are no tensors replay could bind or write, so they
+# are not among those given.
 
 
 def flat_inputs(args, kwargs) -> list:

@@ -38,7 +38,7 @@ from .ownops import OWN_OPS, ensure_defined
 from .records import Group
 from .rng import GeneratorRef
 
-__all__ = ["TAGS", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES"]
+__all__ = ["TAGS", "RETURN_TYPES", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES"]
 
 
 def _decode_float(v):
@@ -85,6 +85,29 @@ def _enum(kind):
         return v
 
     return decode
+
+
+def _return_types() -> dict:
+    """``"topk"`` -> ``torch.return_types.topk``: the named tuples torch's ops return.
+
+    Read from ``vars(torch.return_types)`` once, like the enum tables: a file
+    names one of these classes and the reader looks the name up here, so a
+    file can name nothing else (no import, no ``getattr``).  Only structseq
+    classes -- tuple subclasses torch defines there -- are taken.
+    """
+    # Keyed by the class's own name: the module also holds a leftover loop
+    # variable (``_attr``) bound to one of the classes.
+    return {
+        v.__name__: v
+        for v in vars(torch.return_types).values()
+        if isinstance(v, type)
+        and issubclass(v, tuple)
+        and v.__module__ == "torch.return_types"
+        and hasattr(v, "n_sequence_fields")
+    }
+
+
+RETURN_TYPES = _return_types()
 
 
 # Device types a trace may name; str(torch.device) spells them so.

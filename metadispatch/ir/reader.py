@@ -32,7 +32,7 @@ import torch
 
 from ..errors import TraceFormatError
 from .calls import OpCall
-from .decode import TAGS, decode_device, refusal, resolve_op
+from .decode import RETURN_TYPES, TAGS, decode_device, refusal, resolve_op
 from .records import Group, Leaf, TensorMeta
 from .rng import RngEvent
 from .text import clip, printable
@@ -133,6 +133,11 @@ class Reader:
             self.counts(storages, "deaths.storage")
             self.counts(calls, "deaths.call")
             t.deaths = dict(zip(storages, calls))
+        if doc.get("storage_bytes") is not None:
+            storages, sizes = self.columns(doc, "storage_bytes", ("storage", "bytes"))
+            self.counts(storages, "storage_bytes.storage")
+            self.counts(sizes, "storage_bytes.bytes")
+            t.storage_bytes = dict(zip(storages, sizes))
         self.world(doc, t)
         return t
 
@@ -415,6 +420,8 @@ class Reader:
                     self.fail(where, "a dict key must be a plain value")
                 out[k] = self.value(val, (where, _short(k)), mode, depth)
             return out
+        if tag == "return_type":
+            return self.return_type(v, where, mode, depth)
         decode = TAGS.get(tag)
         if decode is None:
             self.fail(where, f"unknown tag {_short(tag)}")
@@ -422,6 +429,17 @@ class Reader:
             return decode(v)
         except (TypeError, ValueError, AttributeError, RuntimeError):
             self.fail(where, f"bad {tag} value {_short(v)}")
+
+    def return_type(self, v, where, mode: int, depth: int):
+        """``[name, [values]]``: a ``torch.return_types`` named tuple, by name from a fixed table."""
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[1], list)):
+            self.fail(where, "a return_type must be [name, [values]]")
+        cls = RETURN_TYPES.get(v[0]) if type(v[0]) is str else None
+        if cls is None:
+            self.fail(where, f"unknown return type {_short(v[0])}")
+        if len(v[1]) != cls.n_sequence_fields:
+            self.fail(where, f"return type {v[0]} holds {cls.n_sequence_fields} values, got {len(v[1])}")
+        return cls(self.seq(v[1], (where, v[0]), mode, depth))
 
     def ref(self, i, where, mode: int) -> TensorMeta:
         """The tensor record at index ``i``; a use must follow its definition."""

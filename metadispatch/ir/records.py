@@ -23,6 +23,7 @@ __all__ = [
     "dtype_abbr",
     "type_str",
     "tensor_metas",
+    "tensor_bytes",
     "contiguous_strides",
     "arg_name",
     "describe_constant",
@@ -151,6 +152,14 @@ class Group(NamedTuple):
 
     def __repr__(self) -> str:
         return f"group({self.name!r}, rank {self.rank} of {self.size})"
+
+
+def tensor_bytes(m: TensorMeta) -> int:
+    """Bytes of storage a tensor reaches: up to its last element."""
+    if any(s == 0 for s in m.shape):
+        return 0
+    last = m.storage_offset + sum((s - 1) * st for s, st in zip(m.shape, m.stride))
+    return (last + 1) * m.dtype.itemsize
 
 
 def tensor_metas(x) -> Iterator[TensorMeta]:

@@ -22,8 +22,10 @@ reader checks a whole column of indexes or sizes with a few C-level passes
 instead of one Python call per value.
 
 Limits: ``trace.output`` (the MetaTensors ``fn`` returned) is not saved, only
-``output_meta``; containers other than tuples, lists and dicts (such as a
-Hugging Face ``ModelOutput``) come back as plain dicts or tuples.
+``output_meta``; the named tuples torch's ops return (``torch.return_types``,
+by name from a fixed table) come back as themselves, other containers than
+tuples, lists and dicts (such as a Hugging Face ``ModelOutput``) as plain
+dicts or tuples.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ import torch
 
 from ..errors import TraceFormatError
 from .calls import OpCall
+from .decode import RETURN_TYPES
 from .reader import Reader
-from .records import Group, TensorMeta
+from .records import Group, TensorMeta, tensor_bytes
 from .rng import GeneratorRef
 
 if TYPE_CHECKING:  # type-only: trace.py imports this module for Trace.save/load
@@ -114,6 +117,7 @@ class _Writer:
             "threads": trace.threads,
             "conv_switches": list(trace.conv_switches) if trace.conv_switches is not None else None,
             "deaths": ({"storage": list(deaths), "call": list(deaths.values())} if deaths is not None else None),
+            "storage_bytes": self.storage_bytes(trace),
             **self.streams(trace),
             "world": list(trace.world) if trace.world is not None else None,
             "groups": [self.enc(g, "groups") for g in trace.groups.values()],
@@ -121,6 +125,14 @@ class _Writer:
             "arg_constants": trace.arg_constants,
             "aliases": trace.aliases,
         }
+
+    def storage_bytes(self, trace: Trace) -> dict:
+        """Note [Storages larger than their tensors]: the storages larger than any tensor on them reaches."""
+        reach: dict = {}
+        for m in self.refs:  # every tensor record written
+            reach[m.storage] = max(reach.get(m.storage, 0), tensor_bytes(m))
+        larger = {n: b for n, b in trace.storage_bytes.items() if n in reach and b > reach[n]}
+        return {"storage": list(larger), "bytes": list(larger.values())}
 
     def streams(self, trace: Trace) -> dict:
         """The random streams beyond the CPU start state (ir/rng.py)."""
@@ -228,6 +240,8 @@ class _Writer:
             return {"generator": x.index}
         if isinstance(x, dict):
             return {"dict": [[self.enc(k, where), self.enc(v, where)] for k, v in x.items()]}
+        if RETURN_TYPES.get(t.__name__) is t:  # torch.sort's (values, indices) and its kin
+            return {"return_type": [t.__name__, self.seq(tuple(x), where)]}
         where = f"calls[{where}]" if type(where) is int else where
         raise TypeError(f"cannot save {t.__name__} in {where}: not a recorded value type")
 

@@ -59,6 +59,10 @@ class Trace:
         # storage number -> index of the first call after it was freed;
         # None where unknown (see Note [Storage numbers and deaths]).
         self.deaths: dict[int, int] | None = None
+        # storage number -> its bytes, where a storage is larger than the
+        # tensor it was first seen through reaches (Note [Storages larger
+        # than their tensors] in core/record.py).
+        self.storage_bytes: dict[int, int] = {}
         # The CPU generator's state when the recording mode was first entered,
         # so that md.materialize can replay construction with eager's numbers.
         self.rng_state: torch.Tensor | None = None

@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     cudnn_rnn,
     data_dependent,
     device_hinted,
+    embedding,
     grouped_mm,
     histogram,
     linalg,

@@ -17,7 +17,9 @@ rule: rules run with MetaTensors that report their logical device, so
 (``new_empty``, ``as_strided_``) are routed as usual.  The answer for each
 device is torch's own; nothing here encodes a device's behaviour.
 
-Only functional overloads are listed; ``out=`` overloads keep the native
+``_embedding_bag`` and ``_embedding_bag_forward_only`` are asked the same
+way in ``embedding.py``, which also keeps the CPU kernel's storages (Note
+[Embedding-bag storages]).  Only functional overloads are listed; ``out=`` overloads keep the native
 stage.  An op whose meta function disappears in a later torch is skipped.
 """
 
@@ -39,8 +41,6 @@ OPS = (
     aten._linalg_svd.default,
     aten.linalg_eig.default,
     aten.nonzero_static.default,
-    aten._embedding_bag.default,
-    aten._embedding_bag_forward_only.default,
     aten.pixel_shuffle.default,
     aten.reflection_pad2d.default,
     aten.replication_pad2d.default,

@@ -118,12 +118,22 @@ def _grad_input_like_input(out, x):
 
 @builtin_rule(aten.native_batch_norm_backward.default)
 def batch_norm_backward(grad, x, *args, fallback):
+    """Note [Batch-norm gradients the mask leaves out]
+
+    torch's meta function (``meta_batch_norm_backward`` through its
+    decomposition) returns all three gradients whatever ``output_mask``
+    says.  The CPU kernel (``batch_norm_backward_cpu_template``) allocates
+    only the ones asked for and leaves the rest undefined.  Autograd asks
+    for no input gradient whenever the input needs none (``BatchNorm1d`` on
+    data), so a defined record made replay report "output 0: defined
+    expected tensor, got NoneType" there, and md.memory counted a tensor the
+    kernel never allocates.  On a logical CPU the answer is None where the
+    mask is off.  ``batch_norm_backward_cuda``'s source reads the same, but
+    other devices keep torch's meta answer until a real GPU run checks it.
+    """
     out = fallback(grad, x, *args)
     if x.device.type != "cpu":
         return out
-    # The CPU kernel leaves the gradients that ``output_mask`` does not ask
-    # for undefined (batch_norm_backward_cpu_template); the meta
-    # decomposition computes all three.
     out = _grad_input_like_input(out, x)
     return tuple(o if wanted else None for o, wanted in zip(out, args[-1]))
 
