@@ -304,3 +304,23 @@ def test_autocast_on_a_logical_gpu_casts_as_cuda_does():
             return x @ w
 
     assert md.trace(cpu_step, torch.randn(4, 8), torch.randn(8, 8)).output_meta.dtype == torch.bfloat16
+
+
+def test_cudnn_questions_are_answered_by_the_profile_inside_the_mode_only():
+    real = torch.backends.cudnn.is_available(), torch.backends.cudnn.version()
+    with md.MetaMode(device="cuda", gpu="h100") as mode:
+        assert torch.backends.cudnn.is_available()
+        assert torch.backends.cudnn.version() == mode.device_profile.cudnn_version
+        x = torch.empty(2, device="cuda")
+        assert torch.backends.cudnn.is_acceptable(x) and not torch.backends.cudnn.is_acceptable(x.long())
+        with torch.backends.cudnn.flags(enabled=False):
+            assert not torch.backends.cudnn.is_acceptable(x)
+    assert (torch.backends.cudnn.is_available(), torch.backends.cudnn.version()) == real
+
+
+def test_an_rnn_on_a_logical_gpu_does_not_warn_about_cudnn(recwarn):
+    # flatten_parameters asks torch.backends.cudnn.is_acceptable: on a CPU-only
+    # build it warned "compiled without cuDNN" at every call.
+    lstm = torch.nn.LSTM(4, 8)
+    md.tracer(device="cuda", gpu="h100")(lambda x: lstm(x)[0].sum(), torch.randn(5, 3, 4))
+    assert not [w for w in recwarn if "cuDNN" in str(w.message)]

@@ -146,6 +146,21 @@ _ACCELERATOR = {
     "device_count": _ANSWERS["device_count"],
     "synchronize": _nothing,
 }
+# torch.backends.cudnn: the profile's GPU has cuDNN (its version the
+# profile's); on a CPU-only build ``is_acceptable`` warned "compiled without
+# cuDNN" at every RNN's ``flatten_parameters``.
+_CUDNN_DTYPES = (torch.float16, torch.float32, torch.float64, torch.bfloat16)
+
+
+def _cudnn_acceptable(a, tensor) -> bool:
+    return torch.backends.cudnn.enabled and tensor.device.type == "cuda" and tensor.dtype in _CUDNN_DTYPES
+
+
+_CUDNN = {
+    "is_available": lambda a: True,
+    "version": lambda a: a.profile.cudnn_version,
+    "is_acceptable": _cudnn_acceptable,
+}
 _CLASSES: dict = {"Stream": logical_cuda.Stream, "Event": logical_cuda.Event}
 _NVTX = ("range_push", "range_pop", "mark")
 # id(mode) -> _Answering for every mode answering, in any thread
@@ -204,6 +219,8 @@ class _PerThreadClass(type):
 def _replacement(owner, name: str, real):
     if owner is torch:
         return _per_thread(real, functools.partial(_clear_autocast_cache, real))
+    if owner is torch.backends.cudnn:
+        return _per_thread(real, _CUDNN[name])
     if owner is torch.cuda.nvtx:
         return _per_thread(real, _nothing)
     if owner is torch.accelerator:
@@ -220,6 +237,7 @@ def _targets() -> list:
         + [(torch.cuda.nvtx, name) for name in _NVTX]
         + [(torch.accelerator, name) for name in _ACCELERATOR]
         + [(torch, "clear_autocast_cache")]
+        + [(torch.backends.cudnn, name) for name in _CUDNN]
     )
 
 
