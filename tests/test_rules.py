@@ -271,6 +271,14 @@ SAMPLES = {
     # rules/data_dependent.py: known indices checked (Note [Known indices out of range])
     aten.index_select.default: [(_x(4, 3), 0, torch.tensor([0, 3, 1])), (_x(4, 3).t(), -1, torch.tensor([2]))],
     aten.embedding.default: [(_x(5, 3), torch.tensor([[0, 4], [2, 2]])), (_x(5, 3), torch.tensor([1, 0]), 0)],
+    # rules/scaled_mm.py: a CPU keeps torch's meta answer (a logical GPU's SM: test_scaled_mm_refused_below_sm89)
+    aten._scaled_mm.default: [
+        (_x(16, 32, dtype=torch.float8_e4m3fn), _x(16, 32, dtype=torch.float8_e4m3fn).t(), _x(()), _x(())),
+        (
+            (_x(16, 32, dtype=torch.float8_e4m3fn), _x(16, 32, dtype=torch.float8_e4m3fn).t(), _x(()), _x(())),
+            {"out_dtype": torch.bfloat16},
+        ),
+    ],
     # rules/random_fill.py: write self, return it (Note [Random fills without dynamo])
     aten.normal_.default: [(_x(3, 4, dtype=d), 1.0, 0.5) for d in _DT] + [(_x(4, 3).mT,), (_c(2, 3),)],
     aten.cauchy_.default: [(_x(3, 4, dtype=d),) for d in _DT] + [(_x(4, 3).mT, 1.0, 2.0)],
@@ -411,3 +419,20 @@ def test_rules_random_fill_building_a_model_does_not_import_dynamo():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("gpu, allowed", [("a100-80gb", False), ("a100-40gb", False), ("l4", True), ("h100", True)])
+def test_scaled_mm_refused_below_sm89(gpu, allowed):
+    # rules/scaled_mm.py: CUDA's _scaled_mm_allowed_device, by the profile's SM.
+    a, b = _x(16, 32, dtype=torch.float8_e4m3fn), _x(16, 32, dtype=torch.float8_e4m3fn).t()
+    scale = torch.tensor(1.0)
+
+    def step(a, b):
+        return torch._scaled_mm(a, b, scale, scale, out_dtype=torch.bfloat16)
+
+    if allowed:
+        t = md.tracer(device="cuda", gpu=gpu)(step, a, b)
+        assert t.calls[-1].output_metas[0].dtype == torch.bfloat16
+    else:
+        with pytest.raises(RuntimeError, match="only supported on CUDA devices with compute capability >= 9.0 or 8.9"):
+            md.tracer(device="cuda", gpu=gpu)(step, a, b)

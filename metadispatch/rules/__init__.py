@@ -22,4 +22,5 @@ from . import (  # noqa: F401
     normalization,
     pooling,
     random_fill,
+    scaled_mm,
 )
