@@ -20,7 +20,17 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..ir.trace import Trace
-from . import autocast, composites, cuda_answers, fastpath, inside, known, rngstate, unseen
+from . import (
+    autocast,
+    composites,
+    cuda_answers,
+    fastpath,
+    gpu_composites,  # noqa: F401  (registers its overrides)
+    inside,
+    known,
+    rngstate,
+    unseen,
+)
 from .cache import MetaCache
 from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
