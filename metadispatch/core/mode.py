@@ -443,6 +443,7 @@ class _SwapReal(_compat.TorchFunctionMode):
                 and type(first) is MetaTensor
                 and first._md_device.type == "cuda"
                 and func not in _BACKWARD
+                and func is not _GRAD
                 and not inside.reentered(func, args)
             ):
                 # Note [Seeing inside torch's Python functions] in inside.py
