@@ -131,6 +131,7 @@ INERT_COMPOSITES = frozenset(
     full_like zeros_like ones_like empty_like rand_like randn_like randint_like new_zeros new_ones new_full
     new_empty clone detach item float double half bfloat16 long int short bool char byte cpu cuda
     dropout_ feature_dropout_ alpha_dropout_ feature_alpha_dropout_
+    requires_grad_ retain_grad embedding_bag adaptive_avg_pool3d adaptive_max_pool2d adaptive_max_pool3d
     embedding one_hot flip roll rot90 std var std_mean var_mean mean nanmean amax amin max min
     argmax argmin all any isfinite isinf isnan isclose allclose equal sort argsort topk stack hstack
     vstack dstack cat concat concatenate batch_norm instance_norm adaptive_avg_pool1d adaptive_avg_pool2d
@@ -337,8 +338,24 @@ def _nll_loss_nd(input, target, weight=None, reduction=1, ignore_index=-100):
     _refuse("nll_loss_nd")
 
 
+def _weight_norm(v, g, dim=0):
+    """``_weight_norm``'s C++ body (WeightNorm.cpp): the fused kernel, which
+    autocast leaves alone, unless a half tensor or an inner ``dim`` sends it
+    to ``v * (g / norm_except_dim(v, 2, dim))`` (``norm`` under autocast's
+    float32: not ported)."""
+    v, g = v.contiguous(), g.contiguous()
+    if torch.float16 in (v.dtype, g.dtype) or dim not in (0, v.dim() - 1):
+        _refuse("_weight_norm")
+    return torch._weight_norm_interface(v, g, dim)[0]
+
+
 def _square(self):
     return torch.pow(self, 2)  # ``square``'s C++ body: pow is float32 under autocast
 
 
-_PORTED = {"cross_entropy_loss": _cross_entropy_loss, "nll_loss_nd": _nll_loss_nd, "square": _square}
+_PORTED = {
+    "cross_entropy_loss": _cross_entropy_loss,
+    "nll_loss_nd": _nll_loss_nd,
+    "square": _square,
+    "_weight_norm": _weight_norm,
+}
