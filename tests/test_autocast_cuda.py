@@ -426,3 +426,42 @@ def test_grad_scaler_step_under_check_assumes_finite_gradients_and_steps_the_opt
     (assumed,) = report.assumptions
     assert float(assumed.value) == 0.0 and "finite gradients assumed" in assumed.basis
     assert not opt.state  # the user's optimizer is untouched
+
+
+def test_autocast_policy_edges_follow_cudas_rules():
+    lin = nn.Linear(4, 4)
+
+    def casts(t):
+        return [c.output_metas[0].dtype for c in t.calls if c.op == "aten._to_copy.default"]
+
+    def nested(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            a = lin(x)
+            with torch.autocast("cuda", enabled=False):
+                b = lin(x)  # float32 inside a disabled region, as on CUDA
+        return a, b
+
+    t = md.tracer(device="cuda")(nested, torch.randn(2, 4))
+    mms = [c.output_metas[0].dtype for c in t.calls if c.op == "aten.addmm.default"]
+    assert mms == [torch.bfloat16, torch.float32]
+
+    def uncached(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            lin(x)
+            lin(x)  # without the cache the weight is cast at each use
+
+    assert len(casts(md.tracer(device="cuda")(uncached, torch.randn(2, 4)))) == 6
+
+    def float64(x):
+        with torch.autocast("cuda", dtype=torch.float16):
+            return x @ x.t(), (x @ x.t()).softmax(-1)  # doubles are never cast, softmax keeps float64
+
+    t = md.tracer(device="cuda")(float64, torch.randn(3, 3, dtype=torch.float64))
+    assert casts(t) == [] and {c.output_metas[0].dtype for c in t.calls if c.output_metas} == {torch.float64}
+
+    def with_out(x, out):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return torch.mm(x, x, out=out)  # an out= overload is not autocast's
+
+    t = md.tracer(device="cuda")(with_out, torch.randn(3, 3), torch.empty(3, 3))
+    assert casts(t) == [] and t.calls[-1].output_metas[0].dtype == torch.float32
