@@ -453,11 +453,11 @@ class _SwapReal(_compat.TorchFunctionMode):
                 func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
             elif func is _GRAD:
                 func, args = _compat.engine_grad, (self, *args)
-            elif func in _READS_VALUES and type(first) is MetaTensor:
+            elif func in _STAND_IN_METHODS and type(first) is MetaTensor:
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in (Note [A real tensor's methods
                 # on its stand-in]).
-                out = _READS_VALUES[func](*args, **kwargs)
+                out = _STAND_IN_METHODS[func](*args, **kwargs)
                 if out is first and func in _MOVES and type(real_first) in (torch.Tensor, nn.Parameter):
                     # Moved to where its stand-in already is: the real tensor
                     # itself, as torch returns it, so that ``module.to`` keeps
@@ -561,7 +561,7 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: co
 # MetaTensor's own answers them.
 _FUNCTION = type(_tensor_backward)  # a Python function
 _MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
-_READS_VALUES = {
+_STAND_IN_METHODS = {
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
     **{
