@@ -308,6 +308,7 @@ def test_autocast_on_a_logical_gpu_casts_as_cuda_does():
 
 def test_cudnn_questions_are_answered_by_the_profile_inside_the_mode_only():
     real = torch.backends.cudnn.is_available(), torch.backends.cudnn.version()
+    functions = torch.backends.cudnn.is_acceptable, torch.clear_autocast_cache
     with md.MetaMode(device="cuda", gpu="h100") as mode:
         assert torch.backends.cudnn.is_available()
         assert torch.backends.cudnn.version() == mode.device_profile.cudnn_version
@@ -316,6 +317,7 @@ def test_cudnn_questions_are_answered_by_the_profile_inside_the_mode_only():
         with torch.backends.cudnn.flags(enabled=False):
             assert not torch.backends.cudnn.is_acceptable(x)
     assert (torch.backends.cudnn.is_available(), torch.backends.cudnn.version()) == real
+    assert (torch.backends.cudnn.is_acceptable, torch.clear_autocast_cache) == functions  # put back
 
 
 def test_an_rnn_on_a_logical_gpu_does_not_warn_about_cudnn(recwarn):
