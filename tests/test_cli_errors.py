@@ -63,6 +63,7 @@ def _assert_one_line(err: str, message: str):
         (["check", "m:f", "--device", "cuda"], "--device cuda: check re-runs every call on the CPU"),
         (["replay", "t.json", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
         (["trace", "--dtype", "f64"], "argument --dtype: invalid choice: 'f64'"),
+        (["trace", "--amp", "f32"], "argument --amp: invalid choice: 'f32'"),
         (["frobnicate"], "argument command: invalid choice: 'frobnicate'"),
     ],
 )
@@ -521,3 +522,20 @@ def test_cli_dtype_sets_the_built_in_models_dtype(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("built-in LLaMA-7B (f32, batch 1 x 8 tokens)")
     params = [leaf.meta for leaf in md.Trace.load(out).leaves.values() if leaf.kind == "param"]
     assert len(params) == 291 and {p.dtype for p in params} == {torch.float32}
+
+
+def test_cli_amp_traces_mixed_precision(tmp_path, capsys):
+    # --amp: float32 weights, the forward under torch.autocast (Note [Autocast
+    # on a logical GPU]); the built-in attention casts for its flash kernel.
+    out = tmp_path / "t.json"
+    assert main(["trace", "--amp", "bf16", "--seq", "8", "--out", str(out)]) == 0
+    assert "built-in LLaMA-7B (f32, batch 1 x 8 tokens): forward and backward under autocast (bf16)" in (
+        capsys.readouterr().out
+    )
+    trace = md.Trace.load(out)
+    params = [leaf.meta for leaf in trace.leaves.values() if leaf.kind == "param"]
+    assert {p.dtype for p in params} == {torch.float32}
+    forward = [c for c in trace.calls if c.phase == "forward"]
+    assert {c.output_metas[0].dtype for c in forward if c.op == "aten.mm.default"} == {torch.bfloat16}
+    assert any(c.op == "aten._scaled_dot_product_flash_attention.default" for c in forward)
+    assert {g.dtype for g in trace.grads.values()} == {torch.float32}

@@ -67,6 +67,12 @@ def attention(q, k, v):
     if k.shape[1] != q.shape[1]:  # grouped-query attention: share k, v heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    if q.is_cuda and torch.is_autocast_enabled("cuda"):
+        # The flash op is on autocast's lower-precision list: C++ autocast
+        # casts its inputs (right to left) even when called through
+        # torch.ops, which the MetaMode's autocast policy does not see.
+        low = torch.get_autocast_dtype("cuda")
+        v, k, q = v.to(low), k.to(low), q.to(low)
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]
     # Elsewhere spell the math out, so that a real run and a trace agree

@@ -126,6 +126,7 @@ def _cmd_trace(args) -> int:
 
     device = args.device
     dtype = _DTYPES[args.dtype] if args.dtype else None
+    amp = (torch.device(device).type, _DTYPES[args.amp]) if args.amp else None
     if args.config and not args.hf:
         raise UsageError("--config needs --hf")
     if args.target and args.hf:
@@ -157,12 +158,15 @@ def _cmd_trace(args) -> int:
                 args.seq,
                 dtype,
                 lazy=distributed,
+                amp=amp,
             )
         elif args.target:
-            t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed)
+            t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
         else:
             seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype)
+            t = targets.default_target(
+                device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp
+            )
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
@@ -173,6 +177,8 @@ def _cmd_trace(args) -> int:
         trace = run(t.step, t.model, *t.inputs)
     seconds = time.perf_counter() - start
     what = "forward" if args.forward_only else "forward and backward"
+    if args.amp:
+        what += f" under autocast ({args.amp})"
     on = f"{device} ({trace.gpu})" if trace.gpu else device
     print(f"{t.name}: {what} on {on}, traced in {seconds:.1f} s")
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
@@ -509,6 +515,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides for --hf")
     t.add_argument("--device", type=_device, default="cuda", help="logical device (default: cuda)")
     t.add_argument("--dtype", choices=sorted(_DTYPES), help="the model's dtype (built-in, default bf16, and --hf)")
+    t.add_argument(
+        "--amp",
+        choices=("bf16", "f16"),
+        help="mixed precision: the forward under torch.autocast in this dtype, float32 weights unless --dtype",
+    )
     t.add_argument("--batch", type=_at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")

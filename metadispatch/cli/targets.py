@@ -10,6 +10,7 @@ backward.
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -62,9 +63,14 @@ def _built(name, build: Callable, step: Callable, device, lazy: bool) -> Target:
     return Target(name(model) if callable(name) else name, model, inputs, step, build)
 
 
-def _train_step(backward: bool, call: Callable | None = None) -> Callable:
+def _train_step(backward: bool, call: Callable | None = None, amp: tuple | None = None) -> Callable:
+    """The traced step: the forward (under ``torch.autocast(*amp)`` when
+    mixed precision is asked for, as training scripts write it), then the
+    backward of its loss outside autocast."""
+
     def step(model, *inputs):
-        out = call(model, *inputs) if call is not None else model(*inputs)
+        with torch.autocast(*amp) if amp is not None else contextlib.nullcontext():
+            out = call(model, *inputs) if call is not None else model(*inputs)
         loss = _first_tensor(out)
         if backward and loss is not None and loss.requires_grad:
             (loss if loss.dim() == 0 else loss.float().sum()).backward()
@@ -83,14 +89,15 @@ def _first_tensor(out):
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
-def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None) -> Target:
-    """LLaMA-7B in ``dtype`` (default bf16), a batch of ``batch`` x ``seq`` tokens."""
-    dtype = dtype or torch.bfloat16
+def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None, amp=None) -> Target:
+    """LLaMA-7B in ``dtype`` (default bf16; float32 under ``amp``, mixed
+    precision's master weights), a batch of ``batch`` x ``seq`` tokens."""
+    dtype = dtype or (torch.float32 if amp is not None else torch.bfloat16)
     short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(dtype, str(dtype))
     return _built(
         f"built-in LLaMA-7B ({short}, batch {batch} x {seq} tokens)",
         lambda: llama.build(llama.LlamaConfig(), batch, seq, dtype),
-        _train_step(backward),
+        _train_step(backward, amp=amp),
         device,
         lazy,
     )
@@ -114,10 +121,10 @@ def load_callable(spec: str) -> Callable:
     return getattr(module, attr)
 
 
-def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False) -> Target:
+def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False, amp=None) -> Target:
     """A function returning ``(model, inputs)``; inputs a tensor or a tuple."""
     fn = load_callable(spec)
-    return _built(spec, lambda: model_and_inputs(spec, fn()), _train_step(backward), device, lazy)
+    return _built(spec, lambda: model_and_inputs(spec, fn()), _train_step(backward, amp=amp), device, lazy)
 
 
 def model_and_inputs(spec: str, built) -> tuple:
@@ -185,7 +192,15 @@ AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech enco
 
 
 def hf_target(
-    arch: str, overrides: dict, device="cuda", backward=True, batch=1, seq=None, dtype=None, lazy: bool = False
+    arch: str,
+    overrides: dict,
+    device="cuda",
+    backward=True,
+    batch=1,
+    seq=None,
+    dtype=None,
+    lazy: bool = False,
+    amp=None,
 ) -> Target:
     """A ``transformers`` model of architecture ``arch`` (a model type such
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
@@ -257,7 +272,7 @@ def hf_target(
     return _built(
         lambda model: f"transformers {type(model).__name__ if model is not None else arch} ({shape})",
         build,
-        _train_step(backward, call),
+        _train_step(backward, call, amp),
         device,
         lazy,
     )
