@@ -41,7 +41,10 @@ does, and the MetaMode's exit.
 
 Limits: the casts of a C++ call's arguments are made right to left, as GCC
 evaluates them; calls with ``out=`` are not cast (C++ registers no out
-overload); autocast on other logical devices (xpu, mps) is refused (mode.py).
+overload); an op called through ``torch.ops`` is no torch function, so it
+is not cast here where C++ autocast would cast it (the built-in LLaMA casts
+for its flash kernel itself: cli/llama.py); autocast on other logical
+devices (xpu, mps) is refused (mode.py).
 """
 
 from __future__ import annotations
