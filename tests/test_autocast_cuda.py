@@ -10,6 +10,8 @@ registers, and behaviour to torch's documented rules.
 """
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,27 +204,11 @@ def _timm_vit():
 
 
 def _unet():
-    diffusers = pytest.importorskip("diffusers")
-    unet = diffusers.UNet2DModel(
-        sample_size=16,
-        in_channels=3,
-        out_channels=3,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-        up_block_types=("AttnUpBlock2D", "UpBlock2D"),
-        norm_num_groups=8,
-    ).eval()
+    pytest.importorskip("diffusers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    import model_conformance  # the conformance table's UNet2D
 
-    class Denoise(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.unet = unet
-
-        def forward(self, x):
-            return self.unet(x, 3).sample
-
-    return Denoise(), (torch.randn(1, 3, 16, 16),)
+    return model_conformance.CONFIGS["diffusers.unet"].build()
 
 
 @needs_fake_cuda
@@ -235,8 +221,8 @@ def test_autocast_forward_of_vision_models_is_what_cuda_autocast_dispatches(buil
     # number written into a GPU tensor]).
     model, inputs = build()
 
-    def fn(m, x):
-        return m(x)
+    def fn(m, *xs):
+        return m(*xs)
 
     _same(_cuda_calls(fn, model, inputs, torch.bfloat16), _traced_calls(fn, model, inputs, torch.bfloat16))
 

@@ -105,10 +105,10 @@ def zero_grad_keeps_grads():
     return step, (_x(),), {"m": m, "opt": opt}
 
 
-def _with_scheduler(make):
+def _with_scheduler(make, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)):
     def pattern():
         m = _model()
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        opt = optimizer(m.parameters())
         sched = make(opt)
         _eager_step(m, opt)
         sched.step()
@@ -485,23 +485,13 @@ def manual_warmup_and_new_param_group():
     return step, (_x(),), {"m": m, "opt": opt, "extra": extra}
 
 
-@pattern
-def chained_schedulers():
-    m = _model()
-    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+def _chained(opt):
     warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=2)
     decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
-    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[2])
-    _eager_step(m, opt)
-    sched.step()
+    return torch.optim.lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[2])
 
-    def step(x):
-        opt.zero_grad()
-        _loss(m, x).backward()
-        opt.step()
-        sched.step()
 
-    return step, (_x(),), {"m": m, "opt": opt, "sched": sched}
+PATTERNS["chained_schedulers"] = _with_scheduler(_chained, lambda ps: torch.optim.AdamW(ps, lr=0.1))
 
 
 @pattern

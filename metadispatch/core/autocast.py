@@ -49,6 +49,7 @@ devices (xpu, mps) is refused (mode.py).
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 import weakref
@@ -184,15 +185,10 @@ def _on_logical_gpu(a) -> bool:
     return isinstance(a, MetaTensor) and a._md_device.type == "cuda"
 
 
-_registered: frozenset[str] | None = None
-
-
+@functools.cache
 def registered_names() -> frozenset[str]:
     """The aten op names the installed torch registers at ``AutocastCUDA``."""
-    global _registered
-    if _registered is None:
-        _registered = _compat.aten_names_with_kernel("AutocastCUDA")
-    return _registered
+    return _compat.aten_names_with_kernel("AutocastCUDA")
 
 
 def prepare(func, args, kwargs):
@@ -227,7 +223,7 @@ def _apply(name: str, policy: str, args, kwargs):
     if policy == _PROMOTE:
         to = lower
         for a in _leaves((*args, *kwargs.values())):
-            if _eligible(a) and a.dtype != torch.float64:
+            if _is_eligible(a):
                 if to == torch.float32 or a.dtype == torch.float32:
                     to = torch.float32
                 elif not (to == lower and a.dtype == lower):
@@ -253,12 +249,9 @@ def _apply(name: str, policy: str, args, kwargs):
     return args, {**kwargs, "dtype": to}
 
 
-def _eligible(a) -> bool:
-    return _on_logical_gpu(a) and a.dtype.is_floating_point
-
-
 def _is_eligible(a) -> bool:
-    return _eligible(a) and a.dtype != torch.float64
+    """C++'s ``is_eligible``: a (logical) CUDA floating tensor, not float64."""
+    return _on_logical_gpu(a) and a.dtype.is_floating_point and a.dtype != torch.float64
 
 
 def _cast_all(to: torch.dtype, args, kwargs):
@@ -292,16 +285,15 @@ def _cast_all(to: torch.dtype, args, kwargs):
     return tuple(reversed([cast(a) for a in reversed(args)])), kwargs
 
 
-_composites: frozenset[str] | None = None
-
-
 def _is_composite(name: str) -> bool:
     """Whether an aten op of this name has a ``CompositeImplicitAutograd``
     overload: a body above autograd that calls other aten ops."""
-    global _composites
-    if _composites is None:
-        _composites = _compat.aten_names_with_kernel("CompositeImplicitAutograd")
-    return name in _composites
+    return name in _composite_names()
+
+
+@functools.cache
+def _composite_names() -> frozenset[str]:
+    return _compat.aten_names_with_kernel("CompositeImplicitAutograd")
 
 
 def _refuse(name: str) -> None:

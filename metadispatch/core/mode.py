@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from types import FunctionType
 
 import torch
 from torch import nn
@@ -439,7 +440,7 @@ class _SwapReal(_compat.TorchFunctionMode):
             if override is not None:
                 return override(*args, **kwargs)
             if (
-                type(func) is _FUNCTION
+                type(func) is FunctionType
                 and type(first) is MetaTensor
                 and first._md_device.type == "cuda"
                 and func not in _BACKWARD
@@ -559,7 +560,6 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: co
 # device and copied, through autograd for a parameter, whose device guard for
 # CUDA fails on a CPU-only build -- or refuses a subclass (``tolist``).  So
 # MetaTensor's own answers them.
-_FUNCTION = type(_tensor_backward)  # a Python function
 _MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
 _STAND_IN_METHODS = {
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
