@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 import metadispatch as md
 from metadispatch.core import profiles
@@ -63,3 +64,20 @@ def test_profile_peak_falls_back_to_a_wider_dtype():
     assert "fp8" not in a100.flops
     assert a100.peak("fp8") == a100.flops["fp16"]
     assert md.gpu_profile("h100").peak("fp8") == 2 * md.gpu_profile("h100").peak("bf16")
+
+
+def test_profile_unregistered_travels_with_the_trace_and_answers_its_analyses(tmp_path):
+    # A profile made with dataclasses.replace (the device's own CUDA and cuDNN
+    # versions, a smaller card) and passed as gpu= without registering it:
+    # md.memory and md.fits of the trace use it; the registry stays as it was.
+    mine = dataclasses.replace(md.gpu_profile("h100"), name="h100-unregistered", memory=2**20)
+    before = dict(profiles.gpu_profiles())
+    lin = torch.nn.Linear(256, 256)
+    trace = md.tracer(device="cuda", gpu=mine)(lambda m, x: m(x).sum().backward(), lin, torch.randn(64, 256))
+    assert trace.gpu is mine
+    assert md.memory(trace).peak == md.memory(trace, gpu="h100").peak > 0
+    assert md.memory(trace, allocator="cuda").capacity == 2**20
+    assert not md.fits(trace).fits  # 2 MiB segments do not fit in 1 MiB: the profile's memory was used
+    assert profiles.gpu_profiles() == before
+    trace.save(tmp_path / "t.json")
+    assert md.Trace.load(tmp_path / "t.json").gpu == "h100-unregistered"

@@ -179,7 +179,7 @@ def _cmd_trace(args) -> int:
     what = "forward" if args.forward_only else "forward and backward"
     if args.amp:
         what += f" under autocast ({args.amp})"
-    on = f"{device} ({trace.gpu})" if trace.gpu else device
+    on = f"{device} ({getattr(trace.gpu, 'name', trace.gpu)})" if trace.gpu else device
     print(f"{t.name}: {what} on {on}, traced in {seconds:.1f} s")
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     if args.gpu:

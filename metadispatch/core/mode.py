@@ -37,7 +37,7 @@ from .dispatch import dispatch
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .initializers import InitializerRoute
 from .modules import ModuleStack
-from .profiles import GPUProfile, gpu_profile
+from .profiles import GPUProfile, gpu_profile, gpu_profiles
 from .record import Recorder
 from .source import user_frame
 from .standins import StandIns
@@ -116,7 +116,11 @@ class MetaMode(_compat.TorchDispatchMode):
         self.device_profile = gpu_profile(gpu) if gpu is not None or cuda else None
         self._gpu_named = gpu is not None
         if self.device_profile is not None:
-            self.trace.gpu = self.device_profile.name
+            # A profile the user made and did not register travels with the
+            # trace, so that md.memory(trace) and md.fits(trace) answer for it
+            # (a saved trace keeps its name only).
+            p = self.device_profile
+            self.trace.gpu = p.name if gpu_profiles().get(p.name) == p else p
         # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
         self.world = World(world_size, rank) if world_size is not None else None
 

@@ -112,7 +112,7 @@ class _Writer:
             "output": output,
             "grads": grads,
             "modules": dict(trace.modules),
-            "gpu": trace.gpu,
+            "gpu": getattr(trace.gpu, "name", trace.gpu),
             "rng_state": _b64(trace.rng_state) if trace.rng_state is not None else None,
             "threads": trace.threads,
             "conv_switches": list(trace.conv_switches) if trace.conv_switches is not None else None,

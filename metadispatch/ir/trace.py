@@ -91,9 +91,10 @@ class Trace:
         # Loaded from a file: replay re-derives what the file claims about
         # sizes before trusting it (Note [Budgets] in execution/budget.py).
         self.untrusted = False
-        # The GPU profile (its name) that answered hardware-dependent choices
-        # (SDPA's backend) on a logical CUDA device; None: no profile was asked.
-        self.gpu: str | None = None
+        # The GPU profile that answered hardware-dependent choices (SDPA's
+        # backend) on a logical CUDA device: its name, or the profile itself
+        # when it is not registered (core/mode.py); None: no profile was asked.
+        self.gpu: Any = None  # str | core.profiles.GPUProfile | None
 
     # -- sequence protocol
     def __len__(self) -> int:

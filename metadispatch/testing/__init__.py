@@ -44,6 +44,7 @@ from ..tracing.tracer import tracer
 from .collectives import CollectiveLog
 
 __all__ = [
+    "this_gpu_profile",
     "assert_same_ops",
     "assert_trace",
     "expected_form",
@@ -99,6 +100,39 @@ def eager_calls(fn: Callable, *args, **kwargs) -> list[Call]:
     with _EagerLog() as log:
         fn(*args, **kwargs)
     return log.calls
+
+
+def this_gpu_profile():
+    """The built-in GPU profile of this host's CUDA device 0 (same compute
+    capability and SM count, nearest memory), with its total memory and the
+    installed torch's CUDA and cuDNN versions, which SDPA's choice reads: what
+    a trace must be recorded for to be compared with this GPU's real run
+    (``tools/gpu_conformance.py``, ``tests/test_real_gpu.py``).  Not
+    registered: it travels with the trace (core/mode.py)."""
+    import dataclasses
+
+    from ..core.profiles import gpu_profiles
+    from ..errors import MetaDispatchError
+
+    props = torch.cuda.get_device_properties(0)
+    cap = (props.major, props.minor)
+    same = [
+        p
+        for p in gpu_profiles().values()
+        if tuple(p.compute_capability) == cap and p.sm_count == props.multi_processor_count
+    ]
+    if not same:
+        raise MetaDispatchError(f"no GPU profile has sm{cap[0]}{cap[1]} with {props.multi_processor_count} SMs")
+    base = min(same, key=lambda p: abs(p.memory - props.total_memory))
+    major, minor = (int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+    return dataclasses.replace(
+        base,
+        name=f"{base.name}-here",
+        title=props.name,
+        memory=props.total_memory,
+        cuda_version=major * 1000 + minor * 10,
+        cudnn_version=torch.backends.cudnn.version() or 0,
+    )
 
 
 def trace_calls(trace: Trace) -> list[Call]:
