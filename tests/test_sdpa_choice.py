@@ -45,6 +45,19 @@ def _deterministic(how):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def attention(c) -> None:
+    """The case's SDPA call, its tensors made by whatever mode or device context is active."""
+    q = _tensor(c["q"], c["dtype"], c["grad"], c["offset"], c["transposed"])
+    k = _tensor(c["k"], c["dtype"], c["grad"], c["offset"], c["transposed"])
+    mask = None
+    if c["mask"] is not None:
+        kind, shape = c["mask"]
+        mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=c["dtype"])
+    F.scaled_dot_product_attention(
+        q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"], enable_gqa=c["gqa"]
+    )
+
+
 def _recorded_backend(c) -> str:
     flags = [_BACKENDS[b] for b in c["flags"]] if c["flags"] else list(_BACKENDS.values())
     with (
@@ -52,15 +65,7 @@ def _recorded_backend(c) -> str:
         sdpa_kernel(flags, set_priority=c["priority"]),
         _deterministic(c["deterministic"]),
     ):
-        q = _tensor(c["q"], c["dtype"], c["grad"], c["offset"], c["transposed"])
-        k = _tensor(c["k"], c["dtype"], c["grad"], c["offset"], c["transposed"])
-        mask = None
-        if c["mask"] is not None:
-            kind, shape = c["mask"]
-            mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=c["dtype"])
-        F.scaled_dot_product_attention(
-            q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"], enable_gqa=c["gqa"]
-        )
+        attention(c)
     ops = {call.op for call in mode.trace.calls}
     fused = [name for name, op in _OPS.items() if op in ops]
     assert len(fused) <= 1, fused

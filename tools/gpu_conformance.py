@@ -44,7 +44,6 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -271,22 +270,14 @@ def sdpa_cases(gpu: md.GPUProfile) -> list[dict]:
 
 def _sdpa_backend(c: dict, gpu) -> str:
     """The backend of the case's SDPA: run on the GPU (``gpu`` None) or traced under ``gpu``."""
-    from test_sdpa_choice import _BACKENDS, _deterministic, _tensor
+    from test_sdpa_choice import _BACKENDS, _deterministic, attention
     from torch.nn.attention import sdpa_kernel
 
     flags = [_BACKENDS[b] for b in c["flags"]] if c["flags"] else list(_BACKENDS.values())
     mode = md.MetaMode(device=DEVICE, gpu=gpu) if gpu is not None else _EagerOps()
     with mode, sdpa_kernel(flags, set_priority=c["priority"]), _deterministic(c["deterministic"]):
         with torch.device(DEVICE):
-            q = _tensor(c["q"], c["dtype"], c["grad"], c["offset"], c["transposed"])
-            k = _tensor(c["k"], c["dtype"], c["grad"], c["offset"], c["transposed"])
-            mask = None
-            if c["mask"] is not None:
-                kind, shape = c["mask"]
-                mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=c["dtype"])
-        F.scaled_dot_product_attention(
-            q, k, k, attn_mask=mask, dropout_p=c["dropout"], is_causal=c["causal"], enable_gqa=c["gqa"]
-        )
+            attention(c)
     ops = {call.op for call in mode.trace.calls} if gpu is not None else mode.ops
     fused = sorted(_OPS[o] for o in ops if o in _OPS)
     return "+".join(fused) if fused else "math"
