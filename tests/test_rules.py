@@ -396,8 +396,24 @@ def test_rules_masked_select_with_a_known_mask_matches_real(x, mask):
     assert (ours.shape, ours.stride(), ours.dtype, ours.device) == (real.shape, real.stride(), real.dtype, real.device)
 
 
+# CUDA-only kernels whose outputs a real GPU showed: tests/test_real_gpu.py
+# compares them with one where CUDA exists; the test below holds the rest of
+# their outputs to torch's meta kernel.
+_ON_A_GPU = {aten._scaled_dot_product_efficient_attention.default, aten._efficient_attention_forward.default}
+
+
+def test_rules_efficient_attention_seed_and_offset_are_cpu_scalars_on_a_logical_gpu():
+    # Note [Efficient attention's seed and offset]: the rest is torch's meta answer.
+    q = torch.empty(2, 4, 16, 8, device="meta")
+    meta = aten._scaled_dot_product_efficient_attention.default(q, q, q, None, True)
+    with md.MetaMode(device="cuda"):
+        ours = aten._scaled_dot_product_efficient_attention.default(*(torch.empty(2, 4, 16, 8),) * 3, None, True)
+    assert [(o.shape, o.dtype, o.stride()) for o in ours] == [(o.shape, o.dtype, o.stride()) for o in meta]
+    assert [o.device.type for o in ours] == ["cuda", "cuda", "cpu", "cpu"]
+
+
 def test_rules_every_builtin_rule_has_a_differential_test():
-    have = set(SAMPLES) | _NEEDS_A_VALUE | _NEEDS_CUDNN
+    have = set(SAMPLES) | _NEEDS_A_VALUE | _NEEDS_CUDNN | _ON_A_GPU
     assert {op for op in registry._BUILTIN if op.namespace not in _NEEDS_A_WORLD} <= have
 
 

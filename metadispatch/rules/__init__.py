@@ -8,6 +8,7 @@ real CPU kernel in ``tests/test_rules.py``.
 from . import (  # noqa: F401
     activations,
     attention,
+    attention_rng,
     batch_norm_cuda,
     collectives,
     convolution,
