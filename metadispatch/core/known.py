@@ -85,7 +85,10 @@ def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
     """
     if real.numel() <= _limit(mode):
         with _compat.no_python_dispatch():
-            t._md_known = (real.detach().clone(), _Cell())
+            # Kept on the CPU whatever the real tensor's device: values are
+            # computed with CPU kernels (run_real), which a GPU tensor among
+            # their arguments would refuse; the copy is small.
+            t._md_known = (real.detach().to("cpu", copy=True), _Cell())
 
 
 def _limit(mode) -> int:

@@ -29,6 +29,7 @@ from . import (
     gpu_composites,  # noqa: F401  (registers its overrides)
     inside,
     known,
+    literals,
     rngstate,
     unseen,
 )
@@ -187,9 +188,15 @@ class MetaMode(_compat.TorchDispatchMode):
         """A logical-CPU stand-in, known by value, for a small real CPU tensor
         that C++ makes for a GPU op whatever the mode's device (Note [A Python
         number written into a GPU tensor] in composites.py)."""
-        converter = self.__dict__.get("_cpu_converter")
+        return self.constant_on(t, _CPU)
+
+    def constant_on(self, t: torch.Tensor, device: torch.device) -> MetaTensor:
+        """A stand-in on ``device``, known by value, for a small real tensor
+        C++ made outside the trace (Note [A literal made on a device] in literals.py)."""
+        converters = self.__dict__.setdefault("_constant_converters", {})
+        converter = converters.get(device)
         if converter is None:
-            converter = self._cpu_converter = Converter(_CPU)
+            converter = converters[device] = Converter(device)
         meta = converter(t)
         self._recorder.note_real(meta, t)
         known.know(meta, t, self)
@@ -207,8 +214,8 @@ class MetaMode(_compat.TorchDispatchMode):
         converted later gets a new stand-in.
         """
         self._converter.forget()
-        if "_cpu_converter" in self.__dict__:
-            self._cpu_converter.forget()
+        for converter in self.__dict__.get("_constant_converters", {}).values():
+            converter.forget()
         self._recorder.forget_reals()
 
     def __enter__(self):
@@ -419,6 +426,8 @@ class _SwapReal(_compat.TorchFunctionMode):
             if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
                 with _compat.no_python_dispatch():  # a constant's copy is made for real
                     mode._recorder.before_data_swap(args[0], args[1])
+            if func in literals.LITERALS and literals.applies(func, args, kwargs):
+                return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
                 # ``real.data = meta`` (``m.double()`` before the module's
                 # first forward), ``meta.data = real``: MetaTensor's setter

@@ -1,0 +1,86 @@
+"""``torch.tensor(data, device=D)`` as C++ builds it for a device: one ``lift_fresh`` on ``D``.
+
+Note [A literal made on a device]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+C++ (``internal_new_from_data``) builds a literal on the CPU, copies it to
+``D`` below the dispatcher and lifts it there: a real GPU run dispatches one
+``lift_fresh`` whose output is on ``D``.  Under a mode that sets
+``only_lift_cpu_tensors`` (MetaMode, as FakeTensorMode) C++ lifts the CPU
+tensor and then moves it with a ``_to_copy`` the GPU never dispatches:
+transformers' caches (``torch.tensor([], device=...)`` per layer) recorded
+two at every attention layer on a logical H100 (tools/gpu_conformance.py
+against a real one).  So a literal of plain data (no tensors in it) asked
+for a device other than the CPU is built for real outside the trace, stood in
+for on ``D`` and lifted there.  The device follows the mode's rule for
+factories (Note [Meta from options] in dispatch.py): a mode with a device
+puts every factory there.
+
+Note [Optimizer step counters on the CPU]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Unless ``capturable`` or ``fused``, torch's optimizers keep each parameter's
+step counter on the CPU, ``torch.tensor(0.0, dtype=...)`` with no device,
+whatever the parameters' device, and branch on it: Adam's foreach step adds
+``torch.tensor(1.0, device="cpu")`` to CPU counters, one ``lift_fresh`` more
+than the ``_foreach_add_`` of a number GPU counters take.  A mode with a
+device would put both literals on it, so a logical GPU recorded a program a
+GPU does not run (an H100's dispatch log of AdamW had the CPU counters and
+the extra op).  So a literal that ``torch.optim``'s own code makes with no
+device, or on the CPU, stays on the CPU.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+
+from .. import _compat
+from .._compat import pytree
+from .tensor import normalize_device
+
+aten = torch.ops.aten
+_CPU = torch.device("cpu")
+LITERALS = {torch.tensor, torch.as_tensor}
+
+
+def applies(func, args, kwargs) -> bool:
+    if func not in LITERALS or not args:
+        return False
+    if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args[0])):
+        return False
+    device = kwargs.get("device")
+    if device is None or normalize_device(device).type == "cpu":
+        return _optimizer_counter()
+    return True
+
+
+def _optimizer_counter() -> bool:
+    # sys._getframe(3): build's caller's caller -- torch.tensor is C, so
+    # the frames are this function, applies, the mode's __torch_function__,
+    # and the code that called torch.tensor.
+    frame: types.FrameType | None = sys._getframe(3)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PASSING):
+        frame = frame.f_back  # other torch-function modes between (torch.device's)
+    return frame is not None and frame.f_globals.get("__name__", "").startswith("torch.optim.")
+
+
+_PASSING = ("metadispatch.", "torch.utils._device", "torch.overrides", "torch.utils._python_dispatch")
+
+
+def build(mode, func, args, kwargs):
+    kwargs = dict(kwargs)
+    device = kwargs.pop("device", None)
+    requires_grad = kwargs.pop("requires_grad", False)
+    kwargs.pop("pin_memory", None)
+    if device is None or normalize_device(device).type == "cpu":
+        # Note [Optimizer step counters on the CPU]
+        device = _CPU
+    elif mode.device is not None:
+        device = mode.device
+    else:
+        device = normalize_device(device)
+    with _compat.no_python_dispatch(), _compat.no_torch_function():
+        real = func(*args, **kwargs)
+    out = aten.lift_fresh.default(mode.constant_on(real, device))
+    return out.requires_grad_() if requires_grad else out
