@@ -46,7 +46,7 @@ def test_cli_default_trace_prints_summary(tmp_path):
     text = out.stdout
     assert text.startswith("built-in LLaMA-7B (bf16, batch 1 x 2048 tokens): forward and backward on cuda")
     assert "aten._scaled_dot_product_flash_attention.default" in text
-    assert "FLOPs (backward" in text and "peak 25.1GiB" in text and "1-31 (Block, each as above)" in text
+    assert "FLOPs (backward" in text and "peak 25.2GiB" in text and "1-31 (Block, each as above)" in text
     assert "\r" not in out.stderr  # no progress line when not on a terminal
     # docs/cli.md shows this output in full: it must be what the command prints.
     shown = (ROOT / "docs" / "cli.md").read_text().split("$ metadispatch trace\n", 1)[1].split("```", 1)[0]

@@ -164,7 +164,7 @@ def _workspaces(trace: Trace, gpu: GPUProfile) -> dict:
     """Kernel workspaces as storages of their own (Note [Transient and persistent
     workspaces] in ``workspace.py``): a transient one lives during its call only."""
     out: dict = {}
-    block, blas = cpu_block(), False
+    block = cpu_block()
     for i, call in enumerate(trace.calls):
         nbytes = transient_workspace(call, block)
         if nbytes:
@@ -172,11 +172,11 @@ def _workspaces(trace: Trace, gpu: GPUProfile) -> dict:
                 ("workspace", i), call.output_metas[0].device, i, "workspaces", call.module
             )
             info.nbytes, info.died = nbytes, i + 1
-        if not blas and uses_cublas(call):
-            blas = True
-            info = out[("workspace", "cublas")] = StorageInfo(  # the process's, not the module's
-                ("workspace", "cublas"), call.output_metas[0].device, i, "workspaces", ""
-            )
+        # One per cuBLAS handle: the step's thread's, and the autograd
+        # engine's device thread's for backward (Note [Transient and persistent workspaces]).
+        key = ("workspace", "cublas-backward" if call.phase == "backward" else "cublas")
+        if key not in out and uses_cublas(call):
+            info = out[key] = StorageInfo(key, call.output_metas[0].device, i, "workspaces", "")  # the process's
             info.nbytes = cublas_workspace(gpu)
     return out
 

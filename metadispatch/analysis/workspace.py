@@ -19,7 +19,13 @@ outputs, which puts the call's peak where the real run has it.  A
 cuBLAS handle and stream one workspace from the caching allocator
 (``getChosenWorkspaceSize`` in ``aten/src/ATen/cuda/CublasHandlePool.cpp``:
 ``:4096:8``, 32 MiB, on compute capability 9 and above, else ``:4096:2:16:8``,
-8 MiB + 128 KiB), live from the first matmul to the end.
+8 MiB + 128 KiB), live from the first matmul to the end.  Handles are per
+thread, and the autograd engine runs a CUDA device's backward on a thread of
+its own: a training step holds two, the forward's and the backward's (a real
+H100's peak was one 32 MiB workspace above the trace's when the backward's
+was not counted: the built-in LLaMA-7B step, and every zoo model with a
+matmul, tools/gpu_conformance.py).  cuBLASLt shares the cuBLAS workspace
+(``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, on by default).
 
 Limits, stated: oneDNN's *scratchpad* (its per-thread reduction buffers in a
 convolution's weight gradient, tens of KiB, which depend on how it splits the
