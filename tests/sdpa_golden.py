@@ -1,13 +1,16 @@
 """Golden table: the SDPA backend a real GPU runs, derived by reading torch's source.
 
 Each group names the C++ function (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-pytorch commit 001f694a, and the installed torch's sdp_utils_cpp.h) whose rule decides it;
+pytorch commit 001f694a, and the installed torch's sdp_utils_cpp.h; where the releases'
+own check_cudnn_tensor_shapes differs, as read from the 2.13.0 and 2.14.1 cu130 wheels'
+libtorch_cuda.so, the group says so) whose rule decides it;
 the expected backend of a case is worked out from that rule by hand, per group, below --
 never by calling metadispatch.  Cases are plain tuples so a failure names the case.
 
 Facts every group relies on:
 - ``priority_order`` + ``check_prefer_cudnn_attention``: the default order is flash,
-  efficient, math, cuDNN; with cuDNN > 9.15 (the cu130 wheels ship 9.24) on sm90/sm100
+  efficient, math, cuDNN; with cuDNN > 9.15 (the cu130 wheels ship 9.20 with 2.13.0 and
+  9.24.0 with 2.14.1) on sm90/sm100
   (H100, H200, B200) cuDNN goes first: cuDNN, flash, efficient, math.  So on A100/L4
   cuDNN is reached only when math is disabled.
 - flash and cuDNN take fp16/bf16 only on sm80+ (``check_dtypes_low_precision``);
@@ -81,13 +84,25 @@ for gpu in PROFILES:
             CASES.append(case(gpu, _fused(gpu, dtype), dtype=dtype, grad=grad, group="dtype"))
 
 
+def _cudnn_head_dim_limit(gpu):
+    # check_cudnn_tensor_shapes' head_dim_limit for d_qk == d_v.  2.13.0's binary: 256 on
+    # sm90.0 with cuDNN >= 9.10 (the wheel's 9.20), else 128 (pytorch#149904/#161210).
+    # 2.14.1's: 256 on sm90.0/sm10x (not sm10.7 up to 9.25) with cuDNN > 9.22 (the wheel's
+    # 9.24.0) and a cuDNN frontend >= 1.24 (pytorch#185553/#185554), which that build has.
+    if TORCH_2_14:
+        return 256 if gpu in CUDNN_FIRST else 128
+    return 256 if gpu in ("h100", "h200") else 128
+
+
 def _head_dim(gpu, d, grad=False, dropout=0.0):
-    # check_cudnn_tensor_shapes: d % 8 == 0 and d <= 128 (no 256 without cudnn_frontend_d256;
-    # 192 only as d_qk=192, d_v=128).  check_head_dim_size_flash: d <= 256, any multiple (the
-    # composite pads to 8).  check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120:
+    # check_cudnn_tensor_shapes: d % 8 == 0 and d <= the limit above (a real H100 on torch
+    # 2.11.0, whose binary has 2.13.0's rule, ran cuDNN for 160, 192 and 256).  Training
+    # with d > 128 (2.14's check_cudnn_d256_bprop_head_dim) is not in this group.
+    # check_head_dim_size_flash: d <= 256, any multiple (the composite pads to 8).
+    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120:
     # L4 (sm89) training refuses d in (192, 224], and (224, 256] with dropout.
     # check_head_dim_size_mem_efficient: d % 8 == 0 for half types, no upper bound on CUDA.
-    if gpu in CUDNN_FIRST and d % 8 == 0 and d <= 128:
+    if gpu in CUDNN_FIRST and d % 8 == 0 and d <= _cudnn_head_dim_limit(gpu):
         return CUDNN
     l4_train_refuses = gpu == "l4" and grad and not (d <= 192 or (dropout <= 0.0 and d > 224))
     if d <= 256 and not l4_train_refuses:
@@ -99,6 +114,13 @@ def _head_dim(gpu, d, grad=False, dropout=0.0):
 for gpu in PROFILES:
     for d in (8, 40, 60, 64, 80, 96, 128, 160, 192, 256, 264):
         CASES.append(case(gpu, _head_dim(gpu, d), q=(2, 8, 256, d), group="head_dim"))
+# Group "head_dim_train_cudnn": 2.14's check_cudnn_d256_bprop_head_dim lets training past
+# d = 128 take cuDNN only as (192, 128) or (256, 256); 2.13 has no such check.  Flash
+# takes the rest (sm90/sm100 have no flash training limit).
+for gpu in ("h100", "b200"):
+    for d in (160, 192, 256):
+        cudnn = d <= _cudnn_head_dim_limit(gpu) and (not TORCH_2_14 or d == 256)
+        CASES.append(case(gpu, CUDNN if cudnn else FLASH, q=(2, 8, 256, d), grad=True, group="head_dim_train_cudnn"))
 # Group "head_dim_train_sm89": the L4 training limit against the others.
 for gpu in ("l4", "a100-80gb"):
     for d in (192, 200, 224, 232, 256):
@@ -206,7 +228,10 @@ for gpu in ("h100", "h200", "b200", "a100-80gb"):
     CASES.append(case(gpu, CUDNN if gpu in CUDNN_FIRST else FLASH, deterministic="warn", group="deterministic"))
 
 # Group "seq_len_1": check_cudnn_tensor_shapes refuses s_k == 1, and s_q == 1 with dropout.
+# 2.14.1 also refuses s_q == 1 on sm10x/sm11x with cuDNN 9.19 to 9.25.0 but 9.24.1+
+# (is_cudnn_attention_decode_disabled, pytorch#194927): B200 with the wheel's 9.24.0.
 for gpu in ("h100", "h200", "b200"):
+    decode = FLASH if TORCH_2_14 and gpu == "b200" else CUDNN
     CASES.append(case(gpu, FLASH, q=(2, 8, 256, 64), k=(2, 8, 1, 64), group="seq_k_1"))
     CASES.append(case(gpu, FLASH, q=(2, 8, 1, 64), k=(2, 8, 256, 64), dropout=0.25, group="seq_q_1_dropout"))
-    CASES.append(case(gpu, CUDNN, q=(2, 8, 1, 64), k=(2, 8, 256, 64), group="seq_q_1"))
+    CASES.append(case(gpu, decode, q=(2, 8, 1, 64), k=(2, 8, 256, 64), group="seq_q_1"))

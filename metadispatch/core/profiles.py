@@ -36,9 +36,9 @@ T = 10**12
 
 # (CUDA_VERSION, cuDNN runtime version) of the default Linux CUDA wheel of each
 # torch release, as C++ encodes them (13000 = 13.0, 92400 = 9.24.0): from the
-# wheel's METADATA (``Requires-Dist: nvidia-cudnn-cu13==9.24.0.43`` for torch
-# 2.14.1+cu130).  2.13 is assumed to ship the same (no CUDA wheel of it here).
-_WHEELS = {(2, 13): (13000, 92400), (2, 14): (13000, 92400)}
+# wheel's METADATA (``Requires-Dist: nvidia-cudnn-cu13==9.20.0.48`` for torch
+# 2.13.0+cu130, ``nvidia-cudnn-cu13==9.24.0.43`` for 2.14.1+cu130).
+_WHEELS = {(2, 13): (13000, 92000), (2, 14): (13000, 92400)}
 _MAJOR, _MINOR = (int(x) for x in torch.__version__.split(".")[:2])
 WHEEL = _WHEELS.get((_MAJOR, _MINOR), _WHEELS[(2, 14)])
 
@@ -65,9 +65,11 @@ class GPUProfile:
     # What SDPA's backend choice reads besides the SM (rules/attention.py).
     cuda_version: int = WHEEL[0]
     cudnn_version: int = WHEEL[1]
-    # Whether torch's bundled cuDNN frontend is >= 1.24 (head dims up to 256 on
-    # sm90/sm10x); unknown for the released wheels, so the conservative answer.
-    cudnn_frontend_d256: bool = False
+    # Whether torch's bundled cuDNN frontend is >= 1.24 (kCuDNNFrontendSupportsD256:
+    # head dims up to 256 on sm90/sm10x with cuDNN > 9.22).  True in the 2.14.1
+    # cu130 wheel (its check_cudnn_tensor_shapes has no frontend test left);
+    # 2.13's rule does not read it (Note [cuDNN head dim and decode by release]).
+    cudnn_frontend_d256: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))

@@ -14,14 +14,33 @@ logical CUDA device this module answers instead, from the mode's
 one C++ filter of the same name (``check_*``), in the same order.
 
 Version awareness: the filters follow sdp_utils.cpp at pytorch commit
-001f694a (between the 2.13 and 2.14 releases; the tree of neither release was
-readable here) and the installed torch's own header ``sdp_utils_cpp.h``,
-whose differences are switched on ``TORCH_2_14``: 2.14 gives unbatched (3-D)
-inputs a batch dimension before choosing (``normalize_unbatched_input``) and
-lets cuDNN/flash/efficient broadcast a single key/value head without
-``enable_gqa`` (``supports_mqa``); efficient attention takes GQA only from
-2.14 (2.13's meta kernel for its backward has no GQA).  Not ported: nested tensors, ROCm
+001f694a (between the 2.13 and 2.14 releases) and the installed torch's own
+header ``sdp_utils_cpp.h``, whose differences are switched on
+``TORCH_2_14``: 2.14 gives unbatched (3-D) inputs a batch dimension before
+choosing (``normalize_unbatched_input``) and lets cuDNN/flash/efficient
+broadcast a single key/value head without ``enable_gqa`` (``supports_mqa``);
+efficient attention takes GQA only from 2.14 (2.13's meta kernel for its
+backward has no GQA).  The two releases' own sdp_utils.cpp differ from
+001f694a in check_cudnn_tensor_shapes, read from the cu130 wheels'
+libtorch_cuda.so (2.13.0 = cf30153c, 2.14.1 = 5c488690; Note [cuDNN head
+dim and decode by release]).  Not ported: nested tensors, ROCm
 (AOTriton/CK), the HPU/private-use hooks, and the ``overrideable`` backend.
+
+Note [cuDNN head dim and decode by release]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+check_cudnn_tensor_shapes' head-dim limit is not 001f694a's in 2.13: 2.13.0
+still has the rule of pytorch#149904/#161210 -- 256 on sm90.0 with cuDNN >=
+9.10, else 128, and 192 for (d_qk, d_v) = (192, 128) on sm10x with cuDNN >=
+9.11 -- with no check_cudnn_d256_bprop_head_dim (neither its symbol nor its
+warning is in 2.13.0's binary).  pytorch#185553 (with the frontend 1.24 of
+#185554) replaced it after 2.13's branch cut: 256 on sm90.0/sm10x (not
+sm10.7 with cuDNN <= 9.25) needs cuDNN > 9.22 and a frontend >= 1.24, which
+2.14.1's build has (its check has no frontend test left: the constexpr folded
+to true), and training then takes only (<=128, <=128), (192, 128), (256, 256).
+2.14.1 also refuses s_q == 1 ("decode") on sm10x/sm11x with cuDNN 9.19 to
+9.25.0 except 9.24.1+ (is_cudnn_attention_decode_disabled, pytorch#194927
+for the wrong results of #193893).  A real H100 on 2.11.0 (cuDNN 9.19, whose
+binary has 2.13's head-dim rule) ran cuDNN for head dims 160, 192 and 256.
 """
 
 from __future__ import annotations
@@ -167,16 +186,31 @@ def _cudnn_d256(gpu) -> bool:
     return _sm90_or_sm10x(gpu) and not unsupported_sm107 and gpu.cudnn_version > 92200 and gpu.cudnn_frontend_d256
 
 
+def _cudnn_head_dim_limit(gpu, d_qk: int, d_v: int) -> int:
+    """check_cudnn_tensor_shapes' head_dim_limit (Note [cuDNN head dim and decode by release])."""
+    version = gpu.cudnn_version
+    if not TORCH_2_14:  # 2.13.0: pytorch#149904/#161210's rule, before #185553
+        major, minor = gpu.compute_capability
+        limit = 256 if version >= 91000 and (major, minor) == (9, 0) else 128
+        return 192 if version >= 91100 and major == 10 and (d_qk, d_v) == (192, 128) else limit
+    if _cudnn_d256(gpu):
+        return 256
+    return 192 if _sm90_or_sm10x(gpu) and version >= 91100 and (d_qk, d_v) == (192, 128) else 128
+
+
+def _cudnn_decode_disabled(gpu) -> bool:  # is_cudnn_attention_decode_disabled (2.14, pytorch#194927)
+    version = gpu.cudnn_version
+    return gpu.compute_capability[0] in (10, 11) and 91900 <= version <= 92500 and not 92401 <= version <= 92499
+
+
 def _cudnn_tensor_shapes(p: SDPParams, gpu) -> bool:  # check_cudnn_tensor_shapes
     b, h, s_q, d_qk = p.query.shape
     s_k, d_v, version = p.key.shape[2], p.value.shape[3], gpu.cudnn_version
     if b > 65535 or h > 65535 or version < 8903 or (version < 8906 and p.dropout != 0.0):
         return False
-    limit = 128
-    if _cudnn_d256(gpu):
-        limit = 256
-    elif _sm90_or_sm10x(gpu) and version >= 91100 and d_qk == 192 and d_v == 128:
-        limit = 192
+    if TORCH_2_14 and s_q == 1 and _cudnn_decode_disabled(gpu):
+        return False
+    limit = _cudnn_head_dim_limit(gpu, d_qk, d_v)
     if d_qk > limit or d_v > limit or d_qk % 8 or d_v % 8:
         return False
     if version < 8906 and s_k % 64:
@@ -186,8 +220,8 @@ def _cudnn_tensor_shapes(p: SDPParams, gpu) -> bool:  # check_cudnn_tensor_shape
     return s_k != 1 and not (p.dropout != 0.0 and s_q == 1)
 
 
-def _cudnn_d256_backward(p: SDPParams, gpu) -> bool:  # check_cudnn_d256_bprop_head_dim
-    if not p.requires_grad() or not _cudnn_d256(gpu):
+def _cudnn_d256_backward(p: SDPParams, gpu) -> bool:  # check_cudnn_d256_bprop_head_dim (2.14; not in 2.13)
+    if not TORCH_2_14 or not p.requires_grad() or not _cudnn_d256(gpu):
         return True
     d_qk, d_v = p.query.shape[3], p.value.shape[3]
     return (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))
