@@ -2,7 +2,7 @@
 traced for this GPU's profile (``md.testing.this_gpu_profile``) and run on the
 GPU under a ``TorchDispatchMode``; the recorded calls -- op names, every
 output's shape, dtype, strides, offset and device -- must equal the real
-ones.  Each case is a difference a real H100 showed (tools/gpu_conformance.py,
+ones, and the trace must replay on the GPU.  Each case is a difference a real H100 showed (tools/gpu_conformance.py,
 docs/model-conformance.md); elsewhere they are skipped (conftest.py)."""
 
 import copy
@@ -27,6 +27,9 @@ def _assert_same_calls(step, *args):
     for i, (a, b) in enumerate(zip(real, traced)):
         assert a == b, f"call #{i}: real {a}\n traced {b}"
     assert len(real) == len(traced)
+    # and the trace replays on the GPU, its CPU tensors on the CPU (Note [Devices in replay])
+    result = md.replay(trace, args, device="cuda")
+    assert result.ok, result
     return trace
 
 

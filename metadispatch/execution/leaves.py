@@ -28,6 +28,7 @@ from .. import _compat
 from ..errors import ReplayInputError
 from ..ir.records import TensorMeta
 from ..ir.trace import Trace
+from .devices import keeps_cpu, target
 from .inputs import given_tensors
 from .streams import MadeUp
 from .writes import written_leaves
@@ -55,6 +56,7 @@ def bind_leaves(
     shared: dict = {}  # storage key of a caller's tensor -> ids of the leaves bound to it
     out, missing = {}, []
     on = _on(device)
+    keep_cpu = keeps_cpu(trace, device)  # Note [Devices in replay]
     for tid, leaf in trace.leaves.items():
         t = _real(leaf, given)
         if t is None:
@@ -66,7 +68,10 @@ def bind_leaves(
                 f"replay: {leaf.kind} {leaf.name or f'${tid}'} is {t.dtype}{list(t.shape)}, "
                 f"the trace recorded {m.dtype}{list(m.shape)}"
             )
-        moved = t.detach() if on(t) else t.detach().to(device)
+        if keep_cpu and m.device.type == "cpu":
+            moved = t.detach() if t.is_cpu else t.detach().cpu()
+        else:
+            moved = t.detach() if on(t) else t.detach().to(device)
         if leaf.kind == "const" and moved.layout == torch.strided and moved.data_ptr() == t.data_ptr():
             # The trace's own tensor: replay may hand it out as an output, and
             # a caller writing that output must not change the next replay.
@@ -179,7 +184,7 @@ def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
         extent = max(_extent(m) for m in metas)
         bound = min((bounds[m.id] for m in metas if m.id in bounds), default=None)
         buffer = trace.leaves[metas[0].id].kind == "buffer"
-        flat = _fill(extent, dtype, bound, buffer, gen).to(device)
+        flat = _fill(extent, dtype, bound, buffer, gen).to(target(metas[0].device, device, keeps_cpu(trace, device)))
         for m in metas:
             out[m.id] = flat.as_strided(m.shape, m.stride, m.storage_offset)
     return out

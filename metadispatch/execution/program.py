@@ -76,6 +76,7 @@ from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
 from .bindings import binding
 from .collectives import collective_callable, is_collective
+from .devices import CPU, keeps_cpu
 from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
@@ -128,11 +129,12 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: 
     calls get their fences (Note [Fences] in fences.py).
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
+    keep_cpu = keeps_cpu(trace, device)  # Note [Devices in replay]
     key = (device, len(trace.calls), keep_all, fenced)
     if key not in per_trace:
         _check_kernels(trace.calls, device)
         free = {} if keep_all else free_points(trace)
-        per_trace[key] = _Writer(device, fenced, trace.groups).write(trace.calls, free, trace.rng_events)
+        per_trace[key] = _Writer(device, fenced, trace.groups, keep_cpu).write(trace.calls, free, trace.rng_events)
     return per_trace[key]
 
 
@@ -194,11 +196,14 @@ def free_points(trace: Trace) -> dict:
 class _Writer:
     """Writes one program; holds the names it has bound so far."""
 
-    def __init__(self, device: torch.device, fenced: frozenset | None = None, groups: dict | None = None) -> None:
+    def __init__(
+        self, device: torch.device, fenced: frozenset | None = None, groups: dict | None = None, keep_cpu: bool = False
+    ) -> None:
         self.device = device
+        self.keep_cpu = keep_cpu
         self.groups = groups or {}  # a distributed trace's process groups, by name
         self.fenced = fenced
-        self.names: dict = {"dev": device, "grad": torch.set_grad_enabled}  # the program's globals
+        self.names: dict = {"dev": device, "cpu": CPU, "grad": torch.set_grad_enabled}  # the program's globals
         self.grad = False  # grad mode at this point of the program: replay starts under no_grad
         self.ops: dict = {}  # op -> global name
         self.fast: dict = {}  # Python binding -> global name (Note [Calling ops through their Python bindings])
@@ -294,8 +299,8 @@ class _Writer:
             return self._use(a.id)
         if type(a) is tuple and any(isinstance(x, TensorMeta) for x in a):
             return "[" + ", ".join(self._arg(x) for x in a) + "]"
-        if isinstance(a, torch.device):
-            return "dev"  # every logical device maps to the replay device
+        if isinstance(a, torch.device):  # Note [Devices in replay]
+            return "cpu" if self.keep_cpu and a.type == "cpu" else "dev"
         if is_generator(a):
             k = int(a.index) if type(a) is GeneratorRef else -1
             self.generator_uses.setdefault(k, self.call_number)

@@ -8,7 +8,8 @@ recorded backward calls compute.  The walk itself is written out as straight
 Python once per trace (``program.py``); this module runs it and checks.
 
 Every logical device in the trace maps to the one replay device, so a trace
-recorded "on cuda" on a laptop replays on CPU.
+recorded "on cuda" on a laptop replays on CPU (but a GPU trace's CPU tensors
+stay on the CPU when it replays on a GPU: Note [Devices in replay] in devices.py).
 
 Note [Replay never writes its inputs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -68,6 +69,7 @@ from ..ir.trace import TensorMeta, Trace
 from .budget import Budget, check_budget, default_budget
 from .collectives import check_world
 from .costs import costs
+from .devices import keeps_cpu, target
 from .fences import fences, no_fence
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
@@ -227,7 +229,7 @@ def execute(
         env = bind()
         streams = Streams(trace, prog, device, seed)
         streams.start()
-        mismatches = _run(prog, env, streams, device, check, guard, fit, pre, clock)
+        mismatches = _run(prog, env, streams, device, check, guard, fit, pre, clock, keeps_cpu(trace, device))
     return env, mismatches, streams
 
 
@@ -249,14 +251,14 @@ def _cpu_settings(threads: int | None, switches: tuple | None):
         _compat.set_cpu_conv_switches(before[1])
 
 
-def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None) -> list:
+def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre, clock=None, keep_cpu=False) -> list:
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
-    same_meta = _matcher(device)
+    same_meta = _matcher(device, keep_cpu)
 
     def chk(n, results):
-        _check(calls[n], results, device, mismatches, wrong, same_meta)
+        _check(calls[n], results, device, mismatches, wrong, same_meta, keep_cpu)
 
     if device.type == "cpu":
 
@@ -269,13 +271,13 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
                 and t.storage_offset() == m.storage_offset
                 and t.is_cpu
             ):
-                _check(calls[n], (t,), device, mismatches, wrong, same_meta)
+                _check(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
 
     else:
 
         def same(n, t):
             if t is None or not same_meta(singles[n], t):
-                _check(calls[n], (t,), device, mismatches, wrong, same_meta)
+                _check(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
 
     if clock is not None:  # Note [Timing replayed calls]: the check callbacks read the clock
         index = lambda n: calls[n].index  # noqa: E731
@@ -298,21 +300,21 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
     return mismatches
 
 
-def _check(call, results, device, mismatches: list, wrong: set, same_meta=None) -> None:
+def _check(call, results, device, mismatches: list, wrong: set, same_meta=None, keep_cpu: bool = False) -> None:
     """Record mismatches of ``call``'s outputs.
 
     A call whose inputs already had wrong metadata inherits the error; only
     the call that introduced it is reported, as the place to look.
     ``same_meta`` is :func:`_matcher` of ``device``, when the caller has it.
     """
-    same_meta = same_meta or _matcher(device)
+    same_meta = same_meta or _matcher(device, keep_cpu)
     for k, (m, r) in enumerate(_pairs(call.outputs, results)):
         if not isinstance(r, torch.Tensor):
             diff = _undefined(m, r)
         elif same_meta(m, r):
             continue
         else:
-            diff = compare(m, r, device)
+            diff = compare(m, r, target(m.device, device, keep_cpu))
         if diff is None:
             continue
         inherited = any(i.id in wrong for i in call.inputs)
@@ -346,7 +348,7 @@ def _pairs(outputs, results):
             yield from ((x, y) for x, y in zip(o, r) if type(x) is TensorMeta)
 
 
-def _matcher(device):
+def _matcher(device, keep_cpu: bool = False):
     """``same(m, t)``: real ``t`` has exactly ``m``'s metadata on ``device``.
 
     Note [The hot check]
@@ -364,6 +366,14 @@ def _matcher(device):
             and t.dtype is m.dtype
             and t.storage_offset() == m.storage_offset
             and t.is_cpu
+        )
+    if keep_cpu:  # Note [Devices in replay]
+        return lambda m, t: (
+            t.stride() == m.stride
+            and t.shape == m.shape
+            and t.dtype is m.dtype
+            and t.storage_offset() == m.storage_offset
+            and (t.is_cpu if m.device.type == "cpu" else t.device == device)
         )
     return lambda m, t: (
         t.stride() == m.stride
