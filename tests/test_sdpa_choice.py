@@ -250,3 +250,60 @@ def test_autograd_grad_under_a_mode_answers_as_eager(how):
         got, eager = list(got.values()), list(eager.values())
     assert [(m.shape, m.dtype, m.stride) for m in got] == [(e.shape, e.dtype, e.stride()) for e in eager]
     assert md.replay(trace, (lin, x, unused)).ok
+
+
+_MATH_CASES = [
+    (dtype, mask, gqa, scale)
+    for dtype in (torch.float32, torch.bfloat16)
+    for mask in (None, "float", "bool", "causal")
+    for gqa in (False, True)
+    for scale in (None, 0.3, -0.3)
+]
+
+
+@pytest.mark.parametrize("dtype, mask, gqa, scale", _MATH_CASES)
+def test_sdpa_math_port_dispatches_what_the_cpp_math_body_does(dtype, mask, gqa, scale):
+    # Note [The math backend's dropout on a GPU]: the port, with the generic
+    # dropout a CPU runs, against the C++ body's eager CPU calls, forward and
+    # backward, op for op with every output's metadata.
+    from metadispatch.rules.attention_math import math_attention
+    from metadispatch.testing import eager_calls
+
+    causal = mask == "causal"
+    q = torch.randn(2, 4, 6, 8, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2 if gqa else 4, 6 if causal else 5, 8, dtype=dtype, requires_grad=True)
+    m = None
+    if mask == "float":  # a mask that needs a gradient: T5's position bias
+        m = torch.randn(2, 1, 6, k.shape[2], dtype=dtype, requires_grad=True)
+    elif mask == "bool":
+        m = torch.rand(6, k.shape[2]) > 0.3
+
+    def cpp(q, k, m):
+        with sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(
+                q, k, k, attn_mask=m, dropout_p=0.2, is_causal=causal, scale=scale, enable_gqa=gqa
+            ).float().sum().backward()
+
+    def port(q, k, m):
+        generic = lambda a, p: torch.dropout(a, p, True)  # noqa: E731
+        math_attention(q, k, k, m, 0.2, causal, scale, gqa, generic)[0].float().sum().backward()
+
+    def fresh(t):
+        return None if t is None else t.detach().clone().requires_grad_(t.requires_grad)
+
+    assert eager_calls(port, fresh(q), fresh(k), fresh(m)) == eager_calls(cpp, q, k, m)
+
+
+def test_sdpa_math_backend_dropout_on_a_logical_gpu_is_native_dropout():
+    # T5's attention in training on an H100 with torch 2.11 (whose efficient
+    # kernel took no gradient for its bias) ran the math backend, its dropout
+    # as native_dropout; the backend is asked for here.
+    def step(q, bias):
+        with sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=bias, dropout_p=0.1).sum().backward()
+
+    q = torch.randn(2, 4, 12, 8, requires_grad=True)
+    bias = torch.randn(1, 4, 12, 12, requires_grad=True)
+    ops = [c.op for c in md.tracer(device="cuda", gpu="h100")(step, q, bias).calls]
+    assert "aten._safe_softmax.default" in ops and ops.count("aten.native_dropout.default") == 1
+    assert "aten.bernoulli_.float" not in ops

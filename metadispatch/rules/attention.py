@@ -30,6 +30,7 @@ from ..core import composites
 from ..core.mode import active_profile
 from ..core.registry import builtin_rule
 from ..core.tensor import MetaTensor
+from .attention_math import math_attention
 from .sdp_choice import CUDNN, EFFICIENT, FLASH, MATH, TORCH_2_14, SDPParams, select_sdp_backend
 
 aten = torch.ops.aten
@@ -146,9 +147,17 @@ def scaled_dot_product_attention(
         )[0]
     else:
         assert backend == MATH, backend
-        # The C++ body on a meta tensor takes the math path, as a real GPU would here.
-        out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if dropout_p > 0.0:  # Note [The math backend's dropout on a GPU] in attention_math.py
+            out = math_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, _native_dropout
+            )[0]
+        else:  # the C++ body on a meta tensor takes the math path, as a real GPU would here
+            out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     return out.squeeze(0) if unbatched else out
+
+
+def _native_dropout(attn, p):
+    return torch.native_dropout(attn, p, True)[0]
 
 
 def _on_logical_cuda(args, kwargs) -> bool:
