@@ -200,3 +200,25 @@ def test_known_user_scope_values_answer_as_eager(name):
     assert [(tuple(o.shape), o.stride(), o.storage_offset(), o.dtype) for o in outs] == [
         (tuple(r.shape), r.stride(), r.storage_offset(), r.dtype) for r in reals
     ]
+
+
+def test_known_bounds_decide_a_comparison_every_draw_answers_alike():
+    # Note [Bounds that decide a comparison]: transformers' LayerDrop asks
+    # torch.rand([]) < layerdrop in every training layer; with layerdrop 0
+    # every draw says False, so the step traces, as eager runs it.
+    def step(x, layerdrop):
+        for _ in range(2):
+            if torch.rand([]) < layerdrop:
+                continue
+            x = x * 2
+        return x
+
+    md.testing.assert_matches_eager(step, torch.randn(3), 0.0)
+    assert md.testing.assert_matches_eager(lambda x: x + (torch.rand(4) >= 0).all(), torch.randn(4))
+
+
+def test_known_bounds_that_do_not_decide_leave_the_comparison_data_dependent():
+    with pytest.raises(md.DataDependentError, match="_local_scalar_dense"):
+        md.trace(lambda x: x * 2 if torch.rand([]) < 0.5 else x, torch.randn(3))
+    with pytest.raises(md.DataDependentError, match="_local_scalar_dense"):
+        md.trace(lambda x: x * 2 if torch.rand([]) == 0.5 else x, torch.randn(3))

@@ -36,7 +36,7 @@ import torch
 
 from .tensor import MetaTensor
 
-__all__ = ["Bounds", "bounds_of", "propagate", "fill_within"]
+__all__ = ["Bounds", "bounds_of", "propagate", "fill_within", "decided", "COMPARISONS"]
 
 
 class Bounds(NamedTuple):
@@ -352,3 +352,37 @@ for _name in (
 ):
     _full = f"aten.{_name}" if "." in _name else f"aten.{_name}.default"
     _RULES[_full] = _same
+
+
+# Note [Bounds that decide a comparison]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A comparison with a number that every value within the bounds answers
+# the same way has that answer whatever the values are: transformers'
+# LayerDrop (BART, Whisper, Wav2Vec2 in transformers 5.17) asks
+# ``torch.rand([]) < self.layerdrop`` in every training layer, which with
+# ``layerdrop=0.0`` is False for any draw.  Such a result is not made up but
+# certain, so it is a known value (Note [Known values] in known.py) and the
+# ``if`` on it is answered, where it raised a DataDependentError.  Bounds
+# that are an assumption (GradScaler's finite gradients) decide nothing.
+_DECIDE: dict[str, Callable[[Bounds, float], bool | None]] = {
+    "aten.lt.Scalar": lambda b, c: True if b.hi < c else False if b.lo >= c else None,
+    "aten.le.Scalar": lambda b, c: True if b.hi <= c else False if b.lo > c else None,
+    "aten.gt.Scalar": lambda b, c: True if b.lo > c else False if b.hi <= c else None,
+    "aten.ge.Scalar": lambda b, c: True if b.lo >= c else False if b.hi < c else None,
+    "aten.eq.Scalar": lambda b, c: False if c < b.lo or c > b.hi else None,
+    "aten.ne.Scalar": lambda b, c: True if c < b.lo or c > b.hi else None,
+}
+
+
+COMPARISONS = frozenset(_DECIDE)
+
+
+def decided(name: str, args: tuple) -> bool | None:
+    """The answer of comparison ``name`` that the bounds of its input decide, else None."""
+    rule = _DECIDE.get(name)
+    if rule is None or len(args) < 2 or type(args[1]) not in (int, float, bool):
+        return None
+    b = bounds_of(args[0])
+    if b is None or b is _FINITE or math.isnan(float(args[1])):
+        return None
+    return rule(b, float(args[1]))

@@ -95,6 +95,10 @@ def dispatch(func, args, kwargs, mode):
     result = _wrap_outputs(f, out, args, kwargs, device)
     if mode is None or not mode._depth:
         bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
+        answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
+        if answer is not None and isinstance(result, MetaTensor):  # Note [Bounds that decide a comparison]
+            with _compat.no_python_dispatch():
+                known.know(result, torch.full(result.shape, answer), mode)
         if note is None and known.concerns(f, tensors):
             known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
