@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from fake_cuda import CudaLog
 from torch import nn
 
 import metadispatch as md
 from metadispatch.core import autocast
-from metadispatch.testing import _EagerLog, trace_calls
+from metadispatch.testing import trace_calls
 from tests import models
 
 
@@ -63,7 +64,7 @@ def _cuda_calls(fn, module, inputs, dtype):
         torch.set_autocast_dtype("cuda", dtype)
         torch.autocast_increment_nesting()
         try:
-            with _EagerLog() as log, _math_attention():
+            with CudaLog() as log, _math_attention():
                 fn(m, *xs)
         finally:
             if torch.autocast_decrement_nesting() == 0:
@@ -376,7 +377,7 @@ def test_inert_composites_are_ones_cuda_autocast_leaves_alone():
                         s = sample.transform(lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t)
                         torch.set_autocast_enabled("cuda", on)
                         try:
-                            with _EagerLog() as log:
+                            with CudaLog() as log:
                                 info.op(s.input, *s.args, **s.kwargs)
                         except Exception:
                             log.calls = None

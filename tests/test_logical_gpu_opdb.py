@@ -14,9 +14,10 @@ import itertools
 
 import pytest
 import torch
+from fake_cuda import CudaLog
 
 import metadispatch as md
-from metadispatch.testing import _EagerLog, trace_calls
+from metadispatch.testing import trace_calls
 from tests.test_autocast_cuda import needs_fake_cuda
 
 KNOWN = {
@@ -51,7 +52,7 @@ def test_opdb_samples_on_a_logical_gpu_are_what_cuda_dispatches():
             try:
                 with FakeTensorMode(allow_non_fake_inputs=True):
                     fake = s.transform(lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t)
-                    with _EagerLog() as log:
+                    with CudaLog() as log:
                         info.op(fake.input, *fake.args, **fake.kwargs)
             except Exception:
                 continue  # C++ refuses the sample on CUDA (or FakeTensor cannot run it)
