@@ -198,15 +198,26 @@ def test_cpu_fidelity_inplace_on_a_view_with_autograd():
     assert_matches_eager(_inplace_on_a_view, torch.randn(3, 4))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="profiler record_function ops run but are not recorded (dispatch.py: passthrough)"
-)
 def test_cpu_fidelity_record_function_ops():
+    # Note [record_function ranges in a trace]: a user's range and an
+    # optimizer's, as the eager dispatch log has them.
     def step(x):
         with torch.profiler.record_function("block"):
             return x * 2
 
     assert_matches_eager(step, torch.randn(3, 4))
+    lin = nn.Linear(4, 4)
+
+    def train(m, x):
+        opt = torch.optim.AdamW(m.parameters())
+        m(x).sum().backward()
+        opt.step()
+
+    trace = assert_matches_eager(train, lin, torch.randn(2, 4))
+    assert [c.op for c in trace if c.op.startswith("profiler.")] == [
+        "profiler._record_function_enter_new.default",
+        "profiler._record_function_exit._RecordFunction",
+    ]
 
 
 def test_cpu_fidelity_grads_match_real():
@@ -263,13 +274,11 @@ def test_logical_gpu_optimizer_takes_the_foreach_path_as_cuda_does():
             model(x).square().sum().backward()
             opt.step()
 
-        # (without the profiler ranges optimizers open, which traces do not
-        # record: test_cpu_fidelity_record_function_ops)
         if device == "eager":
             calls = md.testing.eager_calls(step, torch.randn(4, 8))
         else:
             calls = md.tracer(device=device, gpu="h100" if device == "cuda" else None)(step, torch.randn(4, 8)).calls
-        return [c.op for c in calls if not c.op.startswith("profiler.")]
+        return [c.op for c in calls]
 
     foreach = run("eager", True)
     cuda = run("cuda", None)

@@ -20,9 +20,7 @@ pytestmark = pytest.mark.cuda
 def _assert_same_calls(step, *args):
     trace = md.tracer(device="cuda", gpu=this_gpu_profile())(step, *args)
     real_args = [copy.deepcopy(a) for a in args]
-    # record_function ranges (an optimizer's step) are not recorded: a known
-    # limit (docs/model-conformance.md), left out of the comparison.
-    real = [c for c in eager_calls(step, *real_args) if not c.op.startswith("profiler.")]
+    real = eager_calls(step, *real_args)
     traced = trace_calls(trace)
     for i, (a, b) in enumerate(zip(real, traced)):
         assert a == b, f"call #{i}: real {a}\n traced {b}"

@@ -49,11 +49,20 @@ def dispatch(func, args, kwargs, mode):
         return args[0].device
     f = facts(func)
     if f.passthrough:
-        # torch.profiler.record_function ranges (optimizers open one per
-        # step): no tensors, no semantics, and an opaque ScriptObject result
-        # a trace could neither save nor replay.
+        # Note [record_function ranges in a trace]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # torch.profiler.record_function ranges (an optimizer opens one per
+        # step, DDP and FSDP theirs) hold no tensors and run as they are.  A
+        # real run's dispatch log has them, so the trace records them too
+        # (md.testing.assert_matches_eager failed on every step with an
+        # optimizer): their ScriptObject handle as a marker string, which a
+        # file may name and replay skips (MARKERS in ir/decode.py).
         with _compat.no_python_dispatch():
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+        if mode is not None and mode._depth == 0 and mode.record:
+            recorder = mode._recorder
+            recorder.record(func, f, recorder.encode_inputs(args, kwargs), out, "real")
+        return out
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
         return NotImplemented  # Note [Wrapper subclasses dispatch first]

@@ -49,7 +49,7 @@ class OpFacts:
     mutates: bool
     cacheable: bool  # see cache.py, Note [What the key must hold]
     switches: Callable | None  # the global backend switches the answer reads (cache.context keys them)
-    passthrough: bool  # profiler annotations: run as they are, never recorded
+    passthrough: bool  # profiler annotations: run as they are, recorded as markers (dispatch.py)
     # Note [What an op writes and aliases]; arguments as (position, name).
     writes: tuple = ()  # arguments the op writes in place
     aliases: tuple = ()  # per return, the arguments it may share memory with

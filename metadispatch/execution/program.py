@@ -71,6 +71,7 @@ from .. import _compat
 from .._compat import pytree
 from ..core.schema import facts
 from ..errors import ReplayError
+from ..ir.decode import MARKERS
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
@@ -151,7 +152,7 @@ def _check_kernels(calls: list, device: torch.device) -> None:
         if call.func in seen:
             continue
         seen.add(call.func)
-        if not _compat.runs_on(call.func, device.type):
+        if call.func._schema.name not in MARKERS and not _compat.runs_on(call.func, device.type):
             on = sorted({str(m.device) for m in call.inputs + call.output_metas})
             raise ReplayError(
                 f"replay: call #{call.index} {call.op} has no {device.type} kernel (the trace chose it "
@@ -250,6 +251,9 @@ class _Writer:
             self.default_draws.setdefault(stream_of(outs[0].device), n)
 
     def _call(self, n: int, call, single: TensorMeta | None) -> None:
+        if call.func._schema.name in MARKERS:  # a record_function range: nothing to run
+            self.lines.append("    pass")
+            return
         args = ", ".join(
             [self._arg(a) for a in call.args] + [f"{_keyword(call, k)}={self._arg(v)}" for k, v in call.kwargs.items()]
         )

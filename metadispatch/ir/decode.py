@@ -38,7 +38,7 @@ from .ownops import OWN_OPS, ensure_defined
 from .records import Group
 from .rng import GeneratorRef
 
-__all__ = ["TAGS", "RETURN_TYPES", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES"]
+__all__ = ["TAGS", "RETURN_TYPES", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES", "MARKERS"]
 
 
 def _decode_float(v):
@@ -214,10 +214,17 @@ _RAISES = re.compile(r"_*(?:functional_)?(?:assert|sym_constrain_range|test_)")
 _TOKEN_ARG = "dep_token"
 
 
+# record_function's ranges: markers in a trace, which replay never runs
+# (Note [record_function ranges in a trace] in core/dispatch.py).
+MARKERS = frozenset({"profiler::_record_function_enter_new", "profiler::_record_function_exit"})
+
+
 def refusal(func) -> str | None:
     """Why replay must not run ``func`` (Note [Ops a file may name]), or None."""
     schema = func._schema
     name = func.name()
+    if schema.name in MARKERS:
+        return None
     if name.partition("::")[0] not in ("aten", "prims") and name not in OWN_OPS:
         return "it is not an aten or prims op"
     if name in _EFFECTS:
