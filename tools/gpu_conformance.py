@@ -154,11 +154,6 @@ def check(name: str, gpu: md.GPUProfile) -> dict:
         return {**row, "skipped": f"the real run fails: {type(e).__name__}: {str(e)[:160]}"}
     traced = trace_calls(trace)
     row["ops"] = "yes" if [c.op for c in traced] == [c.op for c in real] else f"no ({len(traced)} vs {len(real)})"
-    unrecorded = [c for c in real if c.op.startswith("profiler.")]  # record_function: not recorded (issue 15)
-    if unrecorded:
-        real = [c for c in real if not c.op.startswith("profiler.")]
-        row["ops_but_profiler"] = "yes" if [c.op for c in traced] == [c.op for c in real] else "no"
-        row["profiler_ops"] = len(unrecorded)
     grads = {n: (tuple(g.shape), g.dtype, mc._significant(g.shape, g.stride)) for n, g in trace.grads.items()}
     real_grads = mc._grads_meta(real_model)
     row["meta"] = "yes" if traced == real and grads == real_grads else "no"
@@ -362,8 +357,6 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['config']} | {r.get('skipped') or 'crashed: ' + r['crashed']} |" + " |" * 5)
             continue
         cells = [str(r.get(c, "-")) for c in COLUMNS]
-        if r.get("ops_but_profiler") == "yes":
-            cells[2] = "yes but record_function"
         real, traced = r.get("memory_real"), r.get("memory_traced")
         if isinstance(real, int) and isinstance(traced, int) and real:
             cells[5] = "yes" if real == traced else f"{traced / real:.3f}x"
