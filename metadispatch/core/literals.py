@@ -55,17 +55,18 @@ def applies(func, args, kwargs) -> bool:
     return True
 
 
+# Frames between the code that called torch.tensor and this module: ours,
+# and other torch-function modes' (torch.device's).
+_PASSING = ("metadispatch.", "torch.utils._device", "torch.overrides", "torch.utils._python_dispatch")
+
+
 def _optimizer_counter() -> bool:
-    # sys._getframe(3): build's caller's caller -- torch.tensor is C, so
-    # the frames are this function, applies, the mode's __torch_function__,
-    # and the code that called torch.tensor.
+    # sys._getframe(3) is past this function, applies and the mode's
+    # __torch_function__ (torch.tensor is C: it has no frame of its own).
     frame: types.FrameType | None = sys._getframe(3)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_PASSING):
-        frame = frame.f_back  # other torch-function modes between (torch.device's)
+        frame = frame.f_back
     return frame is not None and frame.f_globals.get("__name__", "").startswith("torch.optim.")
-
-
-_PASSING = ("metadispatch.", "torch.utils._device", "torch.overrides", "torch.utils._python_dispatch")
 
 
 def build(mode, func, args, kwargs):
