@@ -30,13 +30,13 @@ matmul, tools/gpu_conformance.py).  cuBLASLt shares the cuBLAS workspace
 Limits, stated: oneDNN's *scratchpad* (its per-thread reduction buffers in a
 convolution's weight gradient, tens of KiB, which depend on how it splits the
 work over threads) is not modelled; nor are grouped and transposed
-convolutions, cuDNN's convolution workspaces (chosen by its heuristics at run
-time), memory-efficient attention's backward accumulators, or any other op.
-cuDNN's RNN kernels take a reserve, workspaces and a dropout state whose
-sizes only cuDNN knows at run time; the trace records them as torch's meta
-kernel does (empty), so ``md.memory`` lists those calls in ``unsized`` and
-says, when printed, that its peak leaves them out (Note [cuDNN RNNs on a
-logical GPU] in ``rules/cudnn_rnn.py``).
+convolutions, memory-efficient attention's backward accumulators, or any
+other op.  What cuDNN sizes at run time -- a GPU convolution's and batch
+norm's workspaces (chosen by its heuristics), an RNN's reserve, workspaces
+and dropout state (recorded, as torch's meta kernel does, empty: Note [cuDNN
+RNNs on a logical GPU] in ``rules/cudnn_rnn.py``) -- is not sized either:
+``md.memory`` lists those calls in ``unsized`` and says, when printed, that
+its peak leaves them out.
 The CPU figures follow ATen's choice between oneDNN and its own
 ``slow_conv2d`` (with this host's thread count), assume oneDNN's blocked
 layouts for the host's vector width (16 channels with AVX-512, else 8) and
@@ -82,13 +82,26 @@ CUBLAS_OPS = frozenset(
 
 
 # CUDA calls whose scratch only the library sizes at run time (the limits above)
+# Calls that take memory cuDNN sizes at run time, on a GPU: an RNN's reserve,
+# workspace and dropout state; a convolution's workspace, which cuDNN's
+# heuristics pick per call (a real H100's peaks were 1-9 MB above the
+# trace's for the zoo's convolution models, and the reserved peaks over 30%:
+# tools/gpu_conformance.py); batch norm's workspace.
 UNSIZED_OPS = frozenset(
-    {aten._cudnn_rnn.default, aten._cudnn_rnn_backward.default, aten._cudnn_init_dropout_state.default}
+    {
+        aten._cudnn_rnn.default,
+        aten._cudnn_rnn_backward.default,
+        aten._cudnn_init_dropout_state.default,
+        aten.convolution.default,
+        aten.convolution_backward.default,
+        aten.cudnn_batch_norm.default,
+        aten.cudnn_batch_norm_backward.default,
+    }
 )
 
 
 def unsized(call: OpCall) -> bool:
-    """Whether ``call`` takes memory the trace cannot size (cuDNN's RNN reserve, workspace, dropout state)."""
+    """Whether ``call`` takes memory the trace cannot size (UNSIZED_OPS on a GPU)."""
     return call.func in UNSIZED_OPS and any(m.device.type == "cuda" for m in call.output_metas)
 
 
@@ -97,7 +110,10 @@ def unsized_lines(calls) -> list:
     if not calls:
         return []
     ops = ", ".join(f"{op} x{n}" for op, n in calls.most_common())
-    return [f"not sized: {ops}: cuDNN's reserve, workspaces and dropout state are left out (the peak is low)"]
+    return [
+        f"not sized: {ops}: what cuDNN allocates inside them at run time (workspaces; an RNN's reserve and "
+        "dropout state) is left out (the peak is low)"
+    ]
 
 
 def cpu_block() -> int:
