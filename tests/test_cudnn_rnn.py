@@ -103,8 +103,34 @@ def test_cudnn_rnn_weight_gradients_are_views_of_one_buffer_only_with_biases():
         grads = bw.outputs[3]
         assert len({g.storage for g in grads}) == (1 if shared else len(grads))
         offsets = [g.storage_offset for g in grads]
-        sizes = [p.numel() for p in m._flat_weights]
-        assert offsets == ([sum(sizes[:i]) for i in range(len(sizes))] if shared else [0] * len(sizes))
+        if not shared:
+            assert offsets == [0] * len(grads)
+            continue
+        # cuDNN's weight space, as a real H100 laid out this LSTM's gradients
+        # (tools/gpu_conformance.py): both layers' matrices, then their biases
+        w_ih0, w_hh0, w_ih1, w_hh1 = 4 * 6 * 4, 4 * 6 * 6, 4 * 6 * 6, 4 * 6 * 6
+        mats = w_ih0 + w_hh0 + w_ih1 + w_hh1
+        assert offsets == [0, w_ih0, mats, mats + 24, w_ih0 + w_hh0, w_ih0 + w_hh0 + w_ih1, mats + 48, mats + 72]
+
+
+def test_cudnn_rnn_weight_gradients_as_an_h100_lays_them_out():
+    # The offsets a real H100 (torch 2.11, cuDNN 9.19) gave nn.GRU(16, 32,
+    # bidirectional=True)'s gradients in the conformance zoo's step.
+    m = nn.GRU(16, 32, bidirectional=True)
+    trace = md.tracer(device="cuda")(_step, m, torch.randn(7, 4, 16))
+    (bw,) = _calls(trace, "aten._cudnn_rnn_backward.default")
+    names = [n for n, _ in m.named_parameters()]
+    got = dict(zip(names, (g.storage_offset for g in bw.outputs[3])))
+    assert got == {
+        "weight_ih_l0": 0,
+        "weight_hh_l0": 1536,
+        "bias_ih_l0": 9216,
+        "bias_hh_l0": 9312,
+        "weight_ih_l0_reverse": 4608,
+        "weight_hh_l0_reverse": 6144,
+        "bias_ih_l0_reverse": 9408,
+        "bias_hh_l0_reverse": 9504,
+    }
 
 
 def test_cudnn_rnn_outputs_agree_with_torchs_meta_kernel():

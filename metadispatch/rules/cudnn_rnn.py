@@ -62,9 +62,13 @@ What is not exact, and why:
   printed (``Memory.unsized``).  The flat weight buffer's length is the sum
   of the weights and of both biases of every layer (cuDNN's descriptor always
   has two biases, so a module without biases has zeros there), assuming
-  cuDNN pads nothing between them; the weight gradients' offsets follow
-  ``get_parameters``' order under the same assumption, the projection matrix
-  after its layer's biases;
+  cuDNN pads nothing between them.  The weight gradients are views of one
+  buffer laid out as cuDNN's weight space is: every matrix (layer by layer,
+  direction by direction, ``w_ih`` then ``w_hh``), then every bias in the
+  same order -- the offsets a real H100 gave a 2-layer LSTM's and a
+  bidirectional GRU's gradients (tools/gpu_conformance.py); where a
+  projection's ``w_hr`` goes was not measured (after its layer's ``w_hh``
+  here);
 - **weights are never flat.**  A real module on a GPU keeps its weights in
   one buffer (``flatten_parameters`` calls ``_cudnn_rnn_flatten_weight``
   when it is built or moved); metadispatch's MetaTensors are separate
@@ -195,11 +199,14 @@ def _weight_grads(weight, weight_stride0, weight_buf, has_proj):
     if per_layer != weight_stride0:
         return [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weight]
     dw = torch.zeros_like(weight_buf)
-    grads, offset = [], 0
-    for w in weight:  # w_ih, w_hh, b_ih, b_hh[, w_hr] per layer, packed (the Note)
-        grads.append(dw.as_strided(w.shape, _contiguous_strides(w.shape), offset))
-        offset += w.numel()
-    return grads
+    # cuDNN's weight space: every matrix, layer by layer and direction by
+    # direction, then every bias in the same order (the Note)
+    order = [i for i, w in enumerate(weight) if w.dim() > 1] + [i for i, w in enumerate(weight) if w.dim() <= 1]
+    offsets, offset = {}, 0
+    for i in order:
+        offsets[i] = offset
+        offset += weight[i].numel()
+    return [dw.as_strided(w.shape, _contiguous_strides(w.shape), offsets[i]) for i, w in enumerate(weight)]
 
 
 def _contiguous_strides(shape) -> tuple:
