@@ -328,3 +328,17 @@ $25: f32[12]+60@cuda:0 = aten.detach.default($22)  # (bw)
 $26: f32[12, 3]+24@cuda:0 = aten.detach.default($21)  # (bw)
 $27: f32[12]+72@cuda:0 = aten.detach.default($23)  # (bw)""",
         )
+
+
+def test_cudnn_rnn_stand_ins_do_not_flatten_the_weights_again():
+    # Note [An RNN's weights under stand-ins]: a real GPU's LSTM step (an
+    # H100's dispatch log) begins with the hidden states' zeros; it flattened
+    # its weights when it moved there, not in the step.
+    m = nn.LSTM(16, 32, num_layers=2, batch_first=True)
+    real_flat = list(m._flat_weights)
+    trace = md.tracer(device="cuda")(_step, m, torch.randn(4, 7, 16))
+    ops = [c.op for c in trace.calls]
+    assert ops[:3] == ["aten.zeros.default", "aten.zeros.default", "aten._cudnn_rnn.default"]
+    assert not any("flatten_weight" in op for op in ops)
+    assert all(a is b for a, b in zip(m._flat_weights, real_flat))  # put back
+    assert not m._weights_have_changed()

@@ -29,6 +29,7 @@ aten call, which the mode applies to a MetaTensor copy.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import defaultdict
 
 import torch
@@ -222,6 +223,8 @@ class StandIns:
                     known.know(stand, t, self.mode)  # Note [Counters in buffers]
                 table[key] = stand
                 self._stand_of[id(t)] = stand
+        if isinstance(mod, nn.RNNBase) and "_flat_weight_refs" in mod.__dict__:
+            _rnn_weights_unchanged(mod)
 
     def _lazy_stand_in(self, t, table: dict, key: str):
         """Note [Lazy modules under a trace]
@@ -286,6 +289,25 @@ class StandIns:
                     named = p.__dict__.get("_md_name")
                     out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))
         return out
+
+
+def _rnn_weights_unchanged(mod: nn.RNNBase) -> None:
+    """Note [An RNN's weights under stand-ins]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An RNN module keeps its weights in ``_flat_weights`` too, and its forward
+    rebuilds that list -- and flattens the weights into one cuDNN buffer on a
+    GPU -- when its parameters are no longer the tensors it recorded
+    (``_weights_have_changed``).  Swapping in stand-ins made them so, and a
+    logical GPU's trace began with ``_use_cudnn_rnn_flatten_weight`` and
+    ``_cudnn_rnn_flatten_weight``, a copy of every weight that a real GPU's
+    step (an H100's dispatch log) does not make: the module flattened them
+    when it moved there.  The list and its references are pointed at the
+    stand-ins, as the module would hold them had it been built with them;
+    the module's attributes are put back on exit (Note [Everything a forward
+    can change])."""
+    weights = [getattr(mod, n) if hasattr(mod, n) else None for n in mod._flat_weights_names]
+    mod.__dict__["_flat_weights"] = weights
+    mod.__dict__["_flat_weight_refs"] = [weakref.ref(w) if w is not None else None for w in weights]
 
 
 def _counter(t: torch.Tensor) -> bool:
