@@ -110,10 +110,9 @@ def unsized_lines(calls) -> list:
     if not calls:
         return []
     ops = ", ".join(f"{op} x{n}" for op, n in calls.most_common())
-    return [
-        f"not sized: {ops}: what cuDNN allocates inside them at run time (workspaces; an RNN's reserve and "
-        "dropout state) is left out (the peak is low)"
-    ]
+    rnn = any("rnn" in op or "dropout_state" in op for op in calls)
+    what = "their workspaces, an RNN's reserve and dropout state" if rnn else "their workspaces"
+    return [f"not sized: {ops}: what cuDNN allocates inside them at run time ({what}) is left out (the peak is low)"]
 
 
 def cpu_block() -> int:
