@@ -222,3 +222,19 @@ def test_known_bounds_that_do_not_decide_leave_the_comparison_data_dependent():
         md.trace(lambda x: x * 2 if torch.rand([]) < 0.5 else x, torch.randn(3))
     with pytest.raises(md.DataDependentError, match="_local_scalar_dense"):
         md.trace(lambda x: x * 2 if torch.rand([]) == 0.5 else x, torch.randn(3))
+
+
+def test_known_a_module_built_on_the_meta_device_traces():
+    # A meta tensor has no value to know: BatchNorm's counter buffer of a
+    # module built under torch.device("meta") is stood in for without one
+    # (copying it to the CPU raised "Cannot copy out of meta tensor").
+    def step(m, x):
+        m(x).sum().backward()
+
+    with torch.device("meta"):
+        on_meta = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    real = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    for device in (None, "cuda"):
+        got = md.tracer(device=device)(step, on_meta, torch.randn(3, 4))
+        want = md.tracer(device=device)(step, real, torch.randn(3, 4))
+        assert [c.op for c in got] == [c.op for c in want]

@@ -83,7 +83,7 @@ def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
     A copy, made for real (not by the mode): in-place ops update a known
     value where it lives.
     """
-    if real.numel() <= _limit(mode):
+    if real.numel() <= _limit(mode) and not real.is_meta:  # a meta tensor has no value to know
         with _compat.no_python_dispatch():
             # Kept on the CPU whatever the real tensor's device: values are
             # computed with CPU kernels (run_real), which a GPU tensor among
