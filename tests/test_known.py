@@ -238,3 +238,32 @@ def test_known_a_module_built_on_the_meta_device_traces():
         got = md.tracer(device=device)(step, on_meta, torch.randn(3, 4))
         want = md.tracer(device=device)(step, real, torch.randn(3, 4))
         assert [c.op for c in got] == [c.op for c in want]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        # a write through a view changes the drawn values
+        lambda x: x * 2 if (_written(torch.rand(3)) < 2).all() else x,
+        # arithmetic wraps integers and overflows floats: only a source decides
+        lambda x: x * 2 if ((torch.randint(0, 10, (4,), dtype=torch.uint8) - 20) < 0).any() else x,
+        lambda x: x * 2 if ((torch.rand(64, dtype=torch.float16) * 1e5) < 2e5).all() else x,
+    ],
+)
+def test_known_bounds_decide_only_a_source_nothing_wrote(step):
+    # Note [Bounds that decide a comparison]: each of these is answered
+    # differently by eager than the bounds would say; the trace must refuse.
+    with pytest.raises(md.DataDependentError, match="_local_scalar_dense"):
+        md.trace(step, torch.randn(3))
+
+
+def _written(x):
+    x[:2].add_(5)
+    return x
+
+
+def test_known_a_decided_comparison_of_a_large_draw_allocates_nothing_large():
+    # The known answer is a 0-dim value expanded; one over the known-value
+    # limit is not kept (known.py), and the comparison stays a MetaTensor.
+    trace = md.trace(lambda x: (torch.rand(4000, 4000) < 2).sum() + x, torch.randn(1))
+    assert trace.calls[-1].op == "aten.add.Tensor"

@@ -120,6 +120,8 @@ def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> No
                 out.__dict__.pop("_md_bounds", None)
             else:
                 out._md_bounds = b
+                if name in _SOURCES:  # Note [Bounds that decide a comparison]
+                    out._md_drawn = (b, out._version)
 
 
 def _forget(result) -> None:
@@ -356,14 +358,21 @@ for _name in (
 
 # Note [Bounds that decide a comparison]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A comparison with a number that every value within the bounds answers
-# the same way has that answer whatever the values are: transformers'
+# A comparison with a number that every value a random source can draw
+# answers the same way has that answer whatever the draw: transformers'
 # LayerDrop (BART, Whisper, Wav2Vec2 in transformers 5.17) asks
 # ``torch.rand([]) < self.layerdrop`` in every training layer, which with
 # ``layerdrop=0.0`` is False for any draw.  Such a result is not made up but
 # certain, so it is a known value (Note [Known values] in known.py) and the
-# ``if`` on it is answered, where it raised a DataDependentError.  Bounds
-# that are an assumption (GradScaler's finite gradients) decide nothing.
+# ``if`` on it is answered, where it raised a DataDependentError.  Only a
+# source's own output decides, and only while nothing wrote it (its version
+# counter, which a write through a view bumps too): bounds carried through
+# arithmetic ignore integer wraparound and float overflow, and bounds that
+# are an assumption (GradScaler's finite gradients) decide nothing -- they
+# only shape made-up data.
+_SOURCES = frozenset(
+    name for name in _RULES if name.split(".")[1].startswith(("rand", "uniform_", "bernoulli", "random_"))
+)
 _DECIDE: dict[str, Callable[[Bounds, float], bool | None]] = {
     "aten.lt.Scalar": lambda b, c: True if b.hi < c else False if b.lo >= c else None,
     "aten.le.Scalar": lambda b, c: True if b.hi <= c else False if b.lo > c else None,
@@ -372,17 +381,16 @@ _DECIDE: dict[str, Callable[[Bounds, float], bool | None]] = {
     "aten.eq.Scalar": lambda b, c: False if c < b.lo or c > b.hi else None,
     "aten.ne.Scalar": lambda b, c: True if c < b.lo or c > b.hi else None,
 }
-
-
 COMPARISONS = frozenset(_DECIDE)
 
 
 def decided(name: str, args: tuple) -> bool | None:
     """The answer of comparison ``name`` that the bounds of its input decide, else None."""
     rule = _DECIDE.get(name)
-    if rule is None or len(args) < 2 or type(args[1]) not in (int, float, bool):
+    if rule is None or len(args) < 2 or type(args[1]) not in (int, float, bool) or math.isnan(float(args[1])):
         return None
-    b = bounds_of(args[0])
-    if b is None or b is _FINITE or math.isnan(float(args[1])):
+    x = args[0]
+    drawn = x.__dict__.get("_md_drawn") if isinstance(x, MetaTensor) else None
+    if drawn is None or drawn[1] != x._version:
         return None
-    return rule(b, float(args[1]))
+    return rule(drawn[0], float(args[1]))

@@ -10,6 +10,7 @@ import torch
 
 from .. import _compat
 from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, explain_meta_refusal, mark_call
+from ..ir.decode import MARKERS
 from . import bounds, known
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
@@ -56,10 +57,11 @@ def dispatch(func, args, kwargs, mode):
         # real run's dispatch log has them, so the trace records them too
         # (md.testing.assert_matches_eager failed on every step with an
         # optimizer): their ScriptObject handle as a marker string, which a
-        # file may name and replay skips (MARKERS in ir/decode.py).
+        # file may name and replay skips (MARKERS in ir/decode.py).  Other
+        # profiler ops (the legacy enter returns a tensor handle) run unrecorded.
         with _compat.no_python_dispatch():
             out = func(*args, **kwargs)
-        if mode is not None and mode._depth == 0 and mode.record:
+        if func._schema.name in MARKERS and mode is not None and mode._depth == 0 and mode.record:
             recorder = mode._recorder
             recorder.record(func, f, recorder.encode_inputs(args, kwargs), out, "real")
         return out
@@ -106,8 +108,8 @@ def dispatch(func, args, kwargs, mode):
         bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
         answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
         if answer is not None and isinstance(result, MetaTensor):  # Note [Bounds that decide a comparison]
-            with _compat.no_python_dispatch():
-                known.know(result, torch.full(result.shape, answer), mode)
+            with _compat.no_python_dispatch():  # a 0-dim value expanded: know() copies it only if small
+                known.know(result, torch.full((), answer).expand(result.shape), mode)
         if note is None and known.concerns(f, tensors):
             known.propagate(func, f, tensors, args, kwargs, result, mode)
     if recording:
