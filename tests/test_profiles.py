@@ -81,3 +81,19 @@ def test_profile_unregistered_travels_with_the_trace_and_answers_its_analyses(tm
     assert profiles.gpu_profiles() == before
     trace.save(tmp_path / "t.json")
     assert md.Trace.load(tmp_path / "t.json").gpu == "h100-unregistered"
+
+
+def test_profile_unregistered_copies_pickles_and_may_not_take_a_registered_name():
+    import copy
+    import pickle
+
+    mine = dataclasses.replace(md.gpu_profile("h100"), name="h100-copied", memory=2**30)
+    lin = torch.nn.Linear(8, 8)
+    trace = md.tracer(device="cuda", gpu=mine)(lambda m, x: m(x).sum().backward(), lin, torch.randn(2, 8))
+    assert copy.deepcopy(trace).gpu is mine
+    again = pickle.loads(pickle.dumps(mine))
+    assert again == mine and dict(again.flops) == dict(mine.flops)
+    # the registered h100 with other figures: a saved trace would reload as the stock one
+    other = dataclasses.replace(md.gpu_profile("h100"), memory=2**20)
+    with pytest.raises(md.MetaDispatchError, match="registered with other figures"):
+        md.MetaMode(device="cuda", gpu=other)

@@ -121,7 +121,15 @@ class MetaMode(_compat.TorchDispatchMode):
             # trace, so that md.memory(trace) and md.fits(trace) answer for it
             # (a saved trace keeps its name only).
             p = self.device_profile
-            self.trace.gpu = p.name if gpu_profiles().get(p.name) == p else p
+            registered = gpu_profiles().get(p.name)
+            if registered is not None and registered != p:
+                # A saved trace names its profile; a file naming "h100" with
+                # other figures would load as the registered one.
+                raise MetaDispatchError(
+                    f"gpu=: a profile named {p.name!r} is registered with other figures; give yours its own name "
+                    f"(dataclasses.replace(..., name={p.name + '-mine'!r})) or register it with override=True"
+                )
+            self.trace.gpu = p.name if registered is not None else p
         # ``world_size=N, rank=r``: Note [One rank of a logical world] in world.py
         self.world = World(world_size, rank) if world_size is not None else None
 

@@ -20,6 +20,7 @@ absent from ``flops``; a caller falls back to the nearest wider dtype.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -74,6 +75,19 @@ class GPUProfile:
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", MappingProxyType(dict(self.flops)))
 
+    # Immutable: a copy is the profile itself, and pickling rebuilds it (a
+    # mappingproxy does not pickle).  A trace holding an unregistered profile
+    # deep-copies and pickles.
+    def __copy__(self) -> GPUProfile:
+        return self
+
+    def __deepcopy__(self, memo) -> GPUProfile:
+        return self
+
+    def __reduce__(self):
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return _rebuild, (fields | {"flops": dict(self.flops)},)
+
     def __hash__(self) -> int:  # flops is a mapping; the profile keys cached answers (cache.context)
         return hash(
             (
@@ -107,6 +121,10 @@ _WIDER = {
 def _flops(fp64, fp32, tf32, bf16, fp16, fp8, int8) -> dict:
     out = dict(fp64=fp64, fp32=fp32, tf32=tf32, bf16=bf16, fp16=fp16, fp8=fp8, int8=int8)
     return {k: v * T for k, v in out.items() if v is not None}
+
+
+def _rebuild(fields: dict) -> GPUProfile:
+    return GPUProfile(**fields)
 
 
 _PROFILES: dict = {}
