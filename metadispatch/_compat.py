@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
+    "default_device_type",
     "dist",
     "distributed_c10d",
     "dtensor_class",
@@ -968,3 +969,18 @@ def _filled_cell(c) -> bool:
     except ValueError:
         return False
     return True
+
+
+def default_device_type() -> str:
+    """The type of torch's default device (``torch.set_default_device``, a
+    ``torch.device`` context), read without making a tensor: the index
+    ``torch.get_default_device`` asks for needs one, and on a host without
+    CUDA that initialises CUDA and fails."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            return torch.device(mode.device).type
+    context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+    return torch.device(context.device).type if context is not None else "cpu"

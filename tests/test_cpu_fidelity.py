@@ -292,3 +292,14 @@ def test_logical_gpu_optimizer_takes_the_foreach_path_as_cuda_does():
     import torch.optim.optimizer as optimizer  # noqa: PLC0415
 
     assert md.MetaTensor not in optimizer._foreach_supported_types  # only while a mode is entered
+
+
+def test_cpu_fidelity_record_function_markers_cost_nothing():
+    # A marker runs no kernel: md.runtime prices it as nothing.
+    def ranged(x):
+        with torch.profiler.record_function("r"):
+            return x * 2
+
+    with_range = md.tracer(device="cuda")(ranged, torch.randn(4))
+    without = md.tracer(device="cuda")(lambda x: x * 2, torch.randn(4))
+    assert md.runtime(with_range).total == md.runtime(without).total

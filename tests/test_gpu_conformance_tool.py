@@ -12,14 +12,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-import gpu_conformance as gc  # noqa: E402
+import gpu_conformance as tool  # noqa: E402
 
 import metadispatch as md  # noqa: E402
 
 
 @pytest.fixture
 def on_cpu(monkeypatch):
-    monkeypatch.setattr(gc, "DEVICE", "cpu")
+    monkeypatch.setattr(tool, "DEVICE", "cpu")
     for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
         monkeypatch.setattr(torch.cuda, name, lambda *a: None)
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, raising=False)
@@ -32,17 +32,17 @@ def on_cpu(monkeypatch):
 def test_gpu_conformance_tool_checks_a_step_against_its_real_run(on_cpu, name):
     if name.startswith("opt.resnet") and importlib_missing("torchvision"):
         pytest.skip("torchvision not installed")
-    row = gc.check(name, md.gpu_profile("h100"))
+    row = tool.check(name, md.gpu_profile("h100"))
     assert (row["traces"], row["ops"], row["meta"], row["flops"], row["replay"]) == ("yes",) * 5, row
     assert row["replay_equals_eager"] == "yes", row
-    assert "| yes | yes | yes | yes |" in gc.table([row])
+    assert "| yes | yes | yes | yes |" in tool.table([row])
 
 
 def test_gpu_conformance_tool_reports_the_first_difference(on_cpu):
     real = [md.testing.Call("aten.mm.default", (((2, 2), torch.float32, (2, 1), 0, torch.device("cpu")),))]
     traced = [md.testing.Call("aten.bmm.default", real[0].outputs)]
-    assert gc._first_difference(real, traced).startswith("#0: real aten.mm.default")
-    assert gc._op_diff(real, traced) == [["replace", 0, ["aten.mm.default"], 0, ["aten.bmm.default"]]]
+    assert tool._first_difference(real, traced).startswith("#0: real aten.mm.default")
+    assert tool._op_diff(real, traced) == [["replace", 0, ["aten.mm.default"], 0, ["aten.bmm.default"]]]
 
 
 def importlib_missing(name):

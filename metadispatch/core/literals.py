@@ -18,14 +18,16 @@ puts every factory there.
 Note [Optimizer step counters on the CPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Unless ``capturable`` or ``fused``, torch's optimizers keep each parameter's
-step counter on the CPU, ``torch.tensor(0.0, dtype=...)`` with no device,
+step counter on the CPU (Adam's ``torch.tensor(0.0, dtype=..., device="cpu")``;
+a counter loaded from a state dict has no device, so torch's default device),
 whatever the parameters' device, and branch on it: Adam's foreach step adds
 ``torch.tensor(1.0, device="cpu")`` to CPU counters, one ``lift_fresh`` more
 than the ``_foreach_add_`` of a number GPU counters take.  A mode with a
 device would put both literals on it, so a logical GPU recorded a program a
 GPU does not run (an H100's dispatch log of AdamW had the CPU counters and
 the extra op).  So a literal that ``torch.optim``'s own code makes with no
-device, or on the CPU, stays on the CPU.
+device (while torch's default device is the CPU), or on the CPU, stays on
+the CPU.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def applies(func, args, kwargs) -> bool:
     if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(args[0])):
         return False
     device = kwargs.get("device")
-    if device is None or normalize_device(device).type == "cpu":
+    if device is None:  # torch's default device: the CPU's counters unless set otherwise
+        return _compat.default_device_type() == "cpu" and _optimizer_counter()
+    if normalize_device(device).type == "cpu":
         return _optimizer_counter()
     return True
 

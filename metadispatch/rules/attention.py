@@ -157,7 +157,10 @@ def scaled_dot_product_attention(
 
 
 def _native_dropout(attn, p):
-    return torch.native_dropout(attn, p, True)[0]
+    # at::dropout's fused kernel takes 0 < p < 1 and a non-empty input; the rest, its generic body
+    if p < 1 and attn.numel() > 0:
+        return torch.native_dropout(attn, p, True)[0]
+    return torch.dropout(attn, p, True)
 
 
 def _on_logical_cuda(args, kwargs) -> bool:

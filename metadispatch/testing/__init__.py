@@ -114,6 +114,8 @@ def this_gpu_profile():
     from ..core.profiles import gpu_profiles
     from ..errors import MetaDispatchError
 
+    if not torch.cuda.is_available():
+        raise MetaDispatchError("this_gpu_profile(): this host has no CUDA device")
     props = torch.cuda.get_device_properties(0)
     cap = (props.major, props.minor)
     same = [
