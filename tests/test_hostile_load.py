@@ -11,6 +11,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 import metadispatch as md
 from metadispatch.cli.main import main
@@ -127,3 +128,20 @@ def test_hostile_load_summary_escapes_terminal_codes(tmp_path, base, capsys):
     assert main(["summary", _write(tmp_path, d)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\x1b]0;owned\\x07\\x1b[2Jfc" in out
+
+
+def test_hostile_load_a_record_function_marker_holding_a_tensor_is_refused(tmp_path):
+    # Replay skips a marker (Note [record_function ranges in a trace]), so a
+    # tensor a hand-edited one "defines" would reach later calls undefined.
+    def step(x):
+        with torch.profiler.record_function("r"):
+            return x * 2
+
+    md.trace(step, torch.randn(3)).save(tmp_path / "ok.json")
+    doc = Doc(json.loads((tmp_path / "ok.json").read_text()))
+    assert md.Trace.load(_write(tmp_path, doc, "same.json")).calls[0].op.startswith("profiler.")
+    enter = doc.d["ops"].index("profiler._record_function_enter_new.default")
+    row = doc.d["calls"]["op"].index(enter)
+    doc.d["calls"]["outputs"][row] = [ref(doc.tensor(99, [3]))]
+    with pytest.raises(md.TraceFormatError, match="record_function marker and holds no tensors"):
+        md.Trace.load(_write(tmp_path, doc, "marker.json"))

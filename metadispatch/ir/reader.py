@@ -32,8 +32,8 @@ import torch
 
 from ..errors import TraceFormatError
 from .calls import OpCall
-from .decode import RETURN_TYPES, TAGS, decode_device, refusal, resolve_op
-from .records import Group, Leaf, TensorMeta
+from .decode import MARKERS, RETURN_TYPES, TAGS, decode_device, refusal, resolve_op
+from .records import Group, Leaf, TensorMeta, tensor_metas
 from .rng import RngEvent
 from .text import clip, printable
 
@@ -337,6 +337,11 @@ class Reader:
                 self.keywords(kwargs, params, len(args), ("calls.kwargs", i), name)
                 kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
             outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
+            values = (*args, *(kwargs or {}).values(), *outputs)
+            if func._schema.name in MARKERS and any(next(tensor_metas(x), None) is not None for x in values):
+                # a record_function marker holds no tensor: replay skips it, so
+                # a tensor one "defines" would reach later calls undefined
+                self.fail(("calls.outputs", i), f"{name} is a record_function marker and holds no tensors")
             calls.append(
                 OpCall(
                     i, func, name, args, kwargs or None, outputs, modules[i], phases[i], rules[i], sources[i], notes[i]
