@@ -30,7 +30,7 @@ def on_cpu(monkeypatch):
 
 @pytest.mark.parametrize("name", ["nn.mha", "opt.resnet18_sgd"])
 def test_gpu_conformance_tool_checks_a_step_against_its_real_run(on_cpu, name):
-    if name.startswith("opt.resnet") and importlib_missing("torchvision"):
+    if name.startswith("opt.resnet") and tool.importlib_missing("torchvision"):
         pytest.skip("torchvision not installed")
     row = tool.check(name, md.gpu_profile("h100"))
     assert (row["traces"], row["ops"], row["meta"], row["flops"], row["replay"]) == ("yes",) * 5, row
@@ -43,9 +43,3 @@ def test_gpu_conformance_tool_reports_the_first_difference(on_cpu):
     traced = [md.testing.Call("aten.bmm.default", real[0].outputs)]
     assert tool._first_difference(real, traced).startswith("#0: real aten.mm.default")
     assert tool._op_diff(real, traced) == [["replace", 0, ["aten.mm.default"], 0, ["aten.bmm.default"]]]
-
-
-def importlib_missing(name):
-    import importlib.util
-
-    return importlib.util.find_spec(name) is None

@@ -41,7 +41,7 @@ import torch
 
 from ..core.profiles import GPUProfile, gpu_profile
 from ..errors import MetaDispatchError
-from ..ir.decode import MARKERS
+from ..ir.decode import is_marker
 from ..ir.trace import Trace
 from .collective_cost import GPUS_PER_NODE, NETWORK, Link, seconds
 from .comms import Collective, comms
@@ -148,7 +148,7 @@ _DTYPES = {
 def classify(call) -> str:
     """``free``, ``collective``, ``matmul``, ``attention``, ``convolution`` or ``other``."""
     func = call.func
-    if func in _FREE or getattr(func, "is_view", False) or func._schema.name in MARKERS:  # markers run nothing
+    if func in _FREE or getattr(func, "is_view", False) or is_marker(func):  # markers run nothing
         return "free"
     ns, _, rest = call.op.partition(".")
     if ns in _COLLECTIVE_NS:

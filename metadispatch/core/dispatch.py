@@ -10,7 +10,7 @@ import torch
 
 from .. import _compat
 from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, explain_meta_refusal, mark_call
-from ..ir.decode import MARKERS
+from ..ir.decode import is_marker
 from . import bounds, known
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
@@ -61,7 +61,7 @@ def dispatch(func, args, kwargs, mode):
         # profiler ops (the legacy enter returns a tensor handle) run unrecorded.
         with _compat.no_python_dispatch():
             out = func(*args, **kwargs)
-        if func._schema.name in MARKERS and mode is not None and mode._depth == 0 and mode.record:
+        if is_marker(func) and mode is not None and mode._depth == 0 and mode.record:
             recorder = mode._recorder
             recorder.record(func, f, recorder.encode_inputs(args, kwargs), out, "real")
         return out

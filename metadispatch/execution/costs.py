@@ -29,7 +29,7 @@ import torch
 
 from ..core.schema import facts
 from ..errors import ReplayError
-from ..ir.decode import MARKERS
+from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import is_generator
 from ..ir.text import clip, printable
@@ -127,7 +127,7 @@ class _Walk:
     def outputs(self, n: int, call) -> list:
         """(id, tensor as the real kernel will make it, bytes or None for its extent) per output."""
         metas = [m for o in call.outputs for m in tensor_metas(o)]
-        if not self.meta or call.func._schema.name in MARKERS:  # a marker has no tensors and never runs
+        if not self.meta or is_marker(call.func):  # a marker has no tensors and never runs
             return [(m.id, m, None) for m in metas]
         args = [self.on_meta(a) for a in call.args]
         kwargs = {k: self.on_meta(v) for k, v in call.kwargs.items()}

@@ -69,7 +69,7 @@ def bind_leaves(
                 f"the trace recorded {m.dtype}{list(m.shape)}"
             )
         if keep_cpu and m.device.type == "cpu":
-            moved = t.detach() if t.is_cpu else t.detach().cpu()
+            moved = t.detach().cpu()  # the tensor itself when it is on the CPU
         else:
             moved = t.detach() if on(t) else t.detach().to(device)
         if leaf.kind == "const" and moved.layout == torch.strided and moved.data_ptr() == t.data_ptr():
@@ -83,7 +83,7 @@ def bind_leaves(
         if not written.isdisjoint(tids):
             for tid in tids:
                 out[tid] = _copy_keeping_aliases(out[tid], copies)
-    out.update(_made_up(trace, missing, device, seed))
+    out.update(_made_up(trace, missing, device, seed, keep_cpu))
     if made_up is not None and missing:
         made_up += _listed(trace, missing)
     return out
@@ -171,7 +171,7 @@ def _listed(trace: Trace, missing: list) -> list:
     return out
 
 
-def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
+def _made_up(trace: Trace, missing: list, device, seed: int, keep_cpu: bool) -> dict:
     if not missing:
         return {}
     gen = torch.Generator().manual_seed(seed)
@@ -184,7 +184,7 @@ def _made_up(trace: Trace, missing: list, device, seed: int) -> dict:
         extent = max(_extent(m) for m in metas)
         bound = min((bounds[m.id] for m in metas if m.id in bounds), default=None)
         buffer = trace.leaves[metas[0].id].kind == "buffer"
-        flat = _fill(extent, dtype, bound, buffer, gen).to(target(metas[0].device, device, keeps_cpu(trace, device)))
+        flat = _fill(extent, dtype, bound, buffer, gen).to(target(metas[0].device, device, keep_cpu))
         for m in metas:
             out[m.id] = flat.as_strided(m.shape, m.stride, m.storage_offset)
     return out

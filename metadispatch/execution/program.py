@@ -71,7 +71,7 @@ from .. import _compat
 from .._compat import pytree
 from ..core.schema import facts
 from ..errors import ReplayError
-from ..ir.decode import MARKERS
+from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
@@ -152,7 +152,7 @@ def _check_kernels(calls: list, device: torch.device) -> None:
         if call.func in seen:
             continue
         seen.add(call.func)
-        if call.func._schema.name not in MARKERS and not _compat.runs_on(call.func, device.type):
+        if not is_marker(call.func) and not _compat.runs_on(call.func, device.type):
             on = sorted({str(m.device) for m in call.inputs + call.output_metas})
             raise ReplayError(
                 f"replay: call #{call.index} {call.op} has no {device.type} kernel (the trace chose it "
@@ -251,7 +251,7 @@ class _Writer:
             self.default_draws.setdefault(stream_of(outs[0].device), n)
 
     def _call(self, n: int, call, single: TensorMeta | None) -> None:
-        if call.func._schema.name in MARKERS:  # a record_function range: nothing to run
+        if is_marker(call.func):  # a record_function range: nothing to run
             self.lines.append("    pass")
             return
         args = ", ".join(

@@ -38,7 +38,7 @@ from .ownops import OWN_OPS, ensure_defined
 from .records import Group
 from .rng import GeneratorRef
 
-__all__ = ["TAGS", "RETURN_TYPES", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES", "MARKERS"]
+__all__ = ["TAGS", "RETURN_TYPES", "resolve_op", "refusal", "decode_device", "decode_group", "DTYPES", "is_marker"]
 
 
 def _decode_float(v):
@@ -219,11 +219,16 @@ _TOKEN_ARG = "dep_token"
 MARKERS = frozenset({"profiler::_record_function_enter_new", "profiler::_record_function_exit"})
 
 
+def is_marker(func) -> bool:
+    """Whether op ``func`` is one of record_function's markers (any overload)."""
+    return func._schema.name in MARKERS
+
+
 def refusal(func) -> str | None:
     """Why replay must not run ``func`` (Note [Ops a file may name]), or None."""
     schema = func._schema
     name = func.name()
-    if schema.name in MARKERS:
+    if is_marker(func):
         return None
     if name.partition("::")[0] not in ("aten", "prims") and name not in OWN_OPS:
         return "it is not an aten or prims op"

@@ -32,7 +32,7 @@ import torch
 
 from ..errors import TraceFormatError
 from .calls import OpCall
-from .decode import MARKERS, RETURN_TYPES, TAGS, decode_device, refusal, resolve_op
+from .decode import RETURN_TYPES, TAGS, decode_device, is_marker, refusal, resolve_op
 from .records import Group, Leaf, TensorMeta, tensor_metas
 from .rng import RngEvent
 from .text import clip, printable
@@ -338,7 +338,7 @@ class Reader:
                 kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
             outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
             values = (*args, *(kwargs or {}).values(), *outputs)
-            if func._schema.name in MARKERS and any(next(tensor_metas(x), None) is not None for x in values):
+            if is_marker(func) and any(next(tensor_metas(x), None) is not None for x in values):
                 # a record_function marker holds no tensor: replay skips it, so
                 # a tensor one "defines" would reach later calls undefined
                 self.fail(("calls.outputs", i), f"{name} is a record_function marker and holds no tensors")
