@@ -43,3 +43,9 @@ def test_gpu_conformance_tool_reports_the_first_difference(on_cpu):
     traced = [md.testing.Call("aten.bmm.default", real[0].outputs)]
     assert tool._first_difference(real, traced).startswith("#0: real aten.mm.default")
     assert tool._op_diff(real, traced) == [["replace", 0, ["aten.mm.default"], 0, ["aten.bmm.default"]]]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a host without CUDA")
+def test_this_gpu_profile_without_a_gpu_says_so():
+    with pytest.raises(md.MetaDispatchError, match="no CUDA device"):
+        md.testing.this_gpu_profile()
