@@ -20,7 +20,9 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
 from benchmarks.common import build, llama_config, table, train_step  # noqa: E402
-from metadispatch.core import cache, dispatch, known, mode, record  # noqa: E402
+from metadispatch.core import cache, dispatch, record  # noqa: E402
+from metadispatch.mode import mode  # noqa: E402
+from metadispatch.values import known  # noqa: E402
 
 STAGES = [  # (label, owner, attribute); owners are patched for the run
     ("inside dispatch", mode, "dispatch"),

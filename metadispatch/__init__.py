@@ -15,7 +15,6 @@ import importlib as _importlib
 from typing import TYPE_CHECKING
 
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
-from .core import cuda_answers as _cuda_answers
 from .errors import (
     BudgetExceededError,
     DataDependentError,
@@ -26,11 +25,12 @@ from .errors import (
     UnsupportedFeatureError,
     UnsupportedOpError,
 )
+from .gpu import cuda_answers as _cuda_answers
 
 
 def _counters(trace, profile):
     """torch.cuda's memory counters for a logical GPU (Note [Wiring] in
-    core/tensor.py), imported when a mode first needs them: the analyses stay
+    tensor/tensor.py), imported when a mode first needs them: the analyses stay
     unloaded by ``import metadispatch`` (Note [Public names load on first use])."""
     from .analysis.cuda_counters import Counters
 
@@ -51,10 +51,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .analysis.memory import memory
     from .analysis.runtime import Efficiency, runtime
     from .analysis.tables import module_table, shape_log
-    from .core.mode import MetaMode
-    from .core.profiles import GPUProfile, gpu_profile, register_gpu
     from .core.registry import register_meta, unregister_meta
-    from .core.tensor import MetaTensor
     from .debug.check import check, checker
     from .debug.diff import diff
     from .debug.report import Report
@@ -63,6 +60,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .execution.materialize import materialize
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
+    from .mode.mode import MetaMode
+    from .spec.profiles import GPUProfile, gpu_profile, register_gpu
+    from .tensor.tensor import MetaTensor
     from .tracing.tracer import to_meta, trace, tracer
 
 # Note [Public names load on first use]
@@ -90,13 +90,13 @@ _LAZY = {
     "runtime": "analysis.runtime",
     "module_table": "analysis.tables",
     "shape_log": "analysis.tables",
-    "MetaMode": "core.mode",
-    "GPUProfile": "core.profiles",
-    "gpu_profile": "core.profiles",
-    "register_gpu": "core.profiles",
+    "MetaMode": "mode.mode",
+    "GPUProfile": "spec.profiles",
+    "gpu_profile": "spec.profiles",
+    "register_gpu": "spec.profiles",
     "register_meta": "core.registry",
     "unregister_meta": "core.registry",
-    "MetaTensor": "core.tensor",
+    "MetaTensor": "tensor.tensor",
     "check": "debug.check",
     "checker": "debug.check",
     "diff": "debug.diff",
@@ -116,7 +116,22 @@ _LAZY = {
     "trace": "tracing.tracer",
     "tracer": "tracing.tracer",
 }
-_SUBPACKAGES = ("analysis", "core", "debug", "execution", "ir", "rules", "testing", "tracing")
+_SUBPACKAGES = (
+    "analysis",
+    "core",
+    "debug",
+    "execution",
+    "gpu",
+    "ir",
+    "mode",
+    "rules",
+    "spec",
+    "tensor",
+    "testing",
+    "tracing",
+    "values",
+    "world",
+)
 
 
 def __getattr__(name: str):

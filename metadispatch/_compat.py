@@ -796,7 +796,7 @@ def data_dependent_errors() -> tuple:
 
 
 # torch.nn.init's truncated-normal body, which every trunc_normal_ caller
-# reaches by module attribute (Note [Data-dependent initialisers] in ir/ownops.py).
+# reaches by module attribute (Note [Data-dependent initialisers] in spec/ownops.py).
 def trunc_normal_body():
     return torch.nn.init._no_grad_trunc_normal_
 
@@ -805,7 +805,7 @@ def set_trunc_normal_body(fn) -> None:
     torch.nn.init._no_grad_trunc_normal_ = fn
 
 
-# -- torch.distributed (the logical world: core/world.py)
+# -- torch.distributed (the logical world: world/world.py)
 def fake_process_group_store():
     """A store for torch's ``fake`` backend, registering that backend first.
 
@@ -861,7 +861,7 @@ def is_fake(t: torch.Tensor) -> bool:
 
 
 def fsdp_param_module():
-    """FSDP2's ``_fsdp_param`` module, whose ``free_storage``/``alloc_storage`` core/fsdp_storage.py wraps."""
+    """FSDP2's ``_fsdp_param`` module, whose ``free_storage``/``alloc_storage`` world/fsdp_storage.py wraps."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
     return _fsdp_param
@@ -874,7 +874,7 @@ work_from_future = torch._C._distributed_c10d._create_work_from_future  # type: 
 
 
 def clear_dtensor_caches() -> None:
-    """Forget DTensor's sharding and redistribution plans (Note [One world at a time] in core/world.py)."""
+    """Forget DTensor's sharding and redistribution plans (Note [One world at a time] in world/world.py)."""
     from torch.distributed.tensor import _redistribute, _sharding_prop
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
@@ -885,14 +885,14 @@ def clear_dtensor_caches() -> None:
 
 
 def functional_collectives_module():
-    """``torch.distributed._functional_collectives``, whose ``_are_we_tracing`` core/world.py answers."""
+    """``torch.distributed._functional_collectives``, whose ``_are_we_tracing`` world/world.py answers."""
     from torch.distributed import _functional_collectives
 
     return _functional_collectives
 
 
 # torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
-# logical world (core/world.py) needs it, so it is imported on first use.
+# logical world (world/world.py) needs it, so it is imported on first use.
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 

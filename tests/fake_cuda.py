@@ -3,7 +3,7 @@
 A FakeTensorMode builds ``torch.tensor(data, device="cuda")`` on the CPU and
 moves it with a ``_to_copy`` (``only_lift_cpu_tensors``); a real GPU copies
 the data below the dispatcher and dispatches no such call (an H100's log:
-Note [A literal made on a device] in core/literals.py).  :class:`CudaLog`
+Note [A literal made on a device] in values/literals.py).  :class:`CudaLog`
 logs as ``md.testing.eager_calls`` does and leaves out the copies made while
 a literal is built, so the log is what the GPU dispatches.
 """

@@ -20,7 +20,7 @@ from fake_cuda import CudaLog
 from torch import nn
 
 import metadispatch as md
-from metadispatch.core import autocast
+from metadispatch.gpu import autocast
 from metadispatch.testing import trace_calls
 from tests import models
 

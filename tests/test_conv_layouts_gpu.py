@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.core import profiles
+from metadispatch.spec import profiles
 
 CL, CL3, CONTIG = torch.channels_last, torch.channels_last_3d, torch.contiguous_format
 

@@ -1,5 +1,5 @@
 """torch.cuda under a logical-GPU MetaMode: the profile's answers in its thread only
-(Note [The logical GPU answers per thread] in core/cuda_answers.py), and the
+(Note [The logical GPU answers per thread] in gpu/cuda_answers.py), and the
 memory counters from the trace so far (Note [Memory counters from the trace
 so far] in analysis/cuda_counters.py), checked against md.memory of the
 same prefix of the trace."""
@@ -244,7 +244,7 @@ def test_cuda_answers_another_threads_streams_and_counters_are_torchs():
         del x
     ask("after")
     assert seen["other thread"] == seen["before"] == seen["after"]
-    assert seen["inside"] == (md.core.logical_cuda.Stream, 4096, 4096) != seen["before"]
+    assert seen["inside"] == (md.gpu.logical_cuda.Stream, 4096, 4096) != seen["before"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.core import profiles
 from metadispatch.rules.cudnn_rnn import GRU, LSTM, RNN_RELU, RNN_TANH, weight_count
+from metadispatch.spec import profiles
 
 pytestmark = pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN")
 

@@ -102,7 +102,7 @@ def test_assert_same_ops_fails_with_readable_diff_for_changed_model():
     ]
 
 
-@pytest.mark.parametrize("module", ["metadispatch.debug.diff", "metadispatch.testing", "metadispatch.core.fakecompat"])
+@pytest.mark.parametrize("module", ["metadispatch.debug.diff", "metadispatch.testing", "metadispatch.mode.fakecompat"])
 def test_diff_docstring_examples_run(module):
     result = doctest.testmod(sys.modules[module], optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

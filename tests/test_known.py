@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.core.known import DEFAULT_LIMIT, value_of
+from metadispatch.values.known import DEFAULT_LIMIT, value_of
 
 
 def _trace_value(fn, *args, mode=None):

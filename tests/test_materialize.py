@@ -165,7 +165,7 @@ def test_materialize_names_tensors_it_cannot_replace():
     assert isinstance(meta.weight, md.MetaTensor)
 
 
-# -- data-dependent initialisers (Note [Data-dependent initialisers] in ir/ownops.py)
+# -- data-dependent initialisers (Note [Data-dependent initialisers] in spec/ownops.py)
 
 
 class _Truncated(nn.Module):

@@ -211,7 +211,7 @@ def test_mode_entries_in_a_loop_leave_no_garbage_behind():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
-# Note [torch.save inside a traced step] (core/unseen.py)
+# Note [torch.save inside a traced step] (mode/unseen.py)
 
 
 def _checkpointing_step(path):
@@ -257,7 +257,7 @@ def test_mode_torch_save_of_a_real_tensor_the_step_may_have_changed_is_refused()
     assert torch.equal(held, torch.zeros(3))
 
 
-# Note [Lazy modules built inside a MetaMode] (core/unseen.py)
+# Note [Lazy modules built inside a MetaMode] (mode/unseen.py)
 
 
 def test_mode_lazy_module_built_inside_is_refused_naming_it_and_the_line():

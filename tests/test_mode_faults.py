@@ -21,9 +21,10 @@ import torch._dynamo.eval_frame as eval_frame  # imported, so that mode entry se
 
 import metadispatch as md
 from metadispatch import _compat
-from metadispatch.core import mode as mode_module
-from metadispatch.core import rngstate, unseen
-from metadispatch.core.tensor import STATE
+from metadispatch.core import rngstate
+from metadispatch.mode import mode as mode_module
+from metadispatch.mode import unseen
+from metadispatch.tensor.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)
 _ENTRY_EXIT = {md.MetaMode.__enter__.__code__, md.MetaMode.__exit__.__code__}
@@ -45,7 +46,7 @@ def _global_state() -> dict:
         "ambient device": STATE.ambient,
         "patched": [getattr(mod, name) for mod, name, _, _ in rngstate._PATCHES],
         "has_torch_function": torch.overrides.has_torch_function,
-        # Note [Functions no mode sees] in core/unseen.py
+        # Note [Functions no mode sees] in mode/unseen.py
         "torch.save": (torch.save, torch.serialization.save),
         "lazy": [cls.__dict__["__new__"] for cls in unseen._LAZY],
         "trunc_normal body": _compat.trunc_normal_body(),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.core import profiles
+from metadispatch.spec import profiles
 
 BUILT_IN = ["h100", "h200", "a100-80gb", "a100-40gb", "l4", "b200"]
 

@@ -52,13 +52,13 @@ def test_real_gpu_bf16_attention_kernel_and_outputs(causal):
 
 
 def test_real_gpu_literal_made_on_the_device_is_one_lift():
-    # Note [A literal made on a device] in core/literals.py
+    # Note [A literal made on a device] in values/literals.py
     x = torch.randn(2, device="cuda")
     _assert_same_calls(lambda x: x * torch.tensor([1.0, 2.0], device="cuda"), x)
 
 
 def test_real_gpu_adamw_keeps_step_counters_on_the_cpu():
-    # Note [Optimizer step counters on the CPU] in core/literals.py
+    # Note [Optimizer step counters on the CPU] in values/literals.py
     lin = torch.nn.Linear(8, 8).cuda()
 
     def step(m, x):
@@ -71,7 +71,7 @@ def test_real_gpu_adamw_keeps_step_counters_on_the_cpu():
 
 def test_real_gpu_known_values_of_cuda_constants_answer_data_dependent_ops():
     # A small real CUDA tensor the step reads from its scope is known by
-    # value, kept on the CPU (core/known.py): a bool of it is answered, not
+    # value, kept on the CPU (values/known.py): a bool of it is answered, not
     # refused, as for a CPU one.
     pad = torch.tensor([[3, 0, 5]], device="cuda")
 

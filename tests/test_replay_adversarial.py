@@ -678,7 +678,7 @@ def test_replay_adversarial_uninitialised_tables_name_real_arguments():
     import torch.distributed.fsdp  # noqa: F401 -- defines the fsdp ops
 
     from metadispatch.execution import uninit
-    from metadispatch.ir.ownops import ensure_defined
+    from metadispatch.spec.ownops import ensure_defined
 
     ensure_defined()
     tables = {**uninit._OVERWRITES, **uninit._WRITES_SOME, **{k: v[0] for k, v in uninit._WRITES_RESULT.items()}}

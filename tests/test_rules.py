@@ -15,7 +15,7 @@ import torch
 
 import metadispatch as md
 from metadispatch.core import registry
-from metadispatch.core.schema import op_name
+from metadispatch.spec.schema import op_name
 
 aten = torch.ops.aten
 

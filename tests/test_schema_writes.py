@@ -1,5 +1,5 @@
 """What an op writes, checked against its real CPU kernel (Note [What an op
-writes and aliases] in core/schema.py).
+writes and aliases] in spec/schema.py).
 
 Replay copies a leaf only if some call writes it, and guards only the
 arguments ``facts(op).writes`` names; an argument a kernel writes without
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from metadispatch import _compat
-from metadispatch.core.schema import facts
 from metadispatch.ir.decode import resolve_op
+from metadispatch.spec.schema import facts
 
 _FAMILIES = re.compile(
     r"batch_norm|instance_norm|layer_norm|group_norm|_rnn|dropout|copy_from|set_|obs_fq|fake_quant|_amp_|sobol"

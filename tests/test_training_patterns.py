@@ -32,7 +32,7 @@ from torch.nn.utils import parametrizations, prune
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import metadispatch as md
-from metadispatch.core.tensor import MetaTensor
+from metadispatch.tensor.tensor import MetaTensor
 
 
 def _x():

@@ -55,7 +55,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import model_conformance as mc  # noqa: E402
 
 import metadispatch as md  # noqa: E402
-from metadispatch.core.profiles import gpu_profiles  # noqa: E402
+from metadispatch.spec.profiles import gpu_profiles  # noqa: E402
 from metadispatch.testing import eager_calls, this_gpu_profile, trace_calls  # noqa: E402
 
 DEVICE = "cuda"  # a smoke test of the tool sets "cpu"

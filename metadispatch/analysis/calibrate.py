@@ -25,9 +25,9 @@ import dataclasses
 import json
 import statistics
 
-from ..core.profiles import GPUProfile, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
+from ..spec.profiles import GPUProfile, gpu_profile
 from .flops import call_flops
 from .runtime import INF, Efficiency, call_bytes, classify, dtype_name, efficiency_for
 

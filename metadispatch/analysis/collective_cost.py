@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..core.profiles import GPUProfile, gpu_profile
+from ..spec.profiles import GPUProfile, gpu_profile
 
 __all__ = ["Link", "link", "seconds"]
 

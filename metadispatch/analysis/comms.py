@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import NamedTuple
 
-from ..core.profiles import GPUProfile
 from ..ir.records import Group, dtype_abbr, tensor_metas
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
+from ..spec.profiles import GPUProfile
 from .collective_cost import GPUS_PER_NODE, LATENCY, NETWORK, link, seconds
 
 __all__ = ["Collective", "Comms", "comms", "collective", "COLLECTIVE_NAMESPACES"]

@@ -3,7 +3,7 @@
 Note [Memory counters from the trace so far]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A training script prints ``torch.cuda.max_memory_allocated()`` after a
-step; under a MetaMode on a logical GPU (core/cuda_answers.py) it prints
+step; under a MetaMode on a logical GPU (gpu/cuda_answers.py) it prints
 the prediction.  Every figure is :func:`~.memory.memory`'s for the trace
 recorded so far -- the calls made and the storage deaths seen up to the
 question -- so a figure asked mid-step is ``md.memory`` of that prefix:
@@ -33,8 +33,8 @@ nothing from the simulation.
 
 from __future__ import annotations
 
-from ..core import cuda_answers
-from ..core.profiles import GPUProfile
+from ..gpu import cuda_answers
+from ..spec.profiles import GPUProfile
 from .allocconfig import AllocatorConfig
 from .memory import Memory
 from .reserved import CudaMemory
@@ -114,4 +114,4 @@ class Counters:
         self._reset = (len(self.trace.calls), self.allocated(), self.reserved())
 
 
-cuda_answers.WIRING.counters = Counters  # Note [Wiring] in core/tensor.py
+cuda_answers.WIRING.counters = Counters  # Note [Wiring] in tensor/tensor.py

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..core.profiles import GPUProfile, gpu_profile
 from ..ir.records import type_str
 from ..ir.text import fmt_bytes
 from ..ir.trace import TensorMeta, Trace
+from ..spec.profiles import GPUProfile, gpu_profile
 from .allocconfig import AllocatorConfig
 from .memory import Memory
 from .reserved import CudaMemory

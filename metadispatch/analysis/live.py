@@ -3,7 +3,7 @@
 Each storage counts once, from the first op that shows it to its death, at
 its size as the caching allocator would round it; storage resizes FSDP2
 makes are seen (Note [FSDP frees by resizing storage] in
-core/fsdp_storage.py).  Comparing its ``peak`` and ``timeline`` with
+world/fsdp_storage.py).  Comparing its ``peak`` and ``timeline`` with
 :func:`metadispatch.memory` of a trace of the same code is how the memory
 model is tested.
 """
@@ -17,8 +17,8 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core import fsdp_storage
-from ..core.tensor import is_wrapper_subclass
+from ..tensor.tensor import is_wrapper_subclass
+from ..world import fsdp_storage
 from .memory import allocated_bytes
 
 __all__ = ["LiveStorages"]

@@ -41,11 +41,11 @@ from collections import Counter
 import torch
 
 from .._compat import pytree
-from ..core.fsdp_storage import RESIZE_OP
-from ..core.profiles import GPUProfile, gpu_profile
 from ..ir.records import tensor_bytes
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
+from ..spec.profiles import GPUProfile, gpu_profile
+from ..world.fsdp_storage import RESIZE_OP
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 from .roles import ROLES, roles
@@ -123,7 +123,7 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
 
 def _split(infos: dict, number: int, events: list) -> None:
     """A storage resized while it lived (Note [FSDP frees by resizing storage]
-    in core/fsdp_storage.py) as one StorageInfo per stretch of constant size:
+    in world/fsdp_storage.py) as one StorageInfo per stretch of constant size:
     the one resized to 0 bytes after call ``i`` is not live at ``i``, the one
     resized back at ``j`` is, as a storage born at ``j``.  Later stretches
     are keyed ``(number, k)``."""

@@ -16,8 +16,8 @@ the one simulated device, whatever device it was traced on.  Limits: those of
 
 from __future__ import annotations
 
-from ..core.profiles import GPUProfile
 from ..ir.text import fmt_bytes
+from ..spec.profiles import GPUProfile
 from .allocator import Block, CachingAllocator
 from .allocconfig import AllocatorConfig
 from .workspace import unsized_lines

@@ -9,10 +9,10 @@ it (Note [Roles from the step's calls]).  A pure function of a trace.
 
 from __future__ import annotations
 
-from ..core.fsdp_storage import RESIZE_OP
-from ..core.schema import arg_value, facts
 from ..ir.records import tensor_metas
 from ..ir.trace import Trace
+from ..spec.schema import arg_value, facts
+from ..world.fsdp_storage import RESIZE_OP
 
 __all__ = ["roles", "ROLES"]
 

@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.profiles import GPUProfile, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.decode import is_marker
 from ..ir.trace import Trace
+from ..spec.profiles import GPUProfile, gpu_profile
 from .collective_cost import GPUS_PER_NODE, NETWORK, Link, seconds
 from .comms import Collective, comms
 from .export import chrome_trace

@@ -49,8 +49,8 @@ import math
 
 import torch
 
-from ..core.profiles import GPUProfile
 from ..ir.trace import OpCall
+from ..spec.profiles import GPUProfile
 
 __all__ = [
     "CUBLAS_OPS",

@@ -156,7 +156,7 @@ class Llama(nn.Module):
 
 def example(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048, dtype=torch.bfloat16, device="cuda"):
     """(model, (ids, labels)) built under a MetaMode: nothing is allocated."""
-    from ..core.mode import MetaMode
+    from ..mode.mode import MetaMode
 
     with MetaMode(device=device, record=False):
         return build(config, batch, seq, dtype)

@@ -28,9 +28,9 @@ import torch
 from .. import _compat
 from ..analysis.fit import fits
 from ..analysis.runtime import runtime as step_time
-from ..core.profiles import DEFAULT_GPU, gpu_profile
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes, printable
+from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from . import targets
 from .targets import UsageError
 
@@ -121,7 +121,7 @@ def report(trace, *, top: int = 10, depth: int = 2, width: int | None = None) ->
 
 
 def _cmd_trace(args) -> int:
-    from ..core.mode import MetaMode
+    from ..mode.mode import MetaMode
     from ..tracing.tracer import tracer
 
     device = args.device
@@ -411,8 +411,8 @@ def _cmd_replay(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    from ..core.realrun import DEFAULT_LIMIT
     from ..debug.check import checker
+    from ..values.realrun import DEFAULT_LIMIT
 
     device = torch.device(args.device) if args.device is not None else None
     if device is not None and device.type != "cpu" and not args.no_recheck:
@@ -647,7 +647,7 @@ def main(argv=None) -> int:
 def _one_line(error: BaseException, doing: str = "") -> str:
     """``FileNotFoundError: No such file or directory: 'w.pt'``, and where the
     user's code raised it; the file is left out where ``doing`` names it."""
-    from ..core.source import traceback_frame
+    from ..source import traceback_frame
 
     if isinstance(error, OSError) and error.strerror:
         text = f"{type(error).__name__}: {error.strerror}"

@@ -28,10 +28,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from ..analysis.comms import comms
 from ..analysis.memory import memory
-from ..core.mode import MetaMode
-from ..core.profiles import gpu_profile
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
+from ..mode.mode import MetaMode
+from ..spec.profiles import gpu_profile
 from .targets import UsageError
 
 __all__ = ["Plan", "plan_step", "check_plan", "report", "param_shapes", "rank_classes", "step_peak"]

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..core.mode import MetaMode
 from ..errors import MetaDispatchError
+from ..mode.mode import MetaMode
 from . import llama
 
 __all__ = [

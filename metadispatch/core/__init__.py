@@ -1,10 +1,10 @@
-"""The engine: MetaTensor, the mode, one call's dispatch and its router.
+"""The engine: one aten call, from its arguments to its record.
 
-``tensor`` (MetaTensor, its logical device) at the bottom; ``schema``,
-``registry``, ``source``, ``modules``, ``fakecompat`` beside it; then
-``realrun`` (the real kernel on made-up inputs), ``known`` (known values),
-``router`` and ``composites``, ``cache``, ``record`` (the recorder),
-``dispatch``, ``standins`` (the user's state swapped out and put back) and
-``reach`` (what a function can reach) and, on top, ``mode`` (MetaMode).  May import ``ir``,
-``_compat`` and ``errors``; nothing above.
+``dispatch`` (convert inputs, find the device, route, wrap, record),
+``router`` (which stage answers: user rule, built-in rule, meta kernel,
+decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
+by call, shared by every mode), ``record`` (the recorder: calls into
+``OpCall`` records), ``rngstate`` (the random streams a run draws from).
+May import ``world``, ``gpu``, ``values``, ``tensor`` and below; nothing
+here knows the mode.
 """

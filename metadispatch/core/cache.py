@@ -117,8 +117,8 @@ import torch
 from .. import _compat
 from ..ir.records import PLAIN_TYPES
 from ..ir.trace import TensorMeta
+from ..tensor.tensor import META, MetaTensor, wrap
 from . import registry
-from .tensor import META, MetaTensor, wrap
 
 __all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes", "entry_weight"]
 

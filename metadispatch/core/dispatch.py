@@ -11,12 +11,12 @@ import torch
 from .. import _compat
 from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, explain_meta_refusal, mark_call
 from ..ir.decode import is_marker
-from . import bounds, known
+from ..source import user_frame
+from ..spec.schema import facts
+from ..tensor.tensor import META, STATE, Converter, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
+from ..values import bounds, known
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
-from .schema import facts
-from .source import user_frame
-from .tensor import META, STATE, Converter, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 
 __all__ = ["dispatch"]
 

@@ -51,10 +51,10 @@ from ..errors import UnsupportedFeatureError, mark_call
 from ..ir.records import PLAIN_TYPES
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
-from . import world
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
+from ..world import world
 from .rngstate import RngLog
-from .source import user_frame
-from .tensor import MetaTensor
 
 __all__ = ["Recorder", "BackwardModules"]
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
-from .schema import op_name
+from ..spec.schema import op_name
 
 __all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for", "resolve_ops", "rule_skeleton", "version"]
 

@@ -59,8 +59,8 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError
+from ..gpu import cuda_answers
 from ..ir.rng import GeneratorRef, RngEvent
-from . import cuda_answers
 
 __all__ = ["RngLog", "install", "WIRING", "start_states"]
 

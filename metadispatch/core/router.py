@@ -14,11 +14,11 @@ import torch
 
 from .. import _compat
 from ..errors import DataDependentError, UnsupportedOpError
-from ..ir.records import type_str
+from ..tensor.describe import data_dependent_message, describe_inputs
+from ..tensor.tensor import STATE, WIRING, MetaTensor, in_kernel, wrap
 from . import registry
-from .tensor import STATE, WIRING, MetaTensor, in_kernel, wrap
 
-__all__ = ["route", "run_nested", "describe_inputs", "data_dependent_error"]
+__all__ = ["route", "run_nested"]
 
 _MISSING_META = ("'Meta' backend", "no fake impl or Meta kernel", "Meta kernel")
 _NO_FAKE_IMPL = ("There was no fake impl registered",)
@@ -37,7 +37,7 @@ def route(func, f, args, kwargs, kargs, kkwargs, device, mode):
             return run_nested(mode, rule, args, dict(kwargs, fallback=fallback)), stage
         return run_nested(mode, rule, args, kwargs), stage
     if f.data_dependent:
-        raise DataDependentError(_data_dependent_message(f.name, args, kwargs), op=f.name)
+        raise DataDependentError(data_dependent_message(f.name, args, kwargs), op=f.name)
     return _native_or_decomp(func, f, args, kwargs, kargs, kkwargs, device, mode)
 
 
@@ -89,37 +89,6 @@ def _wrap_all(out, device):
     if isinstance(out, (list, tuple)):
         return type(out)(_wrap_all(o, device) for o in out)
     return out
-
-
-def describe_inputs(args, kwargs) -> str:
-    parts = []
-
-    def visit(x):
-        if isinstance(x, torch.Tensor):
-            dev = x._md_device if isinstance(x, MetaTensor) else x.device
-            parts.append(type_str(x.dtype, x.shape, device=dev, show_cpu=True))
-        elif type(x) in (list, tuple):
-            for y in x:
-                visit(y)
-
-    visit(tuple(args))
-    visit(tuple(kwargs.values()))
-    return ", ".join(parts) or "no tensors"
-
-
-def data_dependent_error(name, args, kwargs) -> DataDependentError:
-    return DataDependentError(_data_dependent_message(name, args, kwargs), op=name)
-
-
-def _data_dependent_message(name, args, kwargs) -> str:
-    what = name
-    if name == "aten._local_scalar_dense.default":
-        what = f"{name} (Tensor.item(), bool(t), int(t), float(t))"
-    return (
-        f"{what} needs the values of its input ({describe_inputs(args, kwargs)}); "
-        "a MetaTensor holds no data. Use md.check() to answer it with the real "
-        "kernel, or register a rule with @metadispatch.register_meta."
-    )
 
 
 def _unsupported_message(func, name, args, kwargs) -> str:

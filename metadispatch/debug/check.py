@@ -46,17 +46,17 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core import known
-from ..core.bounds import bounds_of
-from ..core.mode import MetaMode
-from ..core.reach import find
-from ..core.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
-from ..core.schema import facts
-from ..core.source import traceback_frame, user_frame
-from ..core.tensor import MetaTensor
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
 from ..ir.records import type_str
+from ..mode.mode import MetaMode
+from ..mode.reach import find
+from ..source import traceback_frame, user_frame
+from ..spec.schema import facts
+from ..tensor.tensor import MetaTensor
 from ..tracing.tracer import run_traced
+from ..values import known
+from ..values.bounds import bounds_of
+from ..values.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from .recheck import recheck
 from .report import Answer, Assumption, Report, Stop
 

@@ -22,11 +22,11 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core.realrun import materialize, run_real
-from ..core.schema import facts
 from ..ir.compare import Mismatch, describe, differences
 from ..ir.rng import is_generator
 from ..ir.trace import TensorMeta
+from ..spec.schema import facts
+from ..values.realrun import materialize, run_real
 
 __all__ = ["recheck", "Mismatch"]
 

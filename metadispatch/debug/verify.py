@@ -22,11 +22,11 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core.realrun import alias_pattern
 from ..core.registry import resolve_ops, rule_for
-from ..core.schema import op_name
-from ..core.tensor import Converter
 from ..ir.compare import explain
+from ..spec.schema import op_name
+from ..tensor.tensor import Converter
+from ..values.realrun import alias_pattern
 
 __all__ = ["verify_rule", "RuleCheck", "schema_samples"]
 

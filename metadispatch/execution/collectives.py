@@ -30,10 +30,10 @@ fails, naming the call.
 from __future__ import annotations
 
 from .. import _compat
-from ..core.world import REDUCE_OP, WORK
 from ..errors import ReplayError
 from ..ir.records import Group
 from ..ir.trace import Trace
+from ..world.world import REDUCE_OP, WORK
 
 __all__ = ["check_world", "collective_callable", "is_collective", "c10d_returns", "live_group", "NAMESPACES"]
 

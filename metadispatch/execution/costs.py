@@ -27,13 +27,13 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-from ..core.schema import facts
 from ..errors import ReplayError
 from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import is_generator
 from ..ir.text import clip, printable
 from ..ir.trace import Trace
+from ..spec.schema import facts
 from .collectives import c10d_returns
 from .program import free_points
 from .sizes import list_count, read_bound, value_sized

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from ..core.schema import facts
 from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
+from ..spec.schema import facts
 from .costs import OUTPUT_BYTES
 from .sizes import bind, value_sized
 from .work import extent_bytes

@@ -42,11 +42,11 @@ from torch import nn
 
 from .. import _compat
 from .._compat import pytree
-from ..core.tensor import MetaTensor, normalize_device
 from ..errors import ReplayInputError
 from ..ir.compare import describe, differences
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
+from ..tensor.tensor import MetaTensor, normalize_device
 
 __all__ = ["given_tensors", "check_inputs", "check_device"]
 

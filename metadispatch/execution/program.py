@@ -69,12 +69,12 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core.schema import facts
 from ..errors import ReplayError
 from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
+from ..spec.schema import facts
 from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .devices import CPU, keeps_cpu

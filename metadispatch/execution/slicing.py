@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from ..core.schema import arg_value, facts
 from ..errors import MetaDispatchError
-from ..ir.ownops import OWN_OPS
 from ..ir.records import tensor_metas
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Trace
+from ..spec.ownops import OWN_OPS
+from ..spec.schema import arg_value, facts
 from .streams import stream_of
 
 __all__ = ["slice_for", "SliceError"]

@@ -38,9 +38,9 @@ from __future__ import annotations
 from weakref import WeakKeyDictionary
 
 from .._compat import pytree
-from ..core.schema import arg_value, facts
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.trace import Trace
+from ..spec.schema import arg_value, facts
 from .streams import MadeUp
 
 __all__ = ["uninitialised_reads"]
@@ -74,7 +74,7 @@ _OVERWRITES = {
         ),
         "self",
     ),
-    "metadispatch::trunc_normal_": "tensor",  # nn.init.trunc_normal_ as one op (ir/ownops.py)
+    "metadispatch::trunc_normal_": "tensor",  # nn.init.trunc_normal_ as one op (spec/ownops.py)
     # Their schemas mark nothing written (Note [What an op writes and aliases]).
     "c10d::_allgather_base_": "output_tensor",
     "c10d::allgather_": "output_tensors",

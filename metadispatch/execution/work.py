@@ -26,8 +26,8 @@ import re
 
 from torch.utils.flop_counter import flop_registry
 
-from ..core.schema import facts
 from ..ir.records import TensorMeta
+from ..spec.schema import facts
 
 __all__ = ["work", "scratch", "strides", "extent_bytes", "is_view_call"]
 

@@ -26,10 +26,10 @@ from weakref import WeakKeyDictionary
 import torch
 
 from .. import _compat
-from ..core.schema import arg_value, facts
 from ..errors import ReplayError
 from ..ir.records import tensor_metas
 from ..ir.trace import Trace
+from ..spec.schema import arg_value, facts
 
 __all__ = ["written_leaves", "write_guard", "written_args"]
 

@@ -34,7 +34,7 @@ import re
 import torch
 
 from .. import _compat
-from .ownops import OWN_OPS, ensure_defined
+from ..spec.ownops import OWN_OPS, ensure_defined
 from .records import Group
 from .rng import GeneratorRef
 

@@ -93,7 +93,7 @@ class Trace:
         self.untrusted = False
         # The GPU profile that answered hardware-dependent choices (SDPA's
         # backend) on a logical CUDA device: its name, or the profile itself
-        # when it is not registered (core/mode.py); None: no profile was asked.
+        # when it is not registered (mode/mode.py); None: no profile was asked.
         self.gpu: Any = None  # str | core.profiles.GPUProfile | None
 
     # -- sequence protocol

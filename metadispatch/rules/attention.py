@@ -26,10 +26,10 @@ import math
 import torch
 
 from .. import _compat
-from ..core import composites
-from ..core.mode import active_profile
 from ..core.registry import builtin_rule
-from ..core.tensor import MetaTensor
+from ..mode.mode import active_profile
+from ..tensor.tensor import MetaTensor
+from ..values import composites
 from .attention_math import math_attention
 from .sdp_choice import CUDNN, EFFICIENT, FLASH, MATH, TORCH_2_14, SDPParams, select_sdp_backend
 

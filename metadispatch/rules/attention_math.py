@@ -6,7 +6,7 @@ Where no fused kernel takes an attention (T5's learned position bias is a
 mask that needs a gradient, which only the math backend gives), the C++
 composite runs ``_scaled_dot_product_attention_math``, whose dropout is
 ``at::dropout``: on a CUDA tensor one ``native_dropout`` with a boolean
-mask (Note [Dropout's fused kernel on a GPU] in core/gpu_composites.py), on a
+mask (Note [Dropout's fused kernel on a GPU] in gpu/gpu_composites.py), on a
 logical GPU's meta tensor the generic four ops and a float mask -- what a
 real H100 did not run in T5's training step (tools/gpu_conformance.py).
 :func:`math_attention` is the body of that function and the mask conversion

@@ -21,7 +21,7 @@ import torch
 
 from .. import _compat
 from ..core.registry import builtin_rule
-from ..core.tensor import wrap
+from ..tensor.tensor import wrap
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")

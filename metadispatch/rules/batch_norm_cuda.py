@@ -56,8 +56,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..core import composites
-from ..core.tensor import MetaTensor
+from ..tensor.tensor import MetaTensor
+from ..values import composites
 
 aten = torch.ops.aten
 

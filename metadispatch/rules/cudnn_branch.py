@@ -16,10 +16,10 @@ import weakref
 import torch
 
 from .. import _compat
-from ..core import composites
-from ..core.mode import active_profile
-from ..core.router import data_dependent_error
-from ..core.tensor import MetaTensor, read_value
+from ..mode.mode import active_profile
+from ..tensor.describe import data_dependent_error
+from ..tensor.tensor import MetaTensor, read_value
+from ..values import composites
 from .cudnn_rnn import GRU, LSTM, RNN_RELU, RNN_TANH
 
 __all__ = ["use_cudnn"]

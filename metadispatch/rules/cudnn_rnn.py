@@ -31,7 +31,7 @@ binaries hold ``supportsBFloat16RNNWithCuDNN``, so both have ``use_cudnn``):
   built with; the profile's (``cudnn_version``, the wheel's required
   runtime) stands in for it.  Packed sequences take cuDNN too
   (``lstm.data``), with the batch sizes as a list, read from the known value
-  of ``batch_sizes`` (Note [Packed sequences] in core/composites.py).  The
+  of ``batch_sizes`` (Note [Packed sequences] in values/composites.py).  The
   choice is made above the dispatch, at each call of the composite, and the
   rules below read no global switch, so no cached answer depends on it
   (toggling ``torch.backends.cudnn.enabled`` between traces in one process

@@ -18,8 +18,8 @@ import torch
 
 from .. import _compat
 from ..core.registry import builtin_rule
-from ..core.router import data_dependent_error
-from ..core.tensor import read_value
+from ..tensor.describe import data_dependent_error
+from ..tensor.tensor import read_value
 
 aten = torch.ops.aten
 

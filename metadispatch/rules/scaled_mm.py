@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.mode import active_profile
 from ..core.registry import builtin_rule
+from ..mode.mode import active_profile
 
 aten = torch.ops.aten
 

@@ -10,7 +10,7 @@ dropout, causal, GQA, requires_grad) and the user's switches
 (``torch.backends.cuda.enable_*_sdp``, ``sdpa_kernel``, its priority order).
 A MetaTensor is ``meta`` to C++, where the choice is always math; so on a
 logical CUDA device this module answers instead, from the mode's
-:class:`~metadispatch.core.profiles.GPUProfile`.  Each ``_check_*`` below is
+:class:`~metadispatch.spec.profiles.GPUProfile`.  Each ``_check_*`` below is
 one C++ filter of the same name (``check_*``), in the same order.
 
 Version awareness: the filters follow sdp_utils.cpp at pytorch commit

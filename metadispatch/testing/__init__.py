@@ -35,11 +35,11 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..core.mode import MetaMode
-from ..core.reach import walk
-from ..core.tensor import MetaTensor
 from ..debug.diff import canonical, diff
 from ..ir.trace import Trace
+from ..mode.mode import MetaMode
+from ..mode.reach import walk
+from ..tensor.tensor import MetaTensor
 from ..tracing.tracer import tracer
 from .collectives import CollectiveLog
 
@@ -108,11 +108,11 @@ def this_gpu_profile():
     installed torch's CUDA and cuDNN versions, which SDPA's choice reads: what
     a trace must be recorded for to be compared with this GPU's real run
     (``tools/gpu_conformance.py``, ``tests/test_real_gpu.py``).  Not
-    registered: it travels with the trace (core/mode.py)."""
+    registered: it travels with the trace (mode/mode.py)."""
     import dataclasses
 
-    from ..core.profiles import gpu_profiles
     from ..errors import MetaDispatchError
+    from ..spec.profiles import gpu_profiles
 
     if not torch.cuda.is_available():
         raise MetaDispatchError("this_gpu_profile(): this host has no CUDA device")
@@ -254,7 +254,7 @@ class Snapshot:
 
 
 def snapshot(*roots: Any, rng: bool = True, **named: Any) -> Snapshot:
-    """Snapshot what ``roots`` reach (see ``metadispatch/core/reach.py``), and the RNG states.
+    """Snapshot what ``roots`` reach (see ``metadispatch/mode/reach.py``), and the RNG states.
 
     Roots are modules, optimizers, schedulers, tensors, containers,
     generators, functions (their closures and the globals they name).  Take

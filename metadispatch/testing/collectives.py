@@ -13,9 +13,9 @@ import torch
 from .. import _compat
 from .._compat import pytree
 from ..analysis.comms import COLLECTIVE_NAMESPACES, collective
-from ..core import world
-from ..core.tensor import is_wrapper_subclass
 from ..ir.records import Group
+from ..tensor.tensor import is_wrapper_subclass
+from ..world import world
 
 __all__ = ["CollectiveLog"]
 

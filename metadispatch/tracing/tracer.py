@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from .._compat import pytree
-from ..core.mode import MetaMode
-from ..core.reach import find, holds_state, is_container
-from ..core.standins import StandIns
-from ..core.tensor import Converter, MetaTensor
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
+from ..mode.mode import MetaMode
+from ..mode.reach import find, holds_state, is_container
+from ..mode.standins import StandIns
+from ..tensor.tensor import Converter, MetaTensor
 
 __all__ = ["to_meta", "trace", "tracer"]
 

@@ -58,9 +58,9 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError, mark_call
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
 from . import inside
-from .source import user_frame
-from .tensor import MetaTensor
 
 __all__ = ["applies", "prepare", "has_cache", "clear_cache", "POLICIES", "INERT_COMPOSITES", "registered_names"]
 

@@ -15,8 +15,8 @@ import torch
 
 __all__ = ["user_frame", "traceback_frame"]
 
-# The whole metadispatch package (this file is in its core/ subpackage).
-_PACKAGE = os.path.dirname(os.path.dirname(__file__))
+# The whole metadispatch package (this file is at its top).
+_PACKAGE = os.path.dirname(__file__)
 _SKIP = (
     os.path.dirname(torch.__file__) + os.sep,
     _PACKAGE + os.sep,

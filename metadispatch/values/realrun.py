@@ -29,9 +29,9 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import MaterializeLimitError
 from ..ir.trace import TensorMeta
+from ..tensor.tensor import META, in_kernel, wrap
+from ..tensor.tensor import value_of as known_value
 from .bounds import bounds_of, fill_within
-from .tensor import META, in_kernel, wrap
-from .tensor import value_of as known_value
 
 __all__ = [
     "materialize",

@@ -1,7 +1,7 @@
 """Data-dependent initialisers, recorded as one call while a MetaMode is entered.
 
 ``torch.nn.init``'s truncated normal loops until its samples are in range
-(Note [Data-dependent initialisers] in ``ir/ownops.py``).  While at least one
+(Note [Data-dependent initialisers] in ``spec/ownops.py``).  While at least one
 MetaMode is entered, ``torch.nn.init._no_grad_trunc_normal_`` -- the body
 that ``nn.init.trunc_normal_`` and every library calling it reach, however
 they imported it -- is replaced by :func:`_trunc_normal_`, which sends a
@@ -24,8 +24,8 @@ import warnings
 import torch
 
 from .. import _compat
-from ..ir.ownops import TRUNC_NORMAL_BODY, trunc_normal_op
-from .tensor import MetaTensor
+from ..spec.ownops import TRUNC_NORMAL_BODY, trunc_normal_op
+from ..tensor.tensor import MetaTensor
 
 __all__ = ["InitializerRoute"]
 

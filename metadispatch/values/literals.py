@@ -39,7 +39,7 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from .tensor import normalize_device
+from ..tensor.tensor import normalize_device
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .. import _compat
-from .tensor import MetaTensor
+from ..tensor.tensor import MetaTensor
 
 __all__ = ["install"]
 

@@ -35,8 +35,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from .router import data_dependent_error
-from .tensor import MetaTensor, read_value
+from ..tensor.describe import data_dependent_error
+from ..tensor.tensor import MetaTensor, read_value
 
 __all__ = ["override_for", "register_override", "OVERRIDES"]
 

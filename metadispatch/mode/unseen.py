@@ -45,8 +45,8 @@ from torch import nn
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError, mark_call
-from .source import user_frame
-from .tensor import MetaTensor
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
 
 __all__ = ["install", "WIRING"]
 

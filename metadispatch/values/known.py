@@ -45,8 +45,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
-from .tensor import MetaTensor, note_value_read, value_of
 
 __all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
 

@@ -53,8 +53,8 @@ import threading
 import torch
 
 from .. import _compat
+from ..spec.profiles import GPUProfile
 from . import autocast, logical_cuda
-from .profiles import GPUProfile
 
 __all__ = ["enter", "wanted", "WIRING"]
 

@@ -27,8 +27,9 @@ import torch
 
 from .. import _compat
 from ..errors import MetaDispatchError, UnsupportedFeatureError
+from ..gpu import logical_cuda
 from ..ir.records import Group
-from . import ddp_setup, fsdp_chunks, fsdp_storage, logical_cuda
+from . import ddp_setup, fsdp_chunks, fsdp_storage
 
 __all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
 

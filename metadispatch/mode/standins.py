@@ -37,8 +37,8 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _compat
-from . import known
-from .tensor import MetaTensor, is_wrapper_subclass
+from ..tensor.tensor import MetaTensor, is_wrapper_subclass
+from ..values import known
 
 __all__ = ["StandIns"]
 

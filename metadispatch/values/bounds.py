@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .tensor import MetaTensor
+from ..tensor.tensor import MetaTensor
 
 __all__ = ["Bounds", "bounds_of", "propagate", "fill_within", "decided", "COMPARISONS"]
 

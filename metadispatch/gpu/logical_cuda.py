@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from .profiles import GPUProfile
+from ..spec.profiles import GPUProfile
 
 __all__ = ["install", "Stream", "Event", "DEFAULT_STREAM"]
 

@@ -18,7 +18,7 @@ know).
 The library is defined the first time it is needed -- a MetaMode meeting the
 initialiser, or a trace file naming the op -- not at import, and stays
 defined: its kernels only ever run on tensors passed to the op by name.
-``core/initializers.py`` routes the initialiser to the op while a mode is
+``values/initializers.py`` routes the initialiser to the op while a mode is
 entered.
 """
 

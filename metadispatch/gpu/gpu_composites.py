@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from .composites import register_override
-from .tensor import MetaTensor
+from ..tensor.tensor import MetaTensor
+from ..values.composites import register_override
 
 __all__: list[str] = []
 

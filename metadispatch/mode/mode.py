@@ -19,31 +19,29 @@ from torch import nn
 
 from .. import _compat
 from .._compat import pytree
+from ..core import rngstate
+from ..core.cache import MetaCache
+from ..core.dispatch import dispatch
+from ..core.record import Recorder
 from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
-from ..ir.trace import Trace
-from . import (
+from ..gpu import (
     autocast,
-    composites,
     cuda_answers,
     fastpath,
     gpu_composites,  # noqa: F401  (registers its overrides)
     inside,
-    known,
-    literals,
-    rngstate,
-    unseen,
 )
-from .cache import MetaCache
-from .dispatch import dispatch
+from ..ir.trace import Trace
+from ..source import user_frame
+from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
+from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from ..values import composites, known, literals
+from ..values.initializers import InitializerRoute
+from ..world.world import World
+from . import unseen
 from .fakecompat import check_from_tensor_options, check_mode_options
-from .initializers import InitializerRoute
 from .modules import ModuleStack
-from .profiles import GPUProfile, gpu_profile, gpu_profiles
-from .record import Recorder
-from .source import user_frame
 from .standins import StandIns
-from .tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
-from .world import World
 
 __all__ = ["MetaMode", "scratch_mode"]
 
@@ -283,7 +281,7 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
-        route = InitializerRoute()  # Note [Data-dependent initialisers] in ir/ownops.py
+        route = InitializerRoute()  # Note [Data-dependent initialisers] in spec/ownops.py
         entry.steps.append(route.__exit__)
         route.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py

@@ -1,0 +1,9 @@
+"""What is known of a MetaTensor's values, when anything is.
+
+``known`` (tensors built from constants keep their contents), ``bounds``
+(ranges of values when the values are not known), ``realrun`` (the real CPU
+kernel on made-up inputs, the reference), ``literals`` (``torch.tensor(data,
+device=D)`` as C++ builds it), ``initializers`` (data-dependent initialisers
+recorded as one call), ``composites`` (C++ composites that read values
+through a data pointer, in Python).  May import ``tensor`` and below.
+"""

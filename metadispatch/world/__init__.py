@@ -1,0 +1,8 @@
+"""The logical N-rank world: ``torch.distributed`` as one rank of it sees it.
+
+``world`` (the world and what it patches while a mode is entered),
+``ddp_setup`` (DDP's C++ setup helpers as the collectives they run),
+``fsdp_chunks`` (the chunks of a parameter a rank reads), ``fsdp_storage``
+(FSDP2's storage frees, made visible to dispatch).  May import ``gpu`` and
+below.
+"""
