@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
+    "torch_c",
     "default_device_type",
     "dist",
     "distributed_c10d",
@@ -34,6 +35,7 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "CountedClaim",
+    "EAGER_COMPILED",
     "OpOverload",
     "OpOverloadPacket",
     "pytree",
@@ -73,6 +75,9 @@ __all__ = [
     "cpu_conv_switches",
     "set_cpu_conv_switches",
 ]
+
+# torch's C module, for the ledger's patches of functions on it (mode/ledger.py).
+torch_c = torch._C
 
 # Note [Backend keys of a logical CPU]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -481,31 +486,31 @@ class deferred_full_gc(CountedClaim):
 # functions and modules run their Python eagerly, so the trace is the eager
 # program the module compiles, in the eager module's time.  The stance is
 # process-wide in torch; it is set by the first entry anywhere and put back
-# by the last exit (another thread's compiled code runs eagerly meanwhile:
-# same values, eager speed).  Nothing is done when dynamo was never imported
+# by the last exit, through the ledger (another thread's compiled code runs
+# eagerly meanwhile: same values, eager speed).  Nothing is done when dynamo was never imported
 # (then nothing is compiled) or when the mode is entered inside a region
 # dynamo is compiling (torch refuses a stance change there).
-class eager_compiled(CountedClaim):
-    """Note [Compiled code runs eagerly under a mode]."""
+def _dynamo_frames():
+    return sys.modules.get("torch._dynamo.eval_frame")  # None: dynamo never imported, nothing compiled
 
-    _prior = None
 
-    def _first(self) -> None:
-        frames = sys.modules.get("torch._dynamo.eval_frame")
-        cls = eager_compiled
-        if frames is None or not hasattr(frames, "_set_stance") or cls._prior is not None:
-            return
-        try:
-            cls._prior = frames._set_stance(frames.DynamoStance("force_eager"))
-        except RuntimeError:  # inside a torch.compile region
-            return
+def _force_eager(below):
+    frames = _dynamo_frames()
+    callback = torch._C._dynamo.eval_frame.get_eval_frame_callback()
+    if callback is not False and callback is not None:
+        return below  # inside a torch.compile region: torch refuses a stance change there
+    return frames.DynamoStance("force_eager")
 
-    def _last(self) -> None:
-        cls = eager_compiled
-        if cls._prior is not None:
-            # fmt: off
-            sys.modules["torch._dynamo.eval_frame"]._set_stance(cls._prior); cls._prior = None  # noqa: E702
-            # fmt: on
+
+# The ledger's row (mode/ledger.py, mode/patches.py): a process-wide value.
+EAGER_COMPILED = [
+    (
+        _dynamo_frames,
+        "_stance",
+        _force_eager,
+        "dynamo's stance: force_eager (Note [Compiled code runs eagerly under a mode])",
+    )
+]
 
 
 # Note [Foreach paths for MetaTensors]
@@ -801,8 +806,8 @@ def trunc_normal_body():
     return torch.nn.init._no_grad_trunc_normal_
 
 
-def set_trunc_normal_body(fn) -> None:
-    torch.nn.init._no_grad_trunc_normal_ = fn
+# The attribute of torch.nn.init the ledger replaces (values/initializers.py).
+TRUNC_NORMAL_BODY_NAME = "_no_grad_trunc_normal_"
 
 
 # -- torch.distributed (the logical world: world/world.py)
@@ -843,6 +848,12 @@ def reduce_scatter_base(pg, output: torch.Tensor, input: torch.Tensor, op):
     opts = dist.ReduceScatterOptions()
     opts.reduceOp = op
     return pg._reduce_scatter_base(output, input, opts)
+
+
+def new_c10d_world():
+    """A fresh registry of process groups, as torch.distributed starts with
+    (a logical world's, in its thread: world/world.py)."""
+    return distributed_c10d._World()
 
 
 def named_process_groups() -> dict:

@@ -331,9 +331,10 @@ $27: f32[12]+72@cuda:0 = aten.detach.default($23)  # (bw)""",
 
 
 def test_cudnn_rnn_stand_ins_do_not_flatten_the_weights_again():
-    # Note [An RNN's weights under stand-ins]: a real GPU's LSTM step (an
-    # H100's dispatch log) begins with the hidden states' zeros; it flattened
-    # its weights when it moved there, not in the step.
+    # A real GPU's LSTM step (an H100's dispatch log) begins with the hidden
+    # states' zeros; it flattened its weights when it moved there, not in the
+    # step.  The module's _flat_weights are its real parameters, which the
+    # trace never replaces (Note [Other threads see the real model]).
     m = nn.LSTM(16, 32, num_layers=2, batch_first=True)
     real_flat = list(m._flat_weights)
     trace = md.tracer(device="cuda")(_step, m, torch.randn(4, 7, 16))

@@ -22,8 +22,8 @@ import torch._dynamo.eval_frame as eval_frame  # imported, so that mode entry se
 import metadispatch as md
 from metadispatch import _compat
 from metadispatch.core import rngstate
+from metadispatch.mode import ledger, unseen
 from metadispatch.mode import mode as mode_module
-from metadispatch.mode import unseen
 from metadispatch.tensor.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)
@@ -44,7 +44,8 @@ def _global_state() -> dict:
         "grad mode": torch.is_grad_enabled(),
         "meta tls": _compat.meta_in_tls_dispatch_include(),
         "ambient device": STATE.ambient,
-        "patched": [getattr(mod, name) for mod, name, _, _ in rngstate._PATCHES],
+        "patched": [getattr(owner, name) for owner, name, _, _ in rngstate.PATCHES],
+        "ledger": (ledger.inventory(), ledger.users()),
         "has_torch_function": torch.overrides.has_torch_function,
         # Note [Functions no mode sees] in mode/unseen.py
         "torch.save": (torch.save, torch.serialization.save),

@@ -6,6 +6,7 @@ thread; the logical-CUDA patch is process-global and counted.
 
 import threading
 
+import pytest
 import torch
 from torch import nn
 
@@ -124,3 +125,66 @@ def test_threads_share_the_metadata_cache_while_it_evicts(monkeypatch):
     assert shapes["a"] == [(n, n) for n in range(1, 40)]
     assert shapes["b"] == [(n + 100, n) for n in range(1, 40)]
     assert len(md.core.cache._SHARED) <= 4
+
+
+def _shared_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(8, 16)).pow(2).mean().backward()  # real state: moments, a step count
+    opt.step()
+    opt.zero_grad()
+    return model, opt
+
+
+def _eager(model, x):
+    out = model(x)
+    return (out, *torch.autograd.grad(out.pow(2).mean(), list(model.parameters())))
+
+
+@pytest.mark.parametrize("options", [{}, {"device": "cuda"}, {"device": "cuda", "world_size": 2}], ids=str)
+def test_threads_eager_in_another_thread_sees_the_real_model(options):
+    """Note [Other threads see the real model]: while one thread traces a
+    training step of a model (forward, backward, AdamW), another running the
+    same model eagerly 1,000 times gets, every time, what a single-threaded
+    eager run gets; the real parameters gain no ``.grad``, their versions
+    and the optimizer's state do not move, and torch's process-wide answers
+    (``torch.cuda``, ``torch.distributed``) are the host's in that thread."""
+    model, opt = _shared_model()
+    x = torch.randn(8, 16)
+    expected = _eager(model, x)
+    params = list(model.parameters())
+    versions = [p._version for p in params]
+    state = [(s, k, v, v.clone()) for s in opt.state.values() for k, v in s.items()]
+    host = (torch.cuda.is_available(), torch.distributed.is_initialized())
+    done = threading.Event()
+    traced = []
+
+    def step(x):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        if "world_size" in options:
+            for p in model.parameters():
+                torch.distributed.all_reduce(p.grad)
+        opt.step()
+
+    def tracing():
+        while not done.is_set():
+            traced.append(md.tracer(**options)(step, torch.randn(8, 16)))
+            del traced[:-1]
+
+    def eager():
+        try:
+            for _ in range(1000):
+                got = _eager(model, x)
+                assert all(type(g) is torch.Tensor and torch.equal(g, e) for g, e in zip(got, expected))
+                assert (torch.cuda.is_available(), torch.distributed.is_initialized()) == host
+                assert all(p.grad is None for p in params)
+        finally:
+            done.set()
+
+    _run_threads(tracing, eager)
+    assert traced and any(c.phase == "optimizer" for c in traced[-1])
+    assert [p._version for p in params] == versions and all(p.grad is None for p in params)
+    assert all(s[k] is v and torch.equal(v, saved) for s, k, v, saved in state)
+    assert all(type(v) is torch.Tensor for s in opt.state.values() for v in s.values())

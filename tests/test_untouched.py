@@ -514,3 +514,107 @@ def test_untouched_module_moved_to_a_logical_gpu_in_a_bare_mode(move):
     assert all(p.grad is None for p in model.parameters())
     assert "aten._to_copy.default" not in [c.op for c in mode.trace.calls]
     assert {c.output_metas[0].device for c in mode.trace.calls if c.output_metas} == {torch.device("cuda:0")}
+
+
+def _shape_collecting_step():
+    """The everyday "what shapes does my model make" pattern: forward hooks
+    appending to the caller's list, and a log dict the step writes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    shapes: list = []
+    logs: dict = {"loss": [], "steps": 0}
+    for m in model:
+        m.register_forward_hook(lambda m, i, o: shapes.append((type(m).__name__, tuple(o.shape), o.dtype)))
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        logs["loss"].append(loss)
+        logs["steps"] += 1
+
+    return model, shapes, logs, step
+
+
+@pytest.mark.parametrize("tool", ["md.trace", "FakeTensorMode"])
+def test_untouched_default_keeps_what_the_step_wrote_as_eager_does(tool):
+    """Note [What md.trace gives back]: the model comes back as it was; the
+    caller's list and dict keep what the step wrote, as eager and
+    FakeTensorMode leave them, with MetaTensors where it stored tensors."""
+    x = torch.randn(3, 4)
+    _, eager_shapes, eager_logs, eager_step = _shape_collecting_step()
+    eager_step(x)
+    model, shapes, logs, step = _shape_collecting_step()
+    before = md.testing.snapshot(*model.parameters(), rng=False)  # the hooks' closures hold the list
+    if tool == "md.trace":
+        md.trace(step, x)
+        kind = md.MetaTensor
+        before.assert_unchanged(md.testing.snapshot(*model.parameters(), rng=False))
+    else:  # the reference for what the caller's objects hold (it leaves FakeTensor .grads on the model)
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            step(x)
+        kind = FakeTensor
+    assert shapes == eager_shapes and len(shapes) == 3
+    assert logs["steps"] == eager_logs["steps"] == 1
+    (loss,), (eager_loss,) = logs["loss"], eager_logs["loss"]
+    assert type(loss) is kind and (loss.shape, loss.dtype) == (eager_loss.shape, eager_loss.dtype)
+
+
+def test_untouched_restore_all_rolls_back_what_the_step_wrote():
+    model, shapes, logs, step = _shape_collecting_step()
+    x = torch.randn(3, 4)
+    before = md.testing.snapshot(model=model, shapes=shapes, logs=logs)
+    md.tracer(restore="all")(step, x)
+    before.assert_unchanged(md.testing.snapshot(model=model, shapes=shapes, logs=logs))
+    assert shapes == [] and logs == {"loss": [], "steps": 0}
+
+
+def test_untouched_restore_must_be_one_of_the_two():
+    with pytest.raises(md.MetaDispatchError, match="restore='none'"):
+        md.tracer(restore="none")
+
+
+def test_untouched_optimizer_step_in_backward_traces_as_eager_runs_it():
+    """torch's "optimizer step in backward" recipe: one optimizer per
+    parameter, keyed by the parameter, stepped by a post-accumulate-grad
+    hook.  The hook is handed the parameter it was registered on (Note [What
+    a stand-in carries] in tensor/tensor.py), where it used to get the
+    stand-in and raise KeyError; the trace is eager's dispatch log, and the
+    model and optimizers come back as they were."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
+    optimizers = {p: torch.optim.Adam([p], foreach=False) for p in model.parameters()}
+    machinery = {"model": model, "optimizers": list(optimizers.values())}
+
+    def hook(p):
+        optimizers[p].step()
+        optimizers[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(hook)
+
+    def step(x):
+        model(x).pow(2).sum().backward()
+
+    x = torch.randn(3, 4)
+    before = md.testing.snapshot(**machinery)
+    trace = md.trace(step, x)
+    before.assert_unchanged(md.testing.snapshot(**machinery))
+    assert sum(c.phase == "optimizer" for c in trace) > 0
+    assert md.testing.trace_calls(trace) == md.testing.eager_calls(step, x)
+
+
+def test_untouched_optimizer_step_in_backward_with_hooks_registered_in_the_step():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+    def step(x):
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: optimizers[p].step())
+        model(x).sum().backward()
+
+    trace = md.trace(step, torch.randn(3, 4))
+    assert sum(c.phase == "optimizer" for c in trace) > 0
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())

@@ -17,8 +17,8 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from ..mode import patches
 from ..tensor.tensor import is_wrapper_subclass
-from ..world import fsdp_storage
 from .memory import allocated_bytes
 
 __all__ = ["LiveStorages"]
@@ -112,7 +112,7 @@ class LiveStorages(_compat.TorchDispatchMode):
 
     def __enter__(self):
         try:
-            fsdp_storage.install(self._undo)  # Note [FSDP frees by resizing storage]
+            patches.claim_fsdp_storage(self._undo)  # Note [FSDP frees by resizing storage]
             return super().__enter__()
         except BaseException:
             self._restore()

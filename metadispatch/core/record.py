@@ -421,7 +421,8 @@ class Recorder:
             if self.modules.in_optimizer:
                 phase = "optimizer"
         if _compat.in_backward():
-            phase = "backward"
+            # an optimizer stepped from a post-accumulate-grad hook is the optimizer's
+            phase = "optimizer" if phase == "optimizer" else "backward"
             if _compat.in_checkpoint_recompute():
                 note = "recompute"  # Note [Checkpoint recompute] in _compat
             else:

@@ -24,9 +24,10 @@ becomes "load that slot"; replay reads and writes the real states at the
 same points.  A write of any other tensor (a state the user kept from
 before) is recorded with its bytes.
 
-The functions are patched only while a recording mode is entered, restored
-on exit (also when it raises), and record only for the mode active on the
-calling thread; elsewhere they are torch's.
+The functions are replaced through the ledger (``PATCHES``, Note [The
+ledger] in mode/ledger.py) in the threads of recording modes, and record
+only for the mode active on the calling thread; every other thread gets
+torch's.
 
 Note [States that change unseen]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -52,7 +53,6 @@ recorded as the state it set: replay then draws that run's numbers.
 from __future__ import annotations
 
 import ctypes
-import functools
 import weakref
 
 import torch
@@ -62,7 +62,7 @@ from ..errors import UnsupportedFeatureError
 from ..gpu import cuda_answers
 from ..ir.rng import GeneratorRef, RngEvent
 
-__all__ = ["RngLog", "install", "WIRING", "start_states"]
+__all__ = ["RngLog", "PATCHES", "WIRING", "start_states"]
 
 _CPU_BYTES = 5056  # a CPU generator's state
 _MARK = slice(32, 48)  # Note [Marker states]: a word of the Mersenne Twister's table, past seed and counters
@@ -367,43 +367,35 @@ def _cuda_written(name: str, every: bool):
     return written
 
 
-# (module, attribute, key in _TORCH, replacement)
-_PATCHES = [
-    (torch, "get_rng_state", "get_rng_state", _get_rng_state),
-    (torch, "set_rng_state", "set_rng_state", _set_rng_state),
-    (torch, "manual_seed", "manual_seed", _manual_seed),
-    (torch.random, "get_rng_state", "get_rng_state", _get_rng_state),
-    (torch.random, "set_rng_state", "set_rng_state", _set_rng_state),
-    (torch.random, "manual_seed", "manual_seed", _manual_seed),
-    (torch.cuda, "get_rng_state", "cuda.get_rng_state", _cuda_get_rng_state),
-    (torch.cuda, "set_rng_state", "cuda.set_rng_state", _cuda_set_rng_state),
-    (torch.cuda, "get_rng_state_all", "cuda.get_rng_state_all", _cuda_get_rng_state_all),
-    (torch.cuda, "set_rng_state_all", "cuda.set_rng_state_all", _cuda_set_rng_state_all),
-    (torch.cuda, "manual_seed", "cuda.manual_seed", _cuda_written("cuda.manual_seed", every=False)),
-    (torch.cuda, "manual_seed_all", "cuda.manual_seed_all", _cuda_written("cuda.manual_seed_all", every=True)),
-    (torch.cuda, "seed", "cuda.seed", _cuda_written("cuda.seed", every=False)),
-    (torch.cuda, "seed_all", "cuda.seed_all", _cuda_written("cuda.seed_all", every=True)),
-    (torch, "seed", "seed", _seed),
-    (torch.random, "seed", "seed", _seed),
+def _patch(key: str, fn):
+    def make(below):
+        _TORCH[key] = below  # what the replacement records around
+        return fn
+
+    return make
+
+
+_WHY = "the random streams, recorded (Note [RNG state as slots])"
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py), claimed
+# by a recording mode's thread.
+PATCHES = [
+    (mod, name, _patch(key, fn), _WHY)
+    for mod, name, key, fn in [
+        (torch, "get_rng_state", "get_rng_state", _get_rng_state),
+        (torch, "set_rng_state", "set_rng_state", _set_rng_state),
+        (torch, "manual_seed", "manual_seed", _manual_seed),
+        (torch.random, "get_rng_state", "get_rng_state", _get_rng_state),
+        (torch.random, "set_rng_state", "set_rng_state", _set_rng_state),
+        (torch.random, "manual_seed", "manual_seed", _manual_seed),
+        (torch.cuda, "get_rng_state", "cuda.get_rng_state", _cuda_get_rng_state),
+        (torch.cuda, "set_rng_state", "cuda.set_rng_state", _cuda_set_rng_state),
+        (torch.cuda, "get_rng_state_all", "cuda.get_rng_state_all", _cuda_get_rng_state_all),
+        (torch.cuda, "set_rng_state_all", "cuda.set_rng_state_all", _cuda_set_rng_state_all),
+        (torch.cuda, "manual_seed", "cuda.manual_seed", _cuda_written("cuda.manual_seed", every=False)),
+        (torch.cuda, "manual_seed_all", "cuda.manual_seed_all", _cuda_written("cuda.manual_seed_all", every=True)),
+        (torch.cuda, "seed", "cuda.seed", _cuda_written("cuda.seed", every=False)),
+        (torch.cuda, "seed_all", "cuda.seed_all", _cuda_written("cuda.seed_all", every=True)),
+        (torch, "seed", "seed", _seed),
+        (torch.random, "seed", "seed", _seed),
+    ]
 ]
-
-
-def install(steps: list) -> None:
-    """Patch the RNG state functions; append the undo to ``steps`` first.
-
-    A mode entered inside another finds them patched and leaves them to the
-    outer one.
-    """
-    if torch.get_rng_state is _get_rng_state:
-        return
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _, _ in _PATCHES]
-    for mod, name, key, _ in _PATCHES:
-        _TORCH.setdefault(key, getattr(mod, name))
-    steps.append(functools.partial(_restore, saved))
-    for mod, name, _, fn in _PATCHES:
-        setattr(mod, name, fn)
-
-
-def _restore(saved: list) -> None:
-    for mod, name, fn in saved:
-        setattr(mod, name, fn)

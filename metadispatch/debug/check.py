@@ -53,7 +53,7 @@ from ..mode.reach import find
 from ..source import traceback_frame, user_frame
 from ..spec.schema import facts
 from ..tensor.tensor import MetaTensor
-from ..tracing.tracer import run_traced
+from ..tracing.tracer import check_restore, run_traced
 from ..values import known
 from ..values.bounds import bounds_of
 from ..values.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
@@ -75,6 +75,7 @@ def checker(
     known_limit: int = known.DEFAULT_LIMIT,
     values: dict | None = None,
     gpu=None,
+    restore: str = "machinery",
 ) -> Callable[..., Report]:
     """``md.check`` with options: ``md.checker(limit=1 << 20)(fn, x)``.
 
@@ -84,8 +85,11 @@ def checker(
     ``{"model.py:12": 3}`` (a user line, as the report prints it, with or
     without ``in fn``) or ``{"aten.nonzero.default": tensor}`` (an op) --
     a number for ``.item()``-style reads, the outputs for other ops;
-    ``gpu`` the profile logical CUDA answers as (``MetaMode(gpu=...)``).
+    ``gpu`` the profile logical CUDA answers as (``MetaMode(gpu=...)``);
+    ``restore`` what the check gives back as it was, as ``md.tracer``'s
+    (Note [What md.trace gives back] in tracing/tracer.py).
     """
+    check_restore(restore)
 
     def run(fn: Callable, *args, **kwargs) -> Report:
         mode = MetaMode(device=device, stack=True, known_limit=known_limit, gpu=gpu)
@@ -101,7 +105,7 @@ def checker(
         _know_index_inputs(mode, args, kwargs)
         try:
             try:
-                run_traced(mode, fn, args, kwargs)
+                run_traced(mode, fn, args, kwargs, restore)
             except Exception as e:  # the report says where and why it stopped
                 error = e
             trace = mode.trace

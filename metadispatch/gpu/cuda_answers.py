@@ -26,13 +26,11 @@ utilities -- checkpointing -- save no CUDA state.)
 
 The functions are replaced on ``torch.cuda`` (and, for the memory counters,
 on ``torch.cuda.memory``, whose own functions call each other there; the
-device and stream questions ``torch.accelerator`` asks C++ besides) while
-at least one such mode is entered anywhere (a count under a lock), and each
-replacement asks which mode holds the calling thread's dispatch-mode slot:
-another thread, or this one outside the mode or inside an inner mode on
-another device, gets torch's own function.  The last mode out puts torch's
-functions back, also when it leaves by an exception (the undo step comes
-before the change: Note [Interrupts in mode entry and exit] in mode.py).  A
+device and stream questions ``torch.accelerator`` asks C++ besides) through
+the ledger (``PATCHES``; Note [The ledger] in mode/ledger.py): only threads
+whose mode answers reach them, and each replacement asks which mode holds
+the calling thread's dispatch-mode slot: this thread outside the mode or
+inside an inner mode on another device gets torch's own function.  A
 logical world (world.py) answers ``torch.cuda`` process-wide
 (logical_cuda.py); on a host without CUDA its mode answers here too, so that
 its thread gets the memory counters of its rank's trace.
@@ -56,7 +54,7 @@ from .. import _compat
 from ..spec.profiles import GPUProfile
 from . import autocast, logical_cuda
 
-__all__ = ["enter", "wanted", "WIRING"]
+__all__ = ["enter", "wanted", "WIRING", "PATCHES"]
 
 _REAL_IS_AVAILABLE = torch.cuda.is_available
 
@@ -166,15 +164,24 @@ _NVTX = ("range_push", "range_pop", "mark")
 # id(mode) -> _Answering for every mode answering, in any thread
 _ANSWERING: dict = {}
 _LOCK = threading.Lock()
-_SAVED: list = []  # (owner, name, torch's function) while installed
 
 
 def wanted(device, gpu_named: bool, world: bool = False) -> bool:
     """Whether a mode on ``device`` answers: a logical cuda device, where there
-    is no real one or a GPU was named; a logical world's, where there is no
-    real one (world.py answers the rest of ``torch.cuda`` for it)."""
-    cuda = world or device is not None and device.type == "cuda"
-    return cuda and (gpu_named or not _REAL_IS_AVAILABLE())
+    is no real one or a GPU was named; a logical world's on no named device,
+    where there is no real one.  (A logical world on ``device="cpu"`` gets the
+    host's answers, as a real CPU job does.)"""
+    return gpu_like(device, world) and (gpu_named or not _REAL_IS_AVAILABLE())
+
+
+def gpu_like(device, world: bool) -> bool:
+    """Whether a mode's logical device is a GPU: ``cuda``, or none named in a logical world."""
+    return device.type == "cuda" if device is not None else world
+
+
+def host_has_cuda() -> bool:
+    """Whether this host has a CUDA device (torch's own answer, whatever is patched)."""
+    return _REAL_IS_AVAILABLE()
 
 
 def without_generator() -> bool:
@@ -253,12 +260,6 @@ def _add(key: int, profile: GPUProfile, trace) -> None:
     if entry is not None:
         entry.times += 1
         return
-    if not _ANSWERING:
-        for owner, name in _targets():
-            if hasattr(owner, name):
-                real = getattr(owner, name)
-                _SAVED.append((owner, name, real))
-                setattr(owner, name, _replacement(owner, name, real))
     _ANSWERING[key] = _Answering(profile, WIRING.counters(trace, profile))
 
 
@@ -267,16 +268,20 @@ def _remove(key: int) -> None:
     if entry is None:
         return  # never added (an interrupt before it), or removed already
     entry.times -= 1
-    if entry.times:
-        return
-    del _ANSWERING[key]
-    if not _ANSWERING:
-        while _SAVED:
-            owner, name, real = _SAVED.pop()
-            setattr(owner, name, real)
+    if not entry.times:
+        del _ANSWERING[key]
 
 
 def enter(steps: list, mode, profile: GPUProfile) -> None:
-    """Answer for ``mode`` in its thread until the undo steps run."""
+    """Answer for ``mode`` in its thread until the undo steps run (the mode
+    claims ``PATCHES`` through the ledger: mode/ledger.py)."""
     steps.append(functools.partial(_compat.call_locked, _LOCK, _remove, id(mode)))
     _compat.call_locked(_LOCK, _add, id(mode), profile, mode.trace)
+
+
+# (owner, attribute, make, why): the ledger's rows.
+PATCHES = [
+    (owner, name, functools.partial(_replacement, owner, name), "torch.cuda's answers for a logical GPU, in its thread")
+    for owner, name in _targets()
+    if hasattr(owner, name)
+]

@@ -24,7 +24,6 @@ itself) gets torch's answer.
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import torch
@@ -33,7 +32,7 @@ from torch import nn
 from .. import _compat
 from ..tensor.tensor import MetaTensor
 
-__all__ = ["install"]
+__all__ = ["PATCHES"]
 
 _FORWARDS = frozenset(
     m.forward.__code__ for m in (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
@@ -53,16 +52,23 @@ def _overridden(arg) -> bool:
 
 
 def _has_torch_function(args) -> bool:
-    if sys._getframe(1).f_code in _FORWARDS:
+    # The caller is two frames up: the ledger's dispatcher is between (Note [The ledger]).
+    if sys._getframe(2).f_code in _FORWARDS:
         return any(_overridden(a) for a in args)
     return _TORCH["has_torch_function"](args)
 
 
-def install(steps: list) -> None:
-    """Wrap ``torch.overrides.has_torch_function``; append the undo to ``steps`` first."""
-    current = torch.overrides.has_torch_function
-    if current is _has_torch_function:
-        return  # an outer mode did
-    _TORCH.setdefault("has_torch_function", current)
-    steps.append(functools.partial(setattr, torch.overrides, "has_torch_function", current))
-    torch.overrides.has_torch_function = _has_torch_function
+def _make(below):
+    _TORCH["has_torch_function"] = below
+    return _has_torch_function
+
+
+# (owner, attribute, make, why): the ledger's row (mode/ledger.py).
+PATCHES = [
+    (
+        torch.overrides,
+        "has_torch_function",
+        _make,
+        "the attention modules' fast-path check answers as eager for MetaTensors (Note [Inference fast paths])",
+    )
+]

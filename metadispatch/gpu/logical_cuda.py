@@ -9,8 +9,9 @@ entered on such a host, they are answered: one device per rank
 (``device_count() == 1``, every rank's tensors on ``cuda:0``), streams and
 events that order nothing (a trace is one sequence of calls), the GPU
 profile's name and compute capability (the mode's, else the default), and
-``is_available()`` true, as the traced program expects.  The attributes are
-put back on exit.
+``is_available()`` true, as the traced program expects -- in the mode's
+thread only (``PATCHES``, Note [The ledger] in mode/ledger.py); a logical
+world on the CPU gets the host's answers.
 
 Limits: a trace has no timing, so stream overlap is not modelled: memory
 is counted in call order, as on a single stream.
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 
 import torch
 
 from ..spec.profiles import GPUProfile
 
-__all__ = ["install", "Stream", "Event", "DEFAULT_STREAM"]
+__all__ = ["install", "PATCHES", "Stream", "Event", "DEFAULT_STREAM"]
 
 
 class Event:
@@ -85,10 +87,17 @@ class Stream:
 DEFAULT_STREAM = Stream()
 
 
-def _answers(profile) -> dict:
+class _Profile(threading.local):
+    profile: GPUProfile  # set by install() before any patch answers in this thread
+
+
+_PROFILE = _Profile()  # the GPU this thread's logical world answers as
+
+
+def _answers() -> dict:
     return {
-        "get_device_capability": lambda device=None: profile.compute_capability,
-        "get_device_name": lambda device=None: profile.name,
+        "get_device_capability": lambda device=None: _PROFILE.profile.compute_capability,
+        "get_device_name": lambda device=None: _PROFILE.profile.name,
         "is_available": lambda: True,
         # False, as under a one-process logical GPU (cuda_answers.py): no CUDA
         # generator exists, and torch's seeding (``torch.manual_seed`` seeds
@@ -123,12 +132,20 @@ def _accelerator_answers() -> dict:
 
 
 def install(steps: list, profile: GPUProfile) -> None:
-    """Answer ``torch.cuda``'s (and ``torch.accelerator``'s) host-side
-    questions, as ``profile``'s GPU would for its name and compute capability,
-    until the undo steps run (Note [Interrupts in mode entry and exit] in
-    mode.py)."""
-    for owner, answers in ((torch.cuda, _answers(profile)), (torch.accelerator, _accelerator_answers())):
-        for name, answer in answers.items():
-            if hasattr(owner, name):
-                steps.append(functools.partial(setattr, owner, name, getattr(owner, name)))
-                setattr(owner, name, answer)
+    """Answer as ``profile``'s GPU in this thread until the undo steps run (the
+    mode claims ``PATCHES`` through the ledger: mode/ledger.py)."""
+    steps.append(functools.partial(setattr, _PROFILE, "profile", getattr(_PROFILE, "profile", profile)))
+    _PROFILE.profile = profile
+
+
+def _answer(answer):
+    return lambda below: answer
+
+
+# (owner, attribute, make, why): the ledger's rows.
+PATCHES = [
+    (owner, name, _answer(answer), "torch.cuda's host-side answers for a logical world's GPU, in its thread")
+    for owner, answers in ((torch.cuda, _answers()), (torch.accelerator, _accelerator_answers()))
+    for name, answer in answers.items()
+    if hasattr(owner, name)
+]

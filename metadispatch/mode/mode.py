@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from types import FunctionType
 
@@ -27,18 +28,17 @@ from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
 from ..gpu import (
     autocast,
     cuda_answers,
-    fastpath,
     gpu_composites,  # noqa: F401  (registers its overrides)
     inside,
+    logical_cuda,
 )
 from ..ir.trace import Trace
 from ..source import user_frame
 from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
-from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device, with_real_tensor
 from ..values import composites, known, literals
-from ..values.initializers import InitializerRoute
 from ..world.world import World
-from . import unseen
+from . import patches, unseen
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .standins import StandIns
@@ -153,14 +153,17 @@ class MetaMode(_compat.TorchDispatchMode):
     def stand_in(self, t: torch.Tensor) -> torch.Tensor:
         """``from_tensor`` for plain real tensors and parameters; anything else as is.
 
-        A real ``.grad`` is mirrored on the stand-in, so code reading or
+        A real ``.grad`` is mirrored on a new stand-in, so code reading or
         accumulating it sees its metadata; the real one is never replaced.
+        Only once: a stand-in whose ``.grad`` the step set to None keeps it
+        None (``zero_grad()`` before the forward).
         """
         if type(t) is not torch.Tensor and type(t) is not nn.Parameter or _compat.is_functorch_wrapped(t):
             return t
+        new = not self._converter.has(t)
         meta = self.from_scope(t)
         grad = t.grad
-        if grad is not None and meta.grad is None and type(grad) is torch.Tensor:
+        if new and grad is not None and meta.grad is None and type(grad) is torch.Tensor:
             meta.grad = self.from_tensor(grad)
         return meta
 
@@ -264,15 +267,8 @@ class MetaMode(_compat.TorchDispatchMode):
             tracker.__enter__()
             entry.steps.append(functools.partial(setattr, self._recorder, "modules", self._recorder.modules))
             self._recorder.modules = tracker
-            rngstate.install(entry.steps)  # Note [RNG state as slots] in rngstate.py
-            fastpath.install(entry.steps)  # Note [Inference fast paths] in fastpath.py
-        # The device C++ composites' factories fall back on (Note [Meta from
-        # options] in dispatch.py) starts afresh with each mode: a device left
-        # by an earlier mode must not leak into this one's answers.
-        unseen.install(entry.steps)  # Note [Functions no mode sees] in unseen.py
-        compiled = _compat.eager_compiled()  # Note [Compiled code runs eagerly under a mode]
-        entry.steps.append(functools.partial(compiled.__exit__, None, None, None))
-        compiled.__enter__()
+        # Note [The ledger] in ledger.py: what this mode replaces in torch, in its thread
+        patches.claim_for(self, entry.steps)
         foreach = _compat.foreach_types(MetaTensor)  # Note [Foreach paths for MetaTensors]
         entry.steps.append(functools.partial(foreach.__exit__, None, None, None))
         foreach.__enter__()
@@ -281,14 +277,17 @@ class MetaMode(_compat.TorchDispatchMode):
         standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
-        route = InitializerRoute()  # Note [Data-dependent initialisers] in spec/ownops.py
-        entry.steps.append(route.__exit__)
-        route.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py
-            self.world.install(entry.steps, self.trace, gpu_profile(self.device_profile))
+            self.world.check_free()
+            without_cuda = cuda_answers.gpu_like(self.device, True) and not cuda_answers.host_has_cuda()
+            if without_cuda:
+                logical_cuda.install(entry.steps, gpu_profile(self.device_profile))
+            patches.claim_world(entry.steps, without_cuda)
+            self.world.install(entry.steps, self.trace)
         if cuda_answers.wanted(self.device, self._gpu_named, self.world is not None):
             # Note [The logical GPU answers per thread]
             cuda_answers.enter(entry.steps, self, gpu_profile(self.device_profile))
+            patches.claim_gpu(entry.steps)
         entry.steps.append(functools.partial(_deactivate, entry))
         _activate(self, entry)
 
@@ -429,6 +428,9 @@ class _SwapReal(_compat.TorchFunctionMode):
             if real:
                 real_first = args[0] if args else None
                 args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
+            if func is _POST_ACCUMULATE and type(real_first) in (torch.Tensor, nn.Parameter):
+                # registered on a real parameter in the step: the hook gets it back
+                args = (args[0], functools.partial(with_real_tensor, args[1], weakref.ref(real_first)), *args[2:])
             if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
                 with _compat.no_python_dispatch():  # a constant's copy is made for real
                     mode._recorder.before_data_swap(args[0], args[1])
@@ -566,6 +568,7 @@ _GRAD = torch.autograd.grad  # its parameters are _compat.engine_grad's
 # Dict keys and identities: a real tensor hashes as itself (optimizer state
 # is keyed by the real parameters).
 _BY_IDENTITY = {torch.Tensor.__hash__}
+_POST_ACCUMULATE = torch.Tensor.register_post_accumulate_grad_hook
 _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
 # Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
 # from the user's scope): MetaTensor's own, which answer from a known value.

@@ -33,7 +33,7 @@ from torch import nn
 
 from .. import _compat
 
-__all__ = ["walk", "find", "is_container", "holds_state"]
+__all__ = ["walk", "find", "is_container", "holds_state", "is_machinery"]
 
 _ATOMS = (
     int,
@@ -226,6 +226,13 @@ _USER_STATE = (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRSche
 def is_container(obj) -> bool:
     """A list, dict or set (or a subclass: ``OrderedDict``, ``defaultdict``) the user may keep values in."""
     return isinstance(obj, (list, dict, set))
+
+
+def is_machinery(obj) -> bool:
+    """A module, optimizer, scheduler or grad scaler: the training machinery
+    ``md.trace`` gives back as it was (Note [What md.trace gives back] in
+    tracing/tracer.py)."""
+    return isinstance(obj, _USER_STATE)
 
 
 def holds_state(obj) -> bool:

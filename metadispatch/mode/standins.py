@@ -1,29 +1,31 @@
-"""Standing in for a user's real module state while ``md.trace`` runs.
+"""Standing in for a user's real module and optimizer state while ``md.trace`` runs.
 
 Note [Swap above autograd]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~
 If a real parameter reached the dispatch mode and were converted there --
 below autograd -- autograd would already have recorded the *real* parameter
 as a leaf, and backward would try to accumulate a meta gradient into its
-``.grad``.  So before a module's forward runs (a global forward pre-hook, and
-up front for modules passed to ``md.trace``), each real parameter and buffer
-in its tree is swapped for a MetaTensor stand-in; autograd then only ever sees
-stand-ins.  The swap writes to the modules' ``_parameters``/``_buffers``
-dicts and is undone on exit, also on exceptions, so the user's module ends
-exactly as it began: same tensors, no ``.grad``, buffers unchanged (in-place
-buffer updates such as batch-norm statistics hit the stand-ins).
+``.grad``.  So every real tensor is replaced by its stand-in, a MetaTensor,
+*above* autograd: the mode's torch-function mode (``_SwapReal`` in mode.py)
+hands torch the stand-in wherever the real tensor is passed, read
+(``p.grad``, ``p.device``) or written (``p.grad = None``).  Autograd then
+only ever sees stand-ins; gradients, buffer updates (batch-norm statistics)
+and optimizer steps land on them.  Stand-ins are made and named (``param
+0.weight``) when a module is first reached, and carry the real tensor's
+``.grad`` and attributes as they were then.
 
-Note [Optimizers built outside the trace]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-An optimizer made before ``md.trace`` holds the real parameters, whose
-``.grad`` stays None while the stand-ins get the gradients: its ``step``
-would silently do nothing.  So on an optimizer's first ``step`` in the trace
-(torch's global step pre-hook), its param groups are pointed at the
-stand-ins and its ``state`` is replaced by MetaTensor copies (Adam's
-moments after real steps, say); both are put back on exit.  Its ``zero_grad``
-before that first step reaches the real parameters: setting ``.grad`` to
-None is undone on exit, and an in-place ``zero_()`` of a real gradient is an
-aten call, which the mode applies to a MetaTensor copy.
+Note [Other threads see the real model]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Stand-ins are never written into the user's modules or optimizers: their
+tables keep the real tensors, and only the tracing thread, whose
+torch-function mode swaps them, computes with stand-ins.  Another thread
+running the same model meanwhile has no such mode: it sees the real
+parameters, gets eager's results and its own ``.grad`` (issue 27).  An
+optimizer's ``state`` is read per thread (Note [An optimizer's state, per
+thread]).  What the step itself writes into a module or an optimizer --
+an attribute, a cache, ``group["lr"]`` -- is visible to other threads
+until the trace ends and is put back then (Note [Everything a forward can
+change]).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .. import _compat
 from ..tensor.tensor import MetaTensor, is_wrapper_subclass
 from ..values import known
 
-__all__ = ["StandIns"]
+__all__ = ["StandIns", "PATCHES"]
 
 
 class _Active(threading.local):
@@ -60,7 +62,11 @@ class StandIns:
         self._thread = threading.get_ident()
         self._handles: list = []
         self._stand_of: dict = {}  # id(real tensor) -> its stand-in
-        self._optimizers: dict = {}  # id(optimizer) -> (optimizer, its groups' lists, state)
+        # id(optimizer) -> _Overlay: its state as this thread's step sees it
+        # (Note [An optimizer's state, per thread])
+        self._overlays: dict = {}
+        self._born: weakref.WeakSet = weakref.WeakSet()  # optimizers made inside the trace
+        self._undo: list = []  # the ledger's release steps
         # Held from before md.trace saves the modules to after they are put
         # back (Note [Garbage collection during tracing] in _compat.py).
         self._heap = _compat.deferred_full_gc()
@@ -88,6 +94,10 @@ class StandIns:
             # fmt: off
             self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (Note [Interrupts in mode entry and exit])
             # fmt: on
+        while self._undo:
+            # fmt: off
+            self._undo[-1](); self._undo.pop()  # noqa: E702
+            # fmt: on
         if _ACTIVE.standins is self:
             _ACTIVE.standins = None
         _compat.call_without_torch_function(self._restore)
@@ -99,18 +109,46 @@ class StandIns:
             # fmt: off
             self._states[-1].restore(); self._states.pop()  # noqa: E702
             # fmt: on
-        while self._optimizers:
-            _, (opt, params, state) = self._optimizers.popitem()
-            for group, original in zip(opt.param_groups, params):
-                group["params"] = original
-            opt.state = state
+        self._overlays.clear()
 
     def _step_pre(self, opt, args, kwargs) -> None:
-        """Note [Optimizers built outside the trace]."""
-        if threading.get_ident() != self._thread or id(opt) in self._optimizers:
-            return
-        with _compat.no_torch_function():
-            self._swap_optimizer(opt)
+        """An optimizer stepped in the trace is saved (its attributes, its
+        groups' ``lr``), as md.trace saves those it reaches up front."""
+        if threading.get_ident() == self._thread and opt not in self._born:
+            self.save_object(opt)
+
+    def optimizer_state(self, opt):
+        """Note [An optimizer's state, per thread]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        An optimizer made before the trace holds the real parameters, and
+        its ``state`` their real moments (after real steps), keyed by them.
+        Its ``step`` in the trace must read and write MetaTensor copies of
+        that state, and another thread stepping or saving it meanwhile must
+        see the real one.  So while a trace is entered, ``Optimizer.state``
+        is a property (a ledger patch): in the tracing thread it is an
+        overlay -- the real dict's keys, each entry's tensors replaced by
+        MetaTensor copies (recorded as inputs ``optimizer state
+        <param>.<key>``) -- made on first read; everywhere else, and for an
+        optimizer made inside the trace, the optimizer's own dict.  The
+        user's dict is never written, and the overlay goes with the trace.
+        """
+        real = opt.__dict__.get("state", _MISSING)
+        if real is _MISSING:
+            raise AttributeError("state")
+        if opt in self._born:
+            return real
+        entry = self._overlays.get(id(opt))
+        if entry is None or entry.opt is not opt or entry.source is not real:
+            entry = self._overlays[id(opt)] = _Overlay(opt, real, self._copy_state(real))
+        return entry.state
+
+    def set_optimizer_state(self, opt, value) -> None:
+        if "state" not in opt.__dict__:
+            self._born.add(opt)  # Optimizer.__init__ sets it first: made in the trace
+        if opt in self._born:
+            opt.__dict__["state"] = value
+        else:
+            self._overlays[id(opt)] = _Overlay(opt, opt.__dict__.get("state"), value)
 
     def save_object(self, obj) -> None:
         """Save an object's attributes (an optimizer, a scheduler, a grad
@@ -134,24 +172,20 @@ class StandIns:
             self._swapped.add(id(container))
             self._states.append(_Contents(container))
 
-    def _swap_optimizer(self, opt) -> None:
-        self.save_object(opt)
-        self._optimizers[id(opt)] = (opt, [g["params"] for g in opt.param_groups], opt.state)
-        for group in opt.param_groups:
-            group["params"] = [self._stand_of.get(id(p), p) for p in group["params"]]
-        state: defaultdict = defaultdict(dict)
-        for p, entry in opt.state.items():
-            stand = self._stand_of.get(id(p))
-            if stand is None:
-                state[p] = entry
-            else:
-                owner = stand.__dict__.get("_md_name", ("", "?"))[1]
-                state[stand] = {k: self._state_copy(v, f"{owner}.{k}") for k, v in entry.items()}
-        opt.state = state
+    def _copy_state(self, real: dict) -> defaultdict:
+        with _compat.no_torch_function():
+            state: defaultdict = defaultdict(dict)
+            for p, entry in real.items():
+                stand = self._stand_of.get(id(p))
+                if stand is None and isinstance(p, torch.Tensor) and not isinstance(p, MetaTensor):
+                    stand = self.mode.from_tensor(p)
+                owner = stand.__dict__.get("_md_name", ("", "?"))[1] if stand is not None else "?"
+                state[p] = {k: self._state_copy(v, f"{owner}.{k}") for k, v in entry.items()}
+            return state
 
     def _state_copy(self, v, name: str):
-        if not isinstance(v, torch.Tensor):
-            return v
+        if not isinstance(v, torch.Tensor) or isinstance(v, MetaTensor):
+            return v  # a MetaTensor: state the step itself loaded (``opt.load_state_dict``)
         meta = self.mode.from_tensor(v)
         meta._md_name = ("input", f"optimizer state {name}")
         # Recorded as a constant (its value kept up to the mode's limit, for
@@ -221,10 +255,7 @@ class StandIns:
                 self._stand_grad(t, stand, names.get(id(t)))
                 if table is mod._buffers and _counter(t):
                     known.know(stand, t, self.mode)  # Note [Counters in buffers]
-                table[key] = stand
-                self._stand_of[id(t)] = stand
-        if isinstance(mod, nn.RNNBase) and "_flat_weight_refs" in mod.__dict__:
-            _rnn_weights_unchanged(mod)
+                self._stand_of[id(t)] = stand  # the table keeps t (Note [Other threads see the real model])
 
     def _lazy_stand_in(self, t, table: dict, key: str):
         """Note [Lazy modules under a trace]
@@ -284,30 +315,11 @@ class StandIns:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                g = p.grad
+                g = self._stand_of.get(id(p), p).grad
                 if isinstance(g, torch.Tensor):
                     named = p.__dict__.get("_md_name")
                     out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))
         return out
-
-
-def _rnn_weights_unchanged(mod: nn.RNNBase) -> None:
-    """Note [An RNN's weights under stand-ins]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    An RNN module keeps its weights in ``_flat_weights`` too, and its forward
-    rebuilds that list -- and flattens the weights into one cuDNN buffer on a
-    GPU -- when its parameters are no longer the tensors it recorded
-    (``_weights_have_changed``).  Swapping in stand-ins made them so, and a
-    logical GPU's trace began with ``_use_cudnn_rnn_flatten_weight`` and
-    ``_cudnn_rnn_flatten_weight``, a copy of every weight that a real GPU's
-    step (an H100's dispatch log) does not make: the module flattened them
-    when it moved there.  The list and its references are pointed at the
-    stand-ins, as the module would hold them had it been built with them;
-    the module's attributes are put back on exit (Note [Everything a forward
-    can change])."""
-    weights = [getattr(mod, n) if hasattr(mod, n) else None for n in mod._flat_weights_names]
-    mod.__dict__["_flat_weights"] = weights
-    mod.__dict__["_flat_weight_refs"] = [weakref.ref(w) if w is not None else None for w in weights]
 
 
 def _counter(t: torch.Tensor) -> bool:
@@ -333,7 +345,8 @@ class _ModuleState:
     """One module as it was: its class, its attributes, and the contents of
     the containers among them (``_parameters``, ``_buffers``, ``_modules``,
     hook tables, and lists or dicts forward may cache tensors in), plus each
-    real tensor's version counter and ``.grad``, and a lazy parameter's class.
+    real tensor's own attributes (``param.sequence_parallel``) and a lazy
+    parameter's class.
 
     Note [Everything a forward can change]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -343,7 +356,11 @@ class _ModuleState:
     sequence grows, ``self.train(False)`` or ``.to()`` inside the step.  Left
     there, the next real forward silently computes with MetaTensors.  So
     the whole attribute dictionary is put back, by identity, and every
-    container in it is refilled in place with what it held.
+    container in it is refilled in place with what it held.  The real
+    tensors themselves are never written (Note [Swap above autograd]): a
+    ``.grad`` is put back only where a MetaTensor took its place, and their
+    version counters, which another thread's eager steps move meanwhile
+    (Note [Other threads see the real model]), are left alone.
     """
 
     def __init__(self, mod) -> None:
@@ -356,7 +373,8 @@ class _ModuleState:
         self.containers: list = []
         _snapshot(self.attrs.values(), self.containers, 0)
         self.tensors = [
-            (t, t._version, t.grad, type(t), t.data if _uninitialized(t) else None) for t in _tensors(self.containers)
+            (t, t.grad, type(t), t.data if _uninitialized(t) else None, dict(t.__dict__))
+            for t in _tensors(self.containers)
         ]
 
     def restore(self) -> None:
@@ -372,14 +390,14 @@ class _ModuleState:
         for container, copy in self.containers:
             if not _same(container, copy):
                 _refill(container, copy)
-        for t, version, grad, cls, data in self.tensors:
+        for t, grad, cls, data, own in self.tensors:
             if type(t) is not cls:
                 t.__class__ = cls
                 t.data = data
-            if t._version != version:
-                _compat.set_version(t, version)
-            if t.grad is not grad:
+            if isinstance(t.grad, MetaTensor):
                 t.grad = grad
+            if not _same(t.__dict__, own):
+                _refill(t.__dict__, own)
 
 
 _MISSING = object()
@@ -436,3 +454,72 @@ def _tensors(containers):
             if isinstance(v, torch.Tensor) and not isinstance(v, MetaTensor) and id(v) not in seen:
                 seen.add(id(v))
                 yield v
+
+
+class _Overlay:
+    """An optimizer's state as the tracing thread sees it (Note [An optimizer's state, per thread])."""
+
+    __slots__ = ("opt", "source", "state")
+
+    def __init__(self, opt, source, state) -> None:
+        self.opt = opt
+        self.source = source  # the optimizer's own dict it was copied from
+        self.state = state
+
+
+def _state_property(original) -> property:
+    # Only threads claiming the group reach this (ledger.py); an optimizer
+    # read outside md.trace's stand-ins (a bare MetaMode's thread has them
+    # too) keeps its own dict.
+    def get(opt):
+        standins = _ACTIVE.standins
+        if standins is None:
+            return opt.__dict__["state"]
+        return standins.optimizer_state(opt)
+
+    def set_(opt, value) -> None:
+        standins = _ACTIVE.standins
+        if standins is None:
+            opt.__dict__["state"] = value
+        else:
+            standins.set_optimizer_state(opt, value)
+
+    return property(get, set_)
+
+
+def _group_by_device_and_dtype(original):
+    """Note [Real tensors a C function is handed]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``torch._C._group_tensors_by_device_and_dtype`` takes no torch function:
+    the foreach paths of every optimizer, ``clip_grad_norm_`` and
+    ``AveragedModel`` hand it the lists they collected -- an optimizer's
+    real parameters among them (Note [Other threads see the real model] in
+    standins.py) -- and it would group them with their stand-ins' gradients
+    and state on other devices.  In the tracing thread it is given the
+    stand-ins, as ``_SwapReal`` (mode.py) gives every torch function."""
+
+    def group(tensorlistlist, with_indices):
+        standins = _ACTIVE.standins
+        if standins is not None:
+            stand_in = standins.mode.stand_in
+            tensorlistlist = [[stand_in(t) if t is not None else t for t in ts] for ts in tensorlistlist]
+        return original(tensorlistlist, with_indices)
+
+    return group
+
+
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py, claimed in patches.py).
+PATCHES = [
+    (
+        torch.optim.Optimizer,
+        "state",
+        _state_property,
+        "an optimizer's state: MetaTensor copies in the tracing thread (Note [An optimizer's state, per thread])",
+    ),
+    (
+        _compat.torch_c,
+        "_group_tensors_by_device_and_dtype",
+        _group_by_device_and_dtype,
+        "the foreach paths' grouping, given stand-ins (Note [Real tensors a C function is handed])",
+    ),
+]

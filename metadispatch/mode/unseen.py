@@ -36,7 +36,6 @@ the pickler's ``TypeError`` (tensor.py).
 
 from __future__ import annotations
 
-import functools
 import pickle
 import sys
 
@@ -48,7 +47,7 @@ from ..errors import UnsupportedFeatureError, mark_call
 from ..source import user_frame
 from ..tensor.tensor import MetaTensor
 
-__all__ = ["install", "WIRING"]
+__all__ = ["PATCHES", "WIRING"]
 
 _TORCH: dict = {}  # what the wrappers call: torch's functions as they were when installed
 _LAZY = (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer)
@@ -155,25 +154,25 @@ def _lazy_module_being_built():
     return None
 
 
-def install(steps: list) -> None:
-    """Wrap the functions of Note [Functions no mode sees]; append the undo to ``steps`` first.
+def _patch(key, fn):
+    def make(below):
+        _TORCH[key] = below.__func__ if isinstance(below, staticmethod) else below
+        return fn
 
-    An outer mode's wrapping is kept.
-    """
-    current = torch.save
-    if current is _save:
-        return
-    _TORCH["save"] = current
-    lazy = [(cls, cls.__dict__["__new__"]) for cls in _LAZY]
-    _TORCH.update((cls, new.__func__ if isinstance(new, staticmethod) else new) for cls, new in lazy)
-    steps.append(functools.partial(_restore, current, torch.serialization.save, lazy))
-    torch.save = torch.serialization.save = _save
-    for cls in _LAZY:
-        cls.__new__ = _uninitialised  # type: ignore[method-assign]
+    return make
 
 
-def _restore(save, serialization_save, lazy: list) -> None:
-    torch.save = save
-    torch.serialization.save = serialization_save
-    for cls, new in lazy:
-        cls.__new__ = new
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py).
+PATCHES = [
+    (torch, "save", _patch("save", _save), "torch.save of MetaTensors, refused (Note [Functions no mode sees])"),
+    (torch.serialization, "save", _patch("save", _save), "torch.serialization.save, the same"),
+    *[
+        (
+            cls,
+            "__new__",
+            _patch(cls, _uninitialised),
+            "lazy modules built in the mode (Note [Lazy modules built inside a MetaMode])",
+        )
+        for cls in _LAZY
+    ],
+]

@@ -428,6 +428,11 @@ class Converter:
         self._memo[id(t)] = (weakref.ref(t, functools.partial(_drop, self._memo, id(t))), meta)
         return meta
 
+    def has(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` has a MetaTensor already."""
+        hit = self._memo.get(id(t))
+        return hit is not None and hit[0]() is t
+
     def forget(self) -> None:
         self._memo.clear()
         self._storages.clear()
@@ -471,7 +476,9 @@ def _carry_user_state(t: torch.Tensor, out: MetaTensor, hooks: bool) -> None:
     where eager runs, and the hooks' ops were missing from the trace.  So a
     stand-in gets the real tensor's attributes (the same values, by
     reference, as eager reads them; rebinding one on the stand-in leaves
-    the real tensor's alone) and the same hook functions, in order.  The
+    the real tensor's alone) and the same hook functions, in order; a
+    post-accumulate-grad hook is handed the real tensor, which it was
+    registered on.  The
     real tensor's own tables are not touched.  ``md.to_meta``'s copies get
     the attributes but not the hooks, as ``copy.deepcopy`` gives none.
     """
@@ -483,8 +490,18 @@ def _carry_user_state(t: torch.Tensor, out: MetaTensor, hooks: bool) -> None:
     for hook in (t._backward_hooks or {}).values():
         out.register_hook(hook)
     if t.is_leaf:
+        real = weakref.ref(t)
         for hook in (getattr(t, "_post_accumulate_grad_hooks", None) or {}).values():
-            out.register_post_accumulate_grad_hook(hook)
+            out.register_post_accumulate_grad_hook(functools.partial(with_real_tensor, hook, real))
+
+
+def with_real_tensor(hook, real, stand_in) -> None:
+    """Call a post-accumulate-grad hook with the tensor the user registered it
+    on: the user keys their state by it (torch's optimizer-in-backward pattern,
+    ``optimizer_dict[p].step()``), and what the hook does to it reaches the
+    stand-in through the mode (Note [Swap above autograd])."""
+    t = real()
+    hook(t if t is not None else stand_in)
 
 
 def _drop(table: dict, key, ref) -> None:

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from .._compat import pytree
+from ..errors import MetaDispatchError
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
-from ..mode.reach import find, holds_state, is_container
+from ..mode.reach import find, holds_state, is_container, is_machinery
 from ..mode.standins import StandIns
 from ..tensor.tensor import Converter, MetaTensor
 
@@ -56,15 +57,39 @@ def _module_to_meta(module: nn.Module, convert: Converter) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
+RESTORE = ("machinery", "all")
+
+
+def check_restore(restore) -> None:
+    """Refuse a ``restore=`` that is not one of :data:`RESTORE`."""
+    if restore not in RESTORE:
+        raise MetaDispatchError(f"restore={restore!r}: one of {', '.join(map(repr, RESTORE))}")
+
+
 def tracer(
-    device=None, *, stack: bool = False, gpu=None, world_size: int | None = None, rank: int = 0, mode_factory=None
+    device=None,
+    *,
+    stack: bool = False,
+    gpu=None,
+    world_size: int | None = None,
+    rank: int = 0,
+    restore: str = "machinery",
+    mode_factory=None,
 ) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
     ``gpu`` names the profile a logical CUDA device answers as (MetaMode's
     ``gpu``); ``world_size`` and ``rank`` trace rank ``rank`` of a logical
     world (``MetaMode``'s options of the same names; ``docs/distributed.md``).
+    ``restore``: what the trace gives back as it was (Note [What md.trace
+    gives back]): ``"machinery"`` (the default) the modules, optimizers,
+    schedulers, grad scalers and RNG the step reaches, leaving what the step
+    wrote anywhere else as it left it, as eager does; ``"all"`` every list,
+    dict, set and object of the user's it reaches too, for a dry run that
+    leaves nothing behind.  (Options are ``md.tracer``'s: ``md.trace(fn,
+    *args, **kwargs)`` hands every keyword to ``fn``.)
     """
+    check_restore(restore)
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
         mode = (
@@ -72,7 +97,7 @@ def tracer(
             if mode_factory is not None
             else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
         )
-        return run_traced(mode, fn, args, kwargs)
+        return run_traced(mode, fn, args, kwargs, restore)
 
     return run
 
@@ -84,7 +109,10 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
     module that runs, are stood in for by MetaTensors; the user's tensors and
     modules are never modified (no ``.grad``, no buffer updates).  An
     optimizer built before the trace steps on the stand-ins, from MetaTensor
-    copies of its state, and is left as it was.
+    copies of its state, and is left as it was.  What the step writes
+    elsewhere -- a list a hook appends shapes to, a dict of logs -- stays as
+    the step left it, as in eager (``md.tracer(restore="all")`` rolls that
+    back too).
 
     >>> import torch, metadispatch as md
     >>> model = torch.nn.Linear(3, 2)
@@ -95,16 +123,29 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
     return run_traced(MetaMode(), fn, args, kwargs)
 
 
-def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict) -> Trace:
+def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict, restore: str = "machinery") -> Trace:
+    """Note [What md.trace gives back]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    The model and its training machinery come out of a trace as they went
+    in: every module, optimizer, scheduler and grad scaler the function
+    reaches -- arguments, closures, the globals it names -- is saved before
+    it runs (it may change them, ``.to()``, ``.train()``, before calling
+    them, or without calling them at all) and put back on exit, with the
+    RNG (the mode restores it).  What the step writes anywhere else stays
+    as the step left it, as eager and FakeTensorMode leave it: a forward
+    hook that collects shapes into the caller's list, ``losses.append``, a
+    dict of logs, a counter on the user's own trainer object -- with
+    MetaTensors where it stored tensors, which hold no real tensor (Note [No
+    real tensor outlives the recording] in mode.py).  With ``restore="all"``
+    every list, dict, set and object of the user's class the function
+    reaches is saved and put back too (Note [The user's containers] in
+    standins.py): a dry run that leaves nothing behind.
+    """
     standins = StandIns(mode)
+    kept = _saved_kind if restore == "all" else is_machinery
     try:
         with standins:
-            # Modules the function reaches through closures and globals are
-            # saved before it runs: it may change them (``.to()``, ``.train()``)
-            # before calling them, or without calling them at all.  The
-            # containers it reaches are copied first, before any stand-in
-            # goes into a module's tables (Note [The user's containers]).
-            reached = find({"fn": fn, "args": args, "kwargs": kwargs}, _saved_kind, empty=True)
+            reached = find({"fn": fn, "args": args, "kwargs": kwargs}, kept, empty=True)
             objects = [obj for obj in reached if not is_container(obj)]
             # an object's own tables (a GPT-2's ~2,000 hook dicts) are saved with it
             own = {id(v) for obj in objects for v in vars(obj).values()}

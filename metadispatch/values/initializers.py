@@ -27,7 +27,7 @@ from .. import _compat
 from ..spec.ownops import TRUNC_NORMAL_BODY, trunc_normal_op
 from ..tensor.tensor import MetaTensor
 
-__all__ = ["InitializerRoute"]
+__all__ = ["PATCHES"]
 
 
 def _trunc_normal_(tensor, mean, std, a, b, generator=None):
@@ -44,13 +44,17 @@ def _trunc_normal_(tensor, mean, std, a, b, generator=None):
     return tensor
 
 
-class InitializerRoute(_compat.CountedClaim):
-    """One mode entry's claim on the rerouted initialisers; the first installs, the last restores."""
+def _make(below):
+    trunc_normal_op()  # define the op before the first call needs it
+    return _trunc_normal_
 
-    def _first(self) -> None:
-        trunc_normal_op()  # define the op before the first call needs it
-        _compat.set_trunc_normal_body(_trunc_normal_)
 
-    def _last(self) -> None:
-        if _compat.trunc_normal_body() is _trunc_normal_:
-            _compat.set_trunc_normal_body(TRUNC_NORMAL_BODY)
+# (owner, attribute, make, why): the ledger's row (mode/ledger.py).
+PATCHES = [
+    (
+        torch.nn.init,
+        _compat.TRUNC_NORMAL_BODY_NAME,
+        _make,
+        "nn.init.trunc_normal_ on a MetaTensor, recorded as one call (Note [Data-dependent initialisers])",
+    )
+]

@@ -20,13 +20,11 @@ Installed by ``World.install``; the originals are put back on exit.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import _compat
 
-__all__ = ["install"]
+__all__ = ["PATCHES"]
 
 
 def _verify_params(process_group, tensors, logger=None) -> None:
@@ -65,11 +63,18 @@ def _buckets(tensors, limit: int) -> list:
     return out
 
 
-def install(steps: list) -> None:
-    """Replace the two helpers until the undo steps run."""
-    for name, replacement in (
-        ("_verify_params_across_processes", _verify_params),
-        ("_broadcast_coalesced", _broadcast_coalesced),
-    ):
-        steps.append(functools.partial(setattr, _compat.dist, name, getattr(_compat.dist, name)))
-        setattr(_compat.dist, name, replacement)
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
+PATCHES = [
+    (
+        _compat.dist,
+        "_verify_params_across_processes",
+        lambda below: _verify_params,
+        "DDP's setup check, as its collective",
+    ),
+    (
+        _compat.dist,
+        "_broadcast_coalesced",
+        lambda below: _broadcast_coalesced,
+        "DDP's setup broadcast, as its collectives",
+    ),
+]

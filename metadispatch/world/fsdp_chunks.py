@@ -27,7 +27,7 @@ import torch
 
 from .. import _compat
 
-__all__ = ["install"]
+__all__ = ["PATCHES"]
 
 
 class _Chunks(Sequence):
@@ -60,10 +60,12 @@ def _chunk_with_empty(original, tensor: torch.Tensor, num_chunks: int, dim: int)
     return _Chunks(tensor, num_chunks, dim)
 
 
-def install(steps: list) -> None:
-    """Make FSDP2's chunks lazily until the undo steps run (Note [Interrupts in
-    mode entry and exit] in mode.py)."""
-    module = _compat.fsdp_param_module()
-    original = module._chunk_with_empty
-    steps.append(functools.partial(setattr, module, "_chunk_with_empty", original))
-    module._chunk_with_empty = functools.partial(_chunk_with_empty, original)
+# (owner, attribute, make, why): the ledger's row (mode/ledger.py), with world.py's.
+PATCHES = [
+    (
+        _compat.fsdp_param_module,
+        "_chunk_with_empty",
+        lambda below: functools.partial(_chunk_with_empty, below),
+        "FSDP2's chunks, made lazily (Note [A rank's chunks, not the world's])",
+    )
+]

@@ -17,13 +17,11 @@ recorded with its tensor and size, and read by ``md.memory``.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .. import _compat
 
-__all__ = ["install", "RESIZE_OP"]
+__all__ = ["PATCHES", "RESIZE_OP"]
 
 RESIZE_OP = "inductor.resize_storage_bytes_.default"
 
@@ -39,10 +37,8 @@ def _free_storage(tensor: torch.Tensor) -> None:
         _compat.resize_storage_bytes(tensor, 0)
 
 
-def install(steps: list) -> None:
-    """Route FSDP2's storage resizes through dispatch until the undo steps run
-    (Note [Interrupts in mode entry and exit] in mode.py)."""
-    module = _compat.fsdp_param_module()
-    for name, replacement in (("alloc_storage", _alloc_storage), ("free_storage", _free_storage)):
-        steps.append(functools.partial(setattr, module, name, getattr(module, name)))
-        setattr(module, name, replacement)
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
+PATCHES = [
+    (_compat.fsdp_param_module, "alloc_storage", lambda below: _alloc_storage, "FSDP2's storage resizes, dispatched"),
+    (_compat.fsdp_param_module, "free_storage", lambda below: _free_storage, "FSDP2's storage frees, dispatched"),
+]

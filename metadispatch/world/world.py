@@ -13,25 +13,28 @@ backend -- finds the world already made and joins it: a ``world_size`` or
 also on exceptions: the groups are destroyed, the patched entry points and
 ``RANK``/``WORLD_SIZE`` are put back.
 
-Limits: one world per process (a process group already initialised outside
-the mode is refused); the fake backend's answers carry no data, so code that
-reads a collective's values (a loss all-reduced and printed) reads nothing.
+Limits: one logical world at a time in a process, in one thread (torch
+names process groups in one process-wide registry); a process group already
+initialised in the mode's thread is refused; ``RANK`` and ``WORLD_SIZE``
+are process-wide while the world is entered; the fake backend's answers
+carry no data, so code that reads a collective's values (a loss all-reduced
+and printed) reads nothing.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 
 from .. import _compat
 from ..errors import MetaDispatchError, UnsupportedFeatureError
-from ..gpu import logical_cuda
 from ..ir.records import Group
 from . import ddp_setup, fsdp_chunks, fsdp_storage
 
-__all__ = ["World", "describe", "group_named", "WORK", "REDUCE_OP"]
+__all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
 
 _ENV = ("RANK", "WORLD_SIZE")
 WORK = "<work>"
@@ -49,60 +52,56 @@ class World:
         self.world_size = world_size
         self.rank = rank
 
-    def install(self, steps: list, trace, profile) -> None:
+    def install(self, steps: list, trace) -> None:
         """Note [One rank of a logical world]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         ``MetaMode(world_size=N, rank=r)``: torch.distributed is an
         initialised N-rank world seen from rank ``r`` while the mode is
-        entered, and on a host without CUDA ``torch.cuda`` answers for a
-        logical device (logical_cuda.py, as ``profile``'s GPU).  One process
-        traces one rank; what differs between ranks (uneven shards) is traced
-        rank by rank.  ``trace`` keeps the world and its groups, which
-        ``md.comms`` reads, as they stood on exit.  Each change is preceded by
-        the step that undoes it (Note [Interrupts in mode entry and exit] in
-        mode.py).
+        entered -- in its thread: the mode claims ``PATCHES`` through the
+        ledger (mode/ledger.py), among them torch's registry of process
+        groups, so the world's groups live in that thread alone and another
+        thread sees torch.distributed as the host has it.  On a logical GPU
+        on a host without CUDA, ``torch.cuda`` answers for it
+        (logical_cuda.py, as the mode's GPU); on a logical CPU, as the host.
+        One process traces one rank; what differs between ranks (uneven
+        shards) is traced rank by rank.  ``trace`` keeps the world and its
+        groups, which ``md.comms`` reads, as they stood on exit.  Each
+        change is preceded by the step that undoes it (Note [Interrupts in
+        mode entry and exit] in mode.py).
         """
         trace.world = (self.world_size, self.rank)
         # Note [One world at a time]
         _compat.clear_dtensor_caches()
         steps.append(_compat.clear_dtensor_caches)
-        if not torch.cuda.is_available():
-            logical_cuda.install(steps, profile)
         self._make(steps)
         # Undone first: the groups are read before they are destroyed.
         steps.append(functools.partial(self.record_groups, trace.groups))
 
-    def _make(self, steps: list) -> None:
+    def check_free(self) -> None:
+        """Refuse a world where torch.distributed is already initialised: the
+        logical world's groups would take the names torch gave the real ones
+        (one process-wide registry).  Asked before the world's patches go in."""
         if _compat.dist.is_initialized():
             raise MetaDispatchError(
                 "MetaMode(world_size=...) needs torch.distributed uninitialised: a process group "
                 "already exists in this process; destroy it first"
             )
+
+    def _make(self, steps: list) -> None:
+        steps.append(functools.partial(_compat.call_locked, _LOCK, _leave, self))
+        _compat.call_locked(_LOCK, _enter, self)
         steps.append(functools.partial(_restore_env, {k: os.environ.get(k) for k in _ENV}))
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         steps.append(_destroy_all)
-        _compat.dist.init_process_group(
-            "fake", store=_compat.fake_process_group_store(), rank=self.rank, world_size=self.world_size
-        )
-        fsdp_storage.install(steps)  # Note [FSDP frees by resizing storage]
-        fsdp_chunks.install(steps)  # Note [A rank's chunks, not the world's]
-        ddp_setup.install(steps)
-        # Note [A DTensor's logical device]
-        dtensor = _compat.dtensor_class()
-        steps.append(functools.partial(setattr, dtensor, "device", dtensor.device))
-        dtensor.device = property(_dtensor_device)
-        # Note [Eager, not compiling]
-        funcol = _compat.functional_collectives_module()
-        steps.append(functools.partial(setattr, funcol, "_are_we_tracing", funcol._are_we_tracing))
-        funcol._are_we_tracing = functools.partial(_are_we_tracing, funcol._are_we_tracing)
-        experimental = _compat.tensor_experimental_module()
-        steps.append(functools.partial(setattr, experimental, "context_parallel", experimental.context_parallel))
-        experimental.context_parallel = _refuse_context_parallel
-        for owner in (_compat.dist, _compat.distributed_c10d):
-            steps.append(functools.partial(setattr, owner, "init_process_group", owner.init_process_group))
-            owner.init_process_group = self._join  # type: ignore[attr-defined]
+        _CURRENT.making = True
+        try:
+            _compat.dist.init_process_group(
+                "fake", store=_compat.fake_process_group_store(), rank=self.rank, world_size=self.world_size
+            )
+        finally:
+            _CURRENT.making = False
 
-    def _join(
+    def join(
         self,
         backend=None,
         init_method=None,
@@ -216,3 +215,81 @@ def _restore_env(saved: dict) -> None:
 def group_named(name: str) -> Group:
     """The live process group called ``name`` (functional collectives name their group)."""
     return _group(_compat.resolve_process_group(name), name)
+
+
+class _Current(threading.local):
+    world: World | None = None
+    making = False
+
+
+_CURRENT = _Current()
+_LOCK = threading.Lock()
+_LIVE: list = []  # the World entered, in any thread (one at a time: Note [One world at a time])
+
+
+def _enter(world: World) -> None:
+    if _LIVE and _LIVE[0] is not world:
+        raise MetaDispatchError(
+            "MetaMode(world_size=...): another thread's logical world is entered; one logical world "
+            "at a time in a process (torch registers process groups by name process-wide)"
+        )
+    if not _LIVE:
+        # fmt: off
+        _LIVE.append(world); _CURRENT.world = world  # noqa: E702
+        # fmt: on
+
+
+def _leave(world: World) -> None:
+    if _LIVE and _LIVE[0] is world:
+        # fmt: off
+        _LIVE.clear(); _CURRENT.world = None  # noqa: E702
+        # fmt: on
+
+
+def _init_process_group(below, *args, **kwargs):
+    """``init_process_group`` inside the mode joins its world (``World.join``)."""
+    world = _CURRENT.world
+    if world is None or _CURRENT.making:
+        return below(*args, **kwargs)
+    return world.join(*args, **kwargs)
+
+
+def _patched(make):
+    return lambda below: make
+
+
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py), claimed
+# by a world's mode in its thread.
+PATCHES = [
+    (
+        _compat.distributed_c10d,
+        "_world",
+        lambda below: _compat.new_c10d_world(),
+        "torch.distributed's registry of process groups: the logical world's, in its thread",
+    ),
+    *[
+        (owner, "init_process_group", lambda below: functools.partial(_init_process_group, below), "joins the world")
+        for owner in (_compat.dist, _compat.distributed_c10d)
+    ],
+    (
+        _compat.dtensor_class,
+        "device",
+        _patched(property(_dtensor_device)),
+        "a DTensor's logical device (Note [A DTensor's logical device])",
+    ),
+    (
+        _compat.functional_collectives_module,
+        "_are_we_tracing",
+        lambda below: functools.partial(_are_we_tracing, below),
+        "functional collectives run eagerly (Note [Eager, not compiling])",
+    ),
+    (
+        _compat.tensor_experimental_module,
+        "context_parallel",
+        _patched(_refuse_context_parallel),
+        "context parallelism, refused",
+    ),
+    *fsdp_storage.PATCHES,
+    *fsdp_chunks.PATCHES,
+    *ddp_setup.PATCHES,
+]
