@@ -1,5 +1,5 @@
 """A ``torch.compile``d module is traced as the eager program it compiles
-(Note [Compiled code runs eagerly under a mode] in _compat.py)."""
+(Note [Compiled code runs eagerly under a mode] in _compat/process.py)."""
 
 from __future__ import annotations
 

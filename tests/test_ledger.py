@@ -18,7 +18,7 @@ import metadispatch as md
 from metadispatch.mode import ledger
 
 # torch's own dispatch modes set these on entry, process-wide; MetaMode sets
-# them as torch does (Note [What a mode entry changes in torch] in _compat.py).
+# them as torch does (Note [What a mode entry changes in torch] in _compat/dispatch.py).
 _TORCHS_OWN = {
     ("torch.utils._python_dispatch", n)
     for n in (

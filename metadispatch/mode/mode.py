@@ -138,7 +138,7 @@ class MetaMode(_compat.TorchDispatchMode):
             return args[0].device
         if _FUNCTION_STACK_LEN() and _compat.top_function_mode() is _SWAP:
             # A backward's engine runs with the function mode pushed (Note
-            # [Backward under the function mode] in _compat.py); the call and
+            # [Backward under the function mode] in _compat/autograd.py); the call and
             # its rules run without it, as every call in a forward does.
             return _compat.call_without_function_mode(_SWAP, dispatch, func, args, kwargs or {}, self)
         return dispatch(func, args, kwargs or {}, self)
@@ -471,7 +471,7 @@ class _SwapReal(_compat.TorchFunctionMode):
                 # Note [Seeing inside torch's Python functions] in inside.py
                 return _compat.call_with_function_mode(self, inside.see_inside(func, args), args, kwargs)
             if func in _BACKWARD:
-                # Note [Backward under the function mode] in _compat.py
+                # Note [Backward under the function mode] in _compat/autograd.py
                 func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
             elif func is _GRAD:
                 func, args = _compat.engine_grad, (self, *args)

@@ -52,7 +52,7 @@ def claim_for(mode, steps: list) -> None:
     ledger.claim(STAND_INS, steps)
     ledger.claim(UNSEEN, steps)
     ledger.claim(INITIALISERS, steps)
-    ledger.claim(COMPILED, steps)  # Note [Compiled code runs eagerly under a mode] in _compat.py
+    ledger.claim(COMPILED, steps)  # Note [Compiled code runs eagerly under a mode] in _compat/process.py
     if mode.record:
         ledger.claim(RNG, steps)  # Note [RNG state as slots] in core/rngstate.py
         ledger.claim(FAST_PATHS, steps)  # Note [Inference fast paths] in gpu/fastpath.py

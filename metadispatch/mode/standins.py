@@ -68,7 +68,7 @@ class StandIns:
         self._born: weakref.WeakSet = weakref.WeakSet()  # optimizers made inside the trace
         self._undo: list = []  # the ledger's release steps
         # Held from before md.trace saves the modules to after they are put
-        # back (Note [Garbage collection during tracing] in _compat.py).
+        # back (Note [Garbage collection during tracing] in _compat/process.py).
         self._heap = _compat.deferred_full_gc()
 
     def __enter__(self):

@@ -5,7 +5,7 @@ tensor has no device, so it cannot know which backend a real run would pick
 (``_select_conv_backend``), and the backend decides the layout -- on CPU,
 oneDNN keeps a channels-last input channels-last.  A MetaTensor on a logical
 CPU reports ``cpu`` to C++ (Note [Backend keys of a logical CPU] in
-``_compat.py``), so we ask torch's own C++ which backend it would select and
+``_compat/tensors.py``), so we ask torch's own C++ which backend it would select and
 which memory format that backend gives (``_conv_determine_backend_memory_format``),
 as FakeTensor does, and lay the outputs out so.  Nothing here encodes a
 backend's behaviour.

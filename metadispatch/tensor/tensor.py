@@ -15,7 +15,7 @@ outputs on meta; see ``in_kernel``.
 On a logical CPU the C++ tensor carries CPU's dispatch keys and reports
 ``cpu`` to C++ as well, so torch's C++ makes CPU's choices (autocast, RNN and
 attention kernels) itself (Note [Backend keys of a logical CPU] in
-``_compat.py``).
+``_compat/tensors.py``).
 
 Because the C++ tensor's storage is an ordinary meta storage, meta kernels run on it
 directly: views share its storage, and in-place ops that change metadata

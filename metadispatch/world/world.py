@@ -172,7 +172,7 @@ def _dtensor_device(self) -> torch.device:
 # Functional collectives take a different path when torch believes it is
 # compiling, and it believes so whenever the FAKE dispatch-mode slot is
 # taken -- where MetaMode sits (Note [Logical CUDA without CUDA] in
-# _compat.py).  Compiling, a result is waited on at once; eager, it is
+# _compat/dispatch.py).  Compiling, a result is waited on at once; eager, it is
 # wrapped by ``_c10d_functional._wrap_tensor_autograd``, which copies it
 # (the real run's memory).  A MetaMode traces eager code, so the question is
 # answered as an eager run would answer it.

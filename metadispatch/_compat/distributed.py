@@ -1,0 +1,111 @@
+"""torch.distributed: the fake backend, process groups, FSDP2's and DTensor's modules.
+
+Part of ``metadispatch._compat`` (its docstring says why private torch APIs live here alone).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.utils.checkpoint
+from torch.distributed import distributed_c10d
+
+
+# -- torch.distributed (the logical world: world/world.py)
+def fake_process_group_store():
+    """A store for torch's ``fake`` backend, registering that backend first.
+
+    The backend's creator is registered by importing torch's testing module;
+    importing it here, on the first logical world, keeps that (and its second
+    of import time) away from users who never ask for one.
+    """
+    from torch.testing._internal.distributed import fake_pg
+
+    return fake_pg.FakeStore()
+
+
+def process_group_of(obj):
+    """The ProcessGroup a c10d op's boxed ``process_group`` argument holds."""
+    return dist.ProcessGroup.unbox(obj)
+
+
+def reduce_op_name(obj) -> str:
+    """``"SUM"``, ``"AVG"``, ...: the op a c10d op's boxed ``reduce_op`` argument holds."""
+    return dist.ReduceOp.RedOpType(obj.op()).name
+
+
+def reduce_op(name: str):
+    """The ``ReduceOp`` called ``name`` (the inverse of :func:`reduce_op_name`)."""
+    return dist.ReduceOp.RedOpType.__members__[name]
+
+
+def allgather_base(pg, output: torch.Tensor, input: torch.Tensor):
+    """``pg``'s all-gather into one tensor (the method behind ``c10d._allgather_base_``); a Work."""
+    return pg._allgather_base(output, input)
+
+
+def reduce_scatter_base(pg, output: torch.Tensor, input: torch.Tensor, op):
+    """``pg``'s reduce-scatter of one tensor (behind ``c10d._reduce_scatter_base_``); a Work."""
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = op
+    return pg._reduce_scatter_base(output, input, opts)
+
+
+def new_c10d_world():
+    """A fresh registry of process groups, as torch.distributed starts with
+    (a logical world's, in its thread: world/world.py)."""
+    return distributed_c10d._World()
+
+
+def named_process_groups() -> dict:
+    """Every live process group -> its name (torch's registry of groups)."""
+    return dict(distributed_c10d._world.pg_names)
+
+
+def resolve_process_group(name: str):
+    return distributed_c10d._resolve_process_group(name)  # type: ignore[arg-type]  # GroupName is a str
+
+
+def fsdp_param_module():
+    """FSDP2's ``_fsdp_param`` module, whose ``free_storage``/``alloc_storage`` world/fsdp_storage.py wraps."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    return _fsdp_param
+
+
+resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
+
+# A finished c10d Work around a future (rules/collectives.py).
+work_from_future = torch._C._distributed_c10d._create_work_from_future  # type: ignore[attr-defined]
+
+
+def clear_dtensor_caches() -> None:
+    """Forget DTensor's sharding and redistribution plans (Note [One world at a time] in world/world.py)."""
+    from torch.distributed.tensor import _redistribute, _sharding_prop
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute._planner_cache.clear()
+
+
+def functional_collectives_module():
+    """``torch.distributed._functional_collectives``, whose ``_are_we_tracing`` world/world.py answers."""
+    from torch.distributed import _functional_collectives
+
+    return _functional_collectives
+
+
+# torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
+# logical world (world/world.py) needs it, so it is imported on first use.
+def dtensor_class():
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def tensor_experimental_module():
+    from torch.distributed.tensor import experimental
+
+    return experimental
