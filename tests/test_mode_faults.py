@@ -23,7 +23,7 @@ import metadispatch as md
 from metadispatch import _compat
 from metadispatch.core import rngstate
 from metadispatch.mode import ledger, unseen
-from metadispatch.mode import mode as mode_module
+from metadispatch.mode import entry as mode_entry
 from metadispatch.tensor.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)
@@ -52,7 +52,7 @@ def _global_state() -> dict:
         "lazy": [cls.__dict__["__new__"] for cls in unseen._LAZY],
         "trunc_normal body": _compat.trunc_normal_body(),
         "hooks": [len(h) for h in _compat.module_global_hooks()],
-        "active": list(mode_module._ACTIVE.entries),
+        "active": list(mode_entry.ACTIVE.entries),
         "dynamo stance": eval_frame._stance,  # Note [Compiled code runs eagerly under a mode]
     }
 

@@ -11,37 +11,34 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections.abc import Callable
-from types import FunctionType
 
 import torch
 from torch import nn
 
 from .. import _compat
-from .._compat import pytree
 from ..core import rngstate
 from ..core.cache import MetaCache
 from ..core.dispatch import dispatch
 from ..core.record import Recorder
-from ..errors import MetaDispatchError, UnsupportedFeatureError, mark_call
+from ..errors import MetaDispatchError
 from ..gpu import (
-    autocast,
     cuda_answers,
     gpu_composites,  # noqa: F401  (registers its overrides)
-    inside,
     logical_cuda,
 )
 from ..ir.trace import Trace
-from ..source import user_frame
 from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
-from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device, with_real_tensor
-from ..values import composites, known, literals
+from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from ..values import composites, known
 from ..world.world import World
 from . import patches, unseen
+from .entry import Entry, activate, deactivate
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
 from .standins import StandIns
+from .swap import SWAP
+from .swap import WIRING as SWAP_WIRING
 
 __all__ = ["MetaMode", "scratch_mode"]
 
@@ -97,7 +94,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self._converter = Converter(self.device, hooks=True)
         self._depth = 0  # > 0 while a rule or decomposition runs nested
         self.cache = MetaCache() if cache else None
-        self._saved: list = []  # per __enter__, an _Entry: what __exit__ undoes
+        self._saved: list = []  # per __enter__, an Entry: what __exit__ undoes
         self.fallback: Callable | None = None  # set by md.check: answers ops no stage can
         # Set by md.check: the value of a tensor read outside any op (``tolist``).
         self.read_fallback: Callable | None = None
@@ -136,11 +133,11 @@ class MetaMode(_compat.TorchDispatchMode):
             # C++ asking a logical-CPU MetaTensor for its device, two or three
             # times per traced call (Note [Backend keys of a logical CPU]).
             return args[0].device
-        if _FUNCTION_STACK_LEN() and _compat.top_function_mode() is _SWAP:
+        if _FUNCTION_STACK_LEN() and _compat.top_function_mode() is SWAP:
             # A backward's engine runs with the function mode pushed (Note
             # [Backward under the function mode] in _compat/autograd.py); the call and
             # its rules run without it, as every call in a forward does.
-            return _compat.call_without_function_mode(_SWAP, dispatch, func, args, kwargs or {}, self)
+            return _compat.call_without_function_mode(SWAP, dispatch, func, args, kwargs or {}, self)
         return dispatch(func, args, kwargs or {}, self)
 
     @classmethod
@@ -228,7 +225,7 @@ class MetaMode(_compat.TorchDispatchMode):
         self._recorder.forget_reals()
 
     def __enter__(self):
-        entry = _Entry()
+        entry = Entry()
         try:
             self._saved.append(entry)
             self._install(entry)
@@ -245,7 +242,7 @@ class MetaMode(_compat.TorchDispatchMode):
         finally: self._leave_unfinished() if "entry" in locals() else self._leave(self._saved[-1])  # noqa: E701
         # fmt: on
 
-    def _install(self, entry: _Entry) -> None:
+    def _install(self, entry: Entry) -> None:
         outer = _compat.get_infra_mode(_compat.mode_key)
         if outer is not None and not isinstance(outer, MetaMode):
             raise MetaDispatchError(
@@ -288,16 +285,16 @@ class MetaMode(_compat.TorchDispatchMode):
             # Note [The logical GPU answers per thread]
             cuda_answers.enter(entry.steps, self, gpu_profile(self.device_profile))
             patches.claim_gpu(entry.steps)
-        entry.steps.append(functools.partial(_deactivate, entry))
-        _activate(self, entry)
+        entry.steps.append(functools.partial(deactivate, entry))
+        activate(self, entry)
 
-    def _note_stop(self, entry: _Entry, exc_type) -> None:
+    def _note_stop(self, entry: Entry, exc_type) -> None:
         if exc_type is not None and entry.tracker is not None:
             # A forward that raised never ran its post-hook: the modules it
             # was in are still the tracker's parents.
             self.stopped_in = entry.tracker.current()
 
-    def _leave(self, entry: _Entry) -> None:
+    def _leave(self, entry: Entry) -> None:
         entry.leaving = True
         self._leave_unfinished()
 
@@ -315,188 +312,6 @@ class MetaMode(_compat.TorchDispatchMode):
             entries[-1].generators.setdefault(id(generator), (generator, generator.get_state()))
 
 
-# Note [Interrupts in mode entry and exit]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A KeyboardInterrupt can land between any two statements of __enter__ or
-# __exit__, and whatever entering installed -- the mode slot, torch's mode
-# flags, the gc threshold, the lift flag, hooks, the function mode -- must not
-# outlive the mode.  So each change is preceded by an undo step that is safe
-# to run whether or not the change happened, and safe to run twice:
-# __enter__ undoes its entry if anything escapes; __exit__ marks the entry as
-# leaving and runs its steps, and its ``finally`` runs whatever an interrupt
-# cut short.  The exit's ``try`` and its body share a line: Python raises an
-# interrupt at a line's first instruction, and a ``try:`` line of its own is
-# outside the protected range.  Statements that must not be separated share
-# a line for the same reason, and locks are taken with ``_compat.call_locked``
-# (a ``with lock:`` can be interrupted between its body and the release).
-#
-# Which MetaMode holds the slot is derived, not saved: a per-thread list of
-# active entries, in entry order.  Leaving one removes it wherever it is and
-# hands the slot to the newest remaining, so two modes left out of order
-# (two generators) leave nothing installed, as with torch's own modes.
-class _Entry:
-    """What one ``__enter__`` changed, as undo steps run newest first."""
-
-    def __init__(self) -> None:
-        self.steps: list = []
-        self.leaving = False
-        self.tracker: ModuleStack | None = None  # the ModuleStack this entry installed
-        self.generators: dict = {}  # id -> (generator, state before its first use)
-
-    def undo(self) -> None:
-        while self.steps:
-            # fmt: off
-            self.steps[-1](); self.steps.pop()  # noqa: E702 (one line: Note above)
-            # fmt: on
-
-    def restore_generators(self) -> None:
-        for generator, state in self.generators.values():
-            generator.set_state(state)
-
-
-class _Active(threading.local):
-    def __init__(self) -> None:
-        self.entries: list = []  # (mode, entry), oldest first
-        self.before: tuple | None = None  # what the first entry found: torch's flags, the lift flag, the gc threshold
-
-
-_ACTIVE = _Active()
-
-
-def _activate(mode: MetaMode, entry: _Entry) -> None:
-    active = _ACTIVE
-    if not active.entries and active.before is None:
-        flags, lift, heap = _compat.dispatch_mode_flags(), _compat.only_lift_cpu_tensors(), _compat.deferred_full_gc()
-        active.before = (flags, lift, heap)
-        if mode.record:
-            heap.__enter__()  # Note [Garbage collection during tracing]
-        # torch.tensor(..., device="cuda") builds on CPU first and then moves,
-        # so that no CUDA is needed; FakeTensorMode does the same.
-        _compat.set_only_lift_cpu_tensors(True)
-        _compat.push_function_mode(_SWAP)
-    active.entries.append((mode, entry))
-    _compat.set_dispatch_mode_flags(
-        (
-            True,
-            active.before[0][1] or not mode.is_infra_mode(),
-            active.before[0][2] or not mode.ignore_compile_internals(),
-        )
-    )
-    # fmt: off
-    _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(mode)  # noqa: E702
-    # fmt: on
-
-
-def _deactivate(entry: _Entry) -> None:
-    active = _ACTIVE
-    active.entries[:] = [(m, e) for m, e in active.entries if e is not entry]
-    if active.entries:
-        # Out of order: the newest remaining entry holds the slot.
-        # fmt: off
-        _compat.unset_infra_mode(_compat.mode_key); _compat.set_infra_mode(active.entries[-1][0])  # noqa: E702
-        # fmt: on
-        return
-    _compat.unset_infra_mode(_compat.mode_key)
-    if active.before is not None:
-        flags, lift, heap = active.before
-        _compat.remove_function_mode(_SWAP)
-        _compat.set_only_lift_cpu_tensors(lift)
-        _compat.set_dispatch_mode_flags(flags)
-        heap.__exit__(None, None, None)
-        active.before = None
-        autocast.clear_cache()  # Note [Autocast on a logical GPU] in autocast.py
-
-
-class _SwapReal(_compat.TorchFunctionMode):
-    """Note [Swap above autograd], for real tensors outside modules.
-
-    A real tensor reaching a torch function under a MetaMode (a free
-    parameter, ``F.linear(x, m.weight)``, ``p.grad = None``, ``x.add_(1)``)
-    is replaced by its stand-in before autograd sees it: autograd then
-    records no real leaf (no MetaTensor ``.grad`` on a real tensor, no real
-    tensor kept alive by ``trace.output``'s graph), and ADInplaceOrView bumps
-    the stand-in's version counter, not the real one's.  The dispatch mode
-    still converts what reaches it another way.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        mode = _compat.get_infra_mode(_compat.mode_key)
-        if isinstance(mode, MetaMode) and func not in _BY_IDENTITY:
-            real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
-            real_first = None
-            if real:
-                real_first = args[0] if args else None
-                args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
-            if func is _POST_ACCUMULATE and type(real_first) in (torch.Tensor, nn.Parameter):
-                # registered on a real parameter in the step: the hook gets it back
-                args = (args[0], functools.partial(with_real_tensor, args[1], weakref.ref(real_first)), *args[2:])
-            if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
-                with _compat.no_python_dispatch():  # a constant's copy is made for real
-                    mode._recorder.before_data_swap(args[0], args[1])
-            if func in literals.LITERALS and literals.applies(func, args, kwargs):
-                return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
-            if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
-                # ``real.data = meta`` (``m.double()`` before the module's
-                # first forward), ``meta.data = real``: MetaTensor's setter
-                # carries the trace's record.
-                args[0].data = args[1]
-                return None
-            if _compat.any_autocast():
-                _refuse_autocast(func, args, kwargs)
-                if func not in _BACKWARD and func is not _GRAD and autocast.applies(args, kwargs):
-                    # Note [Autocast on a logical GPU] in autocast.py
-                    func, args, kwargs, run_inside = autocast.prepare(func, args, kwargs)
-                    if run_inside:
-                        return _compat.call_with_function_mode(self, func, args, kwargs)
-            elif autocast.has_cache():
-                autocast.clear_cache()
-            generator = kwargs.get("generator")
-            if generator is not None:
-                mode.keep_generator(generator)
-            first = args[0] if args else None
-            if type(first) is MetaTensor:
-                STATE.ambient = first._md_device  # Note [Meta from options] in dispatch.py
-            override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
-            if override is not None:
-                return override(*args, **kwargs)
-            if (
-                type(func) is FunctionType
-                and type(first) is MetaTensor
-                and first._md_device.type == "cuda"
-                and func not in _BACKWARD
-                and func is not _GRAD
-                and not inside.reentered(func, args)
-            ):
-                # Note [Seeing inside torch's Python functions] in inside.py
-                return _compat.call_with_function_mode(self, inside.see_inside(func, args), args, kwargs)
-            if func in _BACKWARD:
-                # Note [Backward under the function mode] in _compat/autograd.py
-                func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
-            elif func is _GRAD:
-                func, args = _compat.engine_grad, (self, *args)
-            elif func in _STAND_IN_METHODS and type(first) is MetaTensor:
-                # A real tensor's method (a MetaTensor's own never comes
-                # here), now on its stand-in (Note [A real tensor's methods
-                # on its stand-in]).
-                out = _STAND_IN_METHODS[func](*args, **kwargs)
-                if out is first and func in _MOVES and type(real_first) in (torch.Tensor, nn.Parameter):
-                    # Moved to where its stand-in already is: the real tensor
-                    # itself, as torch returns it, so that ``module.to`` keeps
-                    # the user's buffers in the module, not stand-ins.
-                    return real_first
-                return out
-        if types == _META_ONLY:
-            # MetaTensor's own handler would only call func again: skip it
-            # (Note [Composite overrides without a mode]).
-            with _compat.no_torch_function_subclass():
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
-
-
-_META_ONLY = (MetaTensor,)
-
-
 def active_profile() -> GPUProfile:
     """The GPU profile a logical GPU answers as in this thread: the active
     MetaMode's, or the default where none is active (rules that choose what a
@@ -504,106 +319,6 @@ def active_profile() -> GPUProfile:
     mode = _compat.get_infra_mode(_compat.mode_key)
     profile = mode.device_profile if isinstance(mode, MetaMode) else None
     return profile if profile is not None else gpu_profile()
-
-
-# Note [Autocast on other logical devices]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# CUDA's autocast policy is applied to a logical GPU above autograd (Note
-# [Autocast on a logical GPU] in autocast.py).  Other logical devices' autocast
-# (xpu, mps) casts nothing for a MetaTensor, which is a meta tensor to C++, and
-# is not modelled: a torch function given a tensor on such a device while
-# its autocast is on is refused, naming the function and the user's line,
-# rather than traced as the float32 program the device does not run.
-_AUTOCAST_LOGICAL = ("xpu", "mps")
-
-
-def _refuse_autocast(func, args, kwargs) -> None:
-    on = [d for d in _AUTOCAST_LOGICAL if torch.is_autocast_enabled(d)]
-    if not on:
-        return
-    for t in pytree.tree_leaves((args, kwargs)):
-        if type(t) is MetaTensor and t._md_device.type in on:
-            kind = t._md_device.type
-            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
-            error = UnsupportedFeatureError(
-                f"{name}: torch.autocast({kind!r}) on a logical {kind} device is not modelled (Note "
-                f"[Autocast on other logical devices], docs/logical-cuda.md): torch casts only tensors on a real "
-                f"{kind} device, so the trace would leave out the {torch.get_autocast_dtype(kind)} casts "
-                f"and describe a float32 program the GPU does not run. Trace without autocast (a model "
-                "cast with .to(torch.bfloat16) runs its matmuls in bf16 too), or autocast on a logical "
-                "CPU, which is exact"
-            )
-            mark_call(error, name, user_frame())
-            raise error
-
-
-def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> dict:
-    return {
-        "tensors": self,
-        "grad_tensors": gradient,
-        "retain_graph": retain_graph,
-        "create_graph": create_graph,
-        "inputs": inputs,
-    }
-
-
-def _autograd_backward(
-    tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None
-) -> dict:
-    grads = grad_tensors if grad_variables is None else grad_variables
-    return {
-        "tensors": tensors,
-        "grad_tensors": grads,
-        "retain_graph": retain_graph,
-        "create_graph": create_graph,
-        "inputs": inputs,
-    }
-
-
-# Tensor.backward's and torch.autograd.backward's parameters as
-# _compat.engine_backward's (Note [Backward under the function mode]).
-_BACKWARD = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _autograd_backward}
-_GRAD = torch.autograd.grad  # its parameters are _compat.engine_grad's
-
-# Dict keys and identities: a real tensor hashes as itself (optimizer state
-# is keyed by the real parameters).
-_BY_IDENTITY = {torch.Tensor.__hash__}
-_POST_ACCUMULATE = torch.Tensor.register_post_accumulate_grad_hook
-_SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
-# Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
-# from the user's scope): MetaTensor's own, which answer from a known value.
-# Note [A real tensor's methods on its stand-in]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A real tensor's method or property reaching the mode (a module built
-# outside a bare MetaMode and used inside it) runs on its stand-in; torch's
-# own implementation of the ones MetaTensor overrides answers from the C++
-# tensor -- ``.device`` said ``meta`` (``next(model.parameters()).device``,
-# transformers' ``model.device``), ``.to("cuda")`` compared the C++ meta
-# device and copied, through autograd for a parameter, whose device guard for
-# CUDA fails on a CPU-only build -- or refuses a subclass (``tolist``).  So
-# MetaTensor's own answers them.
-_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
-_STAND_IN_METHODS = {
-    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
-    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
-    **{
-        getattr(torch.Tensor, name).__get__: getattr(MetaTensor, name).fget
-        for name in ("device", "is_cuda", "is_cpu", "is_meta")
-    },
-}
-
-
-def _has_real(values) -> bool:
-    for v in values:
-        t = type(v)
-        if t is torch.Tensor or t is nn.Parameter:
-            return True
-        if (t is list or t is tuple) and v and _has_real(v):
-            return True
-    return False
-
-
-_SWAP = _SwapReal()
 
 
 class _Scratch(threading.local):
@@ -635,7 +350,7 @@ def _function(func, args, kwargs):
     Python versions from the mode's torch-function mode; with no mode, from
     MetaTensor's own ``__torch_function__``, which calls this.  Anything
     else runs as torch's default handler runs it: with subclass handlers
-    off, outputs unwrapped.  Inside a mode, ``_SwapReal`` answers first and
+    off, outputs unwrapped.  Inside a mode, ``SwapReal`` answers first and
     calls the function with subclass handlers off, so this never runs there
     for MetaTensor-only calls.
 
@@ -654,6 +369,7 @@ def _function(func, args, kwargs):
 
 
 # Note [Wiring] in tensor.py: MetaTensor reaches the dispatcher and the scratch mode through these.
+SWAP_WIRING.mode_type = MetaMode
 WIRING.dispatch = dispatch
 WIRING.scratch_mode = scratch_mode
 WIRING.function = _function

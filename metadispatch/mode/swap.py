@@ -1,0 +1,232 @@
+"""The per-thread swap: real tensors reaching a torch function under a MetaMode become their stand-ins.
+
+``SwapReal`` is a torch-function mode pushed on the thread's function stack
+while a MetaMode is entered there (entry.py).  Above autograd, it hands
+torch each real tensor's stand-in (Note [Swap above autograd] in
+standins.py), builds literals as the logical device would (literals.py),
+applies CUDA's autocast policy on a logical GPU (autocast.py), calls the
+composite overrides (composites.py), sees inside torch's Python functions
+(inside.py), and runs backward under the mode (Note [Backward under the
+function mode] in _compat/autograd.py).  Only this thread's calls meet it:
+another thread sees the real tensors (Note [Other threads see the real
+model] in standins.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from types import FunctionType
+
+import torch
+from torch import nn
+
+from .. import _compat
+from .._compat import pytree
+from ..errors import UnsupportedFeatureError, mark_call
+from ..gpu import autocast, inside
+from ..source import user_frame
+from ..tensor.tensor import STATE, MetaTensor, with_real_tensor
+from ..values import composites, literals
+
+__all__ = ["SwapReal", "SWAP", "WIRING"]
+
+
+class _Wiring:
+    """What the swap needs of mode.py, which imports it: the MetaMode class."""
+
+    def __init__(self) -> None:
+        self.mode_type: type = type(None)
+
+
+WIRING = _Wiring()
+
+
+class SwapReal(_compat.TorchFunctionMode):
+    """Note [Swap above autograd], for real tensors outside modules.
+
+    A real tensor reaching a torch function under a MetaMode (a free
+    parameter, ``F.linear(x, m.weight)``, ``p.grad = None``, ``x.add_(1)``)
+    is replaced by its stand-in before autograd sees it: autograd then
+    records no real leaf (no MetaTensor ``.grad`` on a real tensor, no real
+    tensor kept alive by ``trace.output``'s graph), and ADInplaceOrView bumps
+    the stand-in's version counter, not the real one's.  The dispatch mode
+    still converts what reaches it another way.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        mode = _compat.get_infra_mode(_compat.mode_key)
+        if isinstance(mode, WIRING.mode_type) and func not in _BY_IDENTITY:
+            real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
+            real_first = None
+            if real:
+                real_first = args[0] if args else None
+                args, kwargs = pytree.tree_map_only(torch.Tensor, mode.stand_in, (args, kwargs))
+            if func is _POST_ACCUMULATE and type(real_first) in (torch.Tensor, nn.Parameter):
+                # registered on a real parameter in the step: the hook gets it back
+                args = (args[0], functools.partial(with_real_tensor, args[1], weakref.ref(real_first)), *args[2:])
+            if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
+                with _compat.no_python_dispatch():  # a constant's copy is made for real
+                    mode._recorder.before_data_swap(args[0], args[1])
+            if func in literals.LITERALS and literals.applies(func, args, kwargs):
+                return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
+            if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
+                # ``real.data = meta`` (``m.double()`` before the module's
+                # first forward), ``meta.data = real``: MetaTensor's setter
+                # carries the trace's record.
+                args[0].data = args[1]
+                return None
+            if _compat.any_autocast():
+                _refuse_autocast(func, args, kwargs)
+                if func not in _BACKWARD and func is not _GRAD and autocast.applies(args, kwargs):
+                    # Note [Autocast on a logical GPU] in autocast.py
+                    func, args, kwargs, run_inside = autocast.prepare(func, args, kwargs)
+                    if run_inside:
+                        return _compat.call_with_function_mode(self, func, args, kwargs)
+            elif autocast.has_cache():
+                autocast.clear_cache()
+            generator = kwargs.get("generator")
+            if generator is not None:
+                mode.keep_generator(generator)
+            first = args[0] if args else None
+            if type(first) is MetaTensor:
+                STATE.ambient = first._md_device  # Note [Meta from options] in dispatch.py
+            override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
+            if override is not None:
+                return override(*args, **kwargs)
+            if (
+                type(func) is FunctionType
+                and type(first) is MetaTensor
+                and first._md_device.type == "cuda"
+                and func not in _BACKWARD
+                and func is not _GRAD
+                and not inside.reentered(func, args)
+            ):
+                # Note [Seeing inside torch's Python functions] in inside.py
+                return _compat.call_with_function_mode(self, inside.see_inside(func, args), args, kwargs)
+            if func in _BACKWARD:
+                # Note [Backward under the function mode] in _compat/autograd.py
+                func, args, kwargs = _compat.engine_backward, (self,), _BACKWARD[func](*args, **kwargs)
+            elif func is _GRAD:
+                func, args = _compat.engine_grad, (self, *args)
+            elif func in _STAND_IN_METHODS and type(first) is MetaTensor:
+                # A real tensor's method (a MetaTensor's own never comes
+                # here), now on its stand-in (Note [A real tensor's methods
+                # on its stand-in]).
+                out = _STAND_IN_METHODS[func](*args, **kwargs)
+                if out is first and func in _MOVES and type(real_first) in (torch.Tensor, nn.Parameter):
+                    # Moved to where its stand-in already is: the real tensor
+                    # itself, as torch returns it, so that ``module.to`` keeps
+                    # the user's buffers in the module, not stand-ins.
+                    return real_first
+                return out
+        if types == _META_ONLY:
+            # MetaTensor's own handler would only call func again: skip it
+            # (Note [Composite overrides without a mode]).
+            with _compat.no_torch_function_subclass():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+_META_ONLY = (MetaTensor,)
+
+
+# Note [Autocast on other logical devices]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# CUDA's autocast policy is applied to a logical GPU above autograd (Note
+# [Autocast on a logical GPU] in autocast.py).  Other logical devices' autocast
+# (xpu, mps) casts nothing for a MetaTensor, which is a meta tensor to C++, and
+# is not modelled: a torch function given a tensor on such a device while
+# its autocast is on is refused, naming the function and the user's line,
+# rather than traced as the float32 program the device does not run.
+_AUTOCAST_LOGICAL = ("xpu", "mps")
+
+
+def _refuse_autocast(func, args, kwargs) -> None:
+    on = [d for d in _AUTOCAST_LOGICAL if torch.is_autocast_enabled(d)]
+    if not on:
+        return
+    for t in pytree.tree_leaves((args, kwargs)):
+        if type(t) is MetaTensor and t._md_device.type in on:
+            kind = t._md_device.type
+            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+            error = UnsupportedFeatureError(
+                f"{name}: torch.autocast({kind!r}) on a logical {kind} device is not modelled (Note "
+                f"[Autocast on other logical devices], docs/logical-cuda.md): torch casts only tensors on a real "
+                f"{kind} device, so the trace would leave out the {torch.get_autocast_dtype(kind)} casts "
+                f"and describe a float32 program the GPU does not run. Trace without autocast (a model "
+                "cast with .to(torch.bfloat16) runs its matmuls in bf16 too), or autocast on a logical "
+                "CPU, which is exact"
+            )
+            mark_call(error, name, user_frame())
+            raise error
+
+
+def _tensor_backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> dict:
+    return {
+        "tensors": self,
+        "grad_tensors": gradient,
+        "retain_graph": retain_graph,
+        "create_graph": create_graph,
+        "inputs": inputs,
+    }
+
+
+def _autograd_backward(
+    tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None
+) -> dict:
+    grads = grad_tensors if grad_variables is None else grad_variables
+    return {
+        "tensors": tensors,
+        "grad_tensors": grads,
+        "retain_graph": retain_graph,
+        "create_graph": create_graph,
+        "inputs": inputs,
+    }
+
+
+# Tensor.backward's and torch.autograd.backward's parameters as
+# _compat.engine_backward's (Note [Backward under the function mode]).
+_BACKWARD = {torch.Tensor.backward: _tensor_backward, torch.autograd.backward: _autograd_backward}
+_GRAD = torch.autograd.grad  # its parameters are _compat.engine_grad's
+
+# Dict keys and identities: a real tensor hashes as itself (optimizer state
+# is keyed by the real parameters).
+_BY_IDENTITY = {torch.Tensor.__hash__}
+_POST_ACCUMULATE = torch.Tensor.register_post_accumulate_grad_hook
+_SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: compared with ==
+# Tensor methods that read values outside aten (``idx.tolist()`` on a tensor
+# from the user's scope): MetaTensor's own, which answer from a known value.
+# Note [A real tensor's methods on its stand-in]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A real tensor's method or property reaching the mode (a module built
+# outside a bare MetaMode and used inside it) runs on its stand-in; torch's
+# own implementation of the ones MetaTensor overrides answers from the C++
+# tensor -- ``.device`` said ``meta`` (``next(model.parameters()).device``,
+# transformers' ``model.device``), ``.to("cuda")`` compared the C++ meta
+# device and copied, through autograd for a parameter, whose device guard for
+# CUDA fails on a CPU-only build -- or refuses a subclass (``tolist``).  So
+# MetaTensor's own answers them.
+_MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
+_STAND_IN_METHODS = {
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
+    **{
+        getattr(torch.Tensor, name).__get__: getattr(MetaTensor, name).fget
+        for name in ("device", "is_cuda", "is_cpu", "is_meta")
+    },
+}
+
+
+def _has_real(values) -> bool:
+    for v in values:
+        t = type(v)
+        if t is torch.Tensor or t is nn.Parameter:
+            return True
+        if (t is list or t is tuple) and v and _has_real(v):
+            return True
+    return False
+
+
+SWAP = SwapReal()
