@@ -81,7 +81,7 @@ def test_composites_without_a_mode_answer_as_inside_one(case):
     assert alone in ("DataDependentError", [("MetaTensor", *o[1:]) for o in _outcome(fn, args)])
 
 
-# -- scaled_dot_product_attention (Note [SDPA backend on a logical CPU]) -----
+# -- scaled_dot_product_attention on a logical CPU (Note [SDPA backend choice]) -----
 
 
 class _RealOps(TorchDispatchMode):

@@ -22,8 +22,8 @@ import torch._dynamo.eval_frame as eval_frame  # imported, so that mode entry se
 import metadispatch as md
 from metadispatch import _compat
 from metadispatch.core import rngstate
-from metadispatch.mode import ledger, unseen
 from metadispatch.mode import entry as mode_entry
+from metadispatch.mode import ledger, unseen
 from metadispatch.tensor.tensor import STATE
 
 _PACKAGE = os.path.dirname(md.__file__)

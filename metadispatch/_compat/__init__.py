@@ -92,6 +92,7 @@ from .functions import (
     top_function_mode,
     torch_function_enabled,
     variable_functions,
+    weight_norm_interface,
 )
 from .kernels import (
     any_autocast,
@@ -129,13 +130,16 @@ from .tensors import (
     legacy_tensor_type,
     make_subclass,
     meta_in_tls_dispatch_include,
+    module_named_members,
     set_meta_in_tls_dispatch_include,
     set_version,
+    storage_id,
     storage_key,
     suggest_memory_format,
 )
 
 __all__ = [
+    "module_named_members",
     "CountedClaim",
     "EAGER_COMPILED",
     "FakeTensor",
@@ -230,6 +234,7 @@ __all__ = [
     "set_rng_states",
     "set_version",
     "skip_dynamo_in_reference_kernels",
+    "storage_id",
     "storage_key",
     "suggest_memory_format",
     "tensor_experimental_module",
@@ -239,5 +244,6 @@ __all__ = [
     "trunc_normal_body",
     "unset_infra_mode",
     "variable_functions",
+    "weight_norm_interface",
     "work_from_future",
 ]

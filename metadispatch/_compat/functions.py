@@ -68,6 +68,10 @@ def call_with_function_mode(mode, fn, args, kwargs):
         remove_function_mode(mode)
 
 
+# The torch function behind weight_norm's C++ composite (gpu/autocast.py ports it).
+weight_norm_interface = torch._weight_norm_interface
+
+
 # torch.nn.functional's C bindings (``nll_loss_nd``, ``nll_loss``)
 nn_functions = torch._C._nn
 

@@ -68,6 +68,11 @@ def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
     return suggest(t)
 
 
+def storage_id(storage) -> int:
+    """An integer that is equal for the Python objects of one C++ storage."""
+    return storage._cdata
+
+
 def storage_key(t: torch.Tensor) -> int:
     """An integer that is equal for tensors sharing one storage."""
     return t.untyped_storage()._cdata
@@ -82,3 +87,8 @@ def is_fake(t: torch.Tensor) -> bool:
     """A FakeTensor: DTensor's sharding propagation runs ops on them, under
     FakeTensorMode, inside whatever mode watches a real run."""
     return isinstance(t, FakeTensor)
+
+
+# nn.Module's private walk behind named_parameters/named_buffers, which a
+# subclass that names its tensors its own way overrides (execution/inputs.py).
+module_named_members = torch.nn.Module._named_members

@@ -1,5 +1,16 @@
-"""What a trace tells you: FLOPs, memory, tables, exports.
+"""What a trace tells you: FLOPs, memory, time, communication, tables, exports.
 
 Pure functions of a :class:`~metadispatch.Trace`; nothing here traces or
-runs.  May import ``ir`` and below.
+runs (``live`` watches a real run).  ``flops`` (torch's formulas on the
+recorded shapes), ``memory`` (live bytes by category and module), ``roles``
+(what each storage of a step is for), ``allocator`` and ``allocconfig``
+(the CUDA caching allocator simulated, and its options), ``reserved``
+(reserved memory through it), ``workspace`` (kernel workspaces no tensor
+holds), ``fit`` (will the step fit on a GPU), ``cuda_counters``
+(``torch.cuda``'s memory counters for a logical GPU), ``runtime`` (the
+step's time on a named GPU) and ``calibrate`` (its efficiency table fitted
+to measurements), ``comms`` and ``collective_cost`` (a rank's collectives
+and their time), ``tables`` (printed tables), ``export`` (Perfetto JSON,
+memory plots), ``live`` (``md.LiveStorages``, the same accounting on a real
+run).  May import ``execution`` and below.
 """

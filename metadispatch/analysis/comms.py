@@ -29,6 +29,7 @@ from ..ir.records import Group, dtype_abbr, tensor_metas
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile
+from ..spec.schema import schema_of
 from .collective_cost import GPUS_PER_NODE, LATENCY, NETWORK, link, seconds
 
 __all__ = ["Collective", "Comms", "comms", "collective", "COLLECTIVE_NAMESPACES"]
@@ -205,7 +206,7 @@ def comms(
     for call in trace.calls[start:]:
         if call.op.split(".")[0] not in COLLECTIVE_NAMESPACES:
             continue
-        schema = call.func._schema
+        schema = schema_of(call.func)
         args, group = [], None
         values = list(call.args) + [call.kwargs.get(a.name) for a in schema.arguments[len(call.args) :]]
         for a, v in zip(schema.arguments, values):

@@ -83,7 +83,7 @@ class LiveStorages(_compat.TorchDispatchMode):
         if _compat.is_fake(t) or t.device.type == "meta":
             return
         st = t.untyped_storage()
-        key = st._cdata
+        key = _compat.storage_id(st)
         if key not in self._refs and key not in self._ignored:
             self._ignored.add(key)
             weakref.finalize(st, self._ignored.discard, key)
@@ -92,7 +92,7 @@ class LiveStorages(_compat.TorchDispatchMode):
         if _compat.is_fake(t):  # DTensor's sharding propagation: no memory
             return
         st = t.untyped_storage()
-        key = st._cdata
+        key = _compat.storage_id(st)
         if key in self._refs or key in self._ignored:
             return
         n = self._sizes[key] = allocated_bytes(st.nbytes(), t.device)
@@ -104,7 +104,7 @@ class LiveStorages(_compat.TorchDispatchMode):
         self.live -= self._sizes.pop(key, 0)
 
     def _resized(self, t: torch.Tensor) -> None:
-        key = t.untyped_storage()._cdata
+        key = _compat.storage_key(t)
         if key in self._refs:
             n = allocated_bytes(t.untyped_storage().nbytes(), t.device)
             self.live += n - self._sizes[key]

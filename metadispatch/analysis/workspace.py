@@ -51,6 +51,7 @@ import torch
 
 from ..ir.trace import OpCall
 from ..spec.profiles import GPUProfile
+from ..spec.schema import schema_of
 
 __all__ = [
     "CUBLAS_OPS",
@@ -137,7 +138,7 @@ def transient_workspace(call: OpCall, block: int) -> int:
     device = out[0].device.type
     # a call whose arguments are not as its schema has them (a hand-made trace) has no workspace
     if device == "cpu" and call.func in (aten.convolution.default, aten.convolution_backward.default):
-        if len(call.args) == len(call.func._schema.arguments):
+        if len(call.args) == len(schema_of(call.func).arguments):
             return max(0, _cpu_convolution(call, block))
     if device == "cuda" and call.func == aten._scaled_dot_product_flash_attention_backward.default:
         if len(call.args) > 1 and len(getattr(call.args[1], "shape", ())) == 4:

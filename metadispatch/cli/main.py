@@ -593,8 +593,9 @@ def console() -> int:
     [Reference kernels without dynamo in the command line].
     """
     _compat.skip_dynamo_in_reference_kernels()
-    # Note [A command line that owns its heap]: what torch built at import
-    # (about a million objects) lives until the process ends, so the cyclic
+    # Note [A command line that owns its heap]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # What torch built at import (about a million objects) lives until the process ends, so the cyclic
     # collector need not walk it again during the step, nor in the three
     # full collections of interpreter shutdown (~0.5 s of ``metadispatch
     # trace`` on 2 cores).  Frozen objects are freed by the exit itself;

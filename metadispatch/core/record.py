@@ -314,7 +314,7 @@ class Recorder:
             return
         bases: dict = {}  # storage number -> "kind name" of the first named tensor on it
         for t in named:
-            hit = self._live.get(t.untyped_storage()._cdata)
+            hit = self._live.get(_compat.storage_key(t))
             if hit is None or hit[0] not in unnamed or hit[0] in bases:
                 continue
             kind, name = t.__dict__["_md_name"]
@@ -345,7 +345,7 @@ class Recorder:
                 "(nn.Embedding and nn.EmbeddingBag with sparse=True make sparse gradients; trace them "
                 "with sparse=False, whose dense gradient a real run with sparse=True does not allocate)"
             ) from None
-        key = storage._cdata
+        key = _compat.storage_id(storage)
         hit = self._live.get(key)
         if hit is not None:
             return hit[0]

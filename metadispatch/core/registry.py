@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
-from ..spec.schema import op_name
+from ..spec.schema import op_name, schema_of
 
 __all__ = ["register_meta", "unregister_meta", "builtin_rule", "rule_for", "resolve_ops", "rule_skeleton", "version"]
 
@@ -134,7 +134,7 @@ def wants_fallback(fn) -> bool:
 
 def rule_skeleton(func) -> str:
     """A ``@register_meta`` rule to fill in, with the op's schema as its signature."""
-    schema = func._schema
+    schema = schema_of(func)
     params = []
     for a in schema.arguments:
         if a.kwarg_only and "*" not in params:

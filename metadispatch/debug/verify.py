@@ -24,7 +24,7 @@ from .. import _compat
 from .._compat import pytree
 from ..core.registry import resolve_ops, rule_for
 from ..ir.compare import explain
-from ..spec.schema import op_name
+from ..spec.schema import op_name, schema_of
 from ..tensor.tensor import Converter
 from ..values.realrun import alias_pattern
 
@@ -162,7 +162,7 @@ def _sample(func, transposed: bool):
 
     args: list = []
     kwargs: dict = {}
-    for a in func._schema.arguments:
+    for a in schema_of(func).arguments:
         t = str(a.type)
         if a.has_default_value():
             value = a.default_value

@@ -32,6 +32,7 @@ import torch
 from .. import _compat
 from ..ir.records import TensorMeta
 from ..ir.rng import is_generator
+from ..spec.schema import schema_of
 
 __all__ = ["binding"]
 
@@ -74,7 +75,7 @@ class _Stop(_compat.TorchDispatchMode):
 
 
 def _prove(func, args: tuple, kwargs: dict):
-    ns, _, name = func._schema.name.partition("::")
+    ns, _, name = schema_of(func).name.partition("::")
     if ns != "aten":
         return None
     candidates = [getattr(table, name, None) for table in _compat.python_bindings]

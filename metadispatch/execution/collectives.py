@@ -33,6 +33,7 @@ from .. import _compat
 from ..errors import ReplayError
 from ..ir.records import Group
 from ..ir.trace import Trace
+from ..spec.schema import schema_of
 from ..world.world import REDUCE_OP, WORK
 
 __all__ = ["check_world", "collective_callable", "is_collective", "c10d_returns", "live_group", "NAMESPACES"]
@@ -143,10 +144,10 @@ def collective_callable(func, groups: dict):
     run = _c10d(name)
     if run is None:
         raise ReplayError(f"replay: {func} is not replayed over a process group yet (docs/distributed.md)")
-    returns_tensors = len(func._schema.returns) == 2
+    returns_tensors = len(schema_of(func).returns) == 2
 
     def call(*args, **kwargs):
-        schema = func._schema.arguments
+        schema = schema_of(func).arguments
         args = list(args) + [kwargs.get(a.name, a.default_value) for a in schema[len(args) :]]
         group = next((a for a in args if isinstance(a, Group)), None)
         if group is None:
@@ -160,7 +161,7 @@ def collective_callable(func, groups: dict):
 
 def _functional(func, groups: dict):
     """A functional collective with the live group's name in place of the recorded one."""
-    index = next(i for i, a in enumerate(func._schema.arguments) if a.name == "group_name")
+    index = next(i for i, a in enumerate(schema_of(func).arguments) if a.name == "group_name")
     real = _compat.op_callable(func)
 
     def call(*args, **kwargs):
@@ -191,7 +192,7 @@ def c10d_returns(func, args: list) -> list | None:
     budget sizes it without running it (costs.py)."""
     if getattr(func, "namespace", None) != "c10d":
         return None
-    if len(func._schema.returns) != 2:
+    if len(schema_of(func).returns) != 2:
         return []
     first = args[0]
     return [

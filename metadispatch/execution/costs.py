@@ -27,6 +27,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from .. import _compat
 from ..errors import ReplayError
 from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
@@ -198,7 +199,7 @@ class _Walk:
     # -- storages
 
     def storage(self, t):
-        return t.storage if type(t) is TensorMeta else t.untyped_storage()._cdata
+        return t.storage if type(t) is TensorMeta else _compat.storage_key(t)
 
     def pin(self, tid: int, t) -> None:
         """A leaf: its storage is counted by replay's ``leaf_bytes`` and held to the end."""

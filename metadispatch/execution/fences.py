@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ReplayError
 from ..ir.records import TensorMeta, tensor_metas
-from ..spec.schema import facts
+from ..spec.schema import facts, schema_of
 from .costs import OUTPUT_BYTES
 from .sizes import bind, value_sized
 from .work import extent_bytes
@@ -108,7 +108,7 @@ def _inside(t: torch.Tensor) -> bool:
 
 def _as_recorded(call, result) -> None:
     """A call sized from its record returned tensors of the recorded shapes and dtypes."""
-    results = (result,) if len(call.func._schema.returns) == 1 else tuple(result or ())
+    results = (result,) if len(schema_of(call.func).returns) == 1 else tuple(result or ())
     for o, r in zip(call.outputs, results):
         pairs = zip(o, r) if type(o) is tuple and isinstance(r, (tuple, list)) else [(o, r)]
         for m, t in pairs:

@@ -101,7 +101,7 @@ def flat_inputs(args, kwargs) -> list:
     return [(arg_name(p), v) for p, v in pytree.tree_flatten_with_path((tuple(args), kwargs or {}))[0]]
 
 
-_WALK = (nn.Module.named_modules, nn.Module.named_parameters, nn.Module.named_buffers, nn.Module._named_members)
+_WALK = (nn.Module.named_modules, nn.Module.named_parameters, nn.Module.named_buffers, _compat.module_named_members)
 _PLAIN: dict = {}  # module class -> it names its tensors as nn.Module does
 
 

@@ -74,7 +74,7 @@ from ..ir.decode import is_marker
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
-from ..spec.schema import facts
+from ..spec.schema import facts, schema_of
 from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .devices import CPU, keeps_cpu
@@ -371,7 +371,7 @@ def _keyword(call, name) -> str:
         isinstance(name, str)
         and name.isidentifier()
         and not keyword.iskeyword(name)
-        and any(a.name == name for a in call.func._schema.arguments)
+        and any(a.name == name for a in schema_of(call.func).arguments)
     ):
         raise ReplayError(
             f"call #{call.index} {call.op}: {name!r} is not a parameter of its schema; replay does not pass it",

@@ -46,12 +46,9 @@ generators.  A file without them (written before they were kept) replays
 with the caller's.  Limit: a switch flipped inside the traced step
 (``torch.backends.mkldnn.flags``) is not recorded.
 
-Note [Significant strides]
-~~~~~~~~~~~~~~~~~~~~~~~~~~
-The stride of a dimension of size 1, or of any dimension of an empty tensor,
-never decides where an element lives, and meta kernels and real kernels
-legitimately disagree on it.  Like torch's own cross-reference tests, we
-compare only the strides that matter.
+Strides are compared where they decide where an element lives (Note
+[Significant strides] in ir/compare.py), as torch's own cross-reference
+tests compare them.
 """
 
 from __future__ import annotations
@@ -409,7 +406,7 @@ def compare(m: TensorMeta, t: torch.Tensor, device) -> tuple | None:
 
 
 def _same_significant_strides(shape, a, b) -> bool:
-    """Note [Significant strides]."""
+    """Note [Significant strides] in ir/compare.py."""
     if 0 in shape:
         return True
     return all(x == y for s, x, y in zip(shape, a, b) if s > 1)

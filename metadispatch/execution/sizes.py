@@ -29,13 +29,15 @@ import math
 
 import torch
 
+from ..spec.schema import schema_of
+
 __all__ = ["list_count", "read_bound", "value_sized", "bind"]
 
 
 def bind(func, args, kwargs) -> dict:
     """The call's arguments by schema name (positional ones first)."""
-    out = {a.name: a.default_value if a.has_default_value() else None for a in func._schema.arguments}
-    out.update(zip((a.name for a in func._schema.arguments), args))
+    out = {a.name: a.default_value if a.has_default_value() else None for a in schema_of(func).arguments}
+    out.update(zip((a.name for a in schema_of(func).arguments), args))
     out.update(kwargs)
     return out
 
@@ -106,11 +108,13 @@ _LIST_COUNTS = {
 
 
 def _returns_list(func) -> bool:
-    return any("List" in str(r.type) for r in func._schema.returns)
+    return any("List" in str(r.type) for r in schema_of(func).returns)
 
 
 def _list_argument(func) -> bool:
-    return any("List[Tensor]" in str(a.type) or "List[Optional[Tensor]]" in str(a.type) for a in func._schema.arguments)
+    return any(
+        "List[Tensor]" in str(a.type) or "List[Optional[Tensor]]" in str(a.type) for a in schema_of(func).arguments
+    )
 
 
 def list_count(func, args, kwargs) -> int | None:

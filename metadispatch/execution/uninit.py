@@ -40,7 +40,7 @@ from weakref import WeakKeyDictionary
 from .._compat import pytree
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.trace import Trace
-from ..spec.schema import arg_value, facts
+from ..spec.schema import arg_value, facts, schema_of
 from .streams import MadeUp
 
 __all__ = ["uninitialised_reads"]
@@ -140,9 +140,9 @@ class _Walk:
     def _call(self, call) -> None:
         packet = call.func.name().partition(".")[0]
         f = facts(call.func)
-        named = {a.name: (i, a.name) for i, a in enumerate(call.func._schema.arguments)}
+        named = {a.name: (i, a.name) for i, a in enumerate(schema_of(call.func).arguments)}
         unread: dict = {}  # id -> (argument written without being read, all of it?)
-        for arg in [named[a.name] for a in call.func._schema.arguments if a.is_out]:
+        for arg in [named[a.name] for a in schema_of(call.func).arguments if a.is_out]:
             unread.update((id(m), (m, True)) for m in tensor_metas(arg_value(call, arg)))
         name = _OVERWRITES.get(packet)
         if name in named:

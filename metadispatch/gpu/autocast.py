@@ -341,7 +341,7 @@ def _weight_norm(v, g, dim=0):
     v, g = v.contiguous(), g.contiguous()
     if torch.float16 in (v.dtype, g.dtype) or dim not in (0, v.dim() - 1):
         _refuse("_weight_norm")
-    return torch._weight_norm_interface(v, g, dim)[0]
+    return _compat.weight_norm_interface(v, g, dim)[0]
 
 
 def _square(self):

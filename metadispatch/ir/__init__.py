@@ -1,6 +1,11 @@
 """The trace as data: records, the :class:`Trace`, its file form, repro snippets.
 
-The lowest stage: everything else reads or writes these records.  Modules
-here may import only ``metadispatch._compat``, ``metadispatch.errors`` and
-each other; they know nothing of MetaTensors, modes or replay.
+``records`` (tensor records and leaves), ``calls`` (one call, ``OpCall``),
+``rng`` (random streams as data), ``text`` (plain text and tables),
+``trace`` (the trace and its printed form), ``compare`` (recorded metadata
+against a real tensor: the one ``Mismatch``), ``serialize`` (versioned
+JSON files), ``reader`` and ``decode`` (a file's values, checked and
+decoded without running anything), ``repro`` (one call as a snippet).
+Everything above reads or writes these records; modules here know
+nothing of MetaTensors, modes or replay.  May import ``spec`` and below.
 """

@@ -35,6 +35,7 @@ import torch
 
 from .. import _compat
 from ..spec.ownops import OWN_OPS, ensure_defined
+from ..spec.schema import schema_of
 from .records import Group
 from .rng import GeneratorRef
 
@@ -221,12 +222,12 @@ MARKERS = frozenset({"profiler::_record_function_enter_new", "profiler::_record_
 
 def is_marker(func) -> bool:
     """Whether op ``func`` is one of record_function's markers (any overload)."""
-    return func._schema.name in MARKERS
+    return schema_of(func).name in MARKERS
 
 
 def refusal(func) -> str | None:
     """Why replay must not run ``func`` (Note [Ops a file may name]), or None."""
-    schema = func._schema
+    schema = schema_of(func)
     name = func.name()
     if is_marker(func):
         return None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import TraceFormatError
+from ..spec.schema import schema_of
 from .calls import OpCall
 from .decode import RETURN_TYPES, TAGS, decode_device, is_marker, refusal, resolve_op
 from .records import Group, Leaf, TensorMeta, tensor_metas
@@ -375,7 +376,7 @@ class Reader:
                 f"replay will not run {name}: {why}; a trace you trust can "
                 f"allow it with load(..., allow_ops=[{name!r}])",
             )
-        schema = func._schema
+        schema = schema_of(func)
         params = tuple(a.name for a in schema.arguments)
         return func, name, params, sum(not a.kwarg_only for a in schema.arguments), len(schema.returns)
 

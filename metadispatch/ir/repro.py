@@ -22,6 +22,7 @@ import math
 import torch
 
 from ..errors import MetaDispatchError
+from ..spec.schema import schema_of
 from .records import Group, TensorMeta, tensor_metas
 from .rng import is_generator
 from .text import printable
@@ -79,7 +80,7 @@ def repro(call, device="cpu") -> str:
             seen.add(m.id)
             lines.append(f"t{m.id} = make({m.shape!r}, {m.dtype}, {m.stride!r}, {m.storage_offset})")
     sources = [_src(a) for a in call.args]
-    params = {a.name for a in call.func._schema.arguments}
+    params = {a.name for a in schema_of(call.func).arguments}
     for k in call.kwargs:
         if k not in params or not k.isidentifier():
             raise MetaDispatchError(f"repro: call #{call.index} {call.op} has no parameter {k!r}")

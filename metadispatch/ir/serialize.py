@@ -12,6 +12,7 @@ orjson's.  orjson holds integers to 64 bits, so larger ones are written as
 parsed with the standard library.
 
 Note [Tables, not trees]
+~~~~~~~~~~~~~~~~~~~~~~~~
 A tensor is recorded once as an output and again at every use, and a model
 runs the same few ops with the same few module names thousands of times.
 Version 1 wrote each of those in full, and saving, parsing and checking the

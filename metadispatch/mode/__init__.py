@@ -1,7 +1,10 @@
 """MetaMode and what entering it changes.
 
-``mode`` (MetaMode: the dispatch mode, its entry and exit as an undo
-ledger, the per-thread torch-function swap of real tensors), ``standins``
+``mode`` (MetaMode, the dispatch mode), ``entry`` (one entry's undo steps
+and which mode holds the thread's dispatch slot), ``swap`` (the per-thread
+torch-function swap of real tensors), ``ledger`` (every process-wide patch,
+claimed per thread) and ``patches`` (the groups of patches and which mode
+claims which), ``standins``
 (the user's module state stood in for and put back), ``reach`` (what a
 user's function can reach), ``unseen`` (torch's Python functions no mode
 sees, guarded), ``modules`` (which module is running), ``fakecompat``

@@ -123,7 +123,18 @@ def _target(f) -> str:
 
 
 def _uninitialised(cls, *args, **kwargs):
-    """Note [Lazy modules built inside a MetaMode]."""
+    """Note [Lazy modules built inside a MetaMode]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A lazy module (``nn.LazyLinear``) made inside a MetaMode makes its
+    ``UninitializedParameter`` from a MetaTensor, which that class cannot
+    wrap: torch failed deep inside ``Parameter.__new__``, and a module that
+    got through would materialise on its first forward into tensors the trace
+    cannot name.  While a mode is entered in this thread the constructors of
+    ``UninitializedParameter`` and ``UninitializedBuffer`` raise
+    ``UnsupportedFeatureError`` naming the module and the user's line instead.
+    A lazy module built before the mode traces as its first eager forward
+    runs (Note [Lazy modules under a trace] in standins.py).
+    """
     if not WIRING.active() or not _compat.torch_function_enabled():
         # another thread's, or metadispatch's own stand-in for a lazy module built
         # before the mode (Note [Lazy modules under a trace] in standins.py)

@@ -2,7 +2,15 @@
 
 Importing this package registers them.  Each rule is a plain function
 registered with ``@builtin_rule``; each has a differential test against the
-real CPU kernel in ``tests/test_rules.py``.
+real kernel (``tests/test_rules.py`` and the family's own test).  Families:
+``activations``, ``attention`` (SDPA on a logical GPU, with ``sdp_choice``
+its backend choice, ``attention_math`` its math body with dropout,
+``attention_rng`` its seed and offset), ``batch_norm_cuda``,
+``collectives``, ``convolution``, ``cudnn_branch`` and ``cudnn_rnn`` (RNNs
+on a logical GPU), ``data_dependent``, ``device_hinted`` (torch's meta
+functions asked for the logical device), ``embedding``, ``grouped_mm``,
+``histogram``, ``linalg``, ``normalization``, ``pooling``, ``random_fill``,
+``scaled_mm``.
 """
 
 from . import (  # noqa: F401

@@ -4,7 +4,7 @@ Note [Efficient attention's seed and offset]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 ``_scaled_dot_product_efficient_attention`` and ``_efficient_attention_forward``
 return the Philox seed and offset their dropout used as two int64 scalars.
-torch's meta kernel makes them on ``meta`` (its Note [Seed and Offset]: the
+torch's meta kernel makes them on ``meta`` (its comment "Seed and Offset": the
 device depends on whether a CUDA graph is being captured), which a logical
 GPU reads as its own device.  CUDA's kernel (``_efficient_attention_forward``
 in attention.cu) makes them on the CPU unless a graph is being captured, with

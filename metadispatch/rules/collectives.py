@@ -21,6 +21,7 @@ import torch
 from .. import _compat
 from ..core.registry import builtin_rule
 from ..errors import UnsupportedFeatureError
+from ..spec.schema import schema_of
 
 __all__ = ["wait_tensor"]
 
@@ -45,7 +46,7 @@ def _tensors(x) -> list:
 
 def _register(name: str) -> None:
     packet = getattr(torch.ops.c10d, name)
-    returns = len(packet.default._schema.returns)
+    returns = len(schema_of(packet.default).returns)
 
     def rule(*args, **kwargs):
         work = _done(_tensors(args[0]))

@@ -79,7 +79,7 @@ def batch_norm_no_stats(x, weight, bias, training, *args, fallback):
 @builtin_rule(aten.native_group_norm.default)
 def group_norm(x, weight, bias, n, c, hxw, group, eps, *, fallback):
     """Note [Group norm keeps channels-last]
-
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     The CPU kernel allocates its output in ``X.suggest_memory_format()``
     (``native_group_norm`` in ATen's group_norm.cpp; other devices:
     contiguous).  torch 2.13's meta function did the same; torch 2.14's
@@ -99,7 +99,7 @@ def group_norm(x, weight, bias, n, c, hxw, group, eps, *, fallback):
 
 def _grad_input_like_input(out, x):
     """Note [Norm gradients follow the input]
-
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     The CPU backward kernels of batch norm (``batch_norm_backward_cpu``) and
     group norm (``native_group_norm_backward``) allocate the input gradient
     with ``empty_like(X, X.suggest_memory_format())``: channels-last when
@@ -119,7 +119,7 @@ def _grad_input_like_input(out, x):
 @builtin_rule(aten.native_batch_norm_backward.default)
 def batch_norm_backward(grad, x, *args, fallback):
     """Note [Batch-norm gradients the mask leaves out]
-
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     torch's meta function (``meta_batch_norm_backward`` through its
     decomposition) returns all three gradients whatever ``output_mask``
     says.  The CPU kernel (``batch_norm_backward_cpu_template``) allocates

@@ -29,7 +29,7 @@ import torch
 
 from .. import _compat
 
-__all__ = ["OpFacts", "facts", "op_name", "arg_value"]
+__all__ = ["OpFacts", "facts", "op_name", "arg_value", "schema_of"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,11 @@ class OpFacts:
     writes: tuple = ()  # arguments the op writes in place
     aliases: tuple = ()  # per return, the arguments it may share memory with
     joins: tuple = ()  # (argument, argument whose memory it shares afterwards, its own let go)
+
+
+def schema_of(func):
+    """``func``'s FunctionSchema (an OpOverload's ``_schema``): spec/ reads schemas, nothing above it does."""
+    return func._schema
 
 
 _CACHE: dict = {}

@@ -17,6 +17,9 @@ AssertionError: the two functions run different ops:
 -$1: f32[3] = aten.mul.Tensor($0, 2)
 +$1: f32[3] = aten.add.Tensor($0, $0)
 
+``collectives`` logs the collectives of a real distributed run, as
+``md.comms`` lists a trace's.
+
 Golden traces use expecttest: ``expected`` must be a string literal at the
 call site, which ``EXPECTTEST_ACCEPT=1 pytest`` rewrites in place::
 

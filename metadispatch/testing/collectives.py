@@ -14,6 +14,7 @@ from .. import _compat
 from .._compat import pytree
 from ..analysis.comms import COLLECTIVE_NAMESPACES, collective
 from ..ir.records import Group
+from ..spec.schema import schema_of
 from ..tensor.tensor import is_wrapper_subclass
 from ..world import world
 
@@ -41,7 +42,7 @@ class CollectiveLog(_compat.TorchDispatchMode):
         return out
 
     def _log(self, func, args, kwargs, out) -> None:
-        schema = func._schema
+        schema = schema_of(func)
         values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
         inputs: list = []
         group = None

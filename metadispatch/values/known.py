@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+from ..spec.schema import schema_of
 from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
 
@@ -211,7 +212,7 @@ def _invalidate(func, args, kwargs) -> None:
     if where is None:
         where = _MUTATED[func] = tuple(
             a.name if a.kwarg_only else i
-            for i, a in enumerate(func._schema.arguments)
+            for i, a in enumerate(schema_of(func).arguments)
             if a.alias_info is not None and a.alias_info.is_write
         )
     for w in where:
