@@ -189,3 +189,66 @@ def test_program_dispatches_exactly_the_recorded_overloads():
         prog.run(env, {}, False, None, None, None, None, None, None)
     assert log.funcs == [c.func for c in t.calls]
     torch.testing.assert_close(env[t.output_meta.id], _overloads(x, w), rtol=0, atol=0)
+
+
+def _run_both(trace, args, module):
+    """The generated program and the reference loop on one trace, from the same leaves."""
+    from metadispatch.execution.inputs import check_inputs
+    from metadispatch.execution.leaves import bind_leaves
+    from metadispatch.execution.replay import execute
+
+    cpu = torch.device("cpu")
+    runs = []
+    for interpreted in (False, True):
+        given = check_inputs(trace, args, None, module)
+        env, mismatches, _ = execute(
+            trace,
+            lambda: bind_leaves(trace, args, None, module, cpu, 0, [], given),
+            cpu,
+            True,
+            keep_all=True,
+            interpreted=interpreted,
+        )
+        runs.append((env, mismatches))
+    return runs
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_batchnorm", "llama", "gpt2", "bert"])
+def test_program_computes_what_the_reference_loop_computes(name):
+    """Note [The reference loop]: the generated program and the plain loop
+    give every id the same tensor, bit for bit, with the same metadata, and
+    report the same mismatches (dropout included: the same random streams)."""
+    pytest.importorskip("transformers")
+    from tests.replay_cases import build
+
+    model, fn, inputs, _ = build(name)
+    trace = md.trace(lambda *a: fn(model, *a), *inputs)
+    (env, mismatches), (ref_env, ref_mismatches) = _run_both(trace, inputs, model)
+    assert env.keys() == ref_env.keys() and len(env) > len(trace.calls) // 2
+    for tid, t in env.items():
+        r = ref_env[tid]
+        assert (t.shape, t.stride(), t.dtype) == (r.shape, r.stride(), r.dtype), tid
+        assert _bits(t) == _bits(r), f"${tid} differs"
+    assert [str(m) for m in mismatches] == [str(m) for m in ref_mismatches]
+
+
+def test_program_and_reference_loop_report_the_same_wrong_rule():
+    """A rule with wrong metadata is a mismatch in both, at the same call."""
+
+    def wrong(x):
+        return torch.empty(x.shape[0] + 1)
+
+    torch.library.define("mdtest_ref::wrong", "(Tensor x) -> Tensor")
+    torch.library.impl("mdtest_ref::wrong", "cpu")(lambda x: x.clone())
+    md.register_meta("mdtest_ref::wrong")(wrong)
+    try:
+        trace = md.trace(lambda x: torch.ops.mdtest_ref.wrong(x) * 2, torch.ones(3))
+        (_, mismatches), (_, ref_mismatches) = _run_both(trace, (torch.ones(3),), None)
+    finally:
+        md.unregister_meta("mdtest_ref::wrong")
+    assert mismatches and [str(m) for m in mismatches] == [str(m) for m in ref_mismatches]

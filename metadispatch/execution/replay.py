@@ -71,6 +71,7 @@ from .fences import fences, no_fence
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
+from .reference import reference_run
 from .result import Mismatch, Replay, Tolerance
 from .streams import MadeUp, Streams
 from .timing import Clock
@@ -193,6 +194,7 @@ def execute(
     budget: Budget | None = None,
     leaf_bytes: int = 0,
     clock: Clock | None = None,
+    interpreted: bool = False,
 ):
     """Run every call; return (id -> real tensor, mismatches, :class:`Streams`).
 
@@ -202,7 +204,9 @@ def execute(
     the caller's generator state is restored afterwards.  No call may write
     the tensors in ``protect``; with a ``budget``, the trace's costs (plus
     ``leaf_bytes`` for binding) are checked before anything, binding
-    included, runs.  A ``clock`` times each call.
+    included, runs.  A ``clock`` times each call.  ``interpreted`` runs the
+    reference loop instead of the generated program (Note [The reference loop]
+    in reference.py).
     """
     if _compat.dispatch_mode_stack():
         raise RuntimeError(
@@ -214,6 +218,10 @@ def execute(
         check_budget(trace, budget, leaf_bytes, keep_all)
     unchecked = costs(trace, keep_all).unchecked if trace.untrusted else None
     prog = program(trace, device, keep_all, unchecked)
+    if interpreted:
+        prog = prog._replace(
+            run=reference_run(prog.calls, device, keeps_cpu(trace, device), trace.groups, trace.rng_events)
+        )
     guard = write_guard(protect, prog.calls)
     fit, pre = fences(prog.calls, unchecked) if unchecked is not None else (no_fence, no_fence)
     cuda = [device.index or 0] if device.type == "cuda" else []
