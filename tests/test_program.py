@@ -203,7 +203,7 @@ def _run_both(trace, args, module):
         given = check_inputs(trace, args, None, module)
         env, mismatches, _ = execute(
             trace,
-            lambda: bind_leaves(trace, args, None, module, cpu, 0, [], given),
+            lambda given=given: bind_leaves(trace, args, None, module, cpu, 0, [], given),
             cpu,
             True,
             keep_all=True,
