@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import re
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -57,7 +58,18 @@ from .decode import refusal
 from .ownops import OWN_OPS
 from .position_data import DATA_FAMILIES
 
-__all__ = ["Position", "position", "DATA", "KERNEL", "CHECKED", "REFUSED", "CALLER", "CHECKED_OPS", "index_inputs"]
+__all__ = [
+    "Position",
+    "position",
+    "DATA",
+    "KERNEL",
+    "CHECKED",
+    "REFUSED",
+    "CALLER",
+    "CHECKED_OPS",
+    "KERNEL_OPS",
+    "index_inputs",
+]
 
 DATA, KERNEL, CHECKED, REFUSED, CALLER = "data", "kernel", "checked", "refused", "caller"
 
@@ -102,7 +114,7 @@ _KERNEL = {
     "aten::_unsafe_index": ("indices", "is index on the CPU, with its checks"),
     "aten::_unsafe_index_put": ("indices", "is index_put on the CPU, with its checks"),
     "aten::take": ("index", "raises 'out of range'"),
-    "aten::take_along_dim": ("indices", "is gather, with its checks"),
+    "aten::take_along_dim": ("indices", "wraps indices into range (modulo the size) on the CPU"),
     "aten::put": ("index", "raises 'out of range'"),
     "aten::put_": ("index", "raises 'out of range'"),
     "aten::embedding": ("indices", "raises 'index out of range in self'"),
@@ -357,6 +369,7 @@ _TABLE = {
     **_entries(REFUSED, _REFUSED),
 }
 CHECKED_OPS = frozenset(_CHECKED) | frozenset(_SHAPES)  # names with a check in execution/index_checks.py
+KERNEL_OPS = MappingProxyType(_entries(KERNEL, _KERNEL))  # name -> Position: the ops the kernel proofs cover
 
 
 def index_inputs(func) -> tuple:
