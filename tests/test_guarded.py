@@ -62,3 +62,9 @@ def test_guarded_a_legitimate_model_step_runs():
     )
     env = guarded.environment(guarded.require())
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout == "ok\n"
+
+
+def test_guarded_without_a_compiler_the_tests_skip_saying_why(monkeypatch):
+    monkeypatch.setattr(guarded.shutil, "which", lambda name: None)
+    path, why = guarded.preload()
+    assert path is None and "no C compiler" in why and "apt-get install gcc" in why
