@@ -485,10 +485,10 @@ def _masked_indices(a: dict) -> None:
     indices = list(a.get("indices") or ())
     if len(indices) > base.dim():
         raise Refusal("indices", f"indexes {len(indices)} dimensions of a {base.dim()}-dimensional tensor")
-    for k, idx in enumerate(indices):
+    for k, given in enumerate(indices):
+        idx = int_arg({"indices": given}, "indices")
         if idx is None:
             continue
-        idx = int_arg({"indices": idx}, "indices")
         size = base.shape[k]
         try:
             bad = (idx < -size) | (idx >= size)

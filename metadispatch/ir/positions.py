@@ -404,7 +404,5 @@ def position(func) -> Position | None:
         return Position(DATA, (), "it reads no tensor: a factory, sized by the budget")
     if base.startswith("_foreach_"):
         return Position(DATA, (), "elementwise over lists of tensors")
-    why = DATA_FAMILIES.get(f"{ns}::{base}") or DATA_FAMILIES.get(f"{ns}::{base.rstrip('_')}")
-    if why is not None:
-        return Position(DATA, (), why)
-    return None
+    family = DATA_FAMILIES.get(f"{ns}::{base}") or DATA_FAMILIES.get(f"{ns}::{base.rstrip('_')}")
+    return None if family is None else Position(DATA, (), family)
