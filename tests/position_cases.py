@@ -1,4 +1,4 @@
-"""A legitimate call of every op replay checks before running (execution/index_checks.py, shape_checks.py),
+"""A legitimate call of every op replay checks before running (execution/value_checks.py, shape_checks.py),
 and the values or shapes a hostile file would hand it instead.
 
 Each :class:`Case` builds real CPU arguments the way a traced model makes them

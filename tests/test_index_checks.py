@@ -1,4 +1,4 @@
-"""The value and shape checks replay runs before a loaded trace's calls (execution/index_checks.py, shape_checks.py).
+"""The value and shape checks replay runs before a loaded trace's calls (execution/value_checks.py, shape_checks.py).
 
 Each case of tests/position_cases.py is written into a trace file as an
 attacker would (tests/position_traces.py) and replayed: the legitimate

@@ -41,7 +41,7 @@ from ..core.schema import facts
 from ..errors import ReplayError
 from ..ir.positions import CHECKED, position
 from ..ir.records import TensorMeta, tensor_metas
-from . import shape_checks  # noqa: F401 -- its checks register themselves (index_checks.CHECKS)
+from . import shape_checks, value_checks  # noqa: F401 -- their checks register themselves (index_checks.CHECKS)
 from .costs import OUTPUT_BYTES
 from .index_checks import Refusal, index_check, unclassified
 from .sizes import bind, value_sized

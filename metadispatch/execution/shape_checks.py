@@ -11,7 +11,7 @@ A file can pair any shapes, and the meta kernels the budget runs first
 (budget.py) accept them too -- on meta nothing is read.  Each check here
 states the shape relation the kernel assumes and refuses a call that breaks
 it, through the same registry and fence as the value checks
-(index_checks.py, Note [Checking values before the call]); its ops are
+(value_checks.py; Note [Checking values before the call] in index_checks.py); its ops are
 classed ``checked`` in ir/positions.py.  They were found with
 ``tools/position_probe.py``, which runs op_db's calls with each tensor
 argument shrunk, under the guard-page allocator of the hostile tests: an op

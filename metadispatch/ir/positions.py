@@ -25,7 +25,7 @@ deny:
   ``tests/test_positions_kernels.py`` proves it for each, on this torch,
   with extreme values under a guard-page allocator;
 - ``checked``: replay checks the named arguments just before the call
-  (``execution/index_checks.py``: indices inside the plane they index,
+  (``execution/value_checks.py``: indices inside the plane they index,
   offsets non-decreasing, lengths summing to the data, samples in [0, 1),
   dimensions in range, derived from the op's other arguments) and refuses the
   call with a ``ReplayError`` naming the argument and the value;
@@ -154,7 +154,7 @@ _KERNEL = {
     "aten::rnn_relu": ("batch_sizes", "slices each step with narrow's checks"),
 }
 
-# Ops replay checks just before the call (execution/index_checks.py registers one per entry).
+# Ops replay checks just before the call (execution/value_checks.py registers one per entry).
 _CHECKED = {
     "aten::max_pool2d_with_indices_backward": ("indices", "writes grad_input[indices] unchecked"),
     "aten::max_pool3d_with_indices_backward": ("indices", "writes grad_input[indices] unchecked"),
@@ -368,7 +368,7 @@ _TABLE = {
     **_entries(CHECKED, _SHAPES),
     **_entries(REFUSED, _REFUSED),
 }
-CHECKED_OPS = frozenset(_CHECKED) | frozenset(_SHAPES)  # names with a check in execution/index_checks.py
+CHECKED_OPS = frozenset(_CHECKED) | frozenset(_SHAPES)  # names with a check (execution/index_checks.CHECKS)
 KERNEL_OPS = MappingProxyType(_entries(KERNEL, _KERNEL))  # name -> Position: the ops the kernel proofs cover
 
 
