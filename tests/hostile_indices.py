@@ -5,7 +5,8 @@ tests/position_cases.py -- each op whose kernel follows its inputs' values or
 shapes unchecked (ir/positions.py) -- the legitimate call, which must replay
 (``safe``), and each bad variant, which must end in a ``ReplayError`` before
 the kernel runs (``replay``); the issue's findings with their indices made
-by ``aten.full`` in the file; a call of each family replay refuses outright
+by ``aten.full`` in the file; ``grid_sampler``'s grid at the extremes of
+floats, which its kernel bounds (``safe``); a call of each family replay refuses outright
 (sparse, quantized, packed weights, oneDNN, engine state, GPU sequence
 offsets); and calls missing an argument their schema requires (``load``).
 test_hostile.py runs them with the rest of the corpus, and again under the
@@ -68,6 +69,10 @@ _MISSING = [
 ]
 
 
+# Floats a kernel turns into positions and bounds itself: grid_sampler's grid, at the extremes (must run)
+_GRIDS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "huge": 1e30, "-huge": -1e30}
+
+
 def _name(case) -> str:
     return case.op._schema.name.split("::")[1]
 
@@ -83,6 +88,13 @@ def write(put, base) -> None:
         put("replay", f"full-{_name(case)}", case_doc(base, case, arguments(case, bad), fill="indices").d)
         bad = ("indices", lambda a: torch.full_like(a["indices"], 1000))
         put("replay", f"full-near-{_name(case)}", case_doc(base, case, arguments(case, bad), fill="indices").d)
+    grid = next(c for c in CASES if _name(c) == "grid_sampler_2d")
+    for what, v in _GRIDS.items():
+        put(
+            "safe",
+            f"checked-grid-{what}",
+            case_doc(base, grid, arguments(grid, ("grid", lambda a, v=v: a["grid"].fill_(v)))).d,
+        )
     for what, (op, args) in _REFUSED.items():
         d = Doc(base)
         d.call(op, args(lambda t, d=d: ref(const(d, t))), {}, [ref(d.tensor(d.next_id(), [1]))])
