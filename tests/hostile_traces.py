@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from tests import hostile_memory
+from tests import hostile_indices, hostile_memory
 from tests.hostile_doc import Doc, base_doc, ref
 
 CLASSES = ("load", "replay", "budget", "safe")
@@ -68,6 +68,7 @@ def write_corpus(directory: str, outside: str) -> list:
     _streams(put, base)
     _limits(put, base)
     hostile_memory.write(put, base)
+    hostile_indices.write(put, base)
     _combined(put, base, payloads, marker)
     # A FIFO and a link to a device must be refused without blocking.
     fifo = os.path.join(directory, f"load-{len(files):03d}-fifo.json")

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests import hostile_check
+from tests import guarded, hostile_check
 from tests import hostile_traces as hostile
 
 _LIMIT = 4 << 30  # RLIMIT_AS of the child: torch itself maps about 0.7 GiB
@@ -53,6 +53,25 @@ def corpus(tmp_path_factory):
         before=before,
         after=_listing(root),
     )
+
+
+# Files aimed at kernels that follow values (hostile_indices.py) and at replay's memory (hostile_memory.py)
+_MEMORY = ("-checked-", "-full-", "-refused-", "-missing-argument-", "sparse-", "reshape-alias-")
+
+
+def _memory(names: list) -> list:
+    return [n for n in names if any(k in n for k in _MEMORY)]
+
+
+@pytest.fixture(scope="module")
+def guarded_runs(corpus):
+    """The whole corpus again under the guard-page allocator (tests/guarded.py): past the end of every
+    tensor's memory; and the memory files with the guard before it."""
+    library = guarded.require()
+    home, directory = corpus["home"], corpus["directory"]
+    above, _ = _run(directory, corpus["names"], home, guarded.environment(library, corpus["env"]))
+    below, _ = _run(directory, _memory(corpus["names"]), home, guarded.environment(library, corpus["env"], below=True))
+    return {"above": above, "below": below}
 
 
 def _run(directory, names: list, home, env) -> tuple:
@@ -121,6 +140,13 @@ def test_hostile_corpus_has_every_class_and_a_hundred_files(corpus):
 
 
 @pytest.mark.slow  # the corpus fixture runs every file in a subprocess
+def test_hostile_corpus_has_150_files_aimed_at_kernels_that_follow_values(corpus):
+    names = corpus["names"]
+    assert len([n for n in names if any(k in n for k in _MEMORY[:4])]) >= 150
+    assert {n.split("-")[0] for n in _memory(names)} >= {"load", "replay", "safe"}
+
+
+@pytest.mark.slow  # the corpus fixture runs every file in a subprocess
 def test_hostile_check_ran_every_file(corpus):
     assert sorted(corpus["results"]) == sorted(corpus["names"])
 
@@ -137,6 +163,18 @@ _EXPECTED = {
 def test_hostile_files_end_as_their_class_says(corpus):
     wrong = [r for name, r in corpus["results"].items() if not _EXPECTED[name.split("-")[0]](r)]
     assert wrong == []
+
+
+@pytest.mark.slow  # the corpus under the guard allocator, twice
+@pytest.mark.parametrize("guard", ["above", "below"])
+def test_hostile_files_end_as_their_class_says_under_the_guard_allocator(corpus, guarded_runs, guard):
+    """0 crashes, 0 untyped errors, 0 ``replay ok`` on an out-of-range index: an out-of-bounds read
+    or write the plain run would miss kills the child here (the file then ends 'untyped')."""
+    results = guarded_runs[guard]
+    want = corpus["names"] if guard == "above" else _memory(corpus["names"])
+    assert sorted(results) == sorted(want)
+    wrong = {n: r for n, r in results.items() if not _EXPECTED[n.split("-")[0]](r) or r["changed"]}
+    assert wrong == {}
 
 
 @pytest.mark.slow  # the corpus fixture runs every file in a subprocess

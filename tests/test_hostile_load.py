@@ -145,3 +145,28 @@ def test_hostile_load_a_record_function_marker_holding_a_tensor_is_refused(tmp_p
     doc.d["calls"]["outputs"][row] = [ref(doc.tensor(99, [3]))]
     with pytest.raises(md.TraceFormatError, match="record_function marker and holds no tensors"):
         md.Trace.load(_write(tmp_path, doc, "marker.json"))
+
+
+# A call without an argument its schema requires loaded, then replay called the op without it
+# and raised a raw AttributeError (issue 27).
+_MISSING = {
+    "index": ("aten.index_select.default", lambda x: [ref(x), 1], {}),
+    "indices": (
+        "aten.max_pool2d_with_indices_backward.default",
+        lambda x: [ref(x), ref(x), [1, 1], [1, 1], [0, 0], [1, 1], False],
+        {},
+    ),
+    "out": ("aten.add.out", lambda x: [ref(x), ref(x)], {}),  # keyword-only
+    "other": ("aten.mul.Tensor", lambda x: [], {"self": None}),
+}
+
+
+@pytest.mark.parametrize("arg", list(_MISSING))
+def test_hostile_load_refuses_a_call_missing_a_required_argument(tmp_path, base, arg):
+    op, args, kwargs = _MISSING[arg]
+    d = Doc(base)
+    x = d.leaf_index("args[1]")
+    kwargs = {k: ref(x) for k in kwargs}
+    d.call(op, args(x), kwargs, [ref(d.tensor(d.next_id(), [2, 4]))])
+    with pytest.raises(md.TraceFormatError, match=rf"calls.args\[\d+\]: {op} is missing its required argument '{arg}'"):
+        md.Trace.load(_write(tmp_path, d))

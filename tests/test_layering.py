@@ -223,6 +223,14 @@ _STATE = {
     ("metadispatch.execution.costs", "_COSTS"): "a trace's costs, weakly keyed by the trace",
     ("metadispatch.execution.costs", "_FIXED"): "a trace's fixed costs, weakly keyed by the trace",
     ("metadispatch.execution.devices", "_KEEPS"): "a trace's CPU tensors, weakly keyed by the trace",
+    (
+        "metadispatch.execution.index_checks",
+        "CHECKS",
+    ): "the pre-call checks of a loaded trace, by op, filled by registration",
+    (
+        "metadispatch.execution.shape_checks",
+        "_WORKSPACES",
+    ): "oneDNN LSTM workspace sizes, measured once per input shape",
     ("metadispatch.execution.inputs", "_PLAIN"): "module classes that name their tensors as nn.Module does",
     ("metadispatch.execution.program", "_PROGRAMS"): "a trace's compiled program, weakly keyed by the trace",
     ("metadispatch.execution.uninit", "_FOUND"): "a trace's uninitialised reads, weakly keyed by the trace",

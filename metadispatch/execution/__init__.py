@@ -14,5 +14,7 @@ runs: ``budget`` (its limits), ``costs`` (the walk that sizes each call),
 ``work`` and ``sizes`` (one call's work, scratch and list or
 data-dependent sizes), ``writes`` (which leaves it writes, and the guard),
 ``uninit`` (memory read before any call wrote it); ``fences`` check a
-file's calls while they run.  May import ``tracing`` and below.
+file's calls while they run, with ``index_checks`` (the registry of
+checks on the index-like values and the shapes a kernel follows, held by
+``value_checks`` and ``shape_checks``) before each call that needs one.  May import ``tracing`` and below.
 """

@@ -22,9 +22,12 @@ the result:
   for the calls after it hold.  Other calls need no fence: the budget ran
   them on meta, which showed their outputs' layout, and their kernels
   allocate their fresh outputs to fit;
-- ``pre(n, *args, **kwargs)`` before a call whose output size is read from
-  its inputs' values (``value_sized`` in sizes.py): those values ask for no
-  more bytes than the trace records.
+- ``pre(n, *args, **kwargs)`` before a call whose kernel follows its
+  inputs' values or shapes unchecked (Note [Checking values before the
+  call] in index_checks.py), or of an op with no memory class, and before
+  one whose output size is read from its inputs' values (``value_sized`` in
+  sizes.py): those values stay inside what the kernel may index, and ask
+  for no more bytes than the trace records.
 
 A trace recorded in this process runs without fences: it is trusted as the
 code that recorded it is.
@@ -35,9 +38,12 @@ from __future__ import annotations
 import torch
 
 from ..errors import ReplayError
+from ..ir.positions import CHECKED, position
 from ..ir.records import TensorMeta, tensor_metas
 from ..spec.schema import facts, schema_of
+from . import shape_checks, value_checks  # noqa: F401 -- their checks register themselves (index_checks.CHECKS)
 from .costs import OUTPUT_BYTES
+from .index_checks import Refusal, index_check, unclassified
 from .sizes import bind, value_sized
 from .work import extent_bytes
 
@@ -54,8 +60,10 @@ def fences(calls: list, unchecked: frozenset):
     The program passes ``fit`` a third argument, true for a call whose
     schema lets an output alias an argument: only those are bounds-checked.
     ``fit`` runs after every view, so the common case -- one plain tensor --
-    is kept to a few attribute reads.
+    is kept to a few attribute reads.  ``pre`` runs the call's value check
+    (index_checks.py), or the default deny of an op with no memory class.
     """
+    checked = [_checks_of(c.func) for c in calls]
 
     def fit(n: int, result, may_alias: int) -> None:
         for t in (result,) if result.__class__ is torch.Tensor else _tensors(result):
@@ -68,8 +76,20 @@ def fences(calls: list, unchecked: frozenset):
 
     def pre(n: int, *args, **kwargs) -> None:
         call = calls[n]
+        a = bind(call.func, args, kwargs)
+        checks = checked[n]
+        if checks is not None:
+            try:
+                checks(a)
+            except Refusal as e:
+                _refuse(call, f"refused before running: its argument {e.arg!r} {e.what}")
+            except Exception as e:  # noqa: BLE001 -- a check that cannot decide refuses (default deny)
+                _refuse(call, f"could not be checked before running ({type(e).__name__}: {str(e)[:200]})")
+        sized = value_sized(call.func)
+        if sized is None:
+            return
         try:
-            need = value_sized(call.func)(bind(call.func, args, kwargs))
+            need = sized(a)
         except (RuntimeError, TypeError, ValueError, IndexError, KeyError, OverflowError):
             return  # arguments the kernel will refuse itself
         recorded = _recorded_bytes(call)
@@ -80,6 +100,22 @@ def fences(calls: list, unchecked: frozenset):
 
 
 _STRIDED = torch.strided
+
+
+def _checks_of(func):
+    """The check ``pre`` runs before a call of ``func``: its registered one, the
+    default deny of an unclassified op, or None (Note [Values that become positions])."""
+    p = position(func)
+    if p is None:
+        return unclassified
+    if p.kind != CHECKED:
+        return None
+    found = index_check(func)
+    return found if found is not None else _no_check
+
+
+def _no_check(a: dict) -> None:
+    raise Refusal("*", "has no value check registered although its op is classed checked")
 
 
 def _refuse(call, what: str):

@@ -13,7 +13,8 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
 of writes.py.  A trace loaded from a file also gets its fences (Note
 [Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
-before one whose output size is read from its inputs' values.
+before one whose output size is read from its inputs' values or whose
+kernel follows them unchecked (index_checks.py).
 
 Tensor ids become local variables and constants are bound once; an op is
 called through torch's Python binding where that is proven to dispatch the
@@ -78,6 +79,7 @@ from ..spec.schema import facts, schema_of
 from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .devices import CPU, keeps_cpu
+from .index_checks import needs_pre
 from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
@@ -262,7 +264,7 @@ class _Writer:
         if written:
             self.lines.append(f"    wr({n}, {', '.join(self._use(m.id) for m in written)})")
         fit = self._fit(n, call)
-        if self.fenced is not None and value_sized(call.func) is not None:
+        if self.fenced is not None and (value_sized(call.func) is not None or needs_pre(call.func)):
             self.lines.append(f"    pre({n}{', ' if args else ''}{args})")
         if single is not None:
             t = self._define(single.id)

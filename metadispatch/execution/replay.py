@@ -68,6 +68,7 @@ from .collectives import check_world
 from .costs import costs
 from .devices import keeps_cpu, target
 from .fences import fences, no_fence
+from .index_checks import screen
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
@@ -214,6 +215,8 @@ def execute(
             "mode (such as MetaMode) is active; leave the mode first"
         )
     check_world(trace)
+    if trace.untrusted:
+        screen(trace.calls)  # Note [Values that become positions]: ops a loaded trace may not run
     if budget is not None:
         check_budget(trace, budget, leaf_bytes, keep_all)
     unchecked = costs(trace, keep_all).unchecked if trace.untrusted else None

@@ -326,7 +326,7 @@ class Reader:
         sources, notes = self.strs(cols[7], "calls.source", True), self.strs(cols[8], "calls.note", True)
         calls, value, seq = [], self.value, self.seq
         for i, (oi, args, kwargs, outputs) in enumerate(zip(op_col, args_col, kwargs_col, outputs_col)):
-            func, name, params, n_positional, n_returns = ops[oi]
+            func, name, params, n_positional, n_returns, required = ops[oi]
             if type(args) is not list or len(args) > n_positional:
                 self.fail(("calls.args", i), _misfit("arguments", args, name, n_positional))
             if type(outputs) is not list or len(outputs) > n_returns:
@@ -337,6 +337,8 @@ class Reader:
             if kwargs:
                 self.keywords(kwargs, params, len(args), ("calls.kwargs", i), name)
                 kwargs = {k: value(v, (("calls.kwargs", i), k), _USE) for k, v in kwargs.items()}
+            if len(args) < len(required[0]) or required[1]:
+                self.required(required, args, kwargs, ("calls.args", i), name)
             outputs = seq(outputs, ("calls.outputs", i), _DEFINE)
             values = (*args, *(kwargs or {}).values(), *outputs)
             if is_marker(func) and any(next(tensor_metas(x), None) is not None for x in values):
@@ -361,8 +363,19 @@ class Reader:
             if params.index(k) < n_args:
                 self.fail((where, k), f"{op}'s parameter {k!r} is also given by position")
 
+    def required(self, required: tuple, args: tuple, kwargs, where, op: str) -> None:
+        """Every parameter without a default is given: replay would call the op without it."""
+        positional, keyword = required
+        for k, param in enumerate(positional):
+            if k >= len(args) and param not in (kwargs or {}):
+                self.fail(where, f"{op} is missing its required argument {param!r}")
+        for param in keyword:
+            if param not in (kwargs or {}):
+                self.fail(where, f"{op} is missing its required argument {param!r}")
+
     def op(self, name, where: str) -> tuple:
-        """``(OpOverload, name, parameter names, number of positional ones, number of returns)``."""
+        """``(OpOverload, name, parameter names, number of positional ones, number of returns, required)``;
+        ``required`` is (positional parameters without a default, keyword-only ones without a default)."""
         func = resolve_op(name) if isinstance(name, str) else None
         if func is None:
             self.fail(
@@ -378,7 +391,12 @@ class Reader:
             )
         schema = schema_of(func)
         params = tuple(a.name for a in schema.arguments)
-        return func, name, params, sum(not a.kwarg_only for a in schema.arguments), len(schema.returns)
+        required = (
+            tuple(a.name for a in schema.arguments if not a.kwarg_only and not a.has_default_value()),
+            tuple(a.name for a in schema.arguments if a.kwarg_only and not a.has_default_value()),
+        )
+        n_positional = sum(not a.kwarg_only for a in schema.arguments)
+        return func, name, params, n_positional, len(schema.returns), required
 
     # -- values
 
