@@ -78,7 +78,7 @@ def test_mode_real_tensors_are_converted_once_and_never_modified():
     # Data and version counter untouched: the stand-in is swapped in above
     # autograd, so ADInplaceOrView bumps its counter, not the real one's.
     assert torch.equal(real, before) and real._version == version
-    assert [c.inputs[0].id for c in mode.trace] == [stand_in._md[1].id] * 2
+    assert [c.inputs[0].id for c in mode.trace] == [stand_in._md.meta.id] * 2
     leaves = list(mode.trace.leaves.values())
     assert len(leaves) == 1 and leaves[0].kind == "const"
     assert isinstance(again, md.MetaTensor) and again.shape == (3,)

@@ -192,7 +192,7 @@ def test_tensor_deepcopy_is_a_recorded_clone_keeping_parameters_and_ties():
     assert isinstance(twin[0].weight, torch.nn.Parameter) and twin[0].weight.requires_grad
     assert twin[0].weight.device == torch.device("cuda", 0)
     assert [c.op for c in mode.trace].count("aten.clone.default") == 2  # weight, bias
-    assert twin[0].weight._md[1].id != lin.weight._md[1].id  # its own record, not a copy
+    assert twin[0].weight._md.meta.id != lin.weight._md.meta.id  # its own record, not a copy
 
 
 def test_tensor_deepcopy_outside_a_mode():

@@ -337,7 +337,7 @@ def _tensor_key(a, storages):
             a.stride(),
             a.storage_offset(),
             a.dtype,
-            a._md_device,
+            a._md.device,
             a.requires_grad,
             a.is_conj(),
             a.is_neg(),
@@ -394,7 +394,7 @@ def _recipe_one(out, inputs, fresh):
             return UNCACHABLE  # a sparse result has no storage to rebuild it from
         bits = (out.is_conj(), out.is_neg())
         # None: the call's device (a native kernel's plain meta output).
-        device = out._md_device if isinstance(out, MetaTensor) else None
+        device = out._md.device if isinstance(out, MetaTensor) else None
         meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
         for i, t in enumerate(inputs):
             if _storage_key(t) == key:

@@ -97,7 +97,7 @@ def dispatch(func, args, kwargs, mode):
             # kernel accepts -- is the real kernel's to judge (check.py).
             if mode is None or mode.fallback is None or mode._depth:
                 if mode is None or not mode._depth:
-                    explain_meta_refusal(e, f.name, sorted({str(t._md_device) for t in tensors}))
+                    explain_meta_refusal(e, f.name, sorted({str(t._md.device) for t in tensors}))
                 raise
             out, stage = mode.fallback(func, args, kwargs, device, e), "real"
     except (MetaDispatchError, *_REFUSALS) as e:
@@ -296,7 +296,7 @@ def _device(f, args, kwargs, tensors, mode):
 def _common_device(f, tensors):
     device = scalar = loose = None
     for t in tensors:
-        d = t._md_device
+        d = t._md.device
         if d.type == "meta":
             # Built by C++ code from a MetaTensor's options, whose C++ device
             # is meta (Note [Meta from options]); it takes the device of the
@@ -312,7 +312,7 @@ def _common_device(f, tensors):
                 f"least two devices, {device} and {d}!"
             )
     if f.name in _CROSS_DEVICE and tensors:
-        return tensors[0]._md_device
+        return tensors[0]._md.device
     return device or scalar or loose
 
 

@@ -1,8 +1,9 @@
 """The recorder: turns dispatched calls into :class:`~metadispatch.ir.trace.OpCall`.
 
-Each MetaTensor that takes part in a trace carries ``_md = (recorder, meta,
-call)``: the recorder that numbered it, its current :class:`TensorMeta`, and
-the index of the call that last wrote it (None for a leaf).  An input
+Each MetaTensor that takes part in a trace has, in its state ``t._md``
+(Note [A MetaTensor's state] in tensor/state.py), the recorder that
+numbered it, its current :class:`TensorMeta`, and the index of the call
+that last wrote it (None for a leaf).  An input
 without this recorder's token came from outside and becomes a named leaf.
 Outputs get fresh ids; in-place outputs keep the id of the tensor they
 mutated, with new metadata.
@@ -52,6 +53,7 @@ from ..ir.records import PLAIN_TYPES
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Leaf, OpCall, TensorMeta, Trace
 from ..source import user_frame
+from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 from ..world import world
 from .rngstate import RngLog
@@ -103,7 +105,8 @@ class BackwardModules:
         if seq >= _SEQ_NONE:
             # AccumulateGrad: the gradient of a parameter, whose name says
             # which module owns it.
-            named = getattr(getattr(node, "variable", None), "__dict__", {}).get("_md_name")
+            st = state_of(getattr(node, "variable", None))
+            named = st.name if st is not None else None
             return named[1].rpartition(".")[0] if named and named[0] == "param" else default
         i = bisect.bisect_right(self.seqs, seq) - 1
         return self.modules[i] if i >= 0 else default
@@ -122,8 +125,8 @@ class Recorder:
         self._trace = lambda: trace  # weak once released (Note [Dropping a trace frees it])
         self.stack = stack
         self.const_limit = const_limit
-        # Tensors carry ``_md = (recorder, meta)``: the recorder (and through
-        # it the trace) that numbered them, e.g. so md.materialize can find
+        # Tensors carry this recorder in their state (``t._md.recorder``):
+        # through it the trace that numbered them is found, e.g. so md.materialize can find
         # how a parameter was built.
         self.token = self
         self.modules = None  # a ModuleStack while a mode is entered
@@ -175,26 +178,26 @@ class Recorder:
     # -- tensor metadata
     def _meta(self, t: torch.Tensor, tid: int, storage: int) -> TensorMeta:
         return TensorMeta(
-            tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t._md_device, t.requires_grad, storage
+            tid, tuple(t.shape), t.dtype, t.stride(), t.storage_offset(), t._md.device, t.requires_grad, storage
         )
 
     def producer_of(self, t: MetaTensor) -> int | None:
         """The index of the recorded call that made ``t``, or None (a leaf, or not recorded here)."""
-        md = t.__dict__.get("_md")
-        return md[2] if md is not None and md[0] is self.token else None
+        st = t._md
+        return st.call if st.recorder is self.token else None
 
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
-        md = t.__dict__.get("_md")
-        if md is not None and md[0] is self.token:
-            m = md[1]
+        st = t._md
+        if st.recorder is self.token:
+            m = st.meta
             if m.requires_grad != t.requires_grad:
                 # (NamedTuple._replace is a Python loop over the fields; this
                 # runs for most outputs of a forward with grad.)
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
-                t._md = (self.token, m, md[2])
-                if md[2] is not None and t.grad_fn is not None:  # set by autograd, not the user
-                    call = self.trace.calls[md[2]]
+                st.meta = m
+                if st.call is not None and t.grad_fn is not None:  # set by autograd, not the user
+                    call = self.trace.calls[st.call]
                     call.outputs = _swap(call.outputs, old, m)
             return m
         return self._leaf(t)
@@ -222,10 +225,10 @@ class Recorder:
         Parameters are not in a replay's result, and a buffer swapped before
         its first read never becomes a buffer leaf.
         """
-        named = getattr(target, "__dict__", {}).get("_md_name")
-        md = target.__dict__.get("_md") if named is not None else None
-        if named is not None and named[0] == "buffer" and md is not None and md[0] is self.token:
-            if _is_leaf_named(self.trace, md[1].id, *named):
+        st = state_of(target)
+        named = st.name if st is not None else None
+        if named is not None and named[0] == "buffer" and st.recorder is self.token:
+            if _is_leaf_named(self.trace, st.meta.id, *named):
                 error = UnsupportedFeatureError(
                     f"buffer {named[1]}.data = <{value.dtype} {list(value.shape)}>: the step assigns a "
                     "buffer's .data after reading it, and replay's buffers would report the tensor it "
@@ -239,12 +242,13 @@ class Recorder:
 
     def _leaf(self, t: MetaTensor) -> TensorMeta:
         storage = self._storage_number(t)
-        named = t.__dict__.get("_md_name")
+        st = t._md
+        named = st.name
         base = self._bases.get(storage)
         if base is not None and named is None:
             return self._view_of(t, base)
         m = self._meta(t, self._new_id(), storage)
-        t._md = (self.token, m, None)
+        st.recorder, st.meta, st.call = self.token, m, None
         kind, name = named or ("input", "")
         value = None
         real = self.real_of(t)
@@ -274,7 +278,8 @@ class Recorder:
         the view it is, and replay takes the same view of the real tensor.
         """
         m = self._meta(t, self._new_id(), base.storage)
-        t._md = (self.token, m, len(self.trace.calls))
+        st = t._md
+        st.recorder, st.meta, st.call = self.token, m, len(self.trace.calls)
         self.trace.calls.append(
             OpCall(
                 len(self.trace.calls),
@@ -317,9 +322,9 @@ class Recorder:
             hit = self._live.get(_compat.storage_key(t))
             if hit is None or hit[0] not in unnamed or hit[0] in bases:
                 continue
-            kind, name = t.__dict__["_md_name"]
-            md = t.__dict__.get("_md")
-            if md is not None and md[0] is self.token and not _is_leaf_named(self.trace, md[1].id, kind, name):
+            st = t._md
+            kind, name = st.name
+            if st.recorder is self.token and not _is_leaf_named(self.trace, st.meta.id, kind, name):
                 continue  # its data was swapped for another's (Note [Data swapped into a named tensor])
             if not any(leaf.kind == kind and leaf.name == name for leaf in self.trace.leaves.values()):
                 self.meta_of(t)  # a base the traced code never read itself: a leaf replay binds
@@ -391,15 +396,16 @@ class Recorder:
 
     def _out(self, o):
         if isinstance(o, torch.Tensor):
-            md = o.__dict__.get("_md")
-            if md is not None and md[0] is self.token:
+            st = o._md
+            if st.recorder is self.token:
                 # In-place or out=: same object, same id, maybe new metadata.
-                old = md[1]
+                old = st.meta
                 m = self._meta(o, old.id, old.storage)
             else:
                 m = self._meta(o, self._new_id(), self._storage_number(o))
                 self._bases.setdefault(m.storage, m)
-            o._md = (self.token, m, len(self.trace.calls))  # the index record() gives
+                st.recorder = self.token
+            st.meta, st.call = m, len(self.trace.calls)  # the index record() gives
             return m
         if type(o) in (list, tuple):
             return tuple(self._out(x) for x in o)

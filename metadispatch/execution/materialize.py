@@ -77,7 +77,7 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
     real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
     for rec, metas in _by_recorder(reachable, names).items():
         try:  # only what built these tensors: the mode may have run other work
-            trace = slice_for(rec.trace, [t.__dict__["_md"][1] for t in metas])
+            trace = slice_for(rec.trace, [t._md.meta for t in metas])
         except SliceError as e:
             raise MetaDispatchError(f"materialize: cannot replay what built {names[id(metas[0])]}: {e}") from None
         _refuse_outside_data(trace, metas, names)
@@ -85,7 +85,7 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
             trace, lambda trace=trace: bind_leaves(trace, (), None, None, device, 0), device, check=False, keep_all=True
         )
         for t in metas:
-            value = env[t.__dict__["_md"][1].id]
+            value = env[t._md.meta.id]
             real[id(t)] = (
                 nn.Parameter(value, requires_grad=t.requires_grad)
                 if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False)
@@ -130,14 +130,14 @@ def _through_function(path: str) -> bool:
 def _by_recorder(reachable: dict, names: dict) -> dict:
     groups: dict = {}
     for t in reachable.values():
-        md = t.__dict__.get("_md")
-        if md is None or getattr(md[0], "trace", None) is None:
+        rec = t._md.recorder
+        if rec is None or rec.trace is None:
             raise MetaDispatchError(
                 f"materialize: {names[id(t)]} was not built under a recording MetaMode, so "
                 "there is no construction to replay (md.to_meta copies hold no values; use "
                 "load_state_dict instead)"
             )
-        groups.setdefault(md[0], []).append(t)
+        groups.setdefault(rec, []).append(t)
     return groups
 
 

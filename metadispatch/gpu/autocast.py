@@ -182,7 +182,7 @@ def _leaves(values):
 
 
 def _on_logical_gpu(a) -> bool:
-    return isinstance(a, MetaTensor) and a._md_device.type == "cuda"
+    return isinstance(a, MetaTensor) and a._md.device.type == "cuda"
 
 
 @functools.cache

@@ -50,7 +50,7 @@ def _half_to_float_applies(args, kwargs) -> bool:
     return (
         dtype == torch.float32
         and isinstance(x, MetaTensor)
-        and x._md_device.type == "cuda"
+        and x._md.device.type == "cuda"
         and x.dtype == torch.float16
         and isinstance(dim, int)
         and not kwargs.keys() - {"input", "dim", "dtype"}
@@ -82,7 +82,7 @@ def _setitem_number_applies(args, kwargs) -> bool:
         len(args) == 3
         and type(args[2]) in (int, float, bool)
         and isinstance(args[0], MetaTensor)
-        and args[0]._md_device.type == "cuda"
+        and args[0]._md.device.type == "cuda"
         and not args[0].is_quantized
     )
 
@@ -135,7 +135,7 @@ def _rms_norm_applies(args, kwargs) -> bool:
     weight = args[2] if len(args) > 2 else kwargs.get("weight")
     return (
         isinstance(x, MetaTensor)
-        and x._md_device.type == "cuda"
+        and x._md.device.type == "cuda"
         and hasattr(aten, "_fused_rms_norm_backward")
         and not x.is_complex()
         and (weight is None or weight.dtype == x.dtype)
@@ -166,7 +166,7 @@ def _dropout_applies(args, kwargs) -> bool:
     x = bound.get("input")
     return (
         isinstance(x, MetaTensor)
-        and x._md_device.type == "cuda"
+        and x._md.device.type == "cuda"
         and not bound.get("inplace", False)
         and train is True
         and isinstance(p, (int, float))

@@ -181,13 +181,13 @@ class MetaMode(_compat.TorchDispatchMode):
             meta is not t
             and not t.requires_grad
             and t.device.type != "meta"
-            and "_md_known" not in meta.__dict__
-            and "_md_name" not in meta.__dict__
+            and meta._md.known is None
+            and meta._md.name is None
         ):
             known.know(meta, t, self)
-            if meta._md_device != t.device:
+            if meta._md.device != t.device:
                 # Note [Where the user's tensor is] in composites.py
-                meta._md_user_device = t.device
+                meta._md.user_device = t.device
         return meta
 
     def cpu_constant(self, t: torch.Tensor) -> MetaTensor:

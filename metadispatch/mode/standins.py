@@ -39,6 +39,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _compat
+from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor, is_wrapper_subclass
 from ..values import known
 
@@ -179,7 +180,7 @@ class StandIns:
                 stand = self._stand_of.get(id(p))
                 if stand is None and isinstance(p, torch.Tensor) and not isinstance(p, MetaTensor):
                     stand = self.mode.from_tensor(p)
-                owner = stand.__dict__.get("_md_name", ("", "?"))[1] if stand is not None else "?"
+                owner = (stand._md.name or ("", "?"))[1] if stand is not None else "?"
                 state[p] = {k: self._state_copy(v, f"{owner}.{k}") for k, v in entry.items()}
             return state
 
@@ -187,7 +188,7 @@ class StandIns:
         if not isinstance(v, torch.Tensor) or isinstance(v, MetaTensor):
             return v  # a MetaTensor: state the step itself loaded (``opt.load_state_dict``)
         meta = self.mode.from_tensor(v)
-        meta._md_name = ("input", f"optimizer state {name}")
+        meta._md.name = ("input", f"optimizer state {name}")
         # Recorded as a constant (its value kept up to the mode's limit, for
         # replay), and a step count read with .item() (Adam without
         # capturable) is a known value, as it would be had the optimizer been
@@ -240,8 +241,8 @@ class StandIns:
                     table[key] = self._lazy_stand_in(t, table, key)
                     continue
                 if isinstance(t, MetaTensor):
-                    if "_md_name" not in t.__dict__ and id(t) in names:
-                        t._md_name = names[id(t)]
+                    if t._md.name is None and id(t) in names:
+                        t._md.name = names[id(t)]
                     continue
                 if _compat.is_functorch_wrapped(t) or is_wrapper_subclass(t):
                     # swapped in by functional_call under grad/vmap: a value
@@ -250,8 +251,8 @@ class StandIns:
                     # (Note [Wrapper subclasses dispatch first] in dispatch.py)
                     continue
                 stand = self.mode.from_tensor(t)
-                if id(t) in names and "_md_name" not in stand.__dict__:
-                    stand._md_name = names[id(t)]
+                if id(t) in names and stand._md.name is None:
+                    stand._md.name = names[id(t)]
                 self._stand_grad(t, stand, names.get(id(t)))
                 if table is mod._buffers and _counter(t):
                     known.know(stand, t, self.mode)  # Note [Counters in buffers]
@@ -289,8 +290,8 @@ class StandIns:
         if grad is None or type(grad) is not torch.Tensor or stand.grad is not None:
             return
         meta = self.mode.from_tensor(grad)
-        if named is not None and named[0] == "param" and "_md_name" not in meta.__dict__:
-            meta._md_name = ("grad", named[1])
+        if named is not None and named[0] == "param" and meta._md.name is None:
+            meta._md.name = ("grad", named[1])
             # A leaf now, read or not: that the step began with a .grad is a
             # fact replay checks (a zero_grad() first makes it unread).
             self.mode._recorder.meta_of(meta)
@@ -317,7 +318,7 @@ class StandIns:
                 seen.add(id(p))
                 g = self._stand_of.get(id(p), p).grad
                 if isinstance(g, torch.Tensor):
-                    named = p.__dict__.get("_md_name")
+                    named = p._md.name if state_of(p) is not None else None
                     out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))
         return out
 

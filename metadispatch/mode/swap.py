@@ -91,14 +91,14 @@ class SwapReal(_compat.TorchFunctionMode):
                 mode.keep_generator(generator)
             first = args[0] if args else None
             if type(first) is MetaTensor:
-                STATE.ambient = first._md_device  # Note [Meta from options] in dispatch.py
+                STATE.ambient = first._md.device  # Note [Meta from options] in dispatch.py
             override = composites.override_for(func, args, kwargs)  # Note [Composite overrides]
             if override is not None:
                 return override(*args, **kwargs)
             if (
                 type(func) is FunctionType
                 and type(first) is MetaTensor
-                and first._md_device.type == "cuda"
+                and first._md.device.type == "cuda"
                 and func not in _BACKWARD
                 and func is not _GRAD
                 and not inside.reentered(func, args)
@@ -148,8 +148,8 @@ def _refuse_autocast(func, args, kwargs) -> None:
     if not on:
         return
     for t in pytree.tree_leaves((args, kwargs)):
-        if type(t) is MetaTensor and t._md_device.type in on:
-            kind = t._md_device.type
+        if type(t) is MetaTensor and t._md.device.type in on:
+            kind = t._md.device.type
             name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
             error = UnsupportedFeatureError(
                 f"{name}: torch.autocast({kind!r}) on a logical {kind} device is not modelled (Note "

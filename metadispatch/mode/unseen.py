@@ -109,7 +109,7 @@ def _save(obj, f, *args, **kwargs):
 
 def _why(t) -> str:
     if isinstance(t, MetaTensor):
-        return f"a MetaTensor ({t.dtype} {list(t.shape)} on {t._md_device}), which holds no data, so there is nothing to write"
+        return f"a MetaTensor ({t.dtype} {list(t.shape)} on {t._md.device}), which holds no data, so there is nothing to write"
     if isinstance(t, torch.Tensor):
         return (
             f"a real tensor ({t.dtype} {list(t.shape)}) whose value at this point of the step is not known: "

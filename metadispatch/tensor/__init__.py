@@ -1,6 +1,7 @@
 """The MetaTensor: a tensor that holds no data but reports a real device.
 
 ``tensor`` (MetaTensor, its logical device, conversion of real tensors, the
-per-thread dispatch state), ``describe`` (how a call's inputs read in an
+per-thread dispatch state), ``state`` (the one object a MetaTensor
+carries: its device, record, name and value knowledge), ``describe`` (how a call's inputs read in an
 error message).  May import ``ir``, ``spec`` and below.
 """

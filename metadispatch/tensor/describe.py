@@ -20,7 +20,7 @@ def describe_inputs(args, kwargs) -> str:
 
     def visit(x):
         if isinstance(x, torch.Tensor):
-            dev = x._md_device if isinstance(x, MetaTensor) else x.device
+            dev = x._md.device if isinstance(x, MetaTensor) else x.device
             parts.append(type_str(x.dtype, x.shape, device=dev, show_cpu=True))
         elif type(x) in (list, tuple):
             for y in x:

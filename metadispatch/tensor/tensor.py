@@ -4,7 +4,7 @@ Note [Logical device]
 ~~~~~~~~~~~~~~~~~~~~~
 A MetaTensor *is* a meta tensor at the C++ level (its storage has no data),
 made a Python subclass with ``_make_subclass``.  The device a real tensor would
-live on -- ``cpu``, ``cuda:1`` -- is kept in Python (``_md_device``) and
+live on -- ``cpu``, ``cuda:1`` -- is kept in Python (``_md.device``) and
 reported by the ``device`` property.  We do not give the C++ tensor that
 device: on a CPU-only build autograd then asks for a CUDA device guard and
 aborts the process (FakeTensorMode does exactly that on a backward pass "on
@@ -34,6 +34,7 @@ import torch
 from .. import _compat
 from ..errors import DataDependentError
 from ..ir.records import type_str
+from .state import TensorState
 
 __all__ = [
     "MetaTensor",
@@ -114,7 +115,7 @@ def normalize_device(device) -> torch.device:
 def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) -> MetaTensor:
     """Make a MetaTensor sharing ``elem``'s (meta) storage and metadata."""
     t = _compat.make_subclass(MetaTensor, elem, requires_grad, device)
-    t._md_device = device
+    t._md = TensorState(device)
     return t
 
 
@@ -150,14 +151,14 @@ def _made_up_value(t, what: str) -> torch.Tensor | None:
 
 def _describe(t: torch.Tensor) -> str:
     try:
-        return type_str(t.dtype, t.shape, device=t._md_device, show_cpu=True)
+        return type_str(t.dtype, t.shape, device=t._md.device, show_cpu=True)
     except Exception:  # repr-path helper: must never raise
         return "<MetaTensor>"
 
 
 def value_of(t) -> torch.Tensor | None:
     """The real value of a MetaTensor, or None when it is not known (Note [Known values] in known.py)."""
-    kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
+    kv = t._md.known if isinstance(t, MetaTensor) else None
     if kv is None or not kv[1].valid:
         return None
     return kv[0]
@@ -228,7 +229,7 @@ class MetaTensor(torch.Tensor):
     (torch.Size([2, 2]), device(type='cuda', index=1))
     """
 
-    _md_device: torch.device
+    _md: TensorState  # Note [A MetaTensor's state] in state.py
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -242,7 +243,7 @@ class MetaTensor(torch.Tensor):
     # -- the logical device (Note [Logical device])
     @property
     def device(self) -> torch.device:
-        return META if STATE.in_kernel else self._md_device
+        return META if STATE.in_kernel else self._md.device
 
     @property
     def is_cuda(self) -> bool:
@@ -273,9 +274,12 @@ class MetaTensor(torch.Tensor):
     def data(self, value):
         torch.Tensor.data.__set__(self, value)
         if isinstance(value, MetaTensor):
-            self._md_device = value._md_device
-            if "_md" in value.__dict__:
-                self._md = value.__dict__["_md"]
+            # The device and the record move; the name (this tensor is still
+            # ``param fc.weight``) stays.
+            mine, theirs = self._md, value._md
+            mine.device = theirs.device
+            if theirs.recorder is not None:
+                mine.recorder, mine.meta, mine.call = theirs.recorder, theirs.meta, theirs.call
 
     def to(self, *args, **kwargs):
         # Real tensors return themselves from .to() when nothing changes; the
@@ -286,12 +290,12 @@ class MetaTensor(torch.Tensor):
         if args and isinstance(args[0], MetaTensor):
             # to(other) means other's device and dtype; _parse_to would read
             # its C++ device, meta.
-            args = (args[0]._md_device, args[0].dtype) + args[1:]
+            args = (args[0]._md.device, args[0].dtype) + args[1:]
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
             copy, args = args[flags[1]], args[: flags[1]] + args[flags[1] + 1 :]
         device, dtype, non_blocking, memory_format = _compat.parse_to(*args, **kwargs)
-        same_device = device is None or normalize_device(device) == self._md_device
+        same_device = device is None or normalize_device(device) == self._md.device
         same_dtype = dtype is None or dtype == self.dtype
         if same_device and same_dtype and not copy and memory_format in (None, torch.preserve_format):
             return self
@@ -332,8 +336,8 @@ class MetaTensor(torch.Tensor):
         if dtype is None:
             name = torch.Tensor.type(self)
             return (
-                name.replace("torch.meta.", f"torch.{self._md_device.type}.", 1)
-                if self._md_device.type not in ("cpu", "meta")
+                name.replace("torch.meta.", f"torch.{self._md.device.type}.", 1)
+                if self._md.device.type not in ("cpu", "meta")
                 else name
             )
         if isinstance(dtype, torch.dtype):
@@ -342,7 +346,7 @@ class MetaTensor(torch.Tensor):
         if cls.is_sparse:
             raise NotImplementedError("MetaTensor supports strided tensors only, got a sparse type")
         on = "cuda" if cls.is_cuda else "cpu"
-        device = self._md_device if self._md_device.type == on else torch.device(on)
+        device = self._md.device if self._md.device.type == on else torch.device(on)
         return self.to(device, cls.dtype, non_blocking=non_blocking)
 
     def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
@@ -359,7 +363,7 @@ class MetaTensor(torch.Tensor):
         extra = ", requires_grad=True" if self.requires_grad else ""
         if self.grad_fn is not None:
             extra = f", grad_fn=<{type(self.grad_fn).__name__}>"
-        return f"MetaTensor({_describe(self).rsplit('@', 1)[0]}, device='{self._md_device}'{extra})"
+        return f"MetaTensor({_describe(self).rsplit('@', 1)[0]}, device='{self._md.device}'{extra})"
 
     tolist = _data_error("tolist")
     numpy = _data_error("numpy")

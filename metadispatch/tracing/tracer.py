@@ -16,6 +16,7 @@ from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..mode.reach import find, holds_state, is_container, is_machinery
 from ..mode.standins import StandIns
+from ..tensor.state import state_of
 from ..tensor.tensor import Converter, MetaTensor
 
 __all__ = ["to_meta", "trace", "tracer"]
@@ -214,7 +215,7 @@ def _named(standins: StandIns, margs, mkwargs) -> list:
     found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
     found += standins.stand_ins()
     found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
-    return [t for t in found if "_md_name" in t.__dict__]
+    return [t for t in found if state_of(t) is not None and t._md.name is not None]
 
 
 def _saved_kind(obj) -> bool:
@@ -230,11 +231,11 @@ def _convert_args(mode, standins, args, kwargs):
         elif isinstance(v, torch.Tensor):
             m = mode.from_tensor(v)
             name = arg_name(path)
-            if "_md_name" not in m.__dict__:
-                m._md_name = ("arg", name)
+            if m._md.name is None:
+                m._md.name = ("arg", name)
                 _stand_grad(mode, v, m, name)
             else:  # the same tensor given twice
-                mode.trace.aliases.setdefault(f"arg {name}", " ".join(m._md_name))
+                mode.trace.aliases.setdefault(f"arg {name}", " ".join(m._md.name))
             v = m
         out.append(v)
     return pytree.tree_unflatten(out, spec)
@@ -245,6 +246,6 @@ def _stand_grad(mode: MetaMode, real: torch.Tensor, meta: MetaTensor, name: str)
     grad = real.grad
     if grad is not None and type(grad) is torch.Tensor and meta.grad is None:
         g = mode.from_tensor(grad)
-        g.__dict__["_md_name"] = ("grad", name)
+        g._md.name = ("grad", name)
         mode._recorder.meta_of(g)  # a leaf, read or not (see StandIns._stand_grad)
         meta.grad = g

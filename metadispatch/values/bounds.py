@@ -8,7 +8,7 @@ breaks the user's own code: torchvision picks a random index with
 ``int(torch.empty(1).uniform_(0., n).item())`` and indexes a tuple with it,
 and a value from a standard normal is out of range for small ``n``.  So an
 op whose outputs' range follows from its arguments gives them
-``_md_bounds = Bounds(lo, hi, how)`` -- ``lo <= value <= hi``, ``how`` the
+``t._md.bounds = Bounds(lo, hi, how)`` -- ``lo <= value <= hi``, ``how`` the
 op that said so -- and made-up data stays inside:
 
 * sources: ``uniform_(a, b)``, ``rand``, ``randint(lo, hi)``, ``random_``,
@@ -54,7 +54,7 @@ def _num(x) -> str:
 
 def bounds_of(t) -> Bounds | None:
     """The bounds of a MetaTensor's values, or None when nothing is known."""
-    return t.__dict__.get("_md_bounds") if isinstance(t, MetaTensor) else None
+    return t._md.bounds if isinstance(t, MetaTensor) else None
 
 
 def fill_within(real: torch.Tensor, b: Bounds, gen: torch.Generator, ints: int) -> None:
@@ -104,7 +104,7 @@ def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> No
     if name == "aten._amp_foreach_non_finite_check_and_unscale_.default":
         found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
         if isinstance(found_inf, MetaTensor):
-            found_inf._md_bounds = _FINITE
+            found_inf._md.bounds = _FINITE
         return
     rule = _RULES.get(name)
     if rule is None:
@@ -117,17 +117,17 @@ def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> No
     for out, b in zip(outs, found):
         if isinstance(out, MetaTensor):
             if b is None:
-                out.__dict__.pop("_md_bounds", None)
+                out._md.bounds = None
             else:
-                out._md_bounds = b
+                out._md.bounds = b
                 if name in _SOURCES:  # Note [Bounds that decide a comparison]
-                    out._md_drawn = (b, out._version)
+                    out._md.drawn = (b, out._version)
 
 
 def _forget(result) -> None:
     for out in result if isinstance(result, (list, tuple)) else (result,):
         if isinstance(out, MetaTensor):
-            out.__dict__.pop("_md_bounds", None)
+            out._md.bounds = None
 
 
 class _Args:
@@ -390,7 +390,7 @@ def decided(name: str, args: tuple) -> bool | None:
     if rule is None or len(args) < 2 or type(args[1]) not in (int, float, bool) or math.isnan(float(args[1])):
         return None
     x = args[0]
-    drawn = x.__dict__.get("_md_drawn") if isinstance(x, MetaTensor) else None
+    drawn = x._md.drawn if isinstance(x, MetaTensor) else None
     if drawn is None or drawn[1] != x._version:
         return None
     return rule(drawn[0], float(args[1]))

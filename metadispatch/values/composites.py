@@ -50,13 +50,13 @@ aten = torch.ops.aten
 # from the user's scope that the program uses as a split's indices, though,
 # stays on the CPU in that GPU program -- ``tensor_split`` requires it
 # there, and nothing moves it -- so the split's device check asks where the
-# user's tensor is (``_md_user_device``, set by ``MetaMode.from_scope``), as
+# user's tensor is (``_md.user_device``, set by ``MetaMode.from_scope``), as
 # it would be without a mode.
 def _tensor_split(self, indices, dim=0):
     op = aten.tensor_split.tensor_indices_or_sections
     if not isinstance(indices, MetaTensor):
         return op.decompose(self, indices, dim)
-    where = indices.__dict__.get("_md_user_device", indices.device)
+    where = indices._md.user_device or indices.device
     torch._check(
         where.type == "cpu",
         lambda: f"tensor_split expected tensor_indices_or_sections to be on cpu, but it's on {where}",

@@ -7,7 +7,7 @@ with a DataDependentError.  Much of that code branches on constants, not on
 the user's data: ``transformers`` checks for packed sequences with
 ``(position_ids[:, -1] == 0).all()`` where ``position_ids`` comes from
 ``arange``.  So a tensor whose contents follow from constants alone carries
-its real CPU value, ``_md_known = (value, cell)``, while it has at most
+its real CPU value, ``t._md.known = (value, cell)``, while it has at most
 ``mode.known_limit`` elements:
 
 * sources: non-random factories (``arange``, ``zeros``, ``full``...; never
@@ -89,7 +89,7 @@ def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
             # Kept on the CPU whatever the real tensor's device: values are
             # computed with CPU kernels (run_real), which a GPU tensor among
             # their arguments would refuse; the copy is small.
-            t._md_known = (real.detach().to("cpu", copy=True), _Cell())
+            t._md.known = (real.detach().to("cpu", copy=True), _Cell())
 
 
 def _limit(mode) -> int:
@@ -102,7 +102,7 @@ def concerns(f, tensors) -> bool:
     No, for the common case -- an op whose first input has no known value and
     which neither makes values from shapes alone nor writes in place.
     """
-    return not tensors or f.mutates or "_md_known" in tensors[0].__dict__ or f.name in SPECIAL
+    return not tensors or f.mutates or tensors[0]._md.known is not None or f.name in SPECIAL
 
 
 def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
@@ -128,7 +128,7 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     if f.name in _LIFT:
         real_out = real_out.clone()  # never alias the user's tensor
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
-    cell = base.__dict__["_md_known"][1] if value_of(base) is not None else None
+    cell = base._md.known[1] if value_of(base) is not None else None
     _attach(result, real_out, cell)
 
 
@@ -183,7 +183,7 @@ def _literal(t, mode) -> dict | None:
     # lift_fresh receives the real tensor torch.tensor(...) built; the mode
     # converted it on the way in.  Named tensors are user arguments/params.
     real = mode._recorder.real_of(t) if mode is not None else None
-    if real is None or "_md_name" in t.__dict__ or real.requires_grad or real.numel() > _limit(mode):
+    if real is None or t._md.name is not None or real.requires_grad or real.numel() > _limit(mode):
         return None
     return {id(t): real}
 
@@ -199,9 +199,9 @@ def _attach(result, real_out, cell) -> None:
         return
     for m, r in zip(metas, reals):
         if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor):
-            if "_md_known" in m.__dict__ and m.__dict__["_md_known"][0] is r:
+            if m._md.known is not None and m._md.known[0] is r:
                 continue  # an in-place op updated the value where it lives
-            m._md_known = (r, cell or _Cell())
+            m._md.known = (r, cell or _Cell())
 
 
 _MUTATED: dict = {}  # OpOverload -> positions/names of the arguments it writes
@@ -218,6 +218,6 @@ def _invalidate(func, args, kwargs) -> None:
     for w in where:
         x = kwargs.get(w) if isinstance(w, str) else (args[w] if w < len(args) else None)
         for t in x if isinstance(x, (list, tuple)) else (x,):
-            kv = t.__dict__.get("_md_known") if isinstance(t, MetaTensor) else None
+            kv = t._md.known if isinstance(t, MetaTensor) else None
             if kv is not None:
                 kv[1].valid = False
