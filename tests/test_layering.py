@@ -215,6 +215,7 @@ _STATE = {
     ("metadispatch.core.cache", "_CONTEXTS"): "the shared context tuples (Note [What an entry weighs])",
     ("metadispatch.core.cache", "_SHARED"): "the metadata cache every mode shares (Note [What the key must hold])",
     ("metadispatch.core.cache", "_TOTAL"): "the shared cache's bytes",
+    ("metadispatch.core.dispatch", "_FAST"): "whether each op may take the cache-hit path, decided once",
     ("metadispatch.core.registry", "_USER"): "md.register_meta's rules, process-wide as torch's dispatcher is",
     ("metadispatch.core.registry", "_version"): "the registry's version, in every cache key",
     ("metadispatch.core.rngstate", "_TORCH"): "torch's RNG functions below the ledger's patches",

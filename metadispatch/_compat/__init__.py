@@ -125,6 +125,7 @@ from .reference import (
     skip_dynamo_in_reference_kernels,
 )
 from .tensors import (
+    has_grad_fn,
     is_fake,
     is_functorch_wrapped,
     legacy_tensor_type,
@@ -194,6 +195,7 @@ __all__ = [
     "legacy_tensor_type",
     "library",
     "make_subclass",
+    "has_grad_fn",
     "meta_in_tls_dispatch_include",
     "mode_key",
     "module_global_hooks",

@@ -43,6 +43,14 @@ def make_subclass(cls, elem: torch.Tensor, requires_grad: bool, device: torch.de
     return _make_subclass(cls, elem, requires_grad)
 
 
+def has_grad_fn(t: torch.Tensor) -> bool:
+    """``t.grad_fn is not None``, read below the torch-function layer: on a
+    MetaTensor the property is a torch-function call (~10 us), asked of most
+    forward outputs (core/record.py)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.grad_fn is not None
+
+
 meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 

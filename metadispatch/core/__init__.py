@@ -1,6 +1,7 @@
 """The engine: one aten call, from its arguments to its record.
 
 ``dispatch`` (convert inputs, find the device, route, wrap, record),
+``hit`` (the cache-hit path: one pass from arguments to record),
 ``router`` (which stage answers: user rule, built-in rule, meta kernel,
 decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
 by call, shared by every mode), ``record`` (the recorder: calls into

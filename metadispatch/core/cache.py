@@ -120,7 +120,17 @@ from ..ir.trace import TensorMeta
 from ..tensor.tensor import META, MetaTensor, wrap
 from . import registry
 
-__all__ = ["MetaCache", "UNCACHABLE", "clear", "context", "LIMIT", "LIMIT_BYTES", "cached_bytes", "entry_weight"]
+__all__ = [
+    "MetaCache",
+    "UNCACHABLE",
+    "clear",
+    "context",
+    "view_bits",
+    "LIMIT",
+    "LIMIT_BYTES",
+    "cached_bytes",
+    "entry_weight",
+]
 
 UNCACHABLE = object()
 LIMIT = 16384  # entries in the shared cache, several hundred bytes each: ~150 per model
@@ -188,7 +198,7 @@ class MetaCache:
         ``tensors`` (the call's MetaTensors) for the bits a record lacks."""
         key = _call_key(func, enc_args, enc_kwargs, device, ctx, _meta_key)
         if key is not None:
-            bits = _view_bits(tensors)
+            bits = view_bits(tensors)
             if bits:
                 key += (bits,)
         return key
@@ -353,7 +363,7 @@ def _meta_key(a, storages):
     return None
 
 
-def _view_bits(tensors):
+def view_bits(tensors):
     """The conj/neg bits of the tensor arguments, which no TensorMeta holds
     (Note [Conjugate and negative bits]); None when no argument has one."""
     marked = None

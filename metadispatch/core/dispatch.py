@@ -15,6 +15,7 @@ from ..source import user_frame
 from ..spec.schema import facts
 from ..tensor.tensor import META, STATE, Converter, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 from ..values import bounds, known
+from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .router import route
 
@@ -41,6 +42,7 @@ _REFUSALS = (RuntimeError, NotImplementedError, ValueError, IndexError, TypeErro
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
+_FAST: dict = {}  # op -> whether its calls may take the cache-hit path (hit.eligible), decided once
 
 
 def dispatch(func, args, kwargs, mode):
@@ -49,6 +51,14 @@ def dispatch(func, args, kwargs, mode):
         # (Note [Backend keys of a logical CPU]).
         return args[0].device
     f = facts(func)
+    if mode is not None and not kwargs and mode._depth == 0 and mode.record and mode.cache is not None:
+        fast = _FAST.get(func)
+        if fast is None:
+            fast = _FAST[func] = hit.eligible(f, _CROSS_DEVICE)
+        if fast:
+            out = hit.answer_hit(func, f, args, mode, fast == 2)  # Note [The cache-hit path] in hit.py
+            if out is not hit.MISS:
+                return out
     if f.passthrough:
         # Note [record_function ranges in a trace]
         # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

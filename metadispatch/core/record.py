@@ -196,7 +196,7 @@ class Recorder:
                 # runs for most outputs of a forward with grad.)
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
-                if st.call is not None and t.grad_fn is not None:  # set by autograd, not the user
+                if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
                     call = self.trace.calls[st.call]
                     call.outputs = _swap(call.outputs, old, m)
             return m

@@ -77,7 +77,9 @@ def differences(recorded, real: torch.Tensor, device: torch.device | None = None
     out: list[tuple] = []
     if recorded.dtype != real.dtype:
         out.append(("dtype", recorded.dtype, real.dtype))
-    recorded_device = getattr(getattr(recorded, "_md", None), "device", None) or recorded.device  # a MetaTensor's logical device
+    recorded_device = (
+        getattr(getattr(recorded, "_md", None), "device", None) or recorded.device
+    )  # a MetaTensor's logical device
     if device is not None and recorded_device != device:
         out.append(("device", recorded_device, device))
     if real.numel() > 0:

@@ -36,7 +36,7 @@ import torch
 
 from ..tensor.tensor import MetaTensor
 
-__all__ = ["Bounds", "bounds_of", "propagate", "fill_within", "decided", "COMPARISONS"]
+__all__ = ["Bounds", "bounds_of", "has_rule", "propagate", "fill_within", "decided", "COMPARISONS"]
 
 
 class Bounds(NamedTuple):
@@ -98,10 +98,19 @@ def _int_within(ints: int, lo: float, hi: float) -> int:
 _FINITE = Bounds(0.0, 0.0, "_amp_foreach_non_finite_check_and_unscale_ (finite gradients assumed)")
 
 
+def has_rule(name: str) -> bool:
+    """Whether a call of op ``name`` may give its outputs bounds or decide a
+    comparison from them, though no input has bounds (core/hit.py asks)."""
+    return name in _RULES or name in COMPARISONS or name == _AMP_UNSCALE
+
+
+_AMP_UNSCALE = "aten._amp_foreach_non_finite_check_and_unscale_.default"
+
+
 def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> None:
     """Give the outputs of a top-level call ``name`` their bounds, if it has a
     rule here; an in-place op without one drops the bounds of what it wrote."""
-    if name == "aten._amp_foreach_non_finite_check_and_unscale_.default":
+    if name == _AMP_UNSCALE:
         found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
         if isinstance(found_inf, MetaTensor):
             found_inf._md.bounds = _FINITE

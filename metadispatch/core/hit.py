@@ -1,0 +1,162 @@
+"""The cache-hit path: a recorded call whose answer the cache already holds.
+
+Note [The cache-hit path]
+~~~~~~~~~~~~~~~~~~~~~~~~~
+Most recorded calls of a model are cache hits (layer 7 runs layer 0's ops on
+layer 0's shapes), and a hit needs less than the full path gives every call:
+no real tensor to convert, no device argument to resolve, no value knowledge
+or bounds to carry, no schema work.  So for an op that can be served this
+way (:func:`eligible`, decided once per op) and a call whose tensors are all
+MetaTensors this recorder has numbered, with no known value or bounds, one
+pass over the arguments does what the full path spreads over four: it
+encodes each argument as the recorder would (its TensorMeta), builds the
+cache key from those records exactly as ``MetaCache.key_from_encoded``
+does, and finds the outputs' logical device as ``_common_device`` does.  On
+a hit the outputs are rebuilt from the recipe and the call recorded; on
+anything else -- a miss, an uncachable entry, an argument of another kind,
+two devices that would raise -- it answers :data:`MISS` and the full path
+runs from the start, having changed nothing (a tensor whose record lacked
+its ``requires_grad`` has it corrected, which the full path would do too).
+
+The key must be the one the full path builds, or the two paths would fill
+the cache with entries the other never finds:
+``tests/test_cache_differential.py`` holds them equal (cache off, on, and
+interleaved), and ``test_hit_path_key_is_the_full_path_key`` compares keys.
+"""
+
+from __future__ import annotations
+
+from ..errors import MetaDispatchError, mark_call
+from ..ir.records import PLAIN_TYPES
+from ..source import user_frame
+from ..tensor.tensor import STATE, MetaTensor
+from ..values import bounds, known
+from .cache import UNCACHABLE, context, view_bits
+
+__all__ = ["MISS", "eligible", "answer_hit"]
+
+MISS = object()
+_PLAIN = frozenset(PLAIN_TYPES) - {int}
+_CPU_TYPE = "cpu"
+
+
+def eligible(f, cross_device) -> int:
+    """Whether calls of the op ``f`` may take the hit path: 0 if not; 1 if
+    cached, with no device argument, not a factory, and nothing value
+    knowledge would add to its outputs; 2 if also its outputs get bounds of
+    their own (``sigmoid``'s [0, 1]) -- the bounds rule runs after the hit
+    (Note [The cache-hit path])."""
+    if not (
+        f.cacheable
+        and not f.passthrough
+        and f.device_arg is None
+        and not f.is_factory
+        and f.name not in cross_device
+        and f.name not in known.SPECIAL
+    ):
+        return 0
+    return 2 if bounds.has_rule(f.name) else 1
+
+
+def answer_hit(func, f, args, mode, with_bounds: bool):
+    """The recorded outputs of a call the cache can answer, else :data:`MISS`."""
+    rec = mode._recorder
+    token = rec.token
+    tensors: list = []
+    storages: list = []
+    parts: list = [func, None, None]
+    enc: list = []
+    device = scalar = loose = None
+    for a in args:
+        t = type(a)
+        if t is int:
+            parts.append(a)
+            enc.append(a)
+        elif t is MetaTensor:
+            st = a._md
+            if st.recorder is not token or st.known is not None or st.bounds is not None:
+                return MISS
+            m = st.meta
+            if m.requires_grad != a.requires_grad:
+                m = rec.meta_of(a)
+            d = st.device
+            if d.type == "meta":
+                loose = d
+            elif not m.shape and d.type == _CPU_TYPE:
+                scalar = scalar or d
+            elif device is None:
+                device = d
+            elif d != device:
+                return MISS  # the full path raises the device error
+            tensors.append(a)
+            storages.append(m.storage)
+            parts.append(m[1:7])
+            enc.append(m)
+        elif t in _PLAIN:
+            parts.append((t, a))
+            enc.append(a)
+        elif t is list or t is tuple:
+            sub_key: list = []
+            sub_enc: list = []
+            for x in a:
+                tx = type(x)
+                if tx is int:
+                    sub_key.append(x)
+                    sub_enc.append(x)
+                elif tx is MetaTensor:
+                    st = x._md
+                    if st.recorder is not token or st.known is not None or st.bounds is not None:
+                        return MISS
+                    m = st.meta
+                    if m.requires_grad != x.requires_grad:
+                        m = rec.meta_of(x)
+                    d = st.device
+                    if d.type == "meta":
+                        loose = d
+                    elif not m.shape and d.type == _CPU_TYPE:
+                        scalar = scalar or d
+                    elif device is None:
+                        device = d
+                    elif d != device:
+                        return MISS
+                    tensors.append(x)
+                    storages.append(m.storage)
+                    sub_key.append(m[1:7])
+                    sub_enc.append(m)
+                elif tx in _PLAIN:
+                    sub_key.append((tx, x))
+                    sub_enc.append(x)
+                else:
+                    return MISS
+            parts.append((tuple, tuple(sub_key)))  # encode() turns lists into tuples
+            enc.append(tuple(sub_enc))
+        else:
+            return MISS
+    if not tensors:
+        return MISS
+    device = device or scalar or loose
+    if device is None:
+        return MISS
+    parts[1] = device
+    parts[2] = context(mode, f)
+    if len(storages) > 1 and len(set(storages)) < len(storages):
+        first: dict = {}
+        parts.append(("aliasing", tuple([first.setdefault(s, i) for i, s in enumerate(storages)])))
+    key = tuple(parts)
+    bits = view_bits(tensors)
+    if bits:
+        key += (bits,)
+    cache = mode.cache
+    hit = cache.entries.get(key)
+    if hit is None or hit[0] is UNCACHABLE:
+        return MISS
+    STATE.ambient = device  # as _device() leaves it (Note [Meta from options] in dispatch.py)
+    result = cache.replay(hit[0], tensors, device)
+    if with_bounds:  # no input has bounds, so no comparison is decided by them (bounds.decided)
+        bounds.propagate(f.name, f.mutates, args, {}, result)
+    try:
+        rec.record(func, f, (tuple(enc), None), result, hit[1])
+    except MetaDispatchError as e:  # a result a trace cannot hold
+        mark_call(e, f.name, user_frame())
+        raise
+    return result
