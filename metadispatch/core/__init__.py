@@ -2,6 +2,7 @@
 
 ``dispatch`` (convert inputs, find the device, route, wrap, record),
 ``hit`` (the cache-hit path: one pass from arguments to record),
+``call`` (the Call object every stage reads),
 ``router`` (which stage answers: user rule, built-in rule, meta kernel,
 decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
 by call, shared by every mode), ``record`` (the recorder: calls into

@@ -17,6 +17,7 @@ from ..tensor.tensor import META, STATE, Converter, MetaTensor, is_wrapper_subcl
 from ..values import bounds, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
+from .call import Call
 from .router import route
 
 __all__ = ["dispatch"]
@@ -46,6 +47,13 @@ _FAST: dict = {}  # op -> whether its calls may take the cache-hit path (hit.eli
 
 
 def dispatch(func, args, kwargs, mode):
+    """Answer one aten call ``func(*args, **kwargs)`` with MetaTensors, and
+    record it when ``mode`` is a recording MetaMode at top level.
+
+    ``mode`` is None for a MetaTensor outside any mode (nothing recorded).
+    The ways a call is answered, in order, are listed in router.py's
+    docstring; Note [A call's way through the engine] in call.py.
+    """
     if func is _PRIM_DEVICE:
         # C++ asking a logical-CPU MetaTensor for its device
         # (Note [Backend keys of a logical CPU]).
@@ -81,14 +89,12 @@ def dispatch(func, args, kwargs, mode):
     args, kwargs, tensors = converted
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record
-    if recording:
-        pending = mode._recorder.encode_inputs(args, kwargs)
+    pending = mode._recorder.encode_inputs(args, kwargs) if recording else None
+    call = Call(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, pending)
     note = None
     try:
         try:
-            out, stage = _answer(
-                func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, pending if recording else None
-            )
+            out, stage = _answer(call)
         except (DataDependentError, UnsupportedOpError) as e:
             # Inputs built from constants alone are answered from their real
             # values (Note [Known values] in known.py).  Else, under md.check
@@ -131,35 +137,37 @@ def dispatch(func, args, kwargs, mode):
     return result
 
 
-def _answer(func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, encoded):
+def _answer(call: Call):
     """Route the call, or rebuild its outputs from the mode's metadata cache."""
+    mode, f, args, kwargs = call.mode, call.f, call.args, call.kwargs
     cache = mode.cache if mode is not None else None
     if cache is None or not f.cacheable:
-        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+        return route(call)
     ctx = context(mode, f)
+    encoded = call.encoded
     if encoded is not None:
-        key = cache.key_from_encoded(func, encoded[0], encoded[1], device, ctx, tensors)
+        key = cache.key_from_encoded(call.func, encoded[0], encoded[1], call.device, ctx, call.tensors)
     else:
-        key = cache.key(func, args, kwargs, device, ctx)
+        key = cache.key(call.func, args, kwargs, call.device, ctx)
     if key is None:
         cache.bypasses += 1
-        return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
-    hit = cache.entries.get(key)
-    if hit is not None:
-        if hit[0] is UNCACHABLE:
+        return route(call)
+    found = cache.entries.get(key)
+    if found is not None:
+        if found[0] is UNCACHABLE:
             cache.bypasses += 1
-            return route(func, f, args, kwargs, kargs, kkwargs, device, mode)
-        return cache.replay(hit[0], tensors, device), hit[1]
+            return route(call)
+        return cache.replay(found[0], call.tensors, call.device), found[1]
     before = _written_keys(f, args, kwargs) if f.mutates else None
     reads = value_reads()
-    out, stage = route(func, f, args, kwargs, kargs, kkwargs, device, mode)
+    out, stage = route(call)
     cache.misses += 1
     if before is not None and before != _written_keys(f, args, kwargs):
         cache.store(key, UNCACHABLE, stage)  # it changed its argument's metadata
     elif value_reads() != reads:
         cache.store(key, UNCACHABLE, stage)  # computed from a value (Note [Known values])
     else:
-        cache.remember(key, f, tensors, out, stage)
+        cache.remember(key, f, call.tensors, out, stage)
     return out, stage
 
 
