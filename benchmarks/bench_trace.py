@@ -1,4 +1,5 @@
-"""Tracing speed: md.trace against FakeTensorMode, the meta device and a passthrough mode.
+"""Tracing speed: md.trace against FakeTensorMode, the meta device, a passthrough mode
+and the Python floor of a recording tracer (benchmarks/floor.py).
 
 Every figure is a ratio measured side by side in one run.  Run:
 
@@ -16,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
 from benchmarks.common import best_of, build, llama_config, machine, table, train_step  # noqa: E402
+from benchmarks.floor import FloorMode  # noqa: E402
 
 
 class Passthrough(TorchDispatchMode):
@@ -60,6 +62,18 @@ def measure(model_cls, cfg, backward: bool, repeat: int = 5, cold: bool = False)
         md.trace(mstep, mids)
 
     times["md.trace"] = best_of(run_md, repeat)
+
+    floor_cache: dict = {}  # process-wide, as md's and Fake's caches are
+    fl_model, fl_ids = build(model_cls, cfg, FloorMode())
+    fl_step = train_step(fl_model, backward)
+
+    def run_floor():
+        if cold:
+            floor_cache.clear()
+        with FloorMode(floor_cache):
+            fl_step(fl_ids)
+
+    times["floor (e)"] = best_of(run_floor, repeat)
     return {"times": times, "calls": calls}
 
 
@@ -129,9 +143,17 @@ def main() -> None:
         r = measure(cls, cfg, backward, cold=cold)
         t = r["times"]
         rows.append(
-            (label, r["calls"], *(f"{t[k] * 1e3:.0f} ms" for k in t), f"{t['md.trace'] / t['FakeTensorMode']:.2f}x")
+            (
+                label,
+                r["calls"],
+                *(f"{t[k] * 1e3:.0f} ms" for k in t),
+                f"{t['md.trace'] / r['calls'] * 1e6:.1f} us",
+                f"{t['md.trace'] / t['FakeTensorMode']:.2f}x",
+                f"{t['md.trace'] / t['floor (e)']:.2f}x",
+            )
         )
-    print(table(rows, ("model", "calls", "meta", "passthrough", "FakeTensorMode", "md.trace", "md/Fake")))
+    head = ("model", "calls", "meta", "passthrough", "FakeTensorMode", "md.trace", "floor (e)", "md per call")
+    print(table(rows, (*head, "md/Fake", "md/floor")))
     print()
     print(table(micro(), ("op", "MetaMode", "FakeTensorMode", "ratio")))
     print()
