@@ -78,3 +78,16 @@ def test_hit_path_keeps_bounds_rules(monkeypatch):
     b = bounds_of(out)
     assert b is not None and (b.lo, b.hi) == (0.0, 1.0)
     assert engine._FAST[torch.ops.aten.sigmoid.default] == 2
+
+
+def test_hit_path_leaves_bounded_inputs_to_the_full_path():
+    # rand's output has bounds [0, 1]; x + 1 on it must carry them to [1, 2]
+    # on the second trace too, where add's answer is in the cache.
+    def step():
+        return torch.rand(4) + 1
+
+    engine._FAST.clear()
+    for _ in range(2):
+        b = bounds_of(md.trace(step).output)
+        assert b is not None and (b.lo, b.hi) == (1.0, 2.0)
+    assert engine._FAST[torch.ops.aten.add.Tensor] == 1  # no bounds of its own: no rule run on a hit

@@ -55,7 +55,7 @@ def eligible(f, cross_device) -> int:
         and f.name not in known.SPECIAL
     ):
         return 0
-    return 2 if bounds.has_rule(f.name) else 1
+    return 2 if bounds.bounds_without_inputs(f.name) else 1
 
 
 def answer_hit(func, f, args, mode, with_bounds: bool):

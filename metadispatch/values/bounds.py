@@ -36,7 +36,7 @@ import torch
 
 from ..tensor.tensor import MetaTensor
 
-__all__ = ["Bounds", "bounds_of", "has_rule", "propagate", "fill_within", "decided", "COMPARISONS"]
+__all__ = ["Bounds", "bounds_of", "bounds_without_inputs", "propagate", "fill_within", "decided", "COMPARISONS"]
 
 
 class Bounds(NamedTuple):
@@ -98,10 +98,13 @@ def _int_within(ints: int, lo: float, hi: float) -> int:
 _FINITE = Bounds(0.0, 0.0, "_amp_foreach_non_finite_check_and_unscale_ (finite gradients assumed)")
 
 
-def has_rule(name: str) -> bool:
-    """Whether a call of op ``name`` may give its outputs bounds or decide a
-    comparison from them, though no input has bounds (core/hit.py asks)."""
-    return name in _RULES or name in COMPARISONS or name == _AMP_UNSCALE
+def bounds_without_inputs(name: str) -> bool:
+    """Whether a call of op ``name`` may give its outputs bounds though no
+    input has any (``sigmoid``'s [0, 1], ``clamp``'s constants, a random
+    source's range; core/hit.py asks).  Rules that only carry an input's
+    bounds along (views, copies, ``x + 1``) give none then, and a comparison
+    is decided only by its input's bounds."""
+    return (name in _RULES and name not in _CARRIED) or name == _AMP_UNSCALE
 
 
 _AMP_UNSCALE = "aten._amp_foreach_non_finite_check_and_unscale_.default"
@@ -363,6 +366,11 @@ for _name in (
 ):
     _full = f"aten.{_name}" if "." in _name else f"aten.{_name}.default"
     _RULES[_full] = _same
+
+# Rules that give nothing to an output whose inputs have no bounds.
+_CARRIED = frozenset(
+    name for name, r in _RULES.items() if r is _same or getattr(r, "__qualname__", "").startswith("_affine.")
+)
 
 
 # Note [Bounds that decide a comparison]
