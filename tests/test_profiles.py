@@ -8,7 +8,7 @@ import torch
 import metadispatch as md
 from metadispatch.spec import profiles
 
-BUILT_IN = ["h100", "h200", "a100-80gb", "a100-40gb", "l4", "b200"]
+BUILT_IN = ["h100", "h200", "a100-80gb", "a100-40gb", "l4", "l40s", "b200"]
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -97,3 +97,23 @@ def test_profile_unregistered_copies_pickles_and_may_not_take_a_registered_name(
     other = dataclasses.replace(md.gpu_profile("h100"), memory=2**20)
     with pytest.raises(md.MetaDispatchError, match="registered with other figures"):
         md.MetaMode(device="cuda", gpu=other)
+
+
+def test_profile_l40s_decides_capacity_and_attention():
+    # CONTRIBUTING's newcomer path for a profile, tried on the L40S: its
+    # capacity decides md.fits (a 30 GiB step fits on it and not on an L4),
+    # and its capability (8, 9) is what torch.cuda answers, so SDPA picks
+    # the backend torch picks on Ada (flash attention, as on the L4).
+    def step(x):
+        q = x.view(1, 8, 1024, 64)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    big = md.tracer(device="cuda", gpu="l40s")(lambda: torch.empty(30 * 2**30, dtype=torch.uint8, device="cuda"))
+    assert md.fits(big, gpu="l40s").fits and not md.fits(big, gpu="l4").fits
+    ops = {}
+    for gpu in ("l40s", "l4"):
+        with md.MetaMode(device="cuda", gpu=gpu):
+            assert torch.cuda.get_device_capability() == (8, 9)
+        trace = md.tracer(device="cuda", gpu=gpu)(step, torch.randn(8 * 1024 * 64, dtype=torch.float16))
+        ops[gpu] = [c.op for c in trace.calls]
+    assert ops["l40s"] == ops["l4"] and any("flash" in op for op in ops["l40s"])

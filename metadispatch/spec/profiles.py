@@ -218,6 +218,20 @@ for _p in (
     GPUProfile(
         "l4", "L4 24 GB", (8, 9), 58, 23034 * MiB, 300e9, _flops(0.47, 30.3, 60, 121, 121, 242.5, 242.5), 48 * MiB, 64e9
     ),
+    # NVIDIA L40S datasheet (https://www.nvidia.com/en-us/data-center/l40s/; dense = half the
+    # sparse figures); 46,068 MiB nvidia-smi total (approximate); fp64 is 1/64 of fp32 (Ada), not
+    # on the datasheet; L2 96 MB from the Ada architecture whitepaper; PCIe Gen4 x16.
+    GPUProfile(
+        "l40s",
+        "L40S 48 GB",
+        (8, 9),
+        142,
+        46068 * MiB,
+        864e9,
+        _flops(1.43, 91.6, 183, 362, 362, 733, 733),
+        96 * MiB,
+        64e9,
+    ),
     # NVIDIA HGX B200 datasheet, per GPU (dense = half the sparse figures); 183,359 MiB nvidia-smi
     # total (approximate); L2 126 MB is from NVIDIA's Blackwell tuning guide, not the datasheet.
     GPUProfile(
