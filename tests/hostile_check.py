@@ -15,7 +15,7 @@ FLOPs): what they test is that the budget counts something (calls, scratch),
 which the default budget -- half this machine's free memory -- would allow.
 
 There is no alarm here: a signal handler cannot interrupt a long C kernel.
-The parent (tests/test_hostile.py) kills this process when a file runs past
+The parent (tests/execution/test_hostile.py) kills this process when a file runs past
 its time and starts another at the next file.
 """
 

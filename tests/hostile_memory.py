@@ -1,7 +1,7 @@
 """Hostile files aimed at what replay runs: memory safety, hidden writes and budgets.
 
 Each builder returns a :class:`~tests.hostile_doc.Doc` of one attack, so
-that tests/test_hostile_replay.py can check one promise at a time, and
+that tests/execution/test_hostile_replay.py can check one promise at a time, and
 :func:`write` puts them all in the corpus (hostile_traces.py) with the class
 each must end as:
 

@@ -15,7 +15,7 @@ Every file, whatever its class, must leave no marker file (payloads try to
 create ``outside/pwned*``), write no file outside the corpus directory, leave
 the caller's tensors unchanged and import no module.  hostile_check.py runs
 the files in a child process under an address-space limit and
-``tests/test_hostile.py`` holds each to its class.  ``python
+``tests/execution/test_hostile.py`` holds each to its class.  ``python
 tests/hostile_traces.py DIR OUTSIDE`` writes the corpus by hand.
 """
 

@@ -11,7 +11,7 @@ tensor attributes -- must be as before, no MetaTensor (nor a tensor on
 ``meta``) may be reachable from them, and once the trace is dropped no real
 tensor the test made may be kept alive by metadispatch.
 
-``tests/test_untouched.py`` holds the first matrix of this kind (in-place
+``tests/mode/test_untouched.py`` holds the first matrix of this kind (in-place
 inputs, caches on attributes, optimizers, one scheduler, dropout, RNG); the
 patterns here are the ones it does not cover.
 """

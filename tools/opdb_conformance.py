@@ -42,7 +42,7 @@ configuration's traces must be identical (``str(trace)`` and every
     python tools/opdb_conformance.py --cache-diff -j 2
 
 and ``--cache-diff --models`` the same for a training step of each model in
-``tests/models.py``.  ``tests/test_cache_differential.py`` runs both on a
+``tests/models.py``.  ``tests/core/test_cache_differential.py`` runs both on a
 sample.
 """
 

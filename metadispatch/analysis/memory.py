@@ -31,7 +31,7 @@ Limits: the allocator's fragmentation and caching are not in this figure
 shows.
 
 :class:`LiveStorages` (``live.py``) does the same accounting on a real run, so the model
-can be checked against reality (see ``tests/test_memory.py``).
+can be checked against reality (see ``tests/analysis/test_memory.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ an :class:`Efficiency` per GPU profile, by op class and FLOP bucket, so that
 a small GEMM is not priced like a large one.  The time of a step is the sum:
 one stream, no overlap of kernels, which eager training on one GPU is close
 to.  Since every efficiency is at most 1, no call is ever estimated below its
-roofline bound (``tests/test_runtime.py`` checks it over many traces).
+roofline bound (``tests/analysis/test_runtime.py`` checks it over many traces).
 
 Limits, stated rather than hidden: the shipped table is *uncalibrated* -- no
 GPU was available to measure it; its figures come from published kernel

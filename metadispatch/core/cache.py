@@ -74,7 +74,7 @@ many that have no bit).
 Note [What an entry weighs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 An entry's bytes are what it alone keeps alive, as tracemalloc sees them
-(``tests/test_cache_bounds.py`` compares the two): each tuple once, ints
+(``tests/core/test_cache_bounds.py`` compares the two): each tuple once, ints
 beyond CPython's small-int cache, floats, strings other than names (kwarg
 names and identifier-like literals are interned by CPython), and the dict
 slot and value tuple that hold it -- not the op, dtype, device and type

@@ -20,7 +20,7 @@ its ``requires_grad`` has it corrected, which the full path would do too).
 
 The key must be the one the full path builds, or the two paths would fill
 the cache with entries the other never finds:
-``tests/test_cache_differential.py`` holds them equal (cache off, on, and
+``tests/core/test_cache_differential.py`` holds them equal (cache off, on, and
 interleaved), and ``test_hit_path_key_is_the_full_path_key`` compares keys.
 """
 

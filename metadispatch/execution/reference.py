@@ -7,7 +7,7 @@ Note [The reference loop]
 bindings.py).  This is the same walk, interpreted, as micrograd and jax's
 ``eval_jaxpr`` read: bind each id to a real tensor, call each recorded op on
 them, check what it returned.  It calls every op as its recorded overload,
-frees nothing and has no fences, so ``tests/test_program.py`` can hold the
+frees nothing and has no fences, so ``tests/execution/test_program.py`` can hold the
 generated program to it: the same tensors, bit for bit, and the same
 mismatches, on the zoo's traces.  It takes the program's own ``run``
 arguments (``Program``'s docstring), so the rest of replay -- binding,

@@ -121,7 +121,7 @@ _BANNED_MESSAGE = (
 
 # C++ composites (CompositeImplicitAutograd) not on the lists whose bodies
 # call no listed op: with autocast on they run as with it off.  Each is
-# checked against C++ autocast on FakeTensors (tests/test_autocast_cuda.py).
+# checked against C++ autocast on FakeTensors (tests/gpu/test_autocast_cuda.py).
 INERT_COMPOSITES = frozenset(
     """
     size stride dim numel is_floating_point is_complex is_nonzero is_same_size is_signed result_type

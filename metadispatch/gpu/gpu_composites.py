@@ -8,7 +8,7 @@ logical-GPU tensors only, and is registered with the MetaMode's
 torch-function overrides (Note [Composite overrides] in composites.py);
 calls inside torch's Python functions meet them too (Note [Seeing inside
 torch's Python functions] in inside.py).  Checked against C++ on fake CUDA
-tensors (tests/test_logical_gpu_composites.py, tests/test_logical_gpu_opdb.py).
+tensors (tests/gpu/test_logical_gpu_composites.py, tests/gpu/test_logical_gpu_opdb.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ deny:
   ``select``'s index, ``as_strided``'s offset: the view fence checks views);
 - ``kernel``: its CPU kernel bounds-checks the named arguments itself,
   raising torch's error (``gather``, ``index``, ``nll_loss``'s target, ...);
-  ``tests/test_positions_kernels.py`` proves it for each, on this torch,
+  ``tests/execution/test_positions_kernels.py`` proves it for each, on this torch,
   with extreme values under a guard-page allocator;
 - ``checked``: replay checks the named arguments just before the call
   (``execution/value_checks.py``: indices inside the plane they index,
@@ -38,7 +38,7 @@ deny:
 
 An op with no class (one a newer torch adds) is refused in a loaded trace
 whenever a tensor it is handed holds integers or booleans -- the only way a
-value becomes a position -- and ``tests/test_positions.py`` fails, so that
+value becomes a position -- and ``tests/ir/test_positions.py`` fails, so that
 it is classified before a release.  Classes are per packet
 (``aten::embedding_bag``), or per overload where overloads differ
 (``aten::div.Tensor_mode``).  A trace built in this process is trusted as
@@ -87,7 +87,7 @@ def _entries(kind: str, table: dict) -> dict:
     return {name: Position(kind, tuple(args.split()), why) for name, (args, why) in table.items()}
 
 
-# Ops whose CPU kernel checks the named arguments (tests/test_positions_kernels.py).
+# Ops whose CPU kernel checks the named arguments (tests/execution/test_positions_kernels.py).
 _KERNEL = {
     "aten::gather": ("index", "raises 'index out of bounds'"),
     "aten::gather_backward": ("index", "scatters by index with scatter_add's checks"),

@@ -2,7 +2,7 @@
 
 Importing this package registers them.  Each rule is a plain function
 registered with ``@builtin_rule``; each has a differential test against the
-real kernel (``tests/test_rules.py`` and the family's own test).  Families:
+real kernel (``tests/rules/test_rules.py`` and the family's own test).  Families:
 ``activations``, ``attention`` (SDPA on a logical GPU, with ``sdp_choice``
 its backend choice, ``attention_math`` its math body with dropout,
 ``attention_rng`` its seed and offset), ``batch_norm_cuda``,

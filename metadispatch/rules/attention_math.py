@@ -11,7 +11,7 @@ logical GPU's meta tensor the generic four ops and a float mask -- what a
 real H100 did not run in T5's training step (tools/gpu_conformance.py).
 :func:`math_attention` is the body of that function and the mask conversion
 of its caller (attention.cpp), op for op as they dispatch, with the dropout
-passed in: on a logical GPU ``native_dropout``.  tests/test_sdpa_choice.py
+passed in: on a logical GPU ``native_dropout``.  tests/gpu/test_sdpa_choice.py
 holds it, with the generic dropout, to the C++ body's eager CPU calls.
 """
 

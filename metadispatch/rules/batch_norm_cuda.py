@@ -22,7 +22,7 @@ eval, fewer than 2**31 - 1 elements, and ``eps`` is at least cuDNN's
 ``CUDNN_BN_MIN_EPSILON`` -- 0.0 in the cuDNN torch ships (``F.batch_norm`` itself
 refuses a negative ``eps``), so this only matters for direct calls with a
 negative one.  Every condition is pinned against a FakeTensorMode on a CUDA
-build of torch in tests/test_logical_cuda_batch_norm.py.  MIOpen (ROCm) is
+build of torch in tests/gpu/test_logical_cuda_batch_norm.py.  MIOpen (ROCm) is
 not modelled: the profiles are NVIDIA GPUs.
 
 The cuDNN branch makes the input contiguous in its suggested memory format

@@ -35,7 +35,7 @@ binaries hold ``supportsBFloat16RNNWithCuDNN``, so both have ``use_cudnn``):
   choice is made above the dispatch, at each call of the composite, and the
   rules below read no global switch, so no cached answer depends on it
   (toggling ``torch.backends.cudnn.enabled`` between traces in one process
-  changes the trace: tests/test_cudnn_rnn.py);
+  changes the trace: tests/gpu/test_cudnn_rnn.py);
 - ``_cudnn_rnn``'s outputs (``_cudnn_rnn`` in cudnn/RNN.cpp): the output is
   made sequence-first and transposed for ``batch_first``, so its strides are
   ``(O, B*O, 1)`` there -- torch's meta kernel says contiguous, which no GPU

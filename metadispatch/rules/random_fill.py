@@ -11,7 +11,7 @@ on the default spent more time there than tracing.  The answer needs none
 of it: the op writes ``self`` and returns it.  What the rules keep is the
 kernels' refusals, checked before anything is written, in the CPU kernels'
 order (the argument, then the dtype) and with their messages; the meta
-kernels refuse the same calls (``tests/test_rules.py`` checks both
+kernels refuse the same calls (``tests/rules/test_rules.py`` checks both
 against CPU).  The checks are plain ``if``s: ``torch._check`` imports
 ``torch.fx.experimental.symbolic_shapes`` on first use, another 0.7 s.  ``uniform_``, ``bernoulli_`` and ``random_`` have C++ meta
 kernels and need no rule.

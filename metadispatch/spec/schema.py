@@ -96,7 +96,7 @@ def arg_value(call, arg: tuple):
 
 # Note [What an op writes and aliases]: what the schemas leave out, by op
 # packet (every overload: ``native_batch_norm.out`` writes its statistics as
-# the default does) and argument name.  tests/test_schema_writes.py runs each
+# the default does) and argument name.  tests/spec/test_schema_writes.py runs each
 # family's CPU kernels and checks that nothing they write is missing here.
 _UNANNOTATED_WRITES = {
     # Batch norm in training updates the running statistics in place (hence

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from fake_cuda import CudaLog
+from tests.fake_cuda import CudaLog
 from torch import nn
 
 import metadispatch as md
@@ -206,7 +206,7 @@ def _timm_vit():
 
 def _unet():
     pytest.importorskip("diffusers")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "tools"))
     import model_conformance  # the conformance table's UNet2D
 
     return model_conformance.CONFIGS["diffusers.unet"].build()

@@ -13,7 +13,7 @@ dropout draws), functional dropout, activation checkpointing with dropout
 (reentrant and not), explicit generators, gradient accumulation, a
 ``torch.compile``d module, ``nn.MultiheadAttention`` inference, and replays
 made wrong on purpose (made-up inputs, a stream the trace holds no state for).
-Inputs replay cannot bind are refused: tests/test_replay_inputs.py.
+Inputs replay cannot bind are refused: tests/execution/test_replay_inputs.py.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def test_equivalence_suite_models(name):
 
 
 def _zoo():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.join(root, "tools"))
     try:
         import model_conformance
@@ -329,9 +329,9 @@ def compiled_case() -> None:
 
 
 def test_equivalence_compiled_module():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
-        [sys.executable, "-c", "import tests.test_replay_equivalence as t; t.compiled_case()"],
+        [sys.executable, "-c", "import tests.execution.test_replay_equivalence as t; t.compiled_case()"],
         capture_output=True,
         text=True,
         timeout=600,

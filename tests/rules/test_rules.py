@@ -140,7 +140,7 @@ def _conv_backward(x, w, bias, stride, padding, dilation, transposed, output_pad
 
 
 SAMPLES = {
-    # rules/attention.py: a CPU device gets torch's own choice (logical CUDA: tests/test_sdpa_choice.py)
+    # rules/attention.py: a CPU device gets torch's own choice (logical CUDA: tests/gpu/test_sdpa_choice.py)
     aten._fused_sdp_choice.default: [(_x(2, 4, 8, 16, dtype=d),) * 3 for d in _DT]
     + [(_x(4, 8, 16),) * 3, (_x(2, 4, 8, 16),) * 3 + (None, 0.5)],
     # rules/convolution.py: the memory format C++'s backend choice gives
@@ -363,7 +363,7 @@ def test_rules_grouped_mm_refuses_what_the_cpu_kernel_refuses(case):
     assert str(real.value).split("got")[0] in str(meta.value)
 
 
-# Collectives need a process group to run for real: tests/test_distributed.py
+# Collectives need a process group to run for real: tests/world/test_distributed.py
 # checks their rules against real gloo runs (and wait_tensor against torch's).
 _NEEDS_A_WORLD = ("c10d", "_c10d_functional")
 
@@ -371,7 +371,7 @@ _NEEDS_A_WORLD = ("c10d", "_c10d_functional")
 # Rules that answer from a known value only: verify_rule's inputs are data.
 _NEEDS_A_VALUE = {aten.masked_select.default}
 
-# cuDNN's kernels, which no CPU runs (and no GPU was lent): tests/test_cudnn_rnn.py
+# cuDNN's kernels, which no CPU runs (and no GPU was lent): tests/gpu/test_cudnn_rnn.py
 # checks them against torch's meta kernel and the eager CPU module's shapes.
 _NEEDS_CUDNN = {
     aten._cudnn_rnn.default,

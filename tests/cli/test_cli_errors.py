@@ -443,7 +443,7 @@ def test_cli_console_finds_modules_where_the_user_stands(tmp_path):
     (tmp_path / "mymodel.py").write_text(
         "import torch\n\ndef build():\n    return torch.nn.Linear(2, 2), torch.ones(1, 2)\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     out = subprocess.run(
         [str(script), "check", "mymodel:build"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from sdpa_golden import CASES, PROFILES
+from tests.sdpa_golden import CASES, PROFILES
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import metadispatch as md

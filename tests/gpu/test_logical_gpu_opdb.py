@@ -14,11 +14,11 @@ import itertools
 
 import pytest
 import torch
-from fake_cuda import CudaLog
+from tests.fake_cuda import CudaLog
 
 import metadispatch as md
 from metadispatch.testing import trace_calls
-from tests.test_autocast_cuda import needs_fake_cuda
+from tests.gpu.test_autocast_cuda import needs_fake_cuda
 
 KNOWN = {
     # A FakeTensor on a host without a GPU cannot ask which fused attention

@@ -14,7 +14,7 @@ import torch
 import metadispatch as md
 from metadispatch.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("command", ["trace", "summary", "replay", "check"])

@@ -14,7 +14,7 @@ from torch import nn
 
 import metadispatch as md
 from metadispatch.testing import _EagerLog, trace_calls
-from tests.test_autocast_cuda import needs_fake_cuda
+from tests.gpu.test_autocast_cuda import needs_fake_cuda
 
 
 def _masked(x):

@@ -180,8 +180,8 @@ def test_instance_norm_backward_runs_cudnns():
 def test_under_cuda_autocast_equals_fake_cuda(train):
     """Under autocast(float16) a convolution hands BatchNorm a float16 input
     with float32 parameters: cuDNN's mixed case."""
-    from tests.test_autocast_cuda import _cuda_calls as autocast_calls
-    from tests.test_autocast_cuda import _same, _traced_calls
+    from tests.gpu.test_autocast_cuda import _cuda_calls as autocast_calls
+    from tests.gpu.test_autocast_cuda import _same, _traced_calls
 
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.BatchNorm2d(4))
     model.train(train)
