@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.fake_cuda import CudaLog
 from torch import nn
 
 import metadispatch as md
 from metadispatch.gpu import autocast
 from metadispatch.testing import trace_calls
 from tests import models
+from tests.fake_cuda import CudaLog
 
 
 def _fake_cuda_ok() -> bool:

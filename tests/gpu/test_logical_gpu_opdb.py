@@ -14,10 +14,10 @@ import itertools
 
 import pytest
 import torch
-from tests.fake_cuda import CudaLog
 
 import metadispatch as md
 from metadispatch.testing import trace_calls
+from tests.fake_cuda import CudaLog
 from tests.gpu.test_autocast_cuda import needs_fake_cuda
 
 KNOWN = {

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.sdpa_golden import CASES, PROFILES
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import metadispatch as md
+from tests.sdpa_golden import CASES, PROFILES
 
 _BACKENDS = {
     "math": SDPBackend.MATH,
