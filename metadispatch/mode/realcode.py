@@ -1,0 +1,111 @@
+"""torch's Python code that runs for real inside a MetaMode: a DataLoader's bookkeeping.
+
+Note [A DataLoader inside a traced step]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A step that iterates a ``DataLoader`` (``for x, y in loader:``; every
+``Trainer.fit``) runs the loader's bookkeeping before the first batch: its
+iterator draws a base seed, ``torch.empty((), dtype=torch.int64).random_(
+generator=loader.generator).item()``, and a shuffling ``RandomSampler``
+draws a seed and a ``randperm`` whose ``.tolist()`` orders the epoch.  Under
+a mode those are MetaTensors, and the first ``.item()`` raised
+DataDependentError -- no epoch could be traced.  These numbers are not the
+step's computation but the order in which the dataset is read, and eager
+reads it in the order the generator's state decides; so while a MetaMode is
+entered in a thread, the iterator's ``__init__``, ``_reset`` and
+``_next_index`` (where the sampler runs, lazily) run for real on the CPU,
+with no mode seeing them: the sampler yields eager's indices, from eager's
+generator states, and ``fetch`` (the dataset's ``__getitem__`` and the
+collate function) runs under the mode as the step's own code, so each batch
+is built by the ops eager dispatches for it.  The generators drawn from are
+kept (``MetaMode.keep_generator``) and put back when the mode exits, as every
+generator a trace reads is (docs/untouched.md); inside the step the draw has advanced
+them as in eager, and the next random op records the state it finds (Note
+[States that change unseen] in core/rngstate.py), so replay draws eager's
+numbers after the loader too.  Worker processes (``num_workers > 0``) are
+not modelled: their iterator raises before starting any.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import dataloader
+
+from .. import _compat
+from ..errors import UnsupportedFeatureError, mark_call
+from ..source import user_frame
+
+__all__ = ["PATCHES", "WIRING"]
+
+_TORCH: dict = {}  # torch's functions as they were when installed
+
+
+class _Wiring:
+    """``active()``: the MetaMode entered on this thread, or None (set by mode.py)."""
+
+    active = staticmethod(lambda: None)
+
+
+WIRING = _Wiring()
+
+
+def _for_real(name: str):
+    def run(it, *args, **kwargs):
+        mode = WIRING.active()
+        if mode is None:
+            return _TORCH[name](it, *args, **kwargs)
+        loader = args[0] if args else None
+        sampler = getattr(loader, "_index_sampler", None) or getattr(it, "_index_sampler", None)
+        for owner in (loader, sampler, getattr(sampler, "sampler", None)):
+            g = getattr(owner, "generator", None)
+            if isinstance(g, torch.Generator):
+                mode.keep_generator(g)
+        mode.keep_generator(torch.default_generator)  # a sampler without a generator seeds from it
+        with _compat.no_torch_function(), _compat.no_python_dispatch():
+            return _TORCH[name](it, *args, **kwargs)
+
+    return run
+
+
+def _workers(it, loader, *args, **kwargs):
+    if WIRING.active() is None:
+        return _TORCH["workers"](it, loader, *args, **kwargs)
+    error = UnsupportedFeatureError(
+        f"DataLoader(num_workers={loader.num_workers}) inside a MetaMode: worker processes would load the "
+        "dataset outside the trace (Note [A DataLoader inside a traced step]). Use num_workers=0 while tracing"
+    )
+    mark_call(error, "DataLoader.__iter__", user_frame())
+    it._shutdown = True  # nothing started: the iterator's __del__ has nothing to shut down
+    raise error
+
+
+def _patch(key: str, fn):
+    def make(below):
+        _TORCH[key] = below
+        return fn
+
+    return make
+
+
+_BASE = dataloader._BaseDataLoaderIter
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py).
+PATCHES = [
+    (
+        _BASE,
+        "__init__",
+        _patch("__init__", _for_real("__init__")),
+        "a DataLoader iterator's seed, drawn for real (Note [A DataLoader inside a traced step])",
+    ),
+    (_BASE, "_reset", _patch("_reset", _for_real("_reset")), "its sampler restarted, for real"),
+    (
+        _BASE,
+        "_next_index",
+        _patch("_next_index", _for_real("_next_index")),
+        "the sampler's next indices, for real",
+    ),
+    (
+        dataloader._MultiProcessingDataLoaderIter,
+        "__init__",
+        _patch("workers", _workers),
+        "worker processes, refused in the mode",
+    ),
+]
