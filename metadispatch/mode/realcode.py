@@ -1,4 +1,4 @@
-"""torch's Python code that runs for real inside a MetaMode: a DataLoader's bookkeeping.
+"""torch's Python code that runs for real inside a MetaMode: a DataLoader's bookkeeping, torch.load.
 
 Note [A DataLoader inside a traced step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -23,6 +23,23 @@ them as in eager, and the next random op records the state it finds (Note
 [States that change unseen] in core/rngstate.py), so replay draws eager's
 numbers after the loader too.  Worker processes (``num_workers > 0``) are
 not modelled: their iterator raises before starting any.
+
+Note [torch.load inside a MetaMode]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A checkpoint's bytes are data the user has, not values a step computes, and
+eager's ``torch.load`` gives real tensors holding them.  Under a mode torch's
+unpickler built each tensor as ``empty().set_(storage)`` -- MetaTensors on a
+storage the mode had made ``meta`` -- so the checkpoint's values were lost,
+and ``md.materialize`` of a module loaded from them failed on the recorded
+``aten.set_`` of a meta storage.  While a MetaMode is entered in a thread,
+``torch.load`` (and ``torch.serialization.load``) runs for real, no mode
+seeing it: it returns the real tensors eager returns, which the step then
+uses as it would any real tensor from its scope (Note [Known values]).
+``module.load_state_dict(torch.load(f))`` inside the mode records the copies
+from them, and ``md.materialize`` gives the checkpoint's values;
+``assign=True`` puts the real tensors in the module.  ``map_location``
+naming a device this host lacks (a logical GPU's "cuda") fails as in eager
+on this host.
 """
 
 from __future__ import annotations
@@ -66,6 +83,13 @@ def _for_real(name: str):
     return run
 
 
+def _load(*args, **kwargs):
+    if WIRING.active() is None:
+        return _TORCH["load"](*args, **kwargs)
+    with _compat.no_torch_function(), _compat.no_python_dispatch():
+        return _TORCH["load"](*args, **kwargs)
+
+
 def _workers(it, loader, *args, **kwargs):
     if WIRING.active() is None:
         return _TORCH["workers"](it, loader, *args, **kwargs)
@@ -102,6 +126,8 @@ PATCHES = [
         _patch("_next_index", _for_real("_next_index")),
         "the sampler's next indices, for real",
     ),
+    (torch, "load", _patch("load", _load), "torch.load, run for real (Note [torch.load inside a MetaMode])"),
+    (torch.serialization, "load", _patch("load", _load), "torch.serialization.load, the same"),
     (
         dataloader._MultiProcessingDataLoaderIter,
         "__init__",
