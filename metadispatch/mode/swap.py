@@ -211,6 +211,8 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: co
 _MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
 _STAND_IN_METHODS = {
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
+    # Note [Storage-level calls on a MetaTensor] in tensor.py
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("share_memory_", "pin_memory")},
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
     **{
         getattr(torch.Tensor, name).__get__: getattr(MetaTensor, name).fget
