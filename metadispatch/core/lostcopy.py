@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 
 import torch
 
@@ -56,7 +57,7 @@ def warn_if_lost(func, args) -> None:
 
 
 def _state_dict_key() -> str | None:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(12):  # Module._load_from_state_dict is a few frames above the dispatch
         if frame is None:
             return None
@@ -68,7 +69,8 @@ def _state_dict_key() -> str | None:
 
 def _user_level() -> int:
     """The stack level of the first frame outside torch and metadispatch."""
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None:
         name = frame.f_code.co_filename
         if "/torch/" not in name and "/metadispatch/" not in name:

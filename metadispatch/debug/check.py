@@ -365,7 +365,8 @@ def _module(mode) -> str:
 # are not plain values (a tensor as a KeyError's key) become their text.
 def without_frames(error: BaseException) -> None:
     """Drop ``error``'s frames and non-plain arguments, and those of its cause and context."""
-    todo, seen = [error], set()
+    todo: list[BaseException | None] = [error]
+    seen: set = set()
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:
