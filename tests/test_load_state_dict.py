@@ -130,3 +130,17 @@ def test_load_state_dict_torch_load_inside_a_trace_leaves_the_model_as_it_was():
     result = md.replay(t, (x,), module=model)
     assert result.ok, result
     assert torch.equal(result.output, eager_model.eval()(x))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a host without CUDA")
+def test_load_state_dict_logical_gpu_checkpoint_loads_with_map_location_cuda():
+    sd = _checkpoint()
+    f = _saved(sd)
+    with pytest.raises(RuntimeError):  # eager, on this host
+        torch.load(_saved(sd), map_location="cuda")
+    with md.MetaMode(device="cuda"):
+        model = _build()
+        model.load_state_dict(torch.load(f, map_location="cuda"))
+        assert model[0].weight.device == torch.device("cuda", 0)
+    real = md.materialize(model)
+    assert all(torch.equal(real.state_dict()[k].cpu(), v) for k, v in sd.items())

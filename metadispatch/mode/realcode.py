@@ -38,8 +38,10 @@ uses as it would any real tensor from its scope (Note [Known values]).
 ``module.load_state_dict(torch.load(f))`` inside the mode records the copies
 from them, and ``md.materialize`` gives the checkpoint's values;
 ``assign=True`` puts the real tensors in the module.  ``map_location``
-naming a device this host lacks (a logical GPU's "cuda") fails as in eager
-on this host.
+``"cuda"`` on a host without CUDA (a logical GPU's checkpoint) loads onto
+the CPU: a real tensor reaching the mode stands in on the mode's device, so
+the step sees the checkpoint on its logical GPU; a dict or a function as
+``map_location`` is torch's to apply.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from torch.utils.data import dataloader
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError, mark_call
+from ..gpu import cuda_answers
 from ..source import user_frame
 
 __all__ = ["PATCHES", "WIRING"]
@@ -83,11 +86,19 @@ def _for_real(name: str):
     return run
 
 
-def _load(*args, **kwargs):
+def _load(f, map_location=None, *args, **kwargs):
     if WIRING.active() is None:
-        return _TORCH["load"](*args, **kwargs)
+        return _TORCH["load"](f, map_location, *args, **kwargs)
+    if _names_cuda(map_location) and not cuda_answers.host_has_cuda():
+        map_location = "cpu"  # a logical GPU's tensors: real on the CPU, on the GPU to the mode
     with _compat.no_torch_function(), _compat.no_python_dispatch():
-        return _TORCH["load"](*args, **kwargs)
+        return _TORCH["load"](f, map_location, *args, **kwargs)
+
+
+def _names_cuda(map_location) -> bool:
+    if isinstance(map_location, (str, torch.device)):
+        return torch.device(map_location).type == "cuda"
+    return False
 
 
 def _workers(it, loader, *args, **kwargs):
