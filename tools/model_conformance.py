@@ -222,6 +222,7 @@ def _taken(collected: list) -> list:
 
 
 def _hook_shapes_model():
+    SHAPES.clear()  # what earlier runs of the row appended
     model = _seq(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
     for m in model:
         m.register_forward_hook(lambda m, args, out: SHAPES.append(tuple(out.shape)))
