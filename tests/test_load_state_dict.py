@@ -144,3 +144,21 @@ def test_load_state_dict_logical_gpu_checkpoint_loads_with_map_location_cuda():
         assert model[0].weight.device == torch.device("cuda", 0)
     real = md.materialize(model)
     assert all(torch.equal(real.state_dict()[k].cpu(), v) for k, v in sd.items())
+
+
+def test_load_state_dict_a_checkpoint_past_const_limit_is_kept_whole():
+    torch.manual_seed(5)
+    sd = nn.Linear(128, 64).state_dict()  # 8,192 weights: past the default const_limit of 4,096
+    f = _saved(sd)
+    with md.MetaMode():
+        model = nn.Linear(128, 64)
+        model.load_state_dict(torch.load(f))
+    real = md.materialize(model)
+    assert torch.equal(real.weight, sd["weight"]) and torch.equal(real.bias, sd["bias"])
+    # a state dict from the caller's scope is a constant like any other: past
+    # const_limit, materialize refuses rather than make the values up
+    with md.MetaMode():
+        model = nn.Linear(128, 64)
+        model.load_state_dict(sd)
+    with pytest.raises(md.MetaDispatchError, match="const_limit"):
+        md.materialize(model)

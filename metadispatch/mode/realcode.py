@@ -34,7 +34,9 @@ and ``md.materialize`` of a module loaded from them failed on the recorded
 ``aten.set_`` of a meta storage.  While a MetaMode is entered in a thread,
 ``torch.load`` (and ``torch.serialization.load``) runs for real, no mode
 seeing it: it returns the real tensors eager returns, which the step then
-uses as it would any real tensor from its scope (Note [Known values]).
+uses as it would any real tensor from its scope (Note [Known values]) --
+but for their size: the trace keeps their values however large
+(``Recorder.keep_values``), as the data the model is built from.
 ``module.load_state_dict(torch.load(f))`` inside the mode records the copies
 from them, and ``md.materialize`` gives the checkpoint's values;
 ``assign=True`` puts the real tensors in the module.  ``map_location``
@@ -50,6 +52,7 @@ import torch
 from torch.utils.data import dataloader
 
 from .. import _compat
+from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import cuda_answers
 from ..source import user_frame
@@ -87,12 +90,16 @@ def _for_real(name: str):
 
 
 def _load(f, map_location=None, *args, **kwargs):
-    if WIRING.active() is None:
+    mode = WIRING.active()
+    if mode is None:
         return _TORCH["load"](f, map_location, *args, **kwargs)
     if _names_cuda(map_location) and not cuda_answers.host_has_cuda():
         map_location = "cpu"  # a logical GPU's tensors: real on the CPU, on the GPU to the mode
     with _compat.no_torch_function(), _compat.no_python_dispatch():
-        return _TORCH["load"](f, map_location, *args, **kwargs)
+        loaded = _TORCH["load"](f, map_location, *args, **kwargs)
+    if mode.record:  # the trace keeps the checkpoint's values, whatever their size
+        mode._recorder.keep_values(t for t in pytree.tree_leaves(loaded) if isinstance(t, torch.Tensor))
+    return loaded
 
 
 def _names_cuda(map_location) -> bool:
