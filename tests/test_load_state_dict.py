@@ -162,3 +162,30 @@ def test_load_state_dict_a_checkpoint_past_const_limit_is_kept_whole():
         model.load_state_dict(sd)
     with pytest.raises(md.MetaDispatchError, match="const_limit"):
         md.materialize(model)
+
+
+@pytest.mark.parametrize("reader", ["safe_open", "load_file", "load"])
+def test_load_state_dict_safetensors_inside_the_mode_materializes_the_checkpoint(reader, tmp_path):
+    # Note [Tensors made from bytes inside a MetaMode]: safe_open (transformers'
+    # from_pretrained) is bound where no patch reaches it; its torch.asarray of
+    # the file's bytes is made for real.
+    st = pytest.importorskip("safetensors.torch")
+    from safetensors import safe_open
+
+    torch.manual_seed(6)
+    sd = {k: v.contiguous() for k, v in nn.Linear(128, 64).state_dict().items()}
+    sd["bias"] = sd["bias"].to(torch.bfloat16)
+    path = tmp_path / "m.safetensors"
+    st.save_file(sd, path)
+    with md.MetaMode():
+        if reader == "safe_open":
+            with safe_open(path, framework="pt") as f:
+                loaded = {k: f.get_tensor(k) for k in f.keys()}
+        elif reader == "load_file":
+            loaded = st.load_file(path)
+        else:
+            loaded = st.load(path.read_bytes())
+        model = nn.Linear(128, 64, dtype=torch.bfloat16)
+        model.load_state_dict(loaded)
+    real = md.materialize(model)
+    assert torch.equal(real.weight, sd["weight"].to(torch.bfloat16)) and torch.equal(real.bias, sd["bias"])

@@ -40,13 +40,17 @@ but for their size: the trace keeps their values however large
 ``module.load_state_dict(torch.load(f))`` inside the mode records the copies
 from them, and ``md.materialize`` gives the checkpoint's values;
 ``assign=True`` puts the real tensors in the module.  ``map_location``
-``"cuda"`` on a host without CUDA (a logical GPU's checkpoint) loads onto
+The same holds for ``safetensors.torch.load_file`` and ``load`` (where
+safetensors was imported before the mode; ``safe_open``, which transformers
+binds at its import, is not reached).  ``"cuda"`` on a host without CUDA (a logical GPU's checkpoint) loads onto
 the CPU: a real tensor reaching the mode stands in on the mode's device, so
 the step sees the checkpoint on its logical GPU; a dict or a function as
 ``map_location`` is torch's to apply.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch.utils.data import dataloader
@@ -57,7 +61,7 @@ from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import cuda_answers
 from ..source import user_frame
 
-__all__ = ["PATCHES", "WIRING"]
+__all__ = ["PATCHES", "WIRING", "FROM_BYTES", "reads_bytes", "from_bytes"]
 
 _TORCH: dict = {}  # torch's functions as they were when installed
 
@@ -95,14 +99,64 @@ def _load(f, map_location=None, *args, **kwargs):
         return _TORCH["load"](f, map_location, *args, **kwargs)
     if _names_cuda(map_location) and not cuda_answers.host_has_cuda():
         map_location = "cpu"  # a logical GPU's tensors: real on the CPU, on the GPU to the mode
+    return _kept(mode, _TORCH["load"], f, map_location, *args, **kwargs)
+
+
+def _safetensors(key: str):
+    """safetensors' ``load_file(filename, device)`` and ``load(data)``, the same way."""
+
+    def load(*args, **kwargs):
+        mode = WIRING.active()
+        if mode is None:
+            return _TORCH[key](*args, **kwargs)
+        if key == "load_file":
+            device = kwargs.get("device", args[1] if len(args) > 1 else "cpu")
+            if _names_cuda(device) and not cuda_answers.host_has_cuda():
+                args, kwargs = args[:1], {**kwargs, "device": "cpu"}
+        return _kept(mode, _TORCH[key], *args, **kwargs)
+
+    return load
+
+
+def _kept(mode, load, *args, **kwargs):
+    """``load`` run for real; the trace keeps the values of the tensors it returns."""
     with _compat.no_torch_function(), _compat.no_python_dispatch():
-        loaded = _TORCH["load"](f, map_location, *args, **kwargs)
-    if mode.record:  # the trace keeps the checkpoint's values, whatever their size
+        loaded = load(*args, **kwargs)
+    if mode.record:  # whatever their size: the data the model is built from
         mode._recorder.keep_values(t for t in pytree.tree_leaves(loaded) if isinstance(t, torch.Tensor))
     return loaded
 
 
+# Note [Tensors made from bytes inside a MetaMode]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A checkpoint reader that is not ``torch.load`` -- safetensors' ``safe_open``
+# (transformers' ``from_pretrained``), which code binds at its import where no
+# patch reaches it -- makes each tensor with ``torch.asarray`` (or
+# ``torch.frombuffer``) of the file's bytes: a storage or a buffer.  The mode
+# cannot make a MetaTensor of bytes ("could not determine the shape of object
+# type 'torch.storage.UntypedStorage'"), and the bytes are data the user
+# has, like a checkpoint's: the call is made for real (on the CPU where the
+# host lacks the CUDA it names), and the trace keeps the values.
+FROM_BYTES: set = {torch.asarray, torch.frombuffer}
+
+
+def reads_bytes(func, args) -> bool:
+    """Whether ``func(args...)`` makes a tensor of bytes (Note [Tensors made from bytes inside a MetaMode])."""
+    if func not in FROM_BYTES or not args:
+        return False
+    data = args[0]
+    return isinstance(data, (torch.UntypedStorage, torch.TypedStorage, bytes, bytearray, memoryview))
+
+
+def from_bytes(mode, func, args, kwargs):
+    if _names_cuda(kwargs.get("device")) and not cuda_answers.host_has_cuda():
+        kwargs = {**kwargs, "device": "cpu"}
+    return _kept(mode, func, *args, **kwargs)
+
+
 def _names_cuda(map_location) -> bool:
+    if isinstance(map_location, int):
+        return True  # a CUDA ordinal
     if isinstance(map_location, (str, torch.device)):
         return torch.device(map_location).type == "cuda"
     return False
@@ -128,6 +182,10 @@ def _patch(key: str, fn):
     return make
 
 
+def _safetensors_torch():
+    return sys.modules.get("safetensors.torch")  # None: never imported, nothing to patch
+
+
 _BASE = dataloader._BaseDataLoaderIter
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py).
 PATCHES = [
@@ -146,6 +204,10 @@ PATCHES = [
     ),
     (torch, "load", _patch("load", _load), "torch.load, run for real (Note [torch.load inside a MetaMode])"),
     (torch.serialization, "load", _patch("load", _load), "torch.serialization.load, the same"),
+    *[
+        (_safetensors_torch, name, _patch(name, _safetensors(name)), f"safetensors.torch.{name}, the same")
+        for name in ("load_file", "load")
+    ],
     (
         dataloader._MultiProcessingDataLoaderIter,
         "__init__",
