@@ -250,6 +250,7 @@ _STATE = {
     ("metadispatch.mode.mode", "_SCRATCH"): "a thread's non-recording mode for rules outside a mode (thread-local)",
     ("metadispatch.mode.standins", "_ACTIVE"): "a thread's stand-ins (thread-local)",
     ("metadispatch.mode.unseen", "_TORCH"): "torch's functions below the ledger's patches",
+    ("metadispatch.mode.realcode", "_TORCH"): "torch's DataLoader methods below the ledger's patches",
     ("metadispatch.rules.cudnn_branch", "_DROPOUT_STATES"): "cuDNN's dropout state per module, weakly keyed",
     ("metadispatch.spec.ownops", "_LIBRARY"): "our own ops' library, defined once when first needed",
     ("metadispatch.spec.profiles", "_PROFILES"): "md.register_gpu's profiles",

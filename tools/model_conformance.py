@@ -64,9 +64,14 @@ class Config(NamedTuple):
     needs: str = ""  # a library that must be installed
     autocast: bool = False
     channels_last: bool = False
+    step: Callable | None = None  # (device) -> step(model, *inputs); default: forward, sum, backward
+    collected: Callable | None = None  # () -> what the step's hooks wrote outside the model, emptied
 
 
 def _step(config: Config, device: str = "cpu"):
+    if config.step is not None:
+        return config.step(device)
+
     def step(model, *inputs):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=config.autocast):
             out = model(*inputs)
@@ -158,6 +163,70 @@ def _nn(name):
         ),
         "nn.autocast_lstm": lambda: (nn.LSTM(16, 32), (t(7, 4, 16),)),
     }[name]
+
+
+# -- training patterns: a step of their own ---------------------------------
+
+
+def _loader_model():
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(20, 16, generator=g), torch.randn(20, 4, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=6, shuffle=True, generator=torch.Generator())
+    return _seq(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), (loader,)
+
+
+def _epoch_step(device):
+    """An epoch over a shuffling DataLoader (Note [A DataLoader inside a traced step])."""
+
+    def step(model, loader):
+        loader.generator.manual_seed(2)  # every run (traced, eager, replayed) reads the epoch in one order
+        for x, y in loader:
+            out = model(x.to(device))
+            nn.functional.mse_loss(out, y.to(device)).backward()
+        return out
+
+    return step
+
+
+def _in_backward_model():
+    return _seq(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)), (torch.randn(4, 16),)
+
+
+def _in_backward_step(device):
+    """torch's "optimizer step in backward" recipe: per-parameter optimizers keyed by parameter."""
+
+    def step(model, x):
+        optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+        def hook(p):
+            optimizers[p].step()
+            optimizers[p].zero_grad()
+
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+        out = model(x)
+        out.sum().backward()
+        for h in handles:
+            h.remove()
+        return out
+
+    return step
+
+
+SHAPES: list = []  # what the shape-collecting hooks append to: kept after md.trace, as in eager
+
+
+def _taken(collected: list) -> list:
+    out = list(collected)
+    collected.clear()
+    return out
+
+
+def _hook_shapes_model():
+    SHAPES.clear()  # what earlier runs of the row appended
+    model = _seq(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+    for m in model:
+        m.register_forward_hook(lambda m, args, out: SHAPES.append(tuple(out.shape)))
+    return model, (torch.randn(2, 3, 8, 8),)
 
 
 def _hf(kind):
@@ -393,6 +462,9 @@ CONFIGS: dict[str, Config] = {
     "hf.llama_autocast": Config(_hf("llama"), needs="transformers", autocast=True),
     **{f"hf.{k}": Config(_hf(k), needs="transformers") for k in ("bart", "wav2vec2", "llama_checkpointing")},
     "nn.custom_op": Config(_custom_op),
+    "nn.dataloader_epoch": Config(_loader_model, step=_epoch_step),
+    "nn.optimizer_in_backward": Config(_in_backward_model, step=_in_backward_step),
+    "nn.hook_shapes": Config(_hook_shapes_model, collected=lambda: _taken(SHAPES)),
     "nn.compiled": Config(_compiled),
     "tv.resnet18": Config(_tv("resnet18"), needs="torchvision"),
     "tv.resnet18_channels_last": Config(_tv("resnet18", channels_last=True), needs="torchvision"),
@@ -451,11 +523,15 @@ def check(name: str) -> dict:
         row["traces"] = "error"
         notes.append(f"trace: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         trace = None
+    kept = config.collected() if config.collected is not None else None
     real_model = copy.deepcopy(model)
     try:
         real = eager_calls(step, real_model, *inputs)
     except Exception as e:
         return {"config": name, "skipped": f"the real run fails: {type(e).__name__}: {str(e)[:80]}"}
+    if kept is not None and trace is not None and kept != config.collected():
+        row["traces"] = "no"  # what the step wrote outside the model is not what eager leaves
+        notes.append("trace: the hooks' writes outside the model differ from eager's")
     if trace is not None:
         traced = trace_calls(trace)
         row["ops"] = (

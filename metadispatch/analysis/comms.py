@@ -126,7 +126,7 @@ def _type(t) -> str:
 
 
 class Comms:
-    """The collectives of one traced rank; ``str()`` is the table per kind, group, module and phase."""
+    """The collectives of one traced rank; ``str()`` sums them per kind, group and phase."""
 
     def __init__(self, calls: list, world: tuple | None) -> None:
         self.calls = calls
@@ -168,7 +168,15 @@ class Comms:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return self.table()
+        """A summary line and one row per kind, group and phase; ``table()`` splits the rows by module.
+
+        Per module, a 32-layer model's FSDP step printed a hundred rows.
+        """
+        seconds = self.seconds
+        head = f"{len(self.calls)} collectives, {fmt_bytes(self.bytes)} ({self.bytes:,} B)"
+        if seconds is not None:
+            head += f", {seconds * 1e3:.2f} ms estimated"
+        return head + "\n" + self.table(modules=False) + "\n(per module: md.comms(trace).table())"
 
 
 def comms(

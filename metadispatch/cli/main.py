@@ -14,6 +14,7 @@ adds the traceback.  Exit codes: see ``EXIT_CODES`` (and ``docs/cli.md``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import gc
 import os
@@ -115,9 +116,20 @@ def report(trace, *, top: int = 10, depth: int = 2, width: int | None = None) ->
     ]
     rows = [(op, calls[op], fmt_count(f.by_op[op]) if op in f.by_op else "-") for op in ops]
     lines += render(("op", "calls", "FLOPs"), rows, width=width)
-    lines += ["", str(f).split("\n")[0] + (f"; no formula for {len(f.uncounted)} ops" if f.uncounted else "")]
+    lines += ["", str(f).split("\n")[0] + _zero_flops(f)]
     lines += ["", str(m), module_table(trace, f, m, depth=depth, width=width)]
     return "\n".join(lines)
+
+
+def _zero_flops(f) -> str:
+    """The ops without a FLOP formula, said as what they are: counted as 0, as FlopCounterMode counts them."""
+    if not f.uncounted:
+        return ""
+    calls = sum(f.uncounted.values())
+    return (
+        f"; {len(f.uncounted)} other ops ({calls:,} calls: views, copies, elementwise ops) count 0 FLOPs, "
+        "as in FlopCounterMode, which counts matmuls, convolutions and attention"
+    )
 
 
 def _cmd_trace(args) -> int:
@@ -176,6 +188,7 @@ def _cmd_trace(args) -> int:
     with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), _stage("the model raised while tracing"):
         trace = run(t.step, t.model, *t.inputs)
     seconds = time.perf_counter() - start
+    wrote = _exports(trace, args)  # Note [Files before the report]
     what = "forward" if args.forward_only else "forward and backward"
     if args.amp:
         what += f" under autocast ({args.amp})"
@@ -185,7 +198,9 @@ def _cmd_trace(args) -> int:
     if args.gpu:
         _out(fits(trace, gpu=args.gpu))
         _out(step_time(trace, gpu=args.gpu))
-    return _exports(trace, args)
+    for line in wrote:
+        print(line)
+    return 0
 
 
 def _worst_rank(t, plan, args) -> tuple:
@@ -240,15 +255,29 @@ def _trace_rank(t, plan, args) -> int:
         with _Progress("tracing"), _stage("the model raised while tracing"):
             trace, first = planning.plan_step(plan, t.build, t.step, args.device)
     seconds = time.perf_counter() - start
+    wrote = _exports(trace, args)  # Note [Files before the report]
     how = " + ".join(x for x, on in (("FSDP", plan.fsdp), (f"TP {plan.tp}", plan.tp > 1), ("DDP", plan.dp)) if on)
     print(f"{t.name}: {how}, rank {plan.rank} of {plan.world_size} on {args.device}, traced in {seconds:.1f} s")
     _out(planning.report(trace, first, plan, args.gpu, width=_width()))
-    return _exports(trace, args)
+    for line in wrote:
+        print(line)
+    return 0
 
 
-def _exports(trace, args) -> int:
+# Note [Files before the report]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``metadispatch trace --out t.json.gz | head`` closes stdout after ten lines:
+# the report's next print raised BrokenPipeError, which ends the command
+# quietly (console()) -- and the file, written after the report, was never
+# written, with exit 0.  What the user asked to be written is written first,
+# as soon as the trace exists; the report and the "wrote" lines follow.  A
+# file that cannot be written fails the command (exit 3) before anything
+# is printed.
+def _exports(trace, args) -> list:
+    """Write ``--perfetto``, ``--plot`` and ``--out``; the lines that say so."""
     from ..analysis.export import save_perfetto, save_plot
 
+    wrote = []
     for path, save, label in (
         (args.perfetto, save_perfetto, " (open in https://ui.perfetto.dev)"),
         (args.plot, save_plot, ""),
@@ -257,8 +286,8 @@ def _exports(trace, args) -> int:
         if path:
             with _stage(f"could not write {path}"):
                 save(trace, path)
-            print(f"wrote {path}{label}")
-    return 0
+            wrote.append(f"wrote {path}{label}")
+    return wrote
 
 
 def _writable(path) -> None:
@@ -284,7 +313,10 @@ def _plottable(path) -> None:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError as e:
-        error: Exception = ImportError("the memory plot needs matplotlib: pip install metadispatch[plot]")
+        error: Exception = ImportError(
+            "the memory plot needs matplotlib: pip install 'metadispatch[plot]' "
+            "(in a checkout of metadispatch: pip install '.[plot]')"
+        )
         raise _Failure(f"could not write {path}", error) from e
     suffix = os.path.splitext(path)[1][1:].lower()
     formats = FigureCanvasAgg.get_supported_filetypes()
@@ -484,8 +516,41 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with one line (and a hint) for a usage error instead of the usage text."""
 
     def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: error: {message}\n  (see {self.prog} --help)\n")
+        hint = _suggestion(self, message) or f"see {self.prog} --help"
+        sys.stderr.write(f"{self.prog}: error: {message}\n  ({hint})\n")
         sys.exit(2)
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    """``did you mean --out?`` for a mistyped option or command (argparse before 3.12 suggests none)."""
+    if message.startswith("unrecognized arguments: "):
+        typed = [a.split("=")[0] for a in message.split(": ", 1)[1].split() if a.startswith("-")]
+        known = _options(parser)
+    elif message.startswith("argument command: invalid choice: "):
+        typed = [message.split("'")[1]] if message.count("'") >= 2 else []
+        known = sorted(_commands(parser))
+    else:
+        return ""
+    for word in typed:
+        close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {close[0]}? see {parser.prog} --help"
+    return ""
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices
+    return {}
+
+
+def _options(parser: argparse.ArgumentParser) -> list:
+    """Every option string of ``parser`` and its commands (argparse reports unknown options at the top)."""
+    out = {o for a in parser._actions for o in a.option_strings}
+    for sub in _commands(parser).values():
+        out.update(o for a in sub._actions for o in a.option_strings)
+    return sorted(out)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -103,6 +103,12 @@ def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool =
     )
 
 
+# Quoted for shells that glob brackets (zsh); a checkout installs its own extras.
+_HF_MISSING = (
+    "--hf needs transformers: pip install 'metadispatch[hf]' (in a checkout of metadispatch: pip install '.[hf]')"
+)
+
+
 def load_callable(spec: str) -> Callable:
     """``package.module:fn`` or ``path/to/file.py:fn``."""
     mod_name, sep, attr = spec.rpartition(":")
@@ -118,7 +124,26 @@ def load_callable(spec: str) -> Callable:
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(mod_name)
-    return getattr(module, attr)
+    return _builder(spec, getattr(module, attr))
+
+
+def _builder(spec: str, obj) -> Callable:
+    """``obj`` if it can build (model, inputs); a usage error naming what it is otherwise.
+
+    A model itself (an ``nn.Module`` or its class) is the common slip: called
+    with no inputs, its ``forward`` raised, which read as the model failing.
+    """
+    if isinstance(obj, torch.nn.Module) or (isinstance(obj, type) and issubclass(obj, torch.nn.Module)):
+        what = (
+            f"the nn.Module class {obj.__name__}" if isinstance(obj, type) else f"an nn.Module ({type(obj).__name__})"
+        )
+        raise UsageError(
+            f"{spec} is {what}, not a function returning (model, example inputs); "
+            f"write one, e.g. def build(): return {getattr(obj, '__name__', type(obj).__name__)}(...), torch.randn(...)"
+        )
+    if not callable(obj):
+        raise UsageError(f"{spec} is a {type(obj).__name__}, not a function returning (model, example inputs)")
+    return obj
 
 
 def callable_target(spec: str, device="cuda", backward=True, lazy: bool = False, amp=None) -> Target:
@@ -210,7 +235,7 @@ def hf_target(
         import transformers
         from transformers.models.auto import modeling_auto as auto
     except ImportError as e:
-        raise UsageError("--hf needs transformers: pip install metadispatch[hf]") from e
+        raise UsageError(_HF_MISSING) from e
     try:
         config = transformers.AutoConfig.for_model(arch)
     except ValueError:

@@ -6,7 +6,8 @@
 ``router`` (which stage answers: user rule, built-in rule, meta kernel,
 decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
 by call, shared by every mode), ``record`` (the recorder: calls into
-``OpCall`` records), ``rngstate`` (the random streams a run draws from).
+``OpCall`` records), ``rngstate`` (the random streams a run draws from), ``lostcopy`` (a real
+tensor copied into a MetaTensor outside a mode, warned of).
 May import ``world``, ``gpu``, ``values``, ``tensor`` and below; nothing
 here knows the mode.
 """

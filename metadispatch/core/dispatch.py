@@ -18,6 +18,7 @@ from ..values import bounds, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
+from .lostcopy import warn_if_lost
 from .router import route
 
 __all__ = ["dispatch"]
@@ -83,6 +84,8 @@ def dispatch(func, args, kwargs, mode):
             recorder = mode._recorder
             recorder.record(func, f, recorder.encode_inputs(args, kwargs), out, "real")
         return out
+    if mode is None:
+        warn_if_lost(func, args)  # Note [Copying real values into a MetaTensor outside a mode]
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
         return NotImplemented  # Note [Wrapper subclasses dispatch first]

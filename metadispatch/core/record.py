@@ -136,6 +136,7 @@ class Recorder:
         self._refs: dict = {}  # weakref -> (storage key, number)
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
+        self._kept: dict = {}  # id(real) -> weakref: constants kept whatever their size (keep_values)
         self.backward_modules = BackwardModules()
         # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
         self._bases: dict = {}
@@ -149,8 +150,24 @@ class Recorder:
         ref = self._real_of.get(id(meta))
         return ref() if ref is not None else None
 
+    def keep_values(self, reals) -> None:
+        """Keep the values of ``reals`` as constants whatever ``const_limit`` says.
+
+        A checkpoint loaded in the mode (Note [torch.load inside a MetaMode]
+        in mode/realcode.py) is the data the trace is built from, not a
+        constant of the step's code: without its values, md.materialize and
+        replay would make the model's weights up.
+        """
+        for t in reals:
+            self._kept[id(t)] = weakref.ref(t)
+
+    def _keeps(self, real: torch.Tensor) -> bool:
+        ref = self._kept.get(id(real))
+        return ref is not None and ref() is real
+
     def forget_reals(self) -> None:
         self._real_of.clear()
+        self._kept.clear()
         self.rng.forget()
 
     @property
@@ -256,7 +273,7 @@ class Recorder:
         # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
         if real is not None and kind == "input" and real.device.type != "meta":
             kind = "const"
-            if real.numel() <= self.const_limit:
+            if real.numel() <= self.const_limit or self._keeps(real):
                 with _compat.no_torch_function():  # the real value, not its stand-in
                     value = real.detach().clone()
         self.trace.leaves[m.id] = Leaf(m, kind, name, value)

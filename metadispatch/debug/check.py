@@ -121,6 +121,8 @@ def checker(
             for g, state_ in generators:
                 g.set_state(state_)
         stop = _stop(error, mode, state.assumptions) if error is not None else None
+        if error is not None:
+            without_frames(error)  # Note [A report keeps no frames]
         unused = tuple(k for k in state.values if k not in state.used)
         return Report(trace, state.answers, state.refused, mismatches, skipped, error, state.assumptions, stop, unused)
 
@@ -350,6 +352,36 @@ def _show(value) -> str:
 def _module(mode) -> str:
     modules = mode._recorder.modules
     return modules.current() if modules is not None else ""
+
+
+# Note [A report keeps no frames]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The exception that stopped a checked run carries its traceback, whose
+# frames hold every local of the user's step and model -- the real
+# parameters among them -- for as long as the report lives.  Once the stop
+# has read where it happened (the user's line, the op), the exception keeps
+# its type and text, and nothing else: its traceback, and those of the
+# exceptions it was raised from or during, are dropped, and arguments that
+# are not plain values (a tensor as a KeyError's key) become their text.
+def without_frames(error: BaseException) -> None:
+    """Drop ``error``'s frames and non-plain arguments, and those of its cause and context."""
+    todo: list[BaseException | None] = [error]
+    seen: set = set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        if any(not isinstance(a, _PLAIN) for a in e.args):
+            try:
+                e.args = tuple(a if isinstance(a, _PLAIN) else repr(a) for a in e.args)
+            except Exception:  # an exception class whose args cannot be set
+                pass
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]  # an ExceptionGroup's too
+
+
+_PLAIN = (str, int, float, bool, type(None), bytes)
 
 
 def _stop(error, mode, assumptions: list) -> Stop:

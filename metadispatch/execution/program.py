@@ -155,11 +155,14 @@ def _check_kernels(calls: list, device: torch.device) -> None:
             continue
         seen.add(call.func)
         if not is_marker(call.func) and not _compat.runs_on(call.func, device.type):
-            on = sorted({str(m.device) for m in call.inputs + call.output_metas})
+            # the device the trace was made for: its tensors' other than this one
+            # (a CPU scalar or index sits beside a GPU kernel's inputs)
+            there = sorted({m.device.type for m in call.inputs + call.output_metas} - {device.type})
+            made_for = " or ".join(there) or "another device"
             raise ReplayError(
-                f"replay: call #{call.index} {call.op} has no {device.type} kernel (the trace chose it "
-                f"for {', '.join(on) or 'another device'}); replay there, or trace for {device.type}. "
-                "Nothing was run",
+                f"replay: call #{call.index} {call.op} has no {device.type} kernel: the trace was recorded "
+                f"for {made_for}, where torch picks this kernel. Replay it on {made_for}, or trace the step "
+                f"for {device.type}. Nothing was run",
                 call=call.index,
             )
 

@@ -44,10 +44,12 @@ def render(headers: tuple, rows: list, align: str = "", width: int | None = None
 
 
 def fmt_bytes(n: float) -> str:
-    """``1536`` -> ``1.5KiB``."""
+    """``1536`` -> ``1.5KiB``; ``1000 * 2**20`` -> ``1000MiB``."""
     for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(n) >= div:
-            return f"{n / div:.3g}{suffix}"
+            text = f"{n / div:.3g}"
+            # 1000 to 1023 of a unit: .3g writes "1e+03"
+            return (f"{n / div:.0f}" if "e" in text else text) + suffix
     return f"{int(n)}B"
 
 

@@ -7,7 +7,8 @@ claimed per thread) and ``patches`` (the groups of patches and which mode
 claims which), ``standins``
 (the user's module state stood in for and put back), ``reach`` (what a
 user's function can reach), ``unseen`` (torch's Python functions no mode
-sees, guarded), ``modules`` (which module is running), ``fakecompat``
+sees, guarded), ``realcode`` (torch's code run for real in a mode: a
+DataLoader's bookkeeping), ``modules`` (which module is running), ``fakecompat``
 (FakeTensorMode's options, accepted where MetaMode behaves alike).  May
 import ``core`` and below.
 """

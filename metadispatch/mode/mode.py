@@ -32,7 +32,7 @@ from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
 from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
 from ..values import composites, known
 from ..world.world import World
-from . import patches, unseen
+from . import patches, realcode, unseen
 from .entry import Entry, activate, deactivate
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
@@ -375,3 +375,6 @@ WIRING.scratch_mode = scratch_mode
 WIRING.function = _function
 rngstate.WIRING.current = _current_rng_log
 unseen.WIRING.active = lambda: isinstance(_compat.get_infra_mode(_compat.mode_key), MetaMode)
+realcode.WIRING.active = lambda: (lambda m: m if isinstance(m, MetaMode) else None)(
+    _compat.get_infra_mode(_compat.mode_key)
+)

@@ -15,12 +15,13 @@ from ..core import rngstate
 from ..gpu import cuda_answers, fastpath, logical_cuda
 from ..values import initializers
 from ..world import fsdp_storage, world
-from . import ledger, standins, unseen
+from . import ledger, realcode, standins, unseen
 
 __all__ = ["claim_for", "GROUPS"]
 
 STAND_INS = "stand-ins"
 UNSEEN = "unseen functions"
+REAL_CODE = "code run for real"
 INITIALISERS = "initialisers"
 RNG = "random streams"
 FAST_PATHS = "inference fast paths"
@@ -33,6 +34,7 @@ COMPILED = "compiled code runs eagerly"
 GROUPS = {  # group -> its rows, in answering order
     STAND_INS: standins.PATCHES,
     UNSEEN: unseen.PATCHES,
+    REAL_CODE: realcode.PATCHES,
     INITIALISERS: initializers.PATCHES,
     RNG: rngstate.PATCHES,
     FAST_PATHS: fastpath.PATCHES,
@@ -51,6 +53,7 @@ def claim_for(mode, steps: list) -> None:
     """Claim, for ``mode``'s thread until ``steps`` run, what a mode of its options changes."""
     ledger.claim(STAND_INS, steps)
     ledger.claim(UNSEEN, steps)
+    ledger.claim(REAL_CODE, steps)  # Note [A DataLoader inside a traced step] in realcode.py
     ledger.claim(INITIALISERS, steps)
     ledger.claim(COMPILED, steps)  # Note [Compiled code runs eagerly under a mode] in _compat/process.py
     if mode.record:

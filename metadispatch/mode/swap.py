@@ -28,6 +28,7 @@ from ..gpu import autocast, inside
 from ..source import user_frame
 from ..tensor.tensor import STATE, MetaTensor, with_real_tensor
 from ..values import composites, literals
+from . import realcode
 
 __all__ = ["SwapReal", "SWAP", "WIRING"]
 
@@ -69,6 +70,8 @@ class SwapReal(_compat.TorchFunctionMode):
             if func == _SET_DATA and mode.record and isinstance(args[1], MetaTensor):
                 with _compat.no_python_dispatch():  # a constant's copy is made for real
                     mode._recorder.before_data_swap(args[0], args[1])
+            if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
+                return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
             if func in literals.LITERALS and literals.applies(func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
@@ -211,6 +214,8 @@ _SET_DATA = torch.Tensor.data.__set__  # a new method-wrapper at each access: co
 _MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu)
 _STAND_IN_METHODS = {
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("tolist", "numpy", "__array__")},
+    # Note [Storage-level calls on a MetaTensor] in tensor.py
+    **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("share_memory_", "pin_memory")},
     **{getattr(torch.Tensor, name): getattr(MetaTensor, name) for name in ("to", "cuda", "cpu", "get_device")},
     **{
         getattr(torch.Tensor, name).__get__: getattr(MetaTensor, name).fget

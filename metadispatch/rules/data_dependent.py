@@ -19,9 +19,11 @@ import torch
 from .. import _compat
 from ..core.registry import builtin_rule
 from ..tensor.describe import data_dependent_error
-from ..tensor.tensor import read_value
+from ..tensor.tensor import read_value, wrap
+from ..values import known
 
 aten = torch.ops.aten
+_CPU = torch.device("cpu")
 
 
 def _is_mask(i) -> bool:
@@ -106,3 +108,32 @@ def masked_select(self, mask):
     with _compat.no_python_dispatch():
         n = int(value.expand(shape).count_nonzero())
     return self.new_empty((n,))
+
+
+# Note [Packing with known lengths]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``pack_padded_sequence`` hands ``_pack_padded_sequence`` its lengths as a
+# CPU int64 tensor, whose values decide the output's size (their sum) and
+# the ``batch_sizes`` the RNN then walks.  torch's meta kernel read the
+# stand-in's storage and refused "a 1D meta Long tensor" -- blaming the user's
+# CPU tensor for a device it never had.  Lengths with a known value (a list,
+# a literal, a tensor from the user's scope) are answered by the CPU kernel
+# itself on an input of one element per step, so its checks (positive,
+# sorted, one per sequence) and its ``batch_sizes`` are the real ones, known
+# in turn; unknown lengths (``md.trace``'s arguments are data) are a
+# DataDependentError naming them.  (What the RNN then does with the known
+# ``batch_sizes``: Note [Packed sequences] in values/composites.py.)
+@builtin_rule(aten._pack_padded_sequence.default)
+def pack_padded_sequence(input, lengths, batch_first):
+    value = read_value(lengths)  # counted: the cache keeps no answer read from a value
+    if value is None:
+        raise data_dependent_error(
+            "aten._pack_padded_sequence.default (the values of `lengths`)", (input, lengths, batch_first), {}
+        )
+    steps, batch = (input.shape[1], input.shape[0]) if batch_first else (input.shape[0], input.shape[1])
+    with _compat.no_python_dispatch():  # the real kernel on a one-element payload: its checks, its batch_sizes
+        probe = torch.zeros((steps, batch, 1))
+        data, batch_sizes = aten._pack_padded_sequence.default(probe, value, False)
+        sizes = wrap(torch.empty(batch_sizes.shape, dtype=torch.int64, device="meta"), _CPU)  # the CPU's, always
+    known.know(sizes, batch_sizes, None)
+    return input.new_empty((data.shape[0], *input.shape[2:])), sizes

@@ -32,8 +32,9 @@ import weakref
 import torch
 
 from .. import _compat
-from ..errors import DataDependentError
+from ..errors import DataDependentError, UnsupportedFeatureError, mark_call
 from ..ir.records import type_str
+from ..source import user_frame
 from .state import TensorState
 
 __all__ = [
@@ -134,6 +135,29 @@ def _data_error(what: str):
         raise DataDependentError(
             f"Tensor.{what}() needs the values of a {_describe(self)} MetaTensor, which holds no data", op=what
         )
+
+    method.__name__ = what
+    return method
+
+
+# Note [Storage-level calls on a MetaTensor]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``model.share_memory()`` (every ``torch.multiprocessing`` recipe) and
+# ``t.pin_memory()`` act on a tensor's storage, not on its metadata: they
+# move its bytes into shared or page-locked memory.  A MetaTensor's storage
+# is torch's ``meta`` one, which holds no bytes, and torch refused with a raw
+# "_share_fd_: only available on CPU" or "cannot pin 'MetaFloatType'" from
+# deep inside its storage code -- blaming a CPU tensor for not being on the
+# CPU.  They raise UnsupportedFeatureError naming the call, the tensor and
+# the user's line; nothing is changed, the user's real tensors least of all.
+def _storage_error(what: str, instead: str):
+    def method(self, *args, **kwargs):
+        error = UnsupportedFeatureError(
+            f"Tensor.{what}() on a {_describe(self)} MetaTensor: it moves a tensor's bytes, and a MetaTensor "
+            f"holds none (Note [Storage-level calls on a MetaTensor]). {instead}"
+        )
+        mark_call(error, f"Tensor.{what}", user_frame())
+        raise error
 
     method.__name__ = what
     return method
@@ -368,6 +392,12 @@ class MetaTensor(torch.Tensor):
     tolist = _data_error("tolist")
     numpy = _data_error("numpy")
     __array__ = _data_error("__array__")
+    share_memory_ = _storage_error(
+        "share_memory_", "Call model.share_memory() on the real model before tracing or building under the mode"
+    )
+    pin_memory = _storage_error(
+        "pin_memory", "Pin the real tensors before tracing, or leave pin_memory off while tracing"
+    )
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a MetaTensor holds no data and cannot be pickled; save a trace instead")

@@ -208,8 +208,15 @@ def assert_trace(trace: Trace | MetaMode | str, expected: str, *, skip: int = 0)
     caller's source instead of failing.  ``skip`` is the number of helper
     frames between the literal and this call.
     """
-    import expecttest  # a test dependency only
-
+    try:
+        import expecttest  # a test dependency only
+    except ImportError:
+        raise ModuleNotFoundError(
+            "golden traces (metadispatch.testing.assert_trace, the expect_trace fixture) need expecttest, "
+            "which a plain install of metadispatch lacks: pip install expecttest "
+            "(or the test extra: pip install 'metadispatch[test]')",
+            name="expecttest",
+        ) from None
     expecttest.assert_expected_inline(expected_form(trace), expected, skip=1 + skip)
 
 

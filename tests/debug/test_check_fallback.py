@@ -103,16 +103,28 @@ def test_check_fake_impl_asking_for_dynamic_size_is_data_dependent():
     assert issue.outputs[0] in {f"f32[{n}]" for n in range(7)}
 
 
+# A custom op whose fake impl refuses what the real kernel accepts (as torch's
+# _pack_padded_sequence did before it had a rule: Note [Packing with known lengths]).
+@torch.library.custom_op("mdfallbacktest::cpu_only", mutates_args=())
+def cpu_only(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@cpu_only.register_fake
+def _(x):
+    raise RuntimeError(f"'x' argument should be a CPU tensor, but got {x.device} {x.dtype} tensor")
+
+
 def test_check_meta_kernel_refusal_is_answered_by_the_real_kernel():
-    x, lengths = torch.randn(5, 3, 4), torch.tensor([1, 1, 1])  # made-up lengths are 1s: compare with those
-    real = torch._pack_padded_sequence(x, lengths, False)
-    with pytest.raises(RuntimeError) as meta:  # torch's meta kernel wants the lengths on the CPU
-        torch._pack_padded_sequence(x.to("meta"), lengths.to("meta"), False)
-    report = md.check(lambda x, n: torch._pack_padded_sequence(x, n, False), x, lengths)
+    x = torch.randn(5, 3)
+    real = cpu_only(x)
+    with pytest.raises(RuntimeError) as meta:
+        cpu_only(x.to("meta"))
+    report = md.check(lambda x: torch.ops.mdfallbacktest.cpu_only(x), x)
     assert report.error is None
     (issue,) = report.meta_refused
-    assert issue.op == "aten._pack_padded_sequence.default" and issue.reason == str(meta.value).splitlines()[0]
-    assert [m.shape for m in report.trace.output_meta] == [r.shape for r in real]
+    assert issue.op == "mdfallbacktest.cpu_only.default" and issue.reason == str(meta.value).splitlines()[0]
+    assert report.trace.output_meta.shape == real.shape
     assert "refused what the real kernel accepts" in str(report) and not report.ok
 
 
@@ -132,7 +144,7 @@ def test_check_packed_sequences_run_through_lstm_and_back():
     out, out_lengths = packed(x, lengths)
     assert out.shape == (3, 4, 8)  # padded to the longest length, not to 5
     assert report.trace.output_meta[0].shape == out.shape and report.trace.output_meta[1].shape == out_lengths.shape
-    assert [i.op for i in report.meta_refused] == ["aten._pack_padded_sequence.default"]
+    assert not report.meta_refused  # the lengths are known: Note [Packing with known lengths]
     assert not report.assumptions  # nothing index-like was made up
     assert torch.equal(lengths, torch.tensor([2, 4, 3]))  # the user's tensor untouched
 
@@ -298,10 +310,7 @@ def test_check_value_policy_refuses_what_cannot_stand_for_the_op():
 
 
 def test_trace_meta_refusal_says_the_meta_is_ours_not_the_users_tensor():
-    def packed(x, lengths):
-        return nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False).data
-
-    with pytest.raises(RuntimeError, match="got 1D meta") as e:  # torch's meta kernel, word for word
-        md.trace(packed, torch.randn(3, 5, 4), torch.tensor([5, 3, 2]))
+    with pytest.raises(RuntimeError, match="got meta torch.float32") as e:  # the fake impl, word for word
+        md.trace(lambda x: torch.ops.mdfallbacktest.cpu_only(x), torch.randn(3, 5))
     (note,) = [n for n in e.value.__notes__ if "meta kernel refused" in n]
     assert "not your tensors' device (cpu)" in note and "md.check runs such a call on the real kernel" in note

@@ -203,3 +203,36 @@ def test_tensor_deepcopy_outside_a_mode():
     y = copy.deepcopy(x)
     assert isinstance(y, md.MetaTensor) and y.device == x.device and y.shape == x.shape
     assert y.note == ["mine"] and y.note is not x.note
+
+
+# -- Note [Storage-level calls on a MetaTensor] --------------------------------
+
+
+def _share(m, x):
+    m.share_memory()  # torch.multiprocessing's recipe
+    return m(x).sum()
+
+
+def _pin(m, x):
+    return m(x.pin_memory()).sum()
+
+
+@pytest.mark.parametrize("step, call", [(_share, "Tensor.share_memory_"), (_pin, "Tensor.pin_memory")])
+def test_tensor_storage_level_calls_in_a_step_are_typed_errors_naming_the_line(step, call):
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    before = [p.clone() for p in model.parameters()]
+    with pytest.raises(
+        md.UnsupportedFeatureError, match=rf"{call[len('Tensor.') :]}\(\) on a f32\[.*MetaTensor: it moves"
+    ) as e:
+        md.trace(step, model, x)
+    assert f"while running {call} at test_tensor.py:" in "\n".join(e.value.__notes__)
+    assert not any(p.is_shared() for p in model.parameters())  # nothing was moved
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    report = md.check(step, model, x)
+    assert isinstance(report.error, md.UnsupportedFeatureError) and report.stop.source.startswith("test_tensor.py:")
+
+
+def test_tensor_share_memory_runs_eagerly_outside_a_mode():
+    model = torch.nn.Linear(4, 2)
+    _share(model, torch.randn(3, 4))
+    assert all(p.is_shared() for p in model.parameters())

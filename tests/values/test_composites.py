@@ -54,8 +54,8 @@ _OVERRIDDEN = {
     "matrix_rank_empty": (torch.linalg.matrix_rank, (torch.zeros(3, 0, 0, dtype=torch.complex128),)),
     "matrix_rank": (torch.linalg.matrix_rank, (torch.randn(3, 4, 4),)),
     "tensor_split_scalar_indices": (lambda x, i: torch.tensor_split(x, i, 1), (torch.randn(4, 6), torch.tensor(2))),
-    # (a packed LSTM is not here: _pack_padded_sequence's meta kernel refuses
-    # a MetaTensor's lengths, with a mode or without)
+    # (a packed LSTM is not here: md.to_meta's lengths have no known value, so
+    # _pack_padded_sequence is data-dependent: Note [Packing with known lengths])
 }
 
 

@@ -1,0 +1,104 @@
+"""A DataLoader epoch inside a traced step: Note [A DataLoader inside a traced step] in mode/realcode.py."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data.dataloader import default_collate
+
+import metadispatch as md
+
+# The loader's own ops (its seed, the sampler's permutation): run for real, outside the trace.
+_BOOKKEEPING = {
+    "aten.empty.memory_format",
+    "aten.random_.default",
+    "aten._local_scalar_dense.default",
+    "aten.randperm.generator",
+    "aten.randperm.default",
+}
+
+
+class _RealOps(TorchDispatchMode):
+    """Logs the aten ops a real run dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _dataset():
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(10, 4, generator=g), torch.randn(10, 1, generator=g))
+
+
+def _collate_pairs(batch):  # a user's collate: stacks, then scales the inputs
+    x, y = default_collate(batch)
+    return x * 0.5, y
+
+
+LOADERS = {
+    "shuffle-seeded": lambda ds, g: DataLoader(ds, batch_size=3, shuffle=True, generator=g),
+    "sequential": lambda ds, g: DataLoader(ds, batch_size=4),
+    "drop-last-collate": lambda ds, g: DataLoader(ds, batch_size=3, drop_last=True, collate_fn=_collate_pairs),
+    "sampler-with-generator": lambda ds, g: DataLoader(ds, batch_size=2, sampler=RandomSampler(ds, generator=g)),
+    "shuffle-global-rng": lambda ds, g: DataLoader(ds, batch_size=5, shuffle=True),
+}
+
+
+def _epoch(model, loader):
+    def step():
+        batches = []
+        for x, y in loader:
+            nn.functional.mse_loss(model(x), y).backward()
+            batches.append(x)
+        return batches
+
+    return step
+
+
+@pytest.mark.parametrize("name", sorted(LOADERS))
+def test_dataloader_epoch_traces_the_batches_eager_sees(name):
+    torch.manual_seed(0)
+    model, ds = nn.Linear(4, 1), _dataset()
+    g = torch.Generator().manual_seed(7)
+    loader = LOADERS[name](ds, g)
+    g_state, cpu_state = g.get_state(), torch.get_rng_state()
+    with _RealOps() as real:
+        expected = _epoch(model, loader)()
+    assert not torch.equal(g.get_state(), g_state) or name in ("sequential", "drop-last-collate", "shuffle-global-rng")
+    model.zero_grad(set_to_none=True)
+    g.set_state(g_state)
+    torch.set_rng_state(cpu_state)
+
+    t = md.trace(_epoch(model, loader))
+    # the loader's generators are as they were; the model has no .grad
+    assert torch.equal(g.get_state(), g_state) and torch.equal(torch.get_rng_state(), cpu_state)
+    assert model.weight.grad is None
+    assert [c.op for c in t.calls] == [op for op in real.ops if op not in _BOOKKEEPING]
+    assert [o.shape for o in t.output] == [b.shape for b in expected]
+
+    result = md.replay(t, module=model)
+    assert result.ok, result
+    assert all(torch.equal(r, e) for r, e in zip(result.output, expected, strict=True))
+
+
+def test_dataloader_with_workers_is_refused_naming_the_option():
+    loader = DataLoader(_dataset(), batch_size=3, num_workers=2)
+    with pytest.raises(md.UnsupportedFeatureError, match="num_workers=2"):
+        md.trace(lambda: [x.sum() for x, _ in loader])
+
+
+def test_dataloader_outside_a_mode_is_torchs():
+    g = torch.Generator().manual_seed(3)
+    with md.MetaMode():
+        pass
+    batches = [x for x, _ in DataLoader(_dataset(), batch_size=3, shuffle=True, generator=g)]
+    g.manual_seed(3)
+    assert all(
+        torch.equal(a, b) for a, (b, _) in zip(batches, DataLoader(_dataset(), batch_size=3, shuffle=True, generator=g))
+    )
