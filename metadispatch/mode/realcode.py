@@ -107,13 +107,14 @@ def _safetensors(key: str):
 
     def load(*args, **kwargs):
         mode = WIRING.active()
+        below = _TORCH[f"safetensors.{key}"]
         if mode is None:
-            return _TORCH[key](*args, **kwargs)
+            return below(*args, **kwargs)
         if key == "load_file":
             device = kwargs.get("device", args[1] if len(args) > 1 else "cpu")
             if _names_cuda(device) and not cuda_answers.host_has_cuda():
                 args, kwargs = args[:1], {**kwargs, "device": "cpu"}
-        return _kept(mode, _TORCH[key], *args, **kwargs)
+        return _kept(mode, below, *args, **kwargs)
 
     return load
 
@@ -205,7 +206,14 @@ PATCHES = [
     (torch, "load", _patch("load", _load), "torch.load, run for real (Note [torch.load inside a MetaMode])"),
     (torch.serialization, "load", _patch("load", _load), "torch.serialization.load, the same"),
     *[
-        (_safetensors_torch, name, _patch(name, _safetensors(name)), f"safetensors.torch.{name}, the same")
+        # keyed apart from torch.load: safetensors' load(data) replaced torch's original in _TORCH,
+        # and torch.load inside a mode called it (tests/mode/test_load_state_dict.py)
+        (
+            _safetensors_torch,
+            name,
+            _patch(f"safetensors.{name}", _safetensors(name)),
+            f"safetensors.torch.{name}, the same",
+        )
         for name in ("load_file", "load")
     ],
     (

@@ -110,6 +110,18 @@ def test_load_state_dict_torch_load_inside_the_mode_gives_eagers_real_tensors():
     assert all(type(loaded[k]) is torch.Tensor and torch.equal(loaded[k], eager[k]) for k in eager)
 
 
+def test_load_state_dict_torch_load_inside_the_mode_after_safetensors_was_imported():
+    # safetensors' load(data) once replaced torch.load's original in the
+    # patches' table: with safetensors.torch imported, torch.load(f) inside a
+    # mode raised "load() takes 1 positional argument but 2 were given".
+    pytest.importorskip("safetensors.torch")
+    sd = _checkpoint()
+    f = _saved(sd)
+    with md.MetaMode():
+        loaded = torch.load(f, map_location="cpu")
+    assert all(torch.equal(loaded[k], sd[k]) for k in sd)
+
+
 def test_load_state_dict_torch_load_inside_a_trace_leaves_the_model_as_it_was():
     sd = _checkpoint()
     torch.manual_seed(0)

@@ -369,7 +369,11 @@ _NEEDS_A_WORLD = ("c10d", "_c10d_functional")
 
 
 # Rules that answer from a known value only: verify_rule's inputs are data.
-_NEEDS_A_VALUE = {aten.masked_select.default}
+_NEEDS_A_VALUE = {
+    aten.masked_select.default,
+    # answered from known lengths; tests/rules/test_packed_sequence.py against eager
+    aten._pack_padded_sequence.default,
+}
 
 # cuDNN's kernels, which no CPU runs (and no GPU was lent): tests/gpu/test_cudnn_rnn.py
 # checks them against torch's meta kernel and the eager CPU module's shapes.
