@@ -12,5 +12,6 @@ step's time on a named GPU) and ``calibrate`` (its efficiency table fitted
 to measurements), ``comms`` and ``collective_cost`` (a rank's collectives
 and their time), ``tables`` (printed tables), ``export`` (Perfetto JSON,
 memory plots), ``live`` (``md.LiveStorages``, the same accounting on a real
-run).  May import ``execution`` and below.
+run), ``serve`` (``md.serve_plan``: a serving plan from traced prefill and
+decode, the one module here that traces).  May import ``execution`` and below.
 """
