@@ -33,6 +33,7 @@ from .autograd import (
     next_sequence_nr,
 )
 from .dispatch import (
+    as_at_the_backend,
     aten_names_with_kernel,
     below_autograd,
     data_dependent_errors,
@@ -41,6 +42,7 @@ from .dispatch import (
     dispatch_mode_flags,
     dispatch_mode_stack,
     get_infra_mode,
+    has_implicit_composite,
     has_meta_kernel,
     library,
     mode_key,
@@ -186,6 +188,8 @@ __all__ = [
     "functions_behind_dynamo_wrappers",
     "generator_key",
     "get_infra_mode",
+    "as_at_the_backend",
+    "has_implicit_composite",
     "has_meta_kernel",
     "in_backward",
     "in_checkpoint_recompute",
