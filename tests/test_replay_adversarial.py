@@ -559,12 +559,10 @@ def test_replay_adversarial_step_returning_a_real_tensor_it_updated(tmp_path):
     assert torch.equal(model.cache, torch.zeros(3))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tensor the step reaches from its scope (here a module attribute that is neither parameter nor "
-    "buffer) is a constant of the trace: replay uses its value when traced, not the module's now, and says ok",
-)
 def test_replay_adversarial_module_attribute_changed_since_tracing():
+    # Note [Values fixed into a trace]: a module attribute that is neither
+    # parameter nor buffer is a constant of the trace, named by its path, and
+    # compared with the module given.
     model, x = _Cached(), torch.randn(2, 3)
     trace = md.trace(lambda m, x: m(x), model, x)
     with torch.no_grad():

@@ -133,6 +133,7 @@ class Recorder:
         self._refs: dict = {}  # weakref -> (storage key, number)
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
+        self.const_names: dict = {}  # id(real tensor) -> its attribute's name in a traced module
         self.backward_modules = BackwardModules()
         # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
         self._bases: dict = {}
@@ -148,6 +149,7 @@ class Recorder:
 
     def forget_reals(self) -> None:
         self._real_of.clear()
+        self.const_names.clear()
         self.rng.forget()
 
     @property
@@ -251,7 +253,7 @@ class Recorder:
         # A tensor C++ built on meta from a MetaTensor's options (a list index,
         # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
         if real is not None and kind == "input" and real.device.type != "meta":
-            kind = "const"
+            kind, name = "const", self.const_names.get(id(real), "")
             if real.numel() <= self.const_limit:
                 with _compat.no_torch_function():  # the real value, not its stand-in
                     value = real.detach().clone()
