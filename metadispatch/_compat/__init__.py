@@ -127,6 +127,7 @@ from .reference import (
     skip_dynamo_in_reference_kernels,
 )
 from .tensors import (
+    copy_math_bits,
     is_fake,
     is_functorch_wrapped,
     legacy_tensor_type,
@@ -237,6 +238,7 @@ __all__ = [
     "set_only_lift_cpu_tensors",
     "set_rng_states",
     "set_version",
+    "copy_math_bits",
     "skip_dynamo_in_reference_kernels",
     "storage_id",
     "storage_key",

@@ -78,9 +78,12 @@ def dispatch(func, args, kwargs, mode):
     note = None
     try:
         try:
-            out, stage = _answer(
-                func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, pending if recording else None
-            )
+            if not tensors and not f.is_factory:  # Note [Wrapped numbers] in known.py
+                out, stage, note = known.from_numbers(func, args, kwargs), "real", known.NOTE
+            else:
+                out, stage = _answer(
+                    func, f, args, kwargs, kargs, kkwargs, device, mode, tensors, pending if recording else None
+                )
         except (DataDependentError, UnsupportedOpError) as e:
             # Inputs built from constants alone are answered from their real
             # values (Note [Known values] in known.py).  Else, under md.check

@@ -253,7 +253,7 @@ class Recorder:
         # A tensor C++ built on meta from a MetaTensor's options (a list index,
         # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
         if real is not None and kind == "input" and real.device.type != "meta":
-            kind, name = "const", self.const_names.get(id(real), "")
+            kind, name = "const", name or self.const_names.get(id(real), "")
             if real.numel() <= self.const_limit:
                 with _compat.no_torch_function():  # the real value, not its stand-in
                     value = real.detach().clone()
