@@ -243,10 +243,12 @@ class _Walk:
         )
 
 
-# Note [Strided writes]: an allocation's bytes are followed one by one, in a
-# mask, once a write is not one contiguous range (DeepSeek-V3 fills a query's
-# halves, ``q[..., :8] = a; q[..., 8:] = b``), up to this many bytes; a larger
-# one keeps the ranges alone and may list a read its strided writes covered.
+# Note [Strided writes]
+# ~~~~~~~~~~~~~~~~~~~~~
+# An allocation's bytes are followed one by one, in a mask, once a write is
+# not one contiguous range (DeepSeek-V3 fills a query's halves,
+# ``q[..., :8] = a; q[..., 8:] = b``), up to this many bytes; a larger one
+# keeps the ranges alone and may list a read its strided writes covered.
 _MASK_LIMIT = 1 << 26
 
 
