@@ -66,6 +66,8 @@ class Config(NamedTuple):
     channels_last: bool = False
     step: Callable | None = None  # (device) -> step(model, *inputs); default: forward, sum, backward
     collected: Callable | None = None  # () -> what the step's hooks wrote outside the model, emptied
+    inference: bool = False  # a forward under torch.inference_mode(), no backward
+    saved: bool = False  # replay the trace as saved to a file and loaded back
 
 
 def _step(config: Config, device: str = "cpu"):
@@ -73,6 +75,9 @@ def _step(config: Config, device: str = "cpu"):
         return config.step(device)
 
     def step(model, *inputs):
+        if config.inference:
+            with torch.inference_mode():
+                return _first_tensor(model(*inputs))
         with torch.autocast(device, dtype=torch.bfloat16, enabled=config.autocast):
             out = model(*inputs)
         out = _first_tensor(out)
@@ -281,6 +286,26 @@ def _hf(kind):
                 layerdrop=0.0,
             )
             return tf.Wav2Vec2Model(cfg), (torch.randn(2, 400),)
+        if kind == "mixtral":
+            cfg = tf.MixtralConfig(**small, num_local_experts=4, num_experts_per_tok=2)
+            return tf.MixtralForCausalLM(cfg), (ids,)
+        if kind == "deepseek_v3":
+            cfg = tf.DeepseekV3Config(
+                **{**small, "num_key_value_heads": 4},
+                moe_intermediate_size=16,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                n_group=1,
+                topk_group=1,
+                first_k_dense_replace=1,
+                q_lora_rank=16,
+                kv_lora_rank=16,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=8,
+                v_head_dim=8,
+                n_shared_experts=1,
+            )
+            return tf.DeepseekV3ForCausalLM(cfg), (ids,)
         if kind == "llama_checkpointing":
             model = tf.LlamaForCausalLM(tf.LlamaConfig(**small))
             model.gradient_checkpointing_enable()
@@ -461,6 +486,10 @@ CONFIGS: dict[str, Config] = {
     },
     "hf.llama_autocast": Config(_hf("llama"), needs="transformers", autocast=True),
     **{f"hf.{k}": Config(_hf(k), needs="transformers") for k in ("bart", "wav2vec2", "llama_checkpointing")},
+    # issue 28: MoE models (Mixtral replayed from its file), and a forward under inference mode
+    "hf.mixtral_saved": Config(_hf("mixtral"), needs="transformers", saved=True),
+    "hf.deepseek_v3": Config(_hf("deepseek_v3"), needs="transformers"),
+    "hf.llama_inference": Config(_hf("llama"), needs="transformers", inference=True),
     "nn.custom_op": Config(_custom_op),
     "nn.dataloader_epoch": Config(_loader_model, step=_epoch_step),
     "nn.optimizer_in_backward": Config(_in_backward_model, step=_in_backward_step),
@@ -475,10 +504,13 @@ CONFIGS: dict[str, Config] = {
     "tv.r3d_18": Config(_tv("r3d_18", shape=(1, 3, 4, 32, 32)), needs="torchvision"),
     "tv.fasterrcnn": Config(_detection, needs="torchvision"),
     "tv.raft_small": Config(_raft, needs="torchvision"),
+    "tv.swin_t": Config(_tv("swin_t"), needs="torchvision"),
+    "tv.efficientnet_b0": Config(_tv("efficientnet_b0"), needs="torchvision"),
     **{f"diffusers.{k}": Config(_diffusers(k), needs="diffusers") for k in ("unet", "vae", "dit")},
     "timm.resnet18": Config(_timm("resnet18"), needs="timm"),
     "timm.convnext_atto": Config(_timm("convnext_atto"), needs="timm"),
     "timm.vit_tiny": Config(_timm("vit_tiny_patch16_224", img_size=64), needs="timm"),
+    "timm.swinv2": Config(_timm("swinv2_cr_tiny_ns_224", img_size=64), needs="timm"),
 }
 
 
@@ -551,7 +583,7 @@ def check(name: str) -> dict:
     if note:
         notes.append(f"fake: {note}")
     if trace is not None:
-        row["replay"], note = _column(lambda: _replay(step, model, inputs, trace))
+        row["replay"], note = _column(lambda: _replay(step, model, inputs, _saved(trace) if config.saved else trace))
         if note:
             notes.append(f"replay: {note}")
     row["materialize"], note = _column(lambda: _materialize(config))
@@ -590,6 +622,16 @@ def _replay(step, model, inputs, trace) -> str:
     if not differ:
         return f"{why}; the values equal eager's"
     return f"{why}; {len(differ)} of {len(grads) + 1} values differ from eager's ({', '.join(differ[:2])})"
+
+
+def _saved(trace):
+    """The trace written to a file and loaded back (what a replay elsewhere runs)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json.gz")
+        trace.save(path)
+        return md.Trace.load(path)
 
 
 def _bitwise(a, b) -> bool:

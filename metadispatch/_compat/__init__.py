@@ -33,6 +33,7 @@ from .autograd import (
     next_sequence_nr,
 )
 from .dispatch import (
+    as_at_the_backend,
     aten_names_with_kernel,
     below_autograd,
     data_dependent_errors,
@@ -41,6 +42,7 @@ from .dispatch import (
     dispatch_mode_flags,
     dispatch_mode_stack,
     get_infra_mode,
+    has_implicit_composite,
     has_meta_kernel,
     library,
     mode_key,
@@ -125,6 +127,7 @@ from .reference import (
     skip_dynamo_in_reference_kernels,
 )
 from .tensors import (
+    copy_math_bits,
     has_grad_fn,
     is_fake,
     is_functorch_wrapped,
@@ -187,6 +190,8 @@ __all__ = [
     "functions_behind_dynamo_wrappers",
     "generator_key",
     "get_infra_mode",
+    "as_at_the_backend",
+    "has_implicit_composite",
     "has_meta_kernel",
     "in_backward",
     "in_checkpoint_recompute",
@@ -235,6 +240,7 @@ __all__ = [
     "set_only_lift_cpu_tensors",
     "set_rng_states",
     "set_version",
+    "copy_math_bits",
     "skip_dynamo_in_reference_kernels",
     "storage_id",
     "storage_key",

@@ -34,6 +34,25 @@ def has_meta_kernel(name: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")
 
 
+def as_at_the_backend():
+    """A guard under which a ``CompositeImplicitAutograd`` body, run from a
+    Python dispatch mode, sees the keys it sees when the backend runs it:
+    the Python key's fallback leaves out every key above it, ADInplaceOrView
+    among them, so the body's views of a parameter would not require grad and
+    ``matmul`` would not fold (Note [Composites that reach the mode] in
+    core/dispatch.py)."""
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+    return torch._C._ForceDispatchKeyGuard(include, exclude)
+
+
+def has_implicit_composite(name: str) -> bool:
+    """Whether ``name`` (``aten::linear``) is a ``CompositeImplicitAutograd`` op on CPU and CUDA:
+    its composite kernel is the backend's (``silu_backward`` has one too, for other backends)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has(name, "CompositeImplicitAutograd") and not has(name, "CPU") and not has(name, "CUDA")
+
+
 def runs_on(func, device_type: str) -> bool:
     """Whether ``func`` (an OpOverload) has a kernel for ``device_type``, composites included."""
     schema = func._schema

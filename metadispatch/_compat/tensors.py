@@ -91,6 +91,12 @@ def set_version(t: torch.Tensor, version: int) -> None:
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
 
 
+def copy_math_bits(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Give ``dst`` ``src``'s conjugate and negative bits (a lazy ``conj()``'s view)."""
+    torch._C._set_conj(dst, src.is_conj())
+    torch._C._set_neg(dst, src.is_neg())
+
+
 def is_fake(t: torch.Tensor) -> bool:
     """A FakeTensor: DTensor's sharding propagation runs ops on them, under
     FakeTensorMode, inside whatever mode watches a real run."""

@@ -86,6 +86,8 @@ def dispatch(func, args, kwargs, mode):
         return out
     if mode is None:
         warn_if_lost(func, args)  # Note [Copying real values into a MetaTensor outside a mode]
+    if f.implicit_composite:
+        return _decompose(func, args, kwargs, mode)
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
         return NotImplemented  # Note [Wrapper subclasses dispatch first]
@@ -97,7 +99,10 @@ def dispatch(func, args, kwargs, mode):
     note = None
     try:
         try:
-            out, stage = _answer(call)
+            if not tensors and not f.is_factory:  # Note [Wrapped numbers] in known.py
+                out, stage, note = known.from_numbers(func, args, kwargs), "real", known.NOTE
+            else:
+                out, stage = _answer(call)
         except (DataDependentError, UnsupportedOpError) as e:
             # Inputs built from constants alone are answered from their real
             # values (Note [Known values] in known.py).  Else, under md.check
@@ -138,6 +143,41 @@ def dispatch(func, args, kwargs, mode):
             mark_call(e, f.name, user_frame())
             raise
     return result
+
+
+def _decompose(func, args, kwargs, mode):
+    """Note [Composites that reach the mode]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A ``CompositeImplicitAutograd`` op (``linear``, SDPA, ``layer_norm``)
+    runs its C++ body at the autograd key, so its calls, not it, reach the
+    Python key -- except where the autograd keys are left out: under
+    ``torch.inference_mode()``, or on inference tensors.  There eager runs
+    the same body one key lower, at the backend, where the composite is
+    the kernel: the CPU runs ``t`` and ``addmm`` for a ``linear``, and
+    ``_scaled_dot_product_flash_attention_for_cpu`` (whose output has the
+    query's transposed layout) for SDPA.  So the mode runs the body too, with
+    itself pushed and still recording, and its calls are the trace's: the
+    ops eager dispatches, with their metadata and their FLOPs (as
+    ``FlopCounterMode`` decomposes such ops).  Recording the composite as one
+    call answered by its meta decomposition gave the wrong strides and no
+    FLOPs.  The body runs with the dispatch keys the backend would run it
+    with (``_compat.as_at_the_backend``): under a Python mode's fallback a
+    view of a parameter does not require grad, so ``matmul`` takes ``bmm``
+    where eager folds to ``mm`` -- other ops, other bits.  (Every
+    TorchDispatchMode, FakeTensorMode and FlopCounterMode included, sees
+    that other path.)
+    """
+    if mode is None:  # MetaTensors outside a mode: their calls come back to __torch_dispatch__
+        with _compat.as_at_the_backend():
+            return func.decompose(*args, **kwargs)
+    ambient = STATE.ambient
+    _compat.push_mode(mode)
+    try:
+        with _compat.as_at_the_backend():
+            return func.decompose(*args, **kwargs)
+    finally:
+        _compat.pop_mode()
+        STATE.ambient = ambient
 
 
 def _answer(call: Call):

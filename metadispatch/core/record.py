@@ -137,6 +137,7 @@ class Recorder:
         trace.deaths = {}  # Note [Storage numbers and deaths]
         self._real_of: dict = {}  # id(meta) -> weakref to the real tensor, for constants
         self._kept: dict = {}  # id(real) -> weakref: constants kept whatever their size (keep_values)
+        self.const_names: dict = {}  # id(real tensor) -> its attribute's name in a traced module
         self.backward_modules = BackwardModules()
         # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
         self._bases: dict = {}
@@ -168,6 +169,7 @@ class Recorder:
     def forget_reals(self) -> None:
         self._real_of.clear()
         self._kept.clear()
+        self.const_names.clear()
         self.rng.forget()
 
     @property
@@ -272,7 +274,7 @@ class Recorder:
         # A tensor C++ built on meta from a MetaTensor's options (a list index,
         # x[:, [0, 3]]) reaches us as a plain meta tensor: no value to keep.
         if real is not None and kind == "input" and real.device.type != "meta":
-            kind = "const"
+            kind, name = "const", name or self.const_names.get(id(real), "")
             if real.numel() <= self.const_limit or self._keeps(real):
                 with _compat.no_torch_function():  # the real value, not its stand-in
                     value = real.detach().clone()

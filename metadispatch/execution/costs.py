@@ -34,6 +34,7 @@ from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import is_generator
 from ..ir.text import clip, printable
 from ..ir.trace import Trace
+from ..rules.grouped_mm import grouped_mm_output
 from ..spec.schema import facts
 from .collectives import c10d_returns
 from .program import free_points
@@ -51,6 +52,11 @@ _META = torch.device("meta")
 CALL_WORK = 10**6
 CALL_BYTES = 2048
 OUTPUT_BYTES = 256
+
+
+# Ops whose meta function on a CPU build is not what their kernels check and
+# allocate (the built-in rule's note says how): sized by the rule's port instead.
+_SIZED_HERE = {torch.ops.aten._grouped_mm.default: grouped_mm_output}
 
 
 class Costs(NamedTuple):
@@ -141,7 +147,9 @@ class _Walk:
         self.check_count(n, call, args, kwargs)
         try:
             returned = c10d_returns(call.func, args)  # Note [Collectives replay on live groups]
-            result = call.func(*args, **kwargs) if returned is None else returned
+            if returned is None:
+                returned = _SIZED_HERE.get(call.func, call.func)(*args, **kwargs)
+            result = returned
             real = [t for t in _flat(result) if isinstance(t, torch.Tensor)]
         except ReplayError:
             raise

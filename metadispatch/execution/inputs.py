@@ -44,7 +44,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import ReplayInputError
 from ..ir.compare import describe, differences
-from ..ir.records import arg_name, describe_constant
+from ..ir.records import arg_name, attribute_tensors, describe_constant
 from ..ir.trace import Trace
 from ..tensor.tensor import MetaTensor, normalize_device
 
@@ -81,6 +81,9 @@ def given_tensors(args, kwargs, module, flat: list | None = None) -> dict:
     for name, b in buffers:
         if not nn.parameter.is_lazy(b):
             named.setdefault(("buffer", name), b)
+    for mod in modules:  # Note [Values fixed into a trace] in replay.py
+        for name, t in attribute_tensors(mod):
+            named.setdefault(("const", name), t)
     return named
 
 

@@ -62,6 +62,8 @@ def bind_leaves(
         if t is None:
             missing.append(leaf.meta)
             continue
+        if made_up is not None and leaf.kind == "const" and leaf.name:
+            made_up += _changed_constant(trace, leaf, given.get(("const", leaf.name)))
         m = leaf.meta
         if t.shape != m.shape or t.dtype is not m.dtype:
             raise ReplayInputError(
@@ -96,10 +98,36 @@ def _on(device):
     return lambda t: t.device == device
 
 
+def _changed_constant(trace: Trace, leaf, now) -> list:
+    """Note [Values fixed into a trace] in replay.py: a module attribute the
+    trace holds the value of, which the module given to replay holds another of."""
+    fixed = leaf.value
+    if now is None or fixed is None:
+        return []
+    with _compat.no_torch_function():
+        same = now.shape == fixed.shape and now.dtype == fixed.dtype and torch.equal(now.detach().cpu(), fixed)
+    if same:
+        return []
+    first = next((c.index for c in trace.calls if any(i.id == leaf.meta.id for i in c.inputs)), None)
+    return [
+        MadeUp(
+            f"const {leaf.name}",
+            first,
+            f"the trace holds its value when traced ({_shown(fixed)}); the module given holds "
+            f"{_shown(now)}, which eager would read",
+        )
+    ]
+
+
+def _shown(t: torch.Tensor) -> str:
+    return str(t.tolist()) if t.numel() <= 8 else f"{t.dtype} {list(t.shape)}"
+
+
 def _real(leaf, given: dict) -> torch.Tensor | None:
     """The real tensor for ``leaf``, or None: not given (Note [Views of leaves] in core/record.py)."""
     if leaf.kind == "const":
-        return leaf.value
+        # A module attribute above the constant limit is bound from the module given.
+        return leaf.value if leaf.value is not None or not leaf.name else given.get(("const", leaf.name))
     if leaf.kind != "view":
         return given.get((leaf.kind, leaf.name))
     base = given.get(tuple(leaf.name.split(" ", 1)))

@@ -316,6 +316,7 @@ def _check(call, results, device, mismatches: list, wrong: set, same_meta=None, 
     ``same_meta`` is :func:`_matcher` of ``device``, when the caller has it.
     """
     same_meta = same_meta or _matcher(device, keep_cpu)
+    _check_values(call, results, mismatches)
     for k, (m, r) in enumerate(_pairs(call.outputs, results)):
         if not isinstance(r, torch.Tensor):
             diff = _undefined(m, r)
@@ -329,6 +330,43 @@ def _check(call, results, device, mismatches: list, wrong: set, same_meta=None, 
         wrong.add(m.id)
         if not inherited:
             mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k, *diff))
+
+
+_NUMBERS = (bool, int, float, complex)
+
+
+def _check_values(call, results, mismatches: list) -> None:
+    """Note [Values fixed into a trace]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A call that returns a number (``.item()``, ``bool(t)``) hands the traced
+    program a Python value, and every later call that used it holds it as
+    a constant: BatchNorm's ``momentum=None`` divides by
+    ``num_batches_tracked.item()`` and passes the quotient to the kernel.
+    The value was read when traced -- from a known value (a counter buffer,
+    a small constant) or, under ``md.check``, the real run -- so replay
+    given another counter, or other data, would run the traced constant and
+    say ``ok`` while eager computes something else.  So each number a call
+    returns in replay is compared with the one recorded; a difference is a
+    mismatch of the call's ``value``, and replay is not ``ok``.
+    """
+    for k, (o, r) in enumerate(zip(call.outputs, results)):
+        if type(o) in _NUMBERS and type(r) in _NUMBERS and not (o == r or (o != o and r != r)):
+            mismatches.append(
+                Mismatch(
+                    call.index,
+                    call.op,
+                    call.module,
+                    call.rule,
+                    k,
+                    ("value",),
+                    {"value": o},
+                    {"value": r},
+                    (
+                        f"value {o!r} when traced, {r!r} now: later calls hold the traced value "
+                        "as a constant, so this replay is not the eager run of what it was given",
+                    ),
+                )
+            )
 
 
 def _undefined(m: TensorMeta, r) -> tuple | None:

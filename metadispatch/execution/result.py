@@ -73,7 +73,7 @@ class Replay:
         if not self.checked:
             lines = ["replay unchecked (check=False): no result was compared with its record; not ok"]
         elif self.mismatches:
-            lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real metadata:"]
+            lines = [f"replay found {len(self.mismatches)} mismatch(es) between recorded and real results:"]
             lines += [f"  {m}" for m in self.mismatches]
         else:
             lines = [

@@ -22,9 +22,11 @@ numbers:
   values are not eager's, and the replay is not ok unless the caller
   allows made-up values.
 
-It errs one way only: a write through a strided view (a column) initialises
-nothing here, so reading what columns filled in is listed although eager's
-values are defined; a write it cannot place never hides a read.  One
+It errs one way only: a write through a strided view (a column, half of
+the last dimension) marks the bytes it addresses, exactly (Note [Strided
+writes]), but past a size limit initialises nothing here, so reading what
+such writes filled in is listed although eager's values are defined; a
+write it cannot place never hides a read.  One
 partial write is proved to cover its target without values: ``inv[perm] =
 v`` into a 1-D ``inv`` of ``n`` elements where ``perm`` is the indices of a
 sort of ``n`` elements, a permutation (Qwen3-MoE's experts invert their
@@ -36,6 +38,8 @@ file can hide a read by forging storage numbers, as it can by replacing
 from __future__ import annotations
 
 from weakref import WeakKeyDictionary
+
+import torch
 
 from .._compat import pytree
 from ..ir.records import TensorMeta, tensor_metas
@@ -208,9 +212,13 @@ class _Walk:
 
     def _write(self, m: TensorMeta) -> None:
         entry = self.pending.get(self._storage(m))
+        if entry is None:
+            return
         span = _dense_range(m)
-        if entry is not None and span is not None:
+        if span is not None:
             entry[2] = _merge(entry[2] + [span])
+        if span is None or len(entry) > 3:
+            _written_bytes(entry, m)
 
     def _read(self, m: TensorMeta, at: int | None) -> None:
         storage = self._storage(m)
@@ -219,6 +227,8 @@ class _Walk:
             return
         lo, hi = m.storage_offset * m.dtype.itemsize, _end(m)
         if any(a <= lo and hi <= b for a, b in entry[2]):
+            return
+        if len(entry) > 3 and entry[3] is not None and bool(_bytes_of(entry[3], m).all()):
             return
         call, out = entry[0], entry[1]
         del self.pending[storage]  # one entry per allocation
@@ -231,6 +241,36 @@ class _Walk:
                 "eager's values there are whatever its allocator left (Note [Uninitialised memory])",
             )
         )
+
+
+# Note [Strided writes]
+# ~~~~~~~~~~~~~~~~~~~~~
+# An allocation's bytes are followed one by one, in a mask, once a write is
+# not one contiguous range (DeepSeek-V3 fills a query's halves,
+# ``q[..., :8] = a; q[..., 8:] = b``), up to this many bytes; a larger one
+# keeps the ranges alone and may list a read its strided writes covered.
+_MASK_LIMIT = 1 << 26
+
+
+def _written_bytes(entry: list, m: TensorMeta) -> None:
+    """Mark the bytes ``m`` addresses as written in ``entry``'s mask (made on first need)."""
+    if len(entry) == 3:
+        size = _end(entry[1])
+        mask = torch.zeros(size, dtype=torch.bool) if size <= _MASK_LIMIT else None
+        if mask is not None:
+            for a, b in entry[2]:
+                mask[a:b] = True
+        entry.append(mask)
+    if entry[3] is not None and _end(m) <= entry[3].numel():
+        _bytes_of(entry[3], m).fill_(True)
+
+
+def _bytes_of(mask, m: TensorMeta):
+    """The bytes of ``mask`` that ``m``'s elements occupy, as a view."""
+    k = m.dtype.itemsize
+    if _end(m) > mask.numel():
+        return mask.new_zeros(1)  # beyond the allocation: not written
+    return mask.as_strided((*m.shape, k), (*(st * k for st in m.stride), 1), m.storage_offset * k)
 
 
 def _accumulates(call, named: dict) -> bool:

@@ -363,8 +363,16 @@ def _grouped_mm(a: dict) -> None:
     if offs is None:
         return
     offs = dims_arg(a, "offs", 1)
-    rows = tensor_arg(a, "self").shape[0] if tensor_arg(a, "self").dim() == 2 else tensor_arg(a, "mat2").shape[-1]
-    within(a, "offs", 0, rows + 1, f" (the {rows} rows it splits)")
+    # What the offsets split: the shared dimension of two matrices (a weight's
+    # gradient in an MoE backward), the rows of a 2-d self, the columns of a 2-d mat2.
+    mat_a, mat_b = tensor_arg(a, "self"), tensor_arg(a, "mat2")
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        n, what = mat_a.shape[1], "columns of self"
+    elif mat_a.dim() == 2:
+        n, what = mat_a.shape[0], "rows of self"
+    else:
+        n, what = mat_b.shape[-1], "columns of mat2"
+    within(a, "offs", 0, n + 1, f" (the {n} {what} it splits)")
     non_decreasing(a, "offs", offs)
 
 

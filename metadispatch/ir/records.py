@@ -16,6 +16,7 @@ from .._compat import pytree
 from .text import clip
 
 __all__ = [
+    "attribute_tensors",
     "PLAIN_TYPES",
     "TensorMeta",
     "Leaf",
@@ -197,3 +198,19 @@ def arg_name(path) -> str:
     if head == 0:
         return f"args[{rest[0].idx}]" + pytree.keystr(rest[1:])
     return f"{rest[0].key}" + pytree.keystr(rest[1:])
+
+
+def attribute_tensors(module) -> list:
+    """(name, tensor) of each plain tensor a module tree holds on an attribute
+    (``self.scale = torch.tensor(2.0)``: neither parameter nor buffer), named
+    as parameters are: ``blocks.0.scale``.
+
+    A constant leaf that was such a tensor is named so (Note [Values fixed
+    into a trace] in execution/replay.py): replay given the module compares
+    the value it holds now with the one the trace fixed."""
+    out = []
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for key, v in vars(sub).items():
+            if type(v) is torch.Tensor:
+                out.append((f"{prefix}.{key}" if prefix else key, v))
+    return out

@@ -39,6 +39,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .. import _compat
+from ..ir.records import attribute_tensors
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor, is_wrapper_subclass
 from ..values import known
@@ -226,6 +227,8 @@ class StandIns:
                 first = names.setdefault(id(t), (kind, name))
                 if first != (kind, name):  # tied: the trace reads it by its first name
                     self.mode.trace.aliases.setdefault(f"{kind} {name}", f"{first[0]} {first[1]}")
+        for name, t in attribute_tensors(root):  # Note [Values fixed into a trace] in execution/replay.py
+            self.mode._recorder.const_names.setdefault(id(t), name)
         for mod in root.modules():
             if id(mod) not in self._swapped:
                 self._swapped.add(id(mod))

@@ -19,6 +19,8 @@ import torch
 
 from ..core.registry import builtin_rule
 
+__all__ = ["grouped_mm_output"]
+
 aten = torch.ops.aten
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,6 +62,13 @@ def _out_shape(a, b, offs):
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, fallback):
     if mat_a.device.type not in ("cpu", "cuda"):
         return fallback(mat_a, mat_b, offs, bias, out_dtype)
+    return grouped_mm_output(mat_a, mat_b, offs, bias, out_dtype)
+
+
+def grouped_mm_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The CPU and CUDA kernels' checks and output, on ``mat_a``'s device: also
+    what replay's cost walk of a loaded trace sizes the call by, on plain meta
+    tensors, where torch's meta function would refuse float32 (execution/costs.py)."""
     torch._check(
         mat_a.dtype in _DTYPES, lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {mat_a.dtype}"
     )

@@ -9,7 +9,8 @@ save no statistics at all (empty outputs).
 
 Group norm's output keeps the input's memory format on CPU (Note [Group
 norm keeps channels-last]), and so do the input gradients of batch and group
-norm (Note [Norm gradients follow the input]).
+norm (Note [Norm gradients follow the input]); layer norm's input gradient is
+contiguous (Note [Layer-norm gradients are contiguous]).
 """
 
 from __future__ import annotations
@@ -146,3 +147,22 @@ def group_norm_backward(grad, x, *args, fallback):
     # layout is fixed below, the statistics do not depend on it).
     fmt = _compat.suggest_memory_format(x)
     return _grad_input_like_input(fallback(grad.contiguous(memory_format=fmt), x, *args), x)
+
+
+@builtin_rule(aten.native_layer_norm_backward.default)
+def layer_norm_backward(grad, x, *args, fallback):
+    """Note [Layer-norm gradients are contiguous]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``layer_norm_backward_cpu`` makes its input contiguous and allocates the
+    input gradient ``empty_like(X, LEGACY_CONTIGUOUS_MEMORY_FORMAT)``: row
+    major whatever the incoming gradient's layout.  torch's meta answer (a
+    decomposition, which FakeTensorMode gives too) follows ``grad_output``,
+    so a permuted gradient -- Swin's final norm, whose output is permuted
+    to channels first for the pooling -- came out permuted, and the clone
+    that follows was a copy eager never makes.  Other devices keep the meta
+    answer (``layer_norm_backward_cuda`` reads the same, unchecked on a GPU).
+    """
+    out = fallback(grad, x, *args)
+    if x.device.type != "cpu" or out[0] is None or out[0].is_contiguous():
+        return out
+    return (torch.empty_like(out[0], memory_format=torch.contiguous_format), *out[1:])

@@ -50,7 +50,12 @@ def _define() -> None:
         return
     lib = _compat.library(NAMESPACE, "FRAGMENT")
     lib.define(
-        "trunc_normal_(Tensor(a!) tensor, float mean, float std, float a, float b, Generator? generator=None) -> ()"
+        "trunc_normal_(Tensor(a!) tensor, float mean, float std, float a, float b, Generator? generator=None) -> ()",
+        # Tagged as torch tags its own random ops, so that the mode treats it as
+        # one: never computed for real on known values (which drew from the
+        # real generator and moved every later draw), and its stream's state
+        # tracked before it (Note [States that change unseen] in core/rngstate.py).
+        tags=(torch.Tag.nondeterministic_seeded,),
     )
     # One kernel for every backend: on meta the body returns at once (it
     # checks tensor.is_meta), on CPU and CUDA it draws as eager does.

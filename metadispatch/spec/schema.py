@@ -50,6 +50,8 @@ class OpFacts:
     cacheable: bool  # see cache.py, Note [What the key must hold]
     switches: Callable | None  # the global backend switches the answer reads (cache.context keys them)
     passthrough: bool  # profiler annotations: run as they are, recorded as markers (dispatch.py)
+    # A CompositeImplicitAutograd op (linear, SDPA): Note [Composites that reach the mode] in dispatch.py.
+    implicit_composite: bool
     # Note [What an op writes and aliases]; arguments as (position, name).
     writes: tuple = ()  # arguments the op writes in place
     aliases: tuple = ()  # per return, the arguments it may share memory with
@@ -241,6 +243,7 @@ def _compute(func) -> OpFacts:
         cacheable=cacheable,
         switches=_switches_read_by(name),
         passthrough=name.startswith("profiler::"),
+        implicit_composite=_compat.has_implicit_composite(name),
         writes=writes,
         aliases=aliases,
         joins=joins,

@@ -42,6 +42,7 @@ from ..debug.diff import canonical, diff
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..mode.reach import walk
+from ..spec.schema import facts
 from ..tensor.tensor import MetaTensor
 from ..tracing.tracer import tracer
 from .collectives import CollectiveLog
@@ -86,6 +87,13 @@ class _EagerLog(_compat.TorchDispatchMode):
         self.calls: list[Call] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is not _PRIM_DEVICE and facts(func).implicit_composite:
+            # Reached only without the autograd keys (inference mode): the
+            # backend runs the composite's body, so its calls are what is
+            # dispatched, as FlopCounterMode counts them (Note [Composites
+            # that reach the mode] in core/dispatch.py).
+            with self, _compat.as_at_the_backend():
+                return func.decompose(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if func is _PRIM_DEVICE:  # a functorch wrapper asking for its device: not an op
             return out

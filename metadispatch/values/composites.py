@@ -32,6 +32,8 @@ mode.py).  Limits: calls that reach the C++ op without a torch function
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import _compat
@@ -149,7 +151,75 @@ def _matrix_rank(input, *args, **kwargs):
         return torch.linalg.matrix_rank(input, *args, **kwargs)
 
 
+def _is_scalar_tensor_true(t) -> bool:
+    """ATen's ``at::is_scalar_tensor_true``: ``equal`` with a one of its options."""
+    return torch.equal(t, t.new_ones((), dtype=t.dtype))
+
+
+def _cov(input, *, correction=1, fweights=None, aweights=None):
+    """``at::cov``'s C++ body (Correlation.cpp), op for op.  On a MetaTensor of a
+    logical GPU with no mode, its ``at::scalar_tensor(n, in.options())`` is a
+    plain meta tensor nobody intercepts, and torch's ``equal`` on it raised
+    NotImplementedError; here the factory takes the MetaTensor's device.
+    (Inside a mode the mode catches it: the C++ body runs there.)"""
+    torch._check(
+        input.ndim < 3,
+        lambda: f"cov(): expected input to have two or fewer dimensions but got an input with {input.ndim} dimensions",
+    )
+    inp = input.view(1, -1) if input.ndim < 2 else input
+    n = inp.size(1)
+    w = None
+    if fweights is not None:
+        torch._check(fweights.ndim <= 1, lambda: "cov(): expected fweights to have one or fewer dimensions")
+        torch._check(
+            not fweights.is_floating_point() and not fweights.is_complex(),
+            lambda: "cov(): expected fweights to have integral dtype",
+        )
+        torch._check(
+            fweights.numel() == n,
+            lambda: "cov(): expected fweights to have the same numel as there are observations in the input",
+        )
+        torch._check(
+            n == 0 or _is_scalar_tensor_true(fweights.min().ge(0)), lambda: "cov(): fweights cannot be negative"
+        )
+        w = fweights
+    if aweights is not None:
+        torch._check(aweights.ndim <= 1, lambda: "cov(): expected aweights to have one or fewer dimensions")
+        torch._check(aweights.is_floating_point(), lambda: "cov(): expected aweights to have floating point dtype")
+        torch._check(
+            aweights.numel() == n,
+            lambda: "cov(): expected aweights to have the same numel as there are observations in the input",
+        )
+        torch._check(
+            n == 0 or _is_scalar_tensor_true(aweights.min().ge(0)), lambda: "cov(): aweights cannot be negative"
+        )
+        w = w * aweights if w is not None else aweights
+    w_sum = w.sum() if w is not None else inp.new_full((), n, dtype=torch.long)
+    torch._check(
+        w is None or _is_scalar_tensor_true(w_sum.ne(0)), lambda: "cov(): weights sum to zero, can't be normalized"
+    )
+    avg = (inp * w if w is not None else inp).sum(1) / w_sum
+    if w is not None and aweights is not None and correction != 0:
+        norm_factor = w_sum - correction * (w * aweights).sum() / w_sum
+    else:
+        norm_factor = w_sum - correction
+    if _is_scalar_tensor_true(norm_factor.le(0)):
+        warnings.warn(
+            "cov(): degrees of freedom is <= 0. Correction should be strictly less than the number of observations.",
+            stacklevel=3,
+        )
+        norm_factor.zero_()
+    inp = inp - avg.unsqueeze(1)
+    c = torch.mm(inp, (inp * w if w is not None else inp).t().conj())
+    return torch.true_divide(c, norm_factor).squeeze()
+
+
+def _outside_a_mode(args, kwargs) -> bool:
+    return bool(args) and not _compat.dispatch_mode_stack()
+
+
 OVERRIDES = {
+    "cov": _cov,
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
     "tensor_split.tensor_indices_or_sections": _tensor_split,
@@ -176,6 +246,8 @@ _BY_FUNCTION: dict = {
     _VF.gru: [(OVERRIDES["gru.data"], _packed)],
     _VF._pad_packed_sequence: [(OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs)],
     torch.linalg.matrix_rank: [(OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args))],
+    torch.cov: [(OVERRIDES["cov"], _outside_a_mode)],
+    torch.Tensor.cov: [(OVERRIDES["cov"], _outside_a_mode)],
 }
 
 

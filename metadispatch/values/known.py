@@ -49,7 +49,7 @@ from ..spec.schema import schema_of
 from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
 
-__all__ = ["value_of", "know", "concerns", "propagate", "answer", "NOTE", "DEFAULT_LIMIT"]
+__all__ = ["value_of", "know", "concerns", "propagate", "answer", "from_numbers", "NOTE", "DEFAULT_LIMIT"]
 
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
@@ -145,6 +145,29 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     out = to_meta_outputs(real_out, device)
     if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
         _attach(out, real_out, None)
+    return out
+
+
+def from_numbers(func, args, kwargs):
+    """Note [Wrapped numbers]
+    ~~~~~~~~~~~~~~~~~~~~~~~~
+    A Python number C++ wraps into a tensor (``1j * z``'s ``1j``: a "wrapped
+    number", 0-dim on the CPU) reaches ``__torch_dispatch__`` as the number
+    again.  Backward formulas call ops on such a tensor alone --
+    ``mul``'s backward takes ``_conj`` of its saved scalar -- so a call can
+    come with tensor parameters but no tensor: the meta kernel then ran
+    for real on a CPU tensor torch made of the number, and its result was
+    refused as "a meta rule returned a real tensor".  Such a call reads only
+    numbers the trace records, so its value is computed for real here and
+    known, on the CPU, where eager's wrapped number lies, with the conjugate
+    bit of ``_conj``'s lazy view (which the next op resolves with a clone).
+    """
+    real_out = run_real(func, args, kwargs)
+    out = to_meta_outputs(real_out, torch.device("cpu"))
+    for o, r in zip(flat(out), flat(real_out)):
+        if isinstance(r, torch.Tensor) and (r.is_conj() or r.is_neg()):
+            _compat.copy_math_bits(r, o)
+    _attach(out, real_out, None)
     return out
 
 

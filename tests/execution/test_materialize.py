@@ -369,3 +369,82 @@ def test_materialize_follows_writes_through_views_after_other_work():
     torch.manual_seed(7)
     eager = build_and_edit(stepper(eager_model))
     _assert_same_state(meta, eager)
+
+
+# Initialisers in every order: a random init before ``trunc_normal_`` on a
+# tensor with known values (``torch.zeros``, as Swin's bias tables) used to
+# run the initialiser for real while tracing, moving the real generator and
+# so every later draw (issue 28, item 1).
+_INITS = {
+    "normal": lambda t: nn.init.normal_(t, std=0.5),
+    "uniform": lambda t: nn.init.uniform_(t, -0.1, 0.1),
+    "trunc_normal": lambda t: nn.init.trunc_normal_(t, std=0.02),
+    "trunc_normal_narrow": lambda t: nn.init.trunc_normal_(t, std=1.0, a=-0.1, b=0.1),  # the rejection branch
+    "kaiming": lambda t: nn.init.kaiming_normal_(t),
+    "xavier": lambda t: nn.init.xavier_uniform_(t),
+    "orthogonal": lambda t: nn.init.orthogonal_(t),
+    "sparse": lambda t: nn.init.sparse_(t, 0.5),
+}
+_ORDERS = [
+    ["normal", "trunc_normal", "uniform", "trunc_normal_narrow", "kaiming"],
+    ["trunc_normal", "orthogonal", "trunc_normal", "xavier", "sparse"],
+    ["uniform", "kaiming", "trunc_normal_narrow", "orthogonal", "trunc_normal", "normal"],
+    ["sparse", "trunc_normal", "trunc_normal", "normal", "orthogonal"],
+]
+
+
+class _Inits(nn.Module):
+    def __init__(self, order, start):
+        super().__init__()
+        self.layers = nn.ModuleList()
+        for name in order:
+            layer = nn.Linear(6, 5)  # its own kaiming_uniform_ draws in between
+            layer.weight = nn.Parameter(start((5, 6)))
+            _INITS[name](layer.weight)
+            self.layers.append(layer)
+
+
+@pytest.mark.parametrize("start", [torch.zeros, torch.empty], ids=["zeros", "empty"])
+@pytest.mark.parametrize("order", _ORDERS, ids=["-".join(o) for o in _ORDERS])
+def test_materialize_equals_eager_whatever_the_order_of_initialisers(order, start):
+    torch.manual_seed(3)
+    with md.MetaMode():
+        meta = _Inits(order, start)
+    md.materialize(meta)
+    torch.manual_seed(3)
+    _assert_same_state(meta, _Inits(order, start))
+
+
+def _swin_t():
+    return pytest.importorskip("torchvision").models.swin_t()
+
+
+def _efficientnet_b0():
+    return pytest.importorskip("torchvision").models.efficientnet_b0()
+
+
+def _swinv2():
+    return pytest.importorskip("timm").create_model("swinv2_cr_tiny_ns_224", pretrained=False, num_classes=10)
+
+
+def _hf_swin():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4
+    )
+    return transformers.SwinForImageClassification(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "build",
+    [_swin_t, _efficientnet_b0, _swinv2, _hf_swin],
+    ids=["tv.swin_t", "tv.efficientnet_b0", "timm.swinv2", "hf.swin"],
+)
+def test_materialize_zoo_models_initialised_in_mixed_orders_equal_eager(build):
+    torch.manual_seed(1)
+    with md.MetaMode():
+        meta = build()
+    md.materialize(meta)
+    torch.manual_seed(1)
+    _assert_same_state(meta, build())

@@ -65,6 +65,13 @@ def _gn_backward(x, grad, mask=(True, True, True)):
     return (grad, x, mean, rstd, w, n, c, hxw, 2, list(mask))
 
 
+def _ln_backward(x, grad, mask):
+    """native_layer_norm_backward's arguments, normalising the last dimension of ``x``."""
+    w, b = _x(x.shape[-1]), _x(x.shape[-1])
+    _, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], w, b, 1e-5)
+    return (grad, x, [x.shape[-1]], mean, rstd, w, b, list(mask))
+
+
 def _norm_backward(kind, x_fmt, grad_fmt, training, mask=(True, True, True)):
     x, grad, w = _laid_out(x_fmt), _laid_out(grad_fmt), _x(4)
     if kind == "group":
@@ -194,6 +201,13 @@ SAMPLES = {
             (_x(2, 5, 4).mT, _x(2, 4, 5)),
             (_x(2, 4, 5), _x(2, 5, 4).mT),
         )
+    ],
+    # Note [Layer-norm gradients are contiguous]: whatever the gradient's layout (Swin's permuted one)
+    aten.native_layer_norm_backward.default: [
+        _ln_backward(_laid_out(xf), _laid_out(gf), mask)
+        for xf in _FORMATS
+        for gf in _FORMATS
+        for mask in ([True, True, True], [True, False, False], [False, True, True])
     ],
     # rules/activations.py: the CPU kernel's full buffer (a GPU's is empty: test_logical_gpu_composites.py)
     aten.log_sigmoid_forward.default: [(_x(3, 4),), (_x(4, 3).t(),), (_x(5, dtype=torch.float64),)],
