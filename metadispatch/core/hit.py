@@ -53,6 +53,7 @@ def eligible(f, cross_device) -> int:
         and not f.is_factory
         and f.name not in cross_device
         and f.name not in known.SPECIAL
+        and not f.implicit_composite  # decomposed as the backend runs it (Note [Composites that reach the mode])
     ):
         return 0
     return 2 if bounds.bounds_without_inputs(f.name) else 1
