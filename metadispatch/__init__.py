@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .mode.mode import MetaMode
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
+    from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
 
 # Note [Public names load on first use]
@@ -115,6 +116,7 @@ _LAZY = {
     "to_meta": "tracing.tracer",
     "trace": "tracing.tracer",
     "tracer": "tracing.tracer",
+    "mark": "tracing.marks",
 }
 _SUBPACKAGES = (
     "analysis",
@@ -168,6 +170,7 @@ __all__ = [
     "trace",
     "tracer",
     "to_meta",
+    "mark",
     "register_meta",
     "unregister_meta",
     "diff",
