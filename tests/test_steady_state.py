@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
+from metadispatch.debug.guessing import guessing_mode
 from tests.models import MODELS, train_step
 
 
@@ -28,6 +29,7 @@ MAKERS = {"llama": MODELS["llama"], "gpt2": MODELS["hf_gpt2"], "resnet": resnet}
 OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps),
     "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adafactor": lambda ps: torch.optim.Adafactor(ps),  # reads param.norm().item(): guessed
 }
 
 
@@ -40,7 +42,7 @@ def _predicted_and_real(make, optimizer, warmup: int) -> tuple:
         opt.step()
         opt.zero_grad()
 
-    trace = md.tracer(warmup=warmup)(step, *inputs)
+    trace = md.tracer(warmup=warmup, mode_factory=guessing_mode)(step, *inputs)
     assert trace.warmup == warmup and not opt.state  # the user's optimizer is left as it was
     predicted = md.memory(trace, workspaces=False).peak  # what LiveStorages sees: storages
     for _ in range(warmup):
