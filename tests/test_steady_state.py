@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.debug.guessing import guessing_mode
+from metadispatch.debug.check import guessing_mode
 from tests.models import MODELS, train_step
 
 

@@ -2,7 +2,6 @@
 
 ``check`` traces past ops no rule answers and ``recheck`` re-runs every call
 on CPU; ``report`` presents what they found; ``verify`` checks one rule;
-``diff`` compares two traces; ``guessing`` is a tracing mode that answers
-data-dependent reads as ``check`` does (Adafactor's ``.item()``).  May import ``execution``, ``tracing``,
+``diff`` compares two traces.  May import ``execution``, ``tracing``,
 ``analysis``, ``core``, ``ir`` and below.
 """
