@@ -260,7 +260,7 @@ def step_text(trace: Trace) -> str:
     """Which step of the traced code a trace is, for people (``md.tracer(warmup=N)``)."""
     n = trace.warmup
     if n:
-        return f"Step {n + 1}, the steady state: {n} warmup step{'s' if n > 1 else ''}' state live from its start"
+        return f"Step {n + 1}, the steady state: what {n} warmup step{'s' if n > 1 else ''} left is live from its start"
     return "Step 1, no warmup: md.tracer(warmup=1) for the steady state"
 
 
