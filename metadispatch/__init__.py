@@ -43,6 +43,7 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
+    from .analysis.batch import MaxBatch, max_batch
     from .analysis.calibrate import calibrate, load_efficiency
     from .analysis.comms import comms
     from .analysis.fit import fits
@@ -82,6 +83,8 @@ _LAZY = {
     "load_efficiency": "analysis.calibrate",
     "comms": "analysis.comms",
     "fits": "analysis.fit",
+    "max_batch": "analysis.batch",
+    "MaxBatch": "analysis.batch",
     "flops": "analysis.flops",
     "register_flops": "analysis.flops",
     "unregister_flops": "analysis.flops",
@@ -180,6 +183,8 @@ __all__ = [
     "unregister_flops",
     "memory",
     "fits",
+    "max_batch",
+    "MaxBatch",
     "runtime",
     "Efficiency",
     "calibrate",

@@ -6,7 +6,8 @@ recorded shapes), ``memory`` (live bytes by category and module), ``roles``
 (what each storage of a step is for), ``allocator`` and ``allocconfig``
 (the CUDA caching allocator simulated, and its options), ``reserved``
 (reserved memory through it), ``workspace`` (kernel workspaces no tensor
-holds), ``fit`` (will the step fit on a GPU), ``cuda_counters``
+holds), ``fit`` (will the step fit on a GPU), ``batch``
+(``md.max_batch``: the largest batch that fits), ``cuda_counters``
 (``torch.cuda``'s memory counters for a logical GPU), ``runtime`` (the
 step's time on a named GPU) and ``calibrate`` (its efficiency table fitted
 to measurements), ``comms`` and ``collective_cost`` (a rank's collectives
