@@ -85,3 +85,18 @@ def test_max_batch_on_a_world_answers_for_the_worst_rank():
 def test_max_batch_says_zero_when_nothing_fits():
     found = md.max_batch(lambda b: ((lambda: torch.empty(b, 2**20).sum()), ()), "l4", capacity=2**20)
     assert found.batch == 0 and found.fits is None and not found.next.fits and found.failed == 1
+
+
+@pytest.mark.slow
+def test_max_batch_from_the_command_line(capsys):
+    pytest.importorskip("transformers")
+    from metadispatch.cli.main import main
+
+    small = ["num_hidden_layers=1", "hidden_size=512", "intermediate_size=1024", "num_attention_heads=8"]
+    small += ["num_key_value_heads=8", "vocab_size=32000"]
+    argv = ["trace", "--hf", "llama", "--seq", "2048", "--gpu", "l4", "--max-batch"]
+    assert main(argv + [a for kv in small for a in ("--config", kv)]) == 0
+    out = capsys.readouterr().out
+    found = int(out.split("largest batch that fits on L4 24 GB: ")[1].split(" ")[0])
+    assert f"batch {found}: fits on L4 24 GB: yes" in out and f"batch {found + 1}: fits on L4 24 GB: no" in out
+    assert "AdamW, step 2 of 2 (the steady state)" in out

@@ -149,33 +149,29 @@ def _cmd_trace(args) -> int:
     for path in (args.out, args.perfetto, args.plot):
         _writable(path)
     _plottable(args.plot)
-    with _Progress("building the model"), _stage("building the model"):
+
+    def build(batch: int):
         if args.hf:
-            t = targets.hf_target(
-                args.hf,
-                targets.parse_overrides(args.config),
-                device,
-                not args.forward_only,
-                batch,
-                args.seq,
-                dtype,
-                lazy=distributed,
-                amp=amp,
+            overrides = targets.parse_overrides(args.config)
+            return targets.hf_target(
+                args.hf, overrides, device, not args.forward_only, batch, args.seq, dtype, lazy=distributed, amp=amp
             )
-        elif args.target:
-            t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
-        else:
-            seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(
-                device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp
-            )
+        if args.target:
+            return targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
+        seq = args.seq if args.seq is not None else 2048
+        return targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp)
+
+    optimizer, steps = _optimizer_and_steps(args)
+    # Adafactor scales its update by param.norm().item(): a value no shape follows, guessed
+    make = guessing_mode if optimizer == "adafactor" else MetaMode
+    if args.max_batch:
+        return _max_batch(args, build, make, optimizer, steps)
+    with _Progress("building the model"), _stage("building the model"):
+        t = build(batch)
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
-    optimizer, steps = _optimizer_and_steps(args)
-    # Adafactor scales its update by param.norm().item(): a value no shape follows, guessed
-    make = guessing_mode if optimizer == "adafactor" else MetaMode
     run = tracer(mode_factory=lambda: modes.append(make(device=device, gpu=gpu)) or modes[-1], warmup=steps - 1)
     start = time.perf_counter()
     with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), _stage("the model raised while tracing"):
@@ -191,6 +187,27 @@ def _cmd_trace(args) -> int:
         _out(fits(trace, gpu=args.gpu))
         _out(step_time(trace, gpu=args.gpu))
     return _exports(trace, args)
+
+
+def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
+    """``--max-batch``: md.max_batch over the target's batch (Note [Searching for the largest batch])."""
+    from ..analysis.batch import max_batch
+
+    if args.target or args.world_size is not None or args.batch is not None:
+        raise UsageError("--max-batch: for the built-in model and --hf on one GPU, without --batch")
+    if torch.device(args.device).type != "cuda":
+        raise UsageError(f"--max-batch: asks what fits on a GPU; --device {args.device} is not cuda")
+    gpu = gpu_profile(args.gpu or DEFAULT_GPU)
+
+    def make_step(batch: int):
+        t = build(batch)
+        return with_optimizer(t.step, optimizer), (t.model, *t.inputs)
+
+    with _Progress("searching"), _stage("the model raised while tracing"):
+        found = max_batch(make_step, gpu, warmup=steps - 1, mode_factory=lambda: make(device=args.device, gpu=gpu))
+    print(f"{build(1).name.split(' (')[0]}: {describe(optimizer, steps)}")
+    _out(found)
+    return 0
 
 
 def _optimizer_and_steps(args) -> tuple:
@@ -538,6 +555,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=_at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
+    t.add_argument(
+        "--max-batch",
+        action="store_true",
+        help="search for the largest batch whose step fits on --gpu (md.max_batch; built-in and --hf)",
+    )
     t.add_argument(
         "--optimizer",
         choices=tuple(OPTIMIZERS),
