@@ -43,6 +43,7 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
+    from .analysis.ac import ACPlan, apply_ac, plan_ac
     from .analysis.batch import MaxBatch, max_batch
     from .analysis.calibrate import calibrate, load_efficiency
     from .analysis.comms import comms
@@ -84,6 +85,9 @@ _LAZY = {
     "comms": "analysis.comms",
     "fits": "analysis.fit",
     "max_batch": "analysis.batch",
+    "plan_ac": "analysis.ac",
+    "apply_ac": "analysis.ac",
+    "ACPlan": "analysis.ac",
     "MaxBatch": "analysis.batch",
     "flops": "analysis.flops",
     "register_flops": "analysis.flops",
@@ -185,6 +189,9 @@ __all__ = [
     "fits",
     "max_batch",
     "MaxBatch",
+    "plan_ac",
+    "apply_ac",
+    "ACPlan",
     "runtime",
     "Efficiency",
     "calibrate",
