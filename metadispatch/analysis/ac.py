@@ -144,7 +144,7 @@ def _chain(make: Callable, candidates, options: dict) -> list:
     peak, base, trace, model = _traced(make, (), options)
     names = list(candidates) if candidates is not None else blocks(model)
     order = sorted(names, key=lambda n: -_saved_per_flop(trace, n))  # stable: forward order on ties
-    chain = [((), peak, 0)]
+    chain: list[tuple[tuple, int, int]] = [((), peak, 0)]
     for k in range(1, len(order) + 1):
         modules = tuple(order[:k])
         peak, total, _, _ = _traced(make, modules, options)
