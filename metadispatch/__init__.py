@@ -43,6 +43,8 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
+    from .analysis.ac import ACPlan, apply_ac, plan_ac
+    from .analysis.batch import MaxBatch, max_batch
     from .analysis.calibrate import calibrate, load_efficiency
     from .analysis.comms import comms
     from .analysis.fit import fits
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .mode.mode import MetaMode
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
+    from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
 
 # Note [Public names load on first use]
@@ -83,6 +86,11 @@ _LAZY = {
     "fits": "analysis.fit",
     "serve_plan": "analysis.serve",
     "ServePlan": "analysis.serve",
+    "max_batch": "analysis.batch",
+    "plan_ac": "analysis.ac",
+    "apply_ac": "analysis.ac",
+    "ACPlan": "analysis.ac",
+    "MaxBatch": "analysis.batch",
     "flops": "analysis.flops",
     "register_flops": "analysis.flops",
     "unregister_flops": "analysis.flops",
@@ -117,6 +125,7 @@ _LAZY = {
     "to_meta": "tracing.tracer",
     "trace": "tracing.tracer",
     "tracer": "tracing.tracer",
+    "mark": "tracing.marks",
 }
 _SUBPACKAGES = (
     "analysis",
@@ -170,6 +179,7 @@ __all__ = [
     "trace",
     "tracer",
     "to_meta",
+    "mark",
     "register_meta",
     "unregister_meta",
     "diff",
@@ -181,6 +191,11 @@ __all__ = [
     "fits",
     "serve_plan",
     "ServePlan",
+    "max_batch",
+    "MaxBatch",
+    "plan_ac",
+    "apply_ac",
+    "ACPlan",
     "runtime",
     "Efficiency",
     "calibrate",

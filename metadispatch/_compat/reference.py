@@ -22,7 +22,9 @@ import types
 # ``__wrapped__`` and closure (a reference's outer ``functools.wraps`` points
 # ``__wrapped__`` at the prim, not at the wrapper).  One that the walk misses
 # just imports dynamo as before.  The library never does this: it would
-# change torch for the rest of the user's process.
+# change torch for the rest of the user's process.  An optimizer's ``step``
+# imports dynamo itself (``_use_grad_for_differentiable``), so a trace that
+# steps one (the command line's default, cli/steps.py) pays it anyway.
 _REFERENCE_MODULES = ("torch._refs", "torch._prims", "torch._decomp", "torch._meta_registrations", "torch.optim")
 
 

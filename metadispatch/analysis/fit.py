@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..ir.cut import step_from
 from ..ir.records import type_str
 from ..ir.text import fmt_bytes
 from ..ir.trace import TensorMeta, Trace
 from ..spec.profiles import GPUProfile, gpu_profile
+from ..tracing.marks import mark_index
 from .allocconfig import AllocatorConfig
-from .memory import Memory
+from .memory import Memory, step_text
 from .reserved import CudaMemory
 from .workspace import unsized_lines
 
@@ -93,6 +95,7 @@ class Fit:
         self.reserved_peak = cuda.reserved_peak
         self.fits = cuda.fits
         self.headroom = self.capacity - self.reserved_peak
+        self.step = step_text(cuda.memory.trace)  # which step of the traced code (md.tracer(warmup=N))
         oom = cuda.first_oom_call
         self.first_oom_call = None if oom is None else OOMCall(cuda.memory, oom)
 
@@ -112,21 +115,59 @@ class Fit:
             text = f"{head}; {_gib(self.headroom)} to spare."
         else:
             text = f"{head}; short by {_gib(-self.headroom)}: {self.first_oom_call}."
-        return " ".join([text, *unsized_lines(self.memory.memory.unsized)])
+        return " ".join([text, *unsized_lines(self.memory.memory.unsized), f"{self.step}.", self.includes()])
+
+    def includes(self) -> str:
+        """Note [What a fit figure includes]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The reserved peak is every storage of the step -- parameters,
+        gradients, optimizer state (live from the start in a warmed trace),
+        activations, backward's temporaries, the optimizer's scratch --
+        plus kernel workspaces (cuBLAS's, per handle, and transient ones),
+        through the simulated caching allocator, so its rounding and
+        fragmentation (reserved minus allocated) too.  Not in it: NCCL's
+        own buffers (a communicator takes its memory outside the caching
+        allocator, some hundreds of MiB per communicator depending on
+        ``NCCL_BUFFSIZE`` and the ranks), and the CUDA context (a few
+        hundred MiB the driver takes before torch allocates anything: the
+        profile's memory is the device's total, so a real device has that
+        much less free than ``capacity``).
+        """
+        parts = [f"{c} {_gib(b)}" for c, b in self.memory.memory.by_category.items() if b]
+        frag = self.reserved_peak - self.memory.allocated_at_reserved_peak
+        return (
+            f"Included at the allocated peak: {', '.join(parts)}; at the reserved peak, allocator rounding "
+            f"and fragmentation {_gib(frag)}. Not included: NCCL buffers, the CUDA context."
+        )
 
 
-def fits(trace: Trace, gpu: str | GPUProfile | None = None, capacity: int | None = None, **conf) -> Fit:
+def fits(
+    trace: Trace,
+    gpu: str | GPUProfile | None = None,
+    capacity: int | None = None,
+    since: str | int | None = None,
+    **conf,
+) -> Fit:
     """Whether a traced step fits on ``gpu`` (default: the trace's, else ``h100``), or in ``capacity`` bytes.
 
-    ``conf`` are ``PYTORCH_CUDA_ALLOC_CONF`` options, as for ``md.memory``.
+    ``conf`` are ``PYTORCH_CUDA_ALLOC_CONF`` options, and ``since`` a mark
+    (``md.mark``) the figure starts at, as for ``md.memory``.  The answer
+    is for the step the trace is: trace with ``md.tracer(warmup=1)`` for
+    the steady state (``Fit.step`` says which; Note [What a fit figure
+    includes]).
 
     >>> import torch, metadispatch as md
     >>> t = md.tracer(device="cuda")(lambda x: (x * 2).sum(), torch.ones(2 ** 22))
     >>> print(md.fits(t, gpu="l4"))
     fits on L4 24 GB: yes, peak reserved 34 MiB of 22.5 GiB, peak allocated 32 MiB; 22.5 GiB to spare.
+    Step 1, no warmup: md.tracer(warmup=1) for the steady state. Included at the allocated peak:
+    activations 16 MiB, other 16 MiB; at the reserved peak, allocator rounding and fragmentation 2 MiB.
+    Not included: NCCL buffers, the CUDA context.
     >>> f = md.fits(t, capacity=20 * 2 ** 20)
     >>> f.fits, f.first_oom_call.index, f.first_oom_call.op
     (False, 0, 'aten.mul.Tensor')
     """
+    if since is not None:
+        trace = step_from(trace, mark_index(trace, since))
     profile = gpu_profile(gpu or trace.gpu)
     return Fit(CudaMemory(Memory(trace, profile), profile, AllocatorConfig(**conf), capacity))

@@ -41,17 +41,19 @@ from collections import Counter
 import torch
 
 from .._compat import pytree
+from ..ir.cut import state_phase, step_from
 from ..ir.records import tensor_bytes
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
 from ..spec.profiles import GPUProfile, gpu_profile
+from ..tracing.marks import mark_index
 from ..world.fsdp_storage import RESIZE_OP
 from .allocconfig import AllocatorConfig
 from .reserved import CudaMemory
 from .roles import ROLES, roles
 from .workspace import cpu_block, cublas_workspace, transient_workspace, unsized, unsized_lines, uses_cublas
 
-__all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes"]
+__all__ = ["Memory", "memory", "CATEGORIES", "fmt_bytes", "tensor_bytes", "allocated_bytes", "step_text"]
 
 CATEGORIES = (*ROLES, "activations", "temporaries", "optimizer", "workspaces", "other")
 _BY_PHASE = {"forward": "activations", "backward": "temporaries", "optimizer": "optimizer"}
@@ -116,19 +118,23 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
     for number, role in found.items():
         if number in out:
             out[number].category = role
+    for number in trace.start_bytes:  # resized before the cut (Note [What the calls before a cut leave alive])
+        if number in out:
+            resizes.setdefault(number, [])
     for number, events in resizes.items():
-        _split(out, number, events)
+        _split(out, number, events, trace.start_bytes.get(number))
     return out
 
 
-def _split(infos: dict, number: int, events: list) -> None:
+def _split(infos: dict, number: int, events: list, first: int | None = None) -> None:
     """A storage resized while it lived (Note [FSDP frees by resizing storage]
     in world/fsdp_storage.py) as one StorageInfo per stretch of constant size:
     the one resized to 0 bytes after call ``i`` is not live at ``i``, the one
     resized back at ``j`` is, as a storage born at ``j``.  Later stretches
-    are keyed ``(number, k)``."""
+    are keyed ``(number, k)``; ``first``: the first stretch's bytes, where
+    not the storage's largest (it was resized before the trace's start)."""
     info = infos[number]
-    stretches, start, size = [], info.born, info.nbytes
+    stretches, start, size = [], info.born, info.nbytes if first is None else first
     for i, nbytes in events:
         if i < start or info.died is not None and i >= info.died or nbytes == size:
             continue
@@ -145,7 +151,9 @@ def _leaf_info(trace: Trace, m: TensorMeta) -> StorageInfo:
     leaf = trace.leaves.get(m.id)
     if leaf is not None and leaf.kind == "param":
         return StorageInfo(m.storage, m.device, -1, "params", leaf.name.rpartition(".")[0])
-    return StorageInfo(m.storage, m.device, -1, "other", "")
+    # what the warmup's optimizer made is its state; roles.py names the rest from the step's calls
+    phase = state_phase(leaf) if leaf is not None else None
+    return StorageInfo(m.storage, m.device, -1, "optimizer state" if phase == "optimizer" else "other", "")
 
 
 def _deaths(trace: Trace, infos: dict) -> None:
@@ -234,7 +242,7 @@ class Memory:
         return f"<Memory peak={fmt_bytes(self.peak)} at call {self.peak_call}>"
 
     def __str__(self) -> str:
-        lines = [f"peak {fmt_bytes(self.peak)}" + self._where()]
+        lines = [f"peak {fmt_bytes(self.peak)}" + self._where(), f"{step_text(self.trace)}."]
         rows = [(c, fmt_bytes(b), _pct(b, self.peak)) for c, b in self.by_category.items() if b]
         lines += render(("category", "at peak", "share"), rows, align="<>>")
         rows = [(m or "<top>", fmt_bytes(b), _pct(b, self.peak)) for m, b in self.by_module.most_common(10)]
@@ -246,6 +254,14 @@ class Memory:
             return ""
         call = self.trace.calls[self.peak_call]
         return f" after call #{self.peak_call} {call.op} ({call.phase}" + (f", {call.module})" if call.module else ")")
+
+
+def step_text(trace: Trace) -> str:
+    """Which step of the traced code a trace is, for people (``md.tracer(warmup=N)``)."""
+    n = trace.warmup
+    if n:
+        return f"Step {n + 1}, the steady state: what {n} warmup step{'s' if n > 1 else ''} left is live from its start"
+    return "Step 1, no warmup: md.tracer(warmup=1) for the steady state"
 
 
 def _running(deltas: list) -> list:
@@ -262,6 +278,7 @@ def memory(
     gpu: str | GPUProfile | None = None,
     capacity: int | None = None,
     workspaces: bool = True,
+    since: str | int | None = None,
     **conf,
 ) -> Memory | CudaMemory:
     """The memory timeline of a trace; with ``allocator="cuda"``, as the caching allocator holds it.
@@ -282,7 +299,12 @@ def memory(
     ``PYTORCH_CUDA_ALLOC_CONF`` options (``expandable_segments=True``,
     ``max_split_size_mb=128``, ``roundup_power2_divisions=4``,
     ``garbage_collection_threshold=0.8``); see ``analysis/allocator.py``.
+    ``since``: a mark's name (``md.mark``) or a call index; the figure is of
+    the calls from there on, with what the calls before left alive (a model
+    built in the trace) live from its start, not as activations.
     """
+    if since is not None:
+        trace = step_from(trace, mark_index(trace, since))
     if allocator is None and not conf and gpu is None and capacity is None:
         return Memory(trace, workspaces=workspaces)
     if allocator not in (None, "cuda"):

@@ -9,6 +9,7 @@ it (Note [Roles from the step's calls]).  A pure function of a trace.
 
 from __future__ import annotations
 
+from ..ir.cut import state_phase
 from ..ir.records import tensor_metas
 from ..ir.trace import Trace
 from ..spec.schema import arg_value, facts
@@ -110,8 +111,13 @@ def _optimizer_call(trace: Trace, call, out: dict, used: set, consts: set) -> se
 
 def _births(trace: Trace, end: int) -> dict:
     """Storage -> the phase of the call that made it, for the calls before ``end``
-    (not leaves: those have their own kinds)."""
+    (not leaves: those have their own kinds; but a ``state`` leaf, made before
+    the trace's first call, by its maker's phase: ir/cut.py)."""
     born: dict = {}
+    for leaf in trace.leaves.values():
+        phase = state_phase(leaf)
+        if phase is not None:
+            born[leaf.meta.storage] = phase
     for call in trace.calls[:end]:
         for m in call.output_metas:
             born.setdefault(m.storage, call.phase)

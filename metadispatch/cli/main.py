@@ -33,6 +33,7 @@ from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes, printable
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from . import targets
+from .steps import OPTIMIZERS, describe, with_optimizer
 from .targets import UsageError
 
 __all__ = ["main", "EXIT_CODES"]
@@ -133,6 +134,7 @@ def _zero_flops(f) -> str:
 
 
 def _cmd_trace(args) -> int:
+    from ..debug.check import guessing_mode
     from ..mode.mode import MetaMode
     from ..tracing.tracer import tracer
 
@@ -159,41 +161,40 @@ def _cmd_trace(args) -> int:
     for path in (args.out, args.perfetto, args.plot):
         _writable(path)
     _plottable(args.plot)
-    with _Progress("building the model"), _stage("building the model"):
+
+    def build(batch: int):
         if args.hf:
-            t = targets.hf_target(
-                args.hf,
-                targets.parse_overrides(args.config),
-                device,
-                not args.forward_only,
-                batch,
-                args.seq,
-                dtype,
-                lazy=distributed,
-                amp=amp,
+            overrides = targets.parse_overrides(args.config)
+            return targets.hf_target(
+                args.hf, overrides, device, not args.forward_only, batch, args.seq, dtype, lazy=distributed, amp=amp
             )
-        elif args.target:
-            t = targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
-        else:
-            seq = args.seq if args.seq is not None else 2048
-            t = targets.default_target(
-                device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp
-            )
+        if args.target:
+            return targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
+        seq = args.seq if args.seq is not None else 2048
+        return targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp)
+
+    optimizer, steps = _optimizer_and_steps(args)
+    # Adafactor scales its update by param.norm().item(): a value no shape follows, guessed
+    make = guessing_mode if optimizer == "adafactor" else MetaMode
+    if args.max_batch:
+        return _max_batch(args, build, make, optimizer, steps)
+    with _Progress("building the model"), _stage("building the model"):
+        t = build(batch)
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
-    run = tracer(mode_factory=lambda: modes.append(MetaMode(device=device, gpu=gpu)) or modes[-1])
+    run = tracer(mode_factory=lambda: modes.append(make(device=device, gpu=gpu)) or modes[-1], warmup=steps - 1)
     start = time.perf_counter()
     with _Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), _stage("the model raised while tracing"):
-        trace = run(t.step, t.model, *t.inputs)
+        trace = run(with_optimizer(t.step, optimizer), t.model, *t.inputs)
     seconds = time.perf_counter() - start
     wrote = _exports(trace, args)  # Note [Files before the report]
     what = "forward" if args.forward_only else "forward and backward"
     if args.amp:
         what += f" under autocast ({args.amp})"
     on = f"{device} ({getattr(trace.gpu, 'name', trace.gpu)})" if trace.gpu else device
-    print(f"{t.name}: {what} on {on}, traced in {seconds:.1f} s")
+    print(f"{t.name}: {what} on {on}, {describe(optimizer, steps)}, traced in {seconds:.1f} s")
     _out(report(trace, top=args.top, depth=args.depth, width=_width()))
     if args.gpu:
         _out(fits(trace, gpu=args.gpu))
@@ -201,6 +202,37 @@ def _cmd_trace(args) -> int:
     for line in wrote:
         print(line)
     return 0
+
+
+def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
+    """``--max-batch``: md.max_batch over the target's batch (Note [Searching for the largest batch])."""
+    from ..analysis.batch import max_batch
+
+    if args.target or args.world_size is not None or args.batch is not None:
+        raise UsageError("--max-batch: for the built-in model and --hf on one GPU, without --batch")
+    if torch.device(args.device).type != "cuda":
+        raise UsageError(f"--max-batch: asks what fits on a GPU; --device {args.device} is not cuda")
+    gpu = gpu_profile(args.gpu or DEFAULT_GPU)
+
+    def make_step(batch: int):
+        t = build(batch)
+        return with_optimizer(t.step, optimizer), (t.model, *t.inputs)
+
+    with _Progress("searching"), _stage("the model raised while tracing"):
+        found = max_batch(make_step, gpu, warmup=steps - 1, mode_factory=lambda: make(device=args.device, gpu=gpu))
+    print(f"{build(1).name.split(' (')[0]}: {describe(optimizer, steps)}")
+    _out(found)
+    return 0
+
+
+def _optimizer_and_steps(args) -> tuple:
+    """``--optimizer`` and ``--steps``: a warmed AdamW step for training, one bare forward otherwise."""
+    training = not args.forward_only
+    optimizer = args.optimizer or ("adamw" if training else "none")
+    if optimizer != "none" and not training:
+        raise UsageError(f"--optimizer {optimizer}: --forward-only has no gradients to step with")
+    steps = args.steps if args.steps is not None else (2 if training else 1)
+    return optimizer, steps
 
 
 def _worst_rank(t, plan, args) -> tuple:
@@ -215,7 +247,7 @@ def _worst_rank(t, plan, args) -> tuple:
     for ranks in classes:
         p = plan._replace(rank=ranks[0])
         with _Progress(f"tracing rank {p.rank}"), _stage("the model raised while tracing"):
-            trace, first = planning.plan_step(p, t.build, t.step, args.device)
+            trace, first = planning.plan_step(p, t.build, t.step, args.device, *_optimizer_and_steps(args))
         traced.append((planning.step_peak(trace, first), ranks, trace, first, p))
     worst = max(traced, key=lambda x: x[0])
     kinds = f"{len(classes)} kinds of rank" if len(classes) > 1 else "every rank alike"
@@ -253,12 +285,12 @@ def _trace_rank(t, plan, args) -> int:
         trace, first, plan = _worst_rank(t, plan, args)
     else:
         with _Progress("tracing"), _stage("the model raised while tracing"):
-            trace, first = planning.plan_step(plan, t.build, t.step, args.device)
+            trace, first = planning.plan_step(plan, t.build, t.step, args.device, *_optimizer_and_steps(args))
     seconds = time.perf_counter() - start
     wrote = _exports(trace, args)  # Note [Files before the report]
     how = " + ".join(x for x, on in (("FSDP", plan.fsdp), (f"TP {plan.tp}", plan.tp > 1), ("DDP", plan.dp)) if on)
     print(f"{t.name}: {how}, rank {plan.rank} of {plan.world_size} on {args.device}, traced in {seconds:.1f} s")
-    _out(planning.report(trace, first, plan, args.gpu, width=_width()))
+    _out(planning.report(trace, first, plan, args.gpu, width=_width(), steps=_optimizer_and_steps(args)[1]))
     for line in wrote:
         print(line)
     return 0
@@ -588,6 +620,22 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch", type=_at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=_at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
+    t.add_argument(
+        "--max-batch",
+        action="store_true",
+        help="search for the largest batch whose step fits on --gpu (md.max_batch; built-in and --hf)",
+    )
+    t.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        help="the optimizer stepped after backward (default adamw; none with --forward-only)",
+    )
+    t.add_argument(
+        "--steps",
+        type=_at_least(1),
+        help="steps to run; the last is traced, with the state the others left "
+        "(default 2 for training: the steady state; 1 with --forward-only)",
+    )
     t.add_argument("--out", metavar="FILE", help="save the trace")
     t.add_argument("--perfetto", metavar="FILE", help="write a Chrome-trace/Perfetto JSON")
     t.add_argument("--plot", metavar="FILE", help="write a memory-timeline PNG (needs matplotlib)")

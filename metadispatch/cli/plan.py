@@ -5,7 +5,8 @@ rank=r)``: ``--fsdp`` shards every block and the root with ``fully_shard``,
 ``--tp K`` parallelises each block's attention and MLP (colwise, then
 rowwise) over groups of K ranks (with ``--fsdp``: a 2-D mesh, FSDP over
 N/K), ``--dp`` wraps the model in ``DistributedDataParallel``.  AdamW
-(``foreach``) steps once.  The report is the rank's peak during the step
+steps twice and the second step is reported (``--optimizer``,
+``--steps``: cli/steps.py).  The report is the rank's peak during the step
 (building the full model first is not a cost a real run pays when it
 builds on the meta device), its collectives, and whether the peak fits the
 GPU.
@@ -27,11 +28,15 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..analysis.comms import comms
-from ..analysis.memory import memory
+from ..analysis.memory import memory, step_text
+from ..debug.check import guessing_mode
+from ..ir.cut import step_from
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
+from ..tracing.marks import mark
+from .steps import with_optimizer
 from .targets import UsageError
 
 __all__ = ["Plan", "plan_step", "check_plan", "report", "param_shapes", "rank_classes", "step_peak"]
@@ -61,9 +66,17 @@ def check_plan(plan: Plan) -> None:
         raise UsageError("--world-size needs a parallelism: --fsdp, --tp K or --dp")
 
 
-def plan_step(plan: Plan, build: Callable, step: Callable, device="cuda") -> tuple[Trace, int]:
-    """Trace ``plan.rank``'s step; returns the trace and the index of the step's first call."""
-    with MetaMode(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
+def plan_step(
+    plan: Plan, build: Callable, step: Callable, device="cuda", optimizer: str = "adamw", steps: int = 2
+) -> tuple[Trace, int]:
+    """Trace ``plan.rank``'s step; returns the trace and the index of the last step's first call.
+
+    ``steps`` steps run, each ``step`` then ``optimizer`` (cli/steps.py);
+    the report is of the last, with what the others left (the steady
+    state), and leaves out the build: marks ``"built"`` and ``"step"``.
+    """
+    make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/main.py: Adafactor reads .item())
+    with make(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
         model, inputs = build()
         dp = plan.world_size // plan.tp
         mesh = init_device_mesh(torch.device(device).type, (dp, plan.tp), mesh_dim_names=("dp", "tp"))
@@ -73,11 +86,12 @@ def plan_step(plan: Plan, build: Callable, step: Callable, device="cuda") -> tup
             _fully_shard(model, mesh["dp"])
         if plan.dp:
             model = nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        start = len(mode.trace)
-        step(model, *inputs)
-        opt.step()
-    return mode.trace, start
+        stepped = with_optimizer(step, optimizer)
+        mark("built")
+        for _ in range(steps):
+            mark("step")
+            stepped(model, *inputs)
+    return mode.trace, mode.trace.marks["step"]
 
 
 def param_shapes(build: Callable, device="cuda") -> dict:
@@ -165,12 +179,14 @@ def _tensor_parallel(model: nn.Module, mesh) -> None:
         parallelize_module(block, mesh, plan)
 
 
-def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | None = None) -> str:
-    """The rank's peak during the step, its collectives, and whether it fits ``gpu``."""
-    m = memory(trace)
-    peak = max(m.timeline[start:], default=0)
-    lines = [f"rank {plan.rank} of {plan.world_size}: peak {fmt_bytes(peak)} during the step"]
-    at = m.timeline.index(peak, start) if peak else None
+def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | None = None, steps: int = 1) -> str:
+    """The rank's peak during the step (the last of ``steps``), its collectives, and whether it fits ``gpu``."""
+    step = step_from(trace, start)  # with what the build and the steps before left live from its start
+    step.warmup = steps - 1
+    m = memory(step)
+    peak = m.peak
+    lines = [f"rank {plan.rank} of {plan.world_size}: peak {fmt_bytes(peak)} during the step", f"{step_text(step)}."]
+    at = m.peak_call if peak else None
     if at is not None:  # what is live then, by category (Note [Roles from the step's calls])
         rows = [(c, fmt_bytes(t[at]), f"{100 * t[at] / peak:.1f}%") for c, t in m.by_category_timeline.items() if t[at]]
         lines += render(("category", "at peak", "share"), rows, align="<>>", width=width)

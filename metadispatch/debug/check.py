@@ -60,7 +60,7 @@ from ..values.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to
 from .recheck import recheck
 from .report import Answer, Assumption, Report, Stop
 
-__all__ = ["check", "checker"]
+__all__ = ["check", "checker", "guessing_mode"]
 
 REAL = "real kernel"
 _SCALAR_READ = "aten._local_scalar_dense.default"
@@ -142,6 +142,31 @@ def check(fn: Callable, *args, **kwargs) -> Report:
     $2: i64[4, 1]{1, 4} = aten.nonzero.default($1)  # [real] <assumed i64[4, 1]: made-up b8[4]: (all True)>
     """
     return checker()(fn, *args, **kwargs)
+
+
+def guessing_mode(
+    device=None, *, gpu=None, world_size: int | None = None, rank: int = 0, limit=DEFAULT_LIMIT, values=None
+) -> MetaMode:
+    """A MetaMode whose ``.item()`` and other data-dependent calls run on made-up values, as under ``check``.
+
+    For steps whose memory does not follow the values they read: Adafactor
+    scales its update by ``param.norm().item()``, a number that changes no
+    shape and no allocation; ``md.tracer(mode_factory=guessing_mode)``
+    traces it.  Each read is kept as an assumption in
+    ``mode.guesses.assumptions``; a step whose shapes follow such a value is
+    traced for the made-up one, which ``md.check`` reports.
+
+    >>> import torch, metadispatch as md
+    >>> from metadispatch.debug.check import guessing_mode
+    >>> t = md.tracer(mode_factory=guessing_mode)(lambda x: x * float(x.sum()), torch.ones(3))
+    >>> [c.op for c in t]
+    ['aten.sum.default', 'aten._local_scalar_dense.default', 'aten.mul.Tensor']
+    """
+    mode = MetaMode(device=device, gpu=gpu, world_size=world_size, rank=rank)
+    state = _State(mode, limit, _policy(values))
+    mode.fallback, mode.read_fallback = state.fallback, state.read
+    mode.__dict__["guesses"] = state  # its assumptions, as md.check reports them
+    return mode
 
 
 class _State:

@@ -177,6 +177,8 @@ _WHY = {
     "buffer": "no module was given; filled with made-up values",
     "grad": "no module was given; its .grad filled with made-up values",
     "view": "a view of a tensor that was not given; filled with made-up values",
+    "state": "made by a step before the traced one (md.tracer(warmup=N), md.memory(since=)), whose calls "
+    "the trace does not hold; filled with made-up values",
     "input": "the trace recorded no source for this tensor (it reached the traced code from "
     "outside any recorded call, without a name); filled with made-up values",
 }

@@ -48,7 +48,7 @@ MAX_STRING = 1 << 16  # characters in any string but constant data
 MAX_DIMS = 64  # dimensions of a tensor record: torch's kernels stop at 25 (TensorIterator)
 _SIZE_LIMIT = 1 << 63  # sizes, strides, offsets, ids: what an int64 holds
 
-_KINDS = {"arg", "param", "buffer", "const", "input", "grad", "view"}
+_KINDS = {"arg", "param", "buffer", "const", "input", "grad", "view", "state"}
 _PHASES = {"forward", "backward", "optimizer"}
 _INT = {int}
 _PLAIN = {type(None), bool, int, float, str}
@@ -139,8 +139,28 @@ class Reader:
             self.counts(storages, "storage_bytes.storage")
             self.counts(sizes, "storage_bytes.bytes")
             t.storage_bytes = dict(zip(storages, sizes))
+        self.step(doc, t)
         self.world(doc, t)
         return t
+
+    def step(self, doc: dict, t: Trace) -> None:
+        """Which step the trace is, its marks, and its storages' bytes at the start (ir/cut.py)."""
+        warmup = doc.get("warmup") or 0
+        if type(warmup) is not int or not 0 <= warmup < _SIZE_LIMIT:
+            self.fail("warmup", f"expected a number of steps, got {_short(warmup)}")
+        t.warmup = warmup
+        marks = doc.get("marks") or {}
+        if not isinstance(marks, dict):
+            self.fail("marks", f"expected an object, got {type(marks).__name__}")
+        for k, v in marks.items():
+            if type(v) is not int or not 0 <= v <= len(t.calls):
+                self.fail(("marks", k), f"expected a call index, got {_short(v)}")
+            t.marks[self.text(k, "marks")] = v
+        if doc.get("start_bytes") is not None:
+            storages, sizes = self.columns(doc, "start_bytes", ("storage", "bytes"))
+            self.counts(storages, "start_bytes.storage")
+            self.counts(sizes, "start_bytes.bytes")
+            t.start_bytes = dict(zip(storages, sizes))
 
     def streams(self, doc: dict, t: Trace) -> None:
         """The random streams of format 4 (ir/rng.py); absent from older files."""

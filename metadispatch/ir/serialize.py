@@ -125,6 +125,9 @@ class _Writer:
             "arg_names": trace.arg_names,
             "arg_constants": trace.arg_constants,
             "aliases": trace.aliases,
+            "warmup": trace.warmup,
+            "marks": dict(trace.marks),
+            "start_bytes": {"storage": list(trace.start_bytes), "bytes": list(trace.start_bytes.values())},
         }
 
     def storage_bytes(self, trace: Trace) -> dict:

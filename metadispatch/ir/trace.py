@@ -95,6 +95,15 @@ class Trace:
         # backend) on a logical CUDA device: its name, or the profile itself
         # when it is not registered (mode/mode.py); None: no profile was asked.
         self.gpu: Any = None  # str | core.profiles.GPUProfile | None
+        # Which step of the traced code this trace is: the number of steps
+        # run before it under ``md.tracer(warmup=N)``, their state carried in
+        # (Note [What the calls before a cut leave alive] in ir/cut.py);
+        # 0: the first step.  ``marks``: name -> index of the first call
+        # after ``md.mark(name)``.  ``start_bytes``: storage number -> its
+        # bytes at the first call, where an FSDP2 resize before it set them.
+        self.warmup = 0
+        self.marks: dict[str, int] = {}
+        self.start_bytes: dict[int, int] = {}
 
     # -- sequence protocol
     def __len__(self) -> int:

@@ -1,6 +1,8 @@
 """The verbs that trace a user's function: ``md.trace``, ``md.tracer``, ``md.to_meta``.
 
 ``tracer`` runs the function under a recording MetaMode with the user's
-module state stood in for (``mode.standins``, which MetaMode itself uses).
+module state stood in for (``mode.standins``, which MetaMode itself uses), ``warmup=N`` steps first
+for the steady state; ``marks`` is ``md.mark``, a point of the traced code
+an analysis can start at.
 May import ``rules`` and below.
 """

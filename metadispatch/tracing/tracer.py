@@ -11,6 +11,7 @@ from torch import nn
 
 from .._compat import pytree
 from ..errors import MetaDispatchError
+from ..ir.cut import step_from
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
@@ -76,6 +77,7 @@ def tracer(
     rank: int = 0,
     restore: str = "machinery",
     mode_factory=None,
+    warmup: int = 0,
 ) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
@@ -89,8 +91,31 @@ def tracer(
     dict, set and object of the user's it reaches too, for a dry run that
     leaves nothing behind.  (Options are ``md.tracer``'s: ``md.trace(fn,
     *args, **kwargs)`` hands every keyword to ``fn``.)
+
+    ``warmup=N`` runs ``fn`` N times first and returns the trace of the
+    next call: the steady-state step, with what the first N left alive
+    (optimizer state, kept gradients, caches) live from its start (Note
+    [What the calls before a cut leave alive] in ir/cut.py); the
+    trace's ``warmup`` says so.
+
+    >>> import torch, metadispatch as md
+    >>> model = torch.nn.Linear(256, 256)
+    >>> opt = torch.optim.AdamW(model.parameters())
+    >>> def step(x):
+    ...     model(x).sum().backward()
+    ...     opt.step()
+    ...     opt.zero_grad()
+    >>> first, second = (md.tracer(warmup=n)(step, torch.ones(8, 256)) for n in (0, 1))
+    >>> m1, m2 = md.memory(first), md.memory(second)
+    >>> m1.by_category["optimizer state"] == m2.by_category["optimizer state"] == 2 * 4 * (256 * 256 + 256) + 2 * 4
+    True
+    >>> state = [m.by_category_timeline["optimizer state"][0] for m in (m1, m2)]
+    >>> state  # at the first call: AdamW's step counts; in the second step, exp_avg and exp_avg_sq too
+    [8, 526344]
     """
     check_restore(restore)
+    if type(warmup) is not int or warmup < 0:
+        raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
         mode = (
@@ -98,7 +123,7 @@ def tracer(
             if mode_factory is not None
             else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
         )
-        return run_traced(mode, fn, args, kwargs, restore)
+        return run_traced(mode, fn, args, kwargs, restore, warmup)
 
     return run
 
@@ -124,7 +149,9 @@ def trace(fn: Callable, *args, **kwargs) -> Trace:
     return run_traced(MetaMode(), fn, args, kwargs)
 
 
-def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict, restore: str = "machinery") -> Trace:
+def run_traced(
+    mode: MetaMode, fn: Callable, args: tuple, kwargs: dict, restore: str = "machinery", warmup: int = 0
+) -> Trace:
     """Note [What md.trace gives back]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     The model and its training machinery come out of a trace as they went
@@ -164,6 +191,9 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict, restore:
                 arg_name(p): describe_constant(v) for p, v in flat if not isinstance(v, torch.Tensor)
             }
             with mode:
+                for _ in range(warmup):  # what each returns dies before the next, as in ``for ...: fn(x)``
+                    fn(*margs, **mkwargs)
+                start = len(mode.trace.calls)
                 out = fn(*margs, **mkwargs)
             rec = mode._recorder
             tr = mode.trace
@@ -179,6 +209,9 @@ def run_traced(mode: MetaMode, fn: Callable, args: tuple, kwargs: dict, restore:
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
+    if warmup:
+        tr.warmup = warmup
+        tr = step_from(tr, start)
     return tr
 
 

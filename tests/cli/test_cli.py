@@ -46,14 +46,28 @@ def test_cli_default_trace_prints_summary(tmp_path):
     text = out.stdout
     assert text.startswith("built-in LLaMA-7B (bf16, batch 1 x 2048 tokens): forward and backward on cuda")
     assert "aten._scaled_dot_product_flash_attention.default" in text
-    assert "FLOPs (backward" in text and "peak 25.2GiB" in text and "1-31 (Block, each as above)" in text
+    assert (
+        "FLOPs (backward" in text
+        and "peak 62.8GiB" in text
+        and "AdamW, step 2 of 2" in text
+        and "1-31 (Block, each as above)" in text
+    )
     assert "\r" not in out.stderr  # no progress line when not on a terminal
     # docs/cli.md shows this output in full: it must be what the command prints.
     shown = (ROOT / "docs" / "cli.md").read_text().split("$ metadispatch trace\n", 1)[1].split("```", 1)[0]
     timed = re.compile(r"traced in [\d.]+ s")
     assert timed.sub("traced in T s", text).startswith(timed.sub("traced in T s", shown))
     json.loads((tmp_path / "t.json").read_text())
-    # Note [Reference kernels without dynamo in the command line]
+
+
+def test_cli_trace_without_an_optimizer_never_imports_dynamo():
+    # Note [Reference kernels without dynamo in the command line]; an
+    # optimizer's step imports it itself (torch/optim/optimizer.py, _use_grad)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = ["-X", "importtime", "-m", "metadispatch", "trace", "--seq", "8", "--optimizer", "none", "--steps", "1"]
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "forward and backward on cuda (h100), step 1 of 1 (the first: no warmup)" in out.stdout
     assert "| torch._dynamo\n" not in out.stderr
 
 

@@ -528,7 +528,7 @@ def test_cli_amp_traces_mixed_precision(tmp_path, capsys):
     # --amp: float32 weights, the forward under torch.autocast (Note [Autocast
     # on a logical GPU]); the built-in attention casts for its flash kernel.
     out = tmp_path / "t.json"
-    assert main(["trace", "--amp", "bf16", "--seq", "8", "--out", str(out)]) == 0
+    assert main(["trace", "--amp", "bf16", "--seq", "8", "--optimizer", "none", "--steps", "1", "--out", str(out)]) == 0
     assert "built-in LLaMA-7B (f32, batch 1 x 8 tokens): forward and backward under autocast (bf16)" in (
         capsys.readouterr().out
     )

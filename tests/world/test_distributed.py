@@ -270,6 +270,8 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
                 "--fsdp",
                 "--gpu",
                 "h100",
+                "--steps",
+                "1",  # the real run's one step
             ]
         )
         == 0
@@ -377,6 +379,7 @@ def test_distributed_cli_worst_rank_traces_one_rank_of_each_kind(tmp_path_factor
     # the real run's shards show; the worst peak is the real run's highest.
     real = _real("fsdp-foreach", 4, tmp_path_factory)
     argv = ["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--world-size", "4", "--fsdp"]
+    argv += ["--steps", "1"]  # the real run's one step
     assert main([*argv, "--worst-rank"]) == 0
     out = capsys.readouterr().out
     kinds = re.findall(r"^  ranks? ([\d-]+): .* \(([\d,]+) B\)", out, re.M)

@@ -1,0 +1,106 @@
+"""A trace from one of its calls on: the step after the warmup, the step after a mark.
+
+Requirements: what the calls before the cut left alive -- a model built in
+the mode, optimizer state, gradients kept across steps, caches -- is live
+from the cut trace's start and dies when the full trace saw it die; the cut
+trace is an ordinary :class:`Trace` (memory, fits, flops, printing, files
+and replay read it as any other); storage numbers and tensor ids are kept,
+so a figure of the cut trace names the same storages as the full one.
+Limits: replay of a cut trace fills its ``state`` leaves with made-up
+values (the calls that made them are gone), and its random ops draw from
+the full trace's start state.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from .calls import OpCall
+from .records import Leaf
+from .trace import Trace
+
+__all__ = ["step_from", "STATE", "state_phase"]
+
+STATE = "state"  # the leaf kind of what the calls before the cut left alive
+_RESIZE = "inductor.resize_storage_bytes_.default"  # world/fsdp_storage.RESIZE_OP (a room above)
+
+
+def step_from(trace: Trace, start: int) -> Trace:
+    """The calls ``trace[start:]`` as a trace of their own (Note [What the calls before a cut leave alive]).
+
+    Note [What the calls before a cut leave alive]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A tensor a call before ``start`` made is, from the cut on, a leaf of
+    kind ``state`` named for its maker: ``optimizer #812
+    aten.zeros_like.default`` (``md.memory`` names its category by the
+    phase: ``optimizer`` -> optimizer state, ``backward`` -> grads,
+    ``forward`` -> params where the step's optimizer writes it).  Its record
+    is the one the first call after the cut reads.  A storage alive at the
+    cut that no later call reads (the gradients ``zero_grad`` drops unread,
+    AdamW's state for a frozen parameter) becomes such a leaf too, from the
+    last record before the cut, so ``md.memory`` counts it until its
+    recorded death.  A storage FSDP2 resized before the cut starts at the
+    size the last resize gave it (``trace.start_bytes``), not at the size
+    of its tensors.  Deaths, marks and random-state events move with the
+    calls; those before the cut go.
+    """
+    if not 0 <= start <= len(trace.calls):
+        raise ValueError(f"step_from: start {start} is not a call of a trace of {len(trace.calls)}")
+    if start == 0:
+        return trace
+    deaths = trace.deaths or {}
+
+    def alive(storage) -> bool:
+        died = deaths.get(storage)
+        return died is None or died > start
+
+    made: dict = {}  # tensor id -> (index, call) of the first call before the cut that made it
+    last: dict = {}  # storage -> its last record before the cut, and that record's maker
+    for i, call in enumerate(trace.calls[:start]):
+        for m in call.output_metas:
+            made.setdefault(m.id, (i, call))
+            last[m.storage] = (m, made[m.id])
+        for m in call.inputs:
+            if m.id in made:
+                last[m.storage] = (m, made[m.id])
+    leaves = dict(trace.leaves)
+    covered = {leaf.meta.storage for leaf in leaves.values()}
+    calls = []
+    for call in trace.calls[start:]:
+        for m in call.inputs:
+            if m.id in made and m.id not in leaves:
+                leaves[m.id] = Leaf(m, STATE, _maker(*made[m.id]))
+                covered.add(m.storage)
+        calls.append(_shifted(call, start))
+    for storage, (m, maker) in last.items():
+        if storage not in covered and alive(storage):
+            leaves[m.id] = Leaf(m, STATE, _maker(*maker))
+            covered.add(storage)
+    out = copy.copy(trace)
+    out.calls, out.leaves = calls, leaves
+    if trace.deaths is not None:
+        out.deaths = {s: max(d - start, 0) for s, d in trace.deaths.items()}
+    out.start_bytes = dict(trace.start_bytes)
+    for call in trace.calls[:start]:
+        if call.op == _RESIZE and alive(call.args[0].storage):
+            out.start_bytes[call.args[0].storage] = call.args[1]
+    out.marks = {k: i - start for k, i in trace.marks.items() if i >= start}
+    out.rng_events = [e._replace(at=e.at - start) for e in trace.rng_events if e.at >= start]
+    out.warmup = trace.warmup
+    return out
+
+
+def state_phase(leaf: Leaf) -> str | None:
+    """The phase of the call that made a ``state`` leaf (``"optimizer"``), or None for another leaf."""
+    return leaf.name.partition(" ")[0] if leaf.kind == STATE else None
+
+
+def _maker(index: int, call: OpCall) -> str:
+    return f"{call.phase} #{index} {call.op}"
+
+
+def _shifted(call: OpCall, start: int) -> OpCall:
+    c = call
+    return OpCall(
+        c.index - start, c.func, c.op, c.args, c.kwargs, c.outputs, c.module, c.phase, c.rule, c.source, c.note
+    )

@@ -1,0 +1,102 @@
+"""md.max_batch against independent steady-state traces: the answer fits, one more does not."""
+
+import pytest
+import torch
+from torch import nn
+
+import metadispatch as md
+from metadispatch.cli.llama import Llama, LlamaConfig
+from tests.test_steady_state import _Block
+
+
+def _with_adamw(model, forward):
+    """make_step(batch): a step that runs ``forward(model, batch)``'s loss backward, then AdamW."""
+    opt = torch.optim.AdamW(model.parameters())
+
+    def make_step(batch):
+        def step():
+            forward(model, batch).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step, ()
+
+    return make_step
+
+
+def llama():
+    config = LlamaConfig(vocab_size=512, dim=256, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=512)
+    ids = lambda b: torch.randint(0, 512, (b, 256))  # noqa: E731 (made in the trace: no real tensor)
+    return _with_adamw(Llama(config), lambda m, b: m(ids(b), ids(b)))
+
+
+def gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_embd=256, n_layer=2, n_head=4, vocab_size=512, n_positions=256)
+    model = transformers.GPT2LMHeadModel(config)
+
+    def forward(m, b):
+        ids = torch.randint(0, 512, (b, 256))
+        return m(input_ids=ids, labels=ids).loss
+
+    return _with_adamw(model, forward)
+
+
+def resnet():
+    stem = (nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+    model = nn.Sequential(*stem, _Block(16), _Block(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    return _with_adamw(model, lambda m, b: m(torch.randn(b, 3, 64, 64)).float().pow(2).mean())
+
+
+def _fits(make_step, batch: int, gpu: str) -> bool:
+    fn, args = make_step(batch)
+    return md.fits(md.tracer(device="cuda", gpu=gpu, warmup=1)(fn, *args), gpu).fits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu", ["l4", "a100-40gb"])
+@pytest.mark.parametrize("model", [llama, gpt2, resnet], ids=lambda f: f.__name__)
+def test_max_batch_fits_and_one_more_does_not(model, gpu):
+    make_step = model()
+    found = md.max_batch(make_step, gpu)
+    assert found.batch > 1 and found.fits.fits and not found.next.fits
+    assert len(found.tried) <= 2 * found.batch.bit_length() + 2  # O(log n) traces
+    assert _fits(make_step, found.batch, gpu) and not _fits(make_step, found.batch + 1, gpu)  # traced anew
+
+
+def test_max_batch_on_a_world_answers_for_the_worst_rank():
+    # 2 ranks each all-gather a batch-sized buffer; rank 1 also keeps a 10 MiB buffer
+    import torch.distributed as dist
+
+    def make_step(batch):
+        def step():
+            x = torch.empty(batch, 2**18)  # 1 MiB a sample
+            extra = torch.empty(10 * 2**18) if dist.get_rank() == 1 else None
+            dist.all_reduce(x)
+            return extra
+
+        return step, ()
+
+    found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2)
+    alone = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, ranks=[0])
+    assert found.batch < alone.batch and found.fits.fits and not found.next.fits
+
+
+def test_max_batch_says_zero_when_nothing_fits():
+    found = md.max_batch(lambda b: ((lambda: torch.empty(b, 2**20).sum()), ()), "l4", capacity=2**20)
+    assert found.batch == 0 and found.fits is None and not found.next.fits and found.failed == 1
+
+
+@pytest.mark.slow
+def test_max_batch_from_the_command_line(capsys):
+    pytest.importorskip("transformers")
+    from metadispatch.cli.main import main
+
+    small = ["num_hidden_layers=1", "hidden_size=512", "intermediate_size=1024", "num_attention_heads=8"]
+    small += ["num_key_value_heads=8", "vocab_size=32000"]
+    argv = ["trace", "--hf", "llama", "--seq", "2048", "--gpu", "l4", "--max-batch"]
+    assert main(argv + [a for kv in small for a in ("--config", kv)]) == 0
+    out = capsys.readouterr().out
+    found = int(out.split("largest batch that fits on L4 24 GB: ")[1].split(" ")[0])
+    assert f"batch {found}: fits on L4 24 GB: yes" in out and f"batch {found + 1}: fits on L4 24 GB: no" in out
+    assert "AdamW, step 2 of 2 (the steady state)" in out

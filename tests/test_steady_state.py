@@ -1,0 +1,132 @@
+"""md.tracer(warmup=N) and md.mark against real CPU runs: the steady-state step and the step after a build."""
+
+import pytest
+import torch
+from torch import nn
+
+import metadispatch as md
+from metadispatch.debug.check import guessing_mode
+from tests.models import MODELS, train_step
+
+
+class _Block(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(x + self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
+
+
+def resnet():
+    stem = (nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+    head = (nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(*stem, _Block(8), _Block(8), *head), (torch.randn(2, 3, 8, 8),)
+
+
+MAKERS = {"llama": MODELS["llama"], "gpt2": MODELS["hf_gpt2"], "resnet": resnet}
+OPTIMIZERS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adafactor": lambda ps: torch.optim.Adafactor(ps),  # reads param.norm().item(): guessed
+}
+
+
+def _predicted_and_real(make, optimizer, warmup: int) -> tuple:
+    model, inputs = make()
+    opt = OPTIMIZERS[optimizer](model.parameters())
+
+    def step(*xs):
+        train_step(model, *xs)
+        opt.step()
+        opt.zero_grad()
+
+    trace = md.tracer(warmup=warmup, mode_factory=guessing_mode)(step, *inputs)
+    assert trace.warmup == warmup and not opt.state  # the user's optimizer is left as it was
+    predicted = md.memory(trace, workspaces=False).peak  # what LiveStorages sees: storages
+    for _ in range(warmup):
+        step(*inputs)
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    grads = [p.grad for p in model.parameters()]
+    with md.LiveStorages(model, *inputs, *state, *grads) as live:
+        step(*inputs)
+    return predicted, live.peak
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("name", sorted(MAKERS))
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_steady_state_peak_equals_the_real_steps_live_storages(name, optimizer, warmup):
+    predicted, real = _predicted_and_real(MAKERS[name], optimizer, warmup)
+    assert abs(predicted - real) <= 1024
+
+
+def test_steady_state_carries_the_optimizers_state_from_the_start():
+    model, inputs = MODELS["mlp"]()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(x):
+        train_step(model, x)
+        opt.step()
+        opt.zero_grad()
+
+    first, second = md.memory(md.tracer()(step, *inputs)), md.memory(md.tracer(warmup=1)(step, *inputs))
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert second.timeline[0] - first.timeline[0] == 2 * params  # exp_avg, exp_avg_sq
+    assert second.by_category["optimizer state"] >= 2 * params
+    assert "Step 2, the steady state" in str(second) and "Step 1, no warmup" in str(first)
+
+
+def test_steady_state_trace_keeps_what_warmup_left_as_state_leaves():
+    model, inputs = MODELS["mlp"]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x):
+        train_step(model, x)
+        opt.step()
+        opt.zero_grad()
+
+    t = md.tracer(warmup=1)(step, *inputs)
+    state = [leaf for leaf in t.leaves.values() if leaf.kind == "state"]
+    momenta = [leaf for leaf in state if leaf.name.startswith("optimizer")]
+    assert len(momenta) == len(list(model.parameters()))  # one momentum buffer each, made by step 1
+    assert [c.index for c in t.calls] == list(range(len(t.calls)))
+
+
+def test_memory_since_a_mark_leaves_the_build_out_of_the_activations():
+    def step(x):
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))  # built in the trace
+        md.mark("built")
+        model(x).sum().backward()
+
+    t = md.tracer()(step, torch.ones(4, 64))
+    whole, after = md.memory(t, workspaces=False), md.memory(t, since="built", workspaces=False)
+    params = (64 * 256 + 256 + 256 * 64 + 64) * 4
+    assert whole.by_category["activations"] >= params  # the build counted as the forward's
+    assert after.by_category["activations"] < params
+    assert after.peak == whole.peak  # nothing dies: the same bytes, named for what they are
+    with pytest.raises(md.MetaDispatchError, match="'built'"):
+        md.memory(t, since="nope")
+
+
+def test_mark_outside_a_trace_does_nothing():
+    assert md.mark("x") == "x"
+
+
+def test_steady_state_trace_saves_and_loads_its_step(tmp_path):
+    model, inputs = MODELS["mlp"]()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(x):
+        train_step(model, x)
+        md.mark("forward")
+        opt.step()
+        opt.zero_grad()
+
+    t = md.tracer(warmup=1)(step, *inputs)
+    t.save(tmp_path / "t.json")
+    back = md.Trace.load(tmp_path / "t.json")
+    assert (back.warmup, back.marks) == (1, t.marks) and t.marks["forward"] > 0
+    assert md.memory(back).timeline == md.memory(t).timeline
+    assert md.memory(back, since="forward").peak == md.memory(t, since="forward").peak
