@@ -6,7 +6,7 @@ from torch import nn
 
 import metadispatch as md
 from metadispatch.cli.llama import Llama, LlamaConfig
-from tests.test_steady_state import _Block
+from tests.tracing.test_steady_state import _Block
 
 
 def _with_adamw(model, forward):
