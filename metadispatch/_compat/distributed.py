@@ -5,6 +5,8 @@ Part of ``metadispatch._compat`` (its docstring says why private torch APIs live
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
@@ -73,6 +75,12 @@ def fsdp_param_module():
     return _fsdp_param
 
 
+# Where torch.distributed asks which accelerator this build has (FSDP2's
+# default mesh, ``init_process_group``'s default backend) and where
+# ``torch.accelerator.current_accelerator`` asks: C++ functions on
+# ``torch._C`` (gpu/logical_cuda.py answers them for a logical world's GPU).
+accelerator_queries = (torch._C, ("_get_accelerator", "_accelerator_getAccelerator"))
+
 resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
 
 # A finished c10d Work around a future (rules/collectives.py).
@@ -99,6 +107,17 @@ def functional_collectives_module():
 
 # torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
 # logical world (world/world.py) needs it, so it is imported on first use.
+def local_shard(t):
+    """A DTensor's local tensor (this rank's shard of it); any other tensor, itself.
+
+    Imports nothing: a DTensor exists only once its module is loaded.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    if module is not None and isinstance(t, module.DTensor):
+        return t._local_tensor
+    return t
+
+
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 
