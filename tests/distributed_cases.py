@@ -33,10 +33,10 @@ CONFIG = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2,
 PROBES: list = []
 
 
-def _step(model: torch.nn.Module, foreach: bool) -> torch.nn.Module:
+def _step(model: torch.nn.Module, foreach: bool, loss=lambda model, ids: model(ids, ids)) -> torch.nn.Module:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
-    model(ids, ids).backward()
+    loss(model, ids).backward()
     for probe in PROBES:
         probe("backward", model, opt)
     opt.step()
@@ -131,6 +131,58 @@ def ddp_step(foreach: bool) -> torch.nn.Module:
     return model.module
 
 
+def fsdp_default_mesh_step() -> torch.nn.Module:
+    """FSDP2 with no mesh given (the default one, on the build's accelerator)."""
+    model = Llama(CONFIG)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return _step(model, foreach=True)
+
+
+def tp_mlp_step(foreach: bool) -> torch.nn.Module:
+    """An MLP colwise then rowwise, every parameter a DTensor, one AdamW step.
+
+    (AdamW ``foreach`` over a model only partly parallelised -- the LLaMA's
+    norms and embedding stay plain tensors -- fails in torch itself, "got
+    mixed torch.Tensor and DTensor", and so does its trace.)
+    """
+    model = torch.nn.Sequential(
+        torch.nn.Linear(CONFIG.vocab_size, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, 8)
+    )
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    one_hot = torch.nn.functional.one_hot
+    return _step(model, foreach, loss=lambda model, ids: model(one_hot(ids, CONFIG.vocab_size).float()).sum())
+
+
+def hsdp_step() -> torch.nn.Module:
+    """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("replicate", "shard"))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return _step(model, foreach=False)
+
+
+def tiny_gpt2():
+    """(model, inputs): a transformers GPT-2 of two blocks in ``transformer.h``, for the command line."""
+    import transformers  # only the cases that build it need it
+
+    config = transformers.GPT2Config(vocab_size=CONFIG.vocab_size, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4)
+    return transformers.GPT2LMHeadModel(config), (torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ)),)
+
+
+def gpt2_fsdp_step() -> torch.nn.Module:
+    """The command line's ``--fsdp`` plan on GPT-2: every block of ``transformer.h`` and the root."""
+    model, _ = tiny_gpt2()
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    return _step(model, foreach=True, loss=lambda model, ids: model(ids).logits.float().sum())
+
+
 CASES = {
     "fsdp": lambda: fsdp_step(foreach=False),
     "fsdp-foreach": lambda: fsdp_step(foreach=True),
@@ -139,6 +191,11 @@ CASES = {
     "fsdp-tp": lambda: fsdp_tp_step(foreach=False),
     "ddp": lambda: ddp_step(foreach=False),
     "ddp-foreach": lambda: ddp_step(foreach=True),
+    "fsdp-default-mesh": fsdp_default_mesh_step,
+    "tp-mlp": lambda: tp_mlp_step(foreach=False),
+    "tp-mlp-foreach": lambda: tp_mlp_step(foreach=True),
+    "hsdp": hsdp_step,
+    "gpt2-fsdp": gpt2_fsdp_step,
 }
 
 
@@ -194,10 +251,10 @@ def real_rank(rank: int, world_size: int, cases: list, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def traced_rank(rank: int, world_size: int, case: str) -> tuple:
+def traced_rank(rank: int, world_size: int, case: str, device=None) -> tuple:
     """The trace of one rank, and its parameters' local shapes."""
     torch.manual_seed(0)
-    with md.MetaMode(world_size=world_size, rank=rank) as mode:
+    with md.MetaMode(device=device, world_size=world_size, rank=rank) as mode:
         model = CASES[case]()
     return mode.trace, local_shapes(model)
 
