@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -156,6 +157,47 @@ def tp_mlp_step(foreach: bool) -> torch.nn.Module:
     return _step(model, foreach, loss=lambda model, ids: model(one_hot(ids, CONFIG.vocab_size).float()).sum())
 
 
+MICRO = 4  # micro-batches of BATCH rows each
+
+
+def pipeline_step(schedule: str) -> torch.nn.Module:
+    """Pipeline parallelism: one stage per rank (an MLP, the last one wider),
+    ``MICRO`` micro-batches under ``schedule`` ("gpipe" or "1f1b"), one AdamW step.
+
+    The stages declare their activations (``input_args``, ``output_args``):
+    Note [A pipeline stage's vote] in world/pipeline.py.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dim, wide = CONFIG.dim, CONFIG.hidden_dim * (2 if rank == world - 1 else 1)
+    stage_mod = torch.nn.Sequential(torch.nn.Linear(dim, wide), torch.nn.GELU(), torch.nn.Linear(wide, dim))
+    x = torch.empty(BATCH, dim)
+    stage = PipelineStage(
+        stage_mod,
+        rank,
+        world,
+        torch.device("cpu"),
+        input_args=(x.requires_grad_(rank > 0),),
+        output_args=(torch.empty(BATCH, dim, requires_grad=True),),
+    )
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    run = kind(stage, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-3, foreach=False)
+    data = torch.randn(BATCH * MICRO, dim)
+    if rank == 0:
+        run.step(data)
+    elif rank == world - 1:
+        run.step(target=torch.randn(BATCH * MICRO, dim), losses=[])
+    else:
+        run.step()
+    for probe in PROBES:
+        probe("backward", stage_mod, opt)
+    opt.step()
+    opt.zero_grad()
+    for probe in PROBES:
+        probe("step", stage_mod, opt)
+    return stage_mod
+
+
 def hsdp_step() -> torch.nn.Module:
     """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
     model = Llama(CONFIG)
@@ -196,6 +238,8 @@ CASES = {
     "tp-mlp-foreach": lambda: tp_mlp_step(foreach=True),
     "hsdp": hsdp_step,
     "gpt2-fsdp": gpt2_fsdp_step,
+    "pp-gpipe": lambda: pipeline_step("gpipe"),
+    "pp-1f1b": lambda: pipeline_step("1f1b"),
 }
 
 

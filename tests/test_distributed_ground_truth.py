@@ -14,6 +14,7 @@ import json
 import re
 
 import pytest
+import torch
 
 import metadispatch as md
 from metadispatch.cli.main import main
@@ -22,7 +23,16 @@ from tests.test_distributed import _spawn
 
 pytest.importorskip("transformers")
 
-RUNS = [("fsdp-default-mesh", 2), ("tp-mlp", 2), ("tp-mlp-foreach", 2), ("gpt2-fsdp", 2), ("hsdp", 4)]
+RUNS = [
+    ("fsdp-default-mesh", 2),
+    ("tp-mlp", 2),
+    ("tp-mlp-foreach", 2),
+    ("gpt2-fsdp", 2),
+    ("pp-gpipe", 2),
+    ("pp-1f1b", 2),
+    ("hsdp", 4),
+    ("pp-1f1b", 4),
+]
 _REAL: dict = {}
 
 
@@ -85,3 +95,16 @@ def test_distributed_cli_refuses_blocks_it_cannot_wrap(argv, message, capsys):
     # GPT-2's attention is one fused Conv1D: split colwise it would mix heads across ranks.
     assert main(["trace", "tests.distributed_cases:tiny_gpt2", "--device", "cpu", "--world-size", "2", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_distributed_pipeline_stage_without_declared_shapes_is_refused():
+    # Its shapes would come from Python objects another rank sends (Note [A
+    # pipeline stage's vote]): refused, naming what to declare.
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    with md.MetaMode(device="cpu", world_size=2, rank=1):
+        stage = PipelineStage(torch.nn.Linear(4, 4), 1, 2, torch.device("cpu"))
+        with pytest.raises(md.UnsupportedFeatureError, match="input_args=..., output_args="):
+            ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, t: out.sum()).step(
+                target=torch.randn(4, 4), losses=[]
+            )

@@ -118,6 +118,21 @@ def local_shard(t):
     return t
 
 
+def pipeline_stage_class():
+    """``torch.distributed.pipelining``'s ``PipelineStage``, if that module is
+    loaded (importing it costs seconds: a logical world does not), else None."""
+    module = sys.modules.get("torch.distributed.pipelining.stage")
+    return getattr(module, "PipelineStage", None)
+
+
+def pipeline_needs_dynamic(stage, has_backward: bool) -> bool:
+    """Whether a ``PipelineStage`` votes to infer its metadata (its own
+    declared metadata is incomplete): the vote ``_warmup_forward_vote`` casts."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    return InferenceMode.needs_dynamic(stage._user_meta, has_backward)
+
+
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 
