@@ -8,7 +8,8 @@ recorded shapes), ``memory`` (live bytes by category and module), ``roles``
 (reserved memory through it), ``workspace`` (kernel workspaces no tensor
 holds), ``fit`` (will the step fit on a GPU), ``cuda_counters``
 (``torch.cuda``'s memory counters for a logical GPU), ``runtime`` (the
-step's time on a named GPU) and ``calibrate`` (its efficiency table fitted
+step's time on a named GPU; ``bubble``, a pipeline's, from its stages'
+traces) and ``calibrate (its efficiency table fitted
 to measurements), ``comms`` and ``collective_cost`` (a rank's collectives
 and their time), ``tables`` (printed tables), ``export`` (Perfetto JSON,
 memory plots), ``live`` (``md.LiveStorages``, the same accounting on a real
