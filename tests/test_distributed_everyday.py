@@ -116,3 +116,35 @@ def test_distributed_logical_gpu_world_answers_as_a_gpu_job():
     md.tracer(device="cuda", world_size=2)(lambda: seen.append(_device_answers()))
     assert seen == [(True, True, torch.device("cuda"))]
     assert _device_answers() == (False, False, None)  # the host's again
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")
+def test_distributed_fully_shard_moves_a_model_built_on_the_cpu_to_the_logical_gpu():
+    # A GPU job builds on the CPU and lets FSDP2 move the parameters
+    # (``tensor.data = tensor.to("cuda")``); a logical CPU tensor and a logical
+    # GPU one are different C++ kinds (Note [Data across logical devices]).
+    with md.MetaMode(world_size=WORLD) as mode:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+        fully_shard(model)
+        model(torch.randn(4, 8, device="cuda")).sum().backward()
+        weight = model[0].weight
+        assert weight.to_local().device.type == "cuda" and weight.grad.to_local().device.type == "cuda"
+    with md.MetaMode(device="cpu", world_size=WORLD) as cpu:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+        fully_shard(model)
+        model(torch.randn(4, 8)).sum().backward()
+    assert _only_comms(mode.trace) == _only_comms(cpu.trace) != []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a world answers for a logical GPU only without a real one")
+def test_distributed_data_set_across_logical_devices_keeps_the_parameter():
+    # As ``p.data = p.to(device)`` on a real tensor: the same Parameter, still
+    # a leaf that requires grad, now on the other device, its grad there too.
+    with md.MetaMode(world_size=2):
+        layer = torch.nn.Linear(8, 4)
+        weight = layer.weight
+        weight.data = weight.to("cuda")
+        layer.bias.data = layer.bias.to("cuda")
+        layer(torch.randn(2, 8, device="cuda")).sum().backward()
+        assert layer.weight is weight and isinstance(weight, torch.nn.Parameter)
+        assert weight.is_leaf and weight.requires_grad and weight.device.type == weight.grad.device.type == "cuda"
