@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -198,6 +198,41 @@ def pipeline_step(schedule: str) -> torch.nn.Module:
     return stage_mod
 
 
+def interleaved_pipeline_step() -> torch.nn.Module:
+    """``ScheduleInterleaved1F1B``: two stages per rank (rank r holds stages r
+    and r + world), ``MICRO`` micro-batches, one AdamW step over both."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dim = CONFIG.dim
+    mods, stages = [], []
+    for index in (rank, rank + world):
+        mod = torch.nn.Sequential(
+            torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
+        )
+        x = torch.empty(BATCH, dim, requires_grad=index > 0)
+        out = torch.empty(BATCH, dim, requires_grad=True)
+        stages.append(PipelineStage(mod, index, 2 * world, torch.device("cpu"), input_args=(x,), output_args=(out,)))
+        mods.append(mod)
+    model = torch.nn.ModuleList(mods)
+    run = ScheduleInterleaved1F1B(
+        stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean()
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
+    if rank == 0:
+        run.step(data)
+    elif rank == world - 1:
+        run.step(target=target, losses=[])
+    else:
+        run.step()
+    for probe in PROBES:
+        probe("backward", model, opt)
+    opt.step()
+    opt.zero_grad()
+    for probe in PROBES:
+        probe("step", model, opt)
+    return model
+
+
 def hsdp_step() -> torch.nn.Module:
     """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
     model = Llama(CONFIG)
@@ -240,6 +275,7 @@ CASES = {
     "gpt2-fsdp": gpt2_fsdp_step,
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),
+    "pp-interleaved": interleaved_pipeline_step,
 }
 
 

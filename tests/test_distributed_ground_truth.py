@@ -30,6 +30,7 @@ RUNS = [
     ("gpt2-fsdp", 2),
     ("pp-gpipe", 2),
     ("pp-1f1b", 2),
+    ("pp-interleaved", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
 ]

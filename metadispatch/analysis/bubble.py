@@ -18,7 +18,8 @@ of all ranks' time spent idle -- for GPipe and 1F1B with equal stages,
 Micro-batches in flight, per rank: forward spans begun and not yet matched
 by a backward span (each span a maximal run of calls of one phase, in the
 stage's modules, between point-to-point calls), at most -- what 1F1B
-bounds and GPipe does not.
+bounds and GPipe does not; with several stages a rank (interleaved
+schedules) each span is one stage's chunk of a micro-batch.
 
 Limits: a receive is taken to wait where it is posted (torch's schedules
 post and wait on each one before the work that needs it); communication
