@@ -233,6 +233,55 @@ def interleaved_pipeline_step() -> torch.nn.Module:
     return model
 
 
+class CapacityMoE(torch.nn.Module):
+    """An expert-parallel MoE layer as GShard and DeepSpeed-MoE write it: top-1
+    routing into a fixed capacity per expert, the ``[experts, capacity, dim]``
+    buffer dispatched by an all-to-all, each rank's experts run on what it
+    receives, and an all-to-all combines.  Buffer sizes follow from the
+    capacity factor, whatever the routing (tokens past capacity are dropped)."""
+
+    def __init__(self, dim: int, hidden: int, experts: int, capacity_factor: float = 1.25) -> None:
+        super().__init__()
+        self.world = dist.get_world_size()
+        self.n_experts, self.factor = experts, capacity_factor
+        self.gate = torch.nn.Linear(dim, experts, bias=False)
+        local = experts // self.world
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, dim))
+            for _ in range(local)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        tokens, dim = x.shape
+        e, world = self.n_experts, self.world
+        capacity = int(self.factor * tokens / e + 0.999999)
+        probs = self.gate(x).softmax(-1)
+        top = probs.argmax(-1)
+        mask = torch.nn.functional.one_hot(top, e)
+        slot = (mask.cumsum(0) - 1) * mask  # each token's place in its expert's queue
+        kept = mask * (slot < capacity)
+        dispatch = torch.nn.functional.one_hot(slot.clamp(max=capacity - 1), capacity) * kept.unsqueeze(
+            -1
+        )  # [tokens, e, capacity]
+        sent = torch.einsum("tec,td->ecd", dispatch.to(x.dtype), x).reshape(e * capacity, dim)
+        group = dist.group.WORLD
+        got = all_to_all_single_autograd(sent, None, None, group).reshape(world, len(self.experts), capacity, dim)
+        out = torch.stack([expert(got[:, i]) for i, expert in enumerate(self.experts)], dim=1)
+        back = all_to_all_single_autograd(out.reshape(e * capacity, dim), None, None, group).reshape(e, capacity, dim)
+        weights = dispatch.to(x.dtype) * (probs * kept).unsqueeze(-1)
+        return torch.einsum("tec,ecd->td", weights, back)
+
+
+def moe_step() -> torch.nn.Module:
+    """An expert-parallel MoE layer (2 experts a rank), one AdamW step."""
+    model = CapacityMoE(CONFIG.dim, CONFIG.hidden_dim, experts=2 * dist.get_world_size())
+    return _step(
+        model, foreach=False, loss=lambda model, ids: model(torch.randn(BATCH * SEQ, CONFIG.dim)).pow(2).mean()
+    )
+
+
 def hsdp_step() -> torch.nn.Module:
     """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
     model = Llama(CONFIG)
@@ -276,6 +325,7 @@ CASES = {
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),
     "pp-interleaved": interleaved_pipeline_step,
+    "ep-moe": moe_step,
 }
 
 

@@ -31,6 +31,7 @@ RUNS = [
     ("pp-gpipe", 2),
     ("pp-1f1b", 2),
     ("pp-interleaved", 2),
+    ("ep-moe", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
 ]
@@ -109,3 +110,17 @@ def test_distributed_pipeline_stage_without_declared_shapes_is_refused():
             ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, t: out.sum()).step(
                 target=torch.randn(4, 4), losses=[]
             )
+
+
+def test_distributed_dropless_expert_dispatch_is_refused_as_data_dependent():
+    # torchtitan's dropless dispatch sizes its all-to-all from the routing
+    # counts other ranks send: values one traced rank cannot read.
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_to_all_single
+
+    with md.MetaMode(device="cpu", world_size=2, rank=0):
+        experts = torch.randn(16, 4).argmax(-1)
+        counts = torch.histc(experts.float(), bins=4, min=0, max=3)
+        received = all_to_all_single(counts, None, None, dist.group.WORLD)
+        with pytest.raises(md.DataDependentError):
+            received.view(2, -1).sum(dim=1).tolist()
