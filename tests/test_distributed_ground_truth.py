@@ -106,7 +106,8 @@ def test_distributed_pipeline_stage_without_declared_shapes_is_refused():
 
     with md.MetaMode(device="cpu", world_size=2, rank=1):
         stage = PipelineStage(torch.nn.Linear(4, 4), 1, 2, torch.device("cpu"))
-        with pytest.raises(md.UnsupportedFeatureError, match="input_args=..., output_args="):
+        # (torch 2.14 refuses it itself over the fake backend, asking for the same.)
+        with pytest.raises((md.UnsupportedFeatureError, RuntimeError), match="input_args=|static metadata"):
             ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, t: out.sum()).step(
                 target=torch.randn(4, 4), losses=[]
             )

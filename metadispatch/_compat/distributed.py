@@ -133,6 +133,32 @@ def pipeline_needs_dynamic(stage, has_backward: bool) -> bool:
     return InferenceMode.needs_dynamic(stage._user_meta, has_backward)
 
 
+def pipeline_schedule_class():
+    """``torch.distributed.pipelining``'s schedule base class, if loaded, else None."""
+    module = sys.modules.get("torch.distributed.pipelining.schedules")
+    return getattr(module, "_PipelineSchedule", None)
+
+
+def pipeline_vote(stages: list, has_backward: bool) -> bool:
+    """The stages' warm-up vote as a real run over gloo or NCCL runs it (torch
+    2.14 skips it over the fake backend, and a logical world's trace must
+    hold the real run's messages); each stage's mode from the result.
+    False (nothing done) where a stage is not a ``PipelineStage``."""
+    from torch.distributed.pipelining._utils import InferenceMode
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    if not all(isinstance(stage, PipelineStage) for stage in stages):
+        return False
+    acc = None
+    for stage in stages:
+        acc = stage._warmup_forward_vote(has_backward, received_acc=acc)
+    result = acc
+    for stage in reversed(stages):
+        result = stage._warmup_backward_result(received_result=result)
+        stage._inference_mode = InferenceMode.STATIC if result.item() == 1 else InferenceMode.DYNAMIC
+    return True
+
+
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 

@@ -49,6 +49,13 @@ def _backward_result(below, stage, received_result=None):
     return torch.ones(1, dtype=torch.int32, device=stage.device)
 
 
+def _warmup(below, schedule, stages, has_backward: bool, p2p_done: bool):
+    # Where torch would skip the vote over the fake backend (2.14), run it as
+    # the real job does: its messages are part of the rank's trace.
+    if not _compat.pipeline_vote(list(stages), has_backward):
+        below(schedule, stages, has_backward, p2p_done)
+
+
 def _method(replacement, below):
     def method(self, *args, **kwargs):
         return replacement(below, self, *args, **kwargs)
@@ -58,6 +65,12 @@ def _method(replacement, below):
 
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
 PATCHES = [
+    (
+        _compat.pipeline_schedule_class,
+        "_warmup_p2p",
+        lambda below: _method(_warmup, below),
+        "a schedule's warm-up: the stages vote as in a real run (Note [A pipeline stage's vote])",
+    ),
     (
         _compat.pipeline_stage_class,
         "_warmup_backward_result",
