@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -33,10 +34,10 @@ CONFIG = LlamaConfig(vocab_size=70, dim=40, n_layers=2, n_heads=4, n_kv_heads=2,
 PROBES: list = []
 
 
-def _step(model: torch.nn.Module, foreach: bool) -> torch.nn.Module:
+def _step(model: torch.nn.Module, foreach: bool, loss=lambda model, ids: model(ids, ids)) -> torch.nn.Module:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
-    model(ids, ids).backward()
+    loss(model, ids).backward()
     for probe in PROBES:
         probe("backward", model, opt)
     opt.step()
@@ -131,6 +132,183 @@ def ddp_step(foreach: bool) -> torch.nn.Module:
     return model.module
 
 
+def fsdp_default_mesh_step() -> torch.nn.Module:
+    """FSDP2 with no mesh given (the default one, on the build's accelerator)."""
+    model = Llama(CONFIG)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    return _step(model, foreach=True)
+
+
+def tp_mlp_step(foreach: bool) -> torch.nn.Module:
+    """An MLP colwise then rowwise, every parameter a DTensor, one AdamW step.
+
+    (AdamW ``foreach`` over a model only partly parallelised -- the LLaMA's
+    norms and embedding stay plain tensors -- fails in torch itself, "got
+    mixed torch.Tensor and DTensor", and so does its trace.)
+    """
+    model = torch.nn.Sequential(
+        torch.nn.Linear(CONFIG.vocab_size, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, 8)
+    )
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    one_hot = torch.nn.functional.one_hot
+    return _step(model, foreach, loss=lambda model, ids: model(one_hot(ids, CONFIG.vocab_size).float()).sum())
+
+
+MICRO = 4  # micro-batches of BATCH rows each
+
+
+def pipeline_step(schedule: str) -> torch.nn.Module:
+    """Pipeline parallelism: one stage per rank (an MLP, the last one wider),
+    ``MICRO`` micro-batches under ``schedule`` ("gpipe" or "1f1b"), one AdamW step.
+
+    The stages declare their activations (``input_args``, ``output_args``):
+    Note [A pipeline stage's vote] in world/pipeline.py.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dim, wide = CONFIG.dim, CONFIG.hidden_dim * (2 if rank == world - 1 else 1)
+    stage_mod = torch.nn.Sequential(torch.nn.Linear(dim, wide), torch.nn.GELU(), torch.nn.Linear(wide, dim))
+    x = torch.empty(BATCH, dim)
+    stage = PipelineStage(
+        stage_mod,
+        rank,
+        world,
+        torch.device("cpu"),
+        input_args=(x.requires_grad_(rank > 0),),
+        output_args=(torch.empty(BATCH, dim, requires_grad=True),),
+    )
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    run = kind(stage, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-3, foreach=False)
+    data = torch.randn(BATCH * MICRO, dim)
+    if rank == 0:
+        run.step(data)
+    elif rank == world - 1:
+        run.step(target=torch.randn(BATCH * MICRO, dim), losses=[])
+    else:
+        run.step()
+    for probe in PROBES:
+        probe("backward", stage_mod, opt)
+    opt.step()
+    opt.zero_grad()
+    for probe in PROBES:
+        probe("step", stage_mod, opt)
+    return stage_mod
+
+
+def interleaved_pipeline_step() -> torch.nn.Module:
+    """``ScheduleInterleaved1F1B``: two stages per rank (rank r holds stages r
+    and r + world), ``MICRO`` micro-batches, one AdamW step over both."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dim = CONFIG.dim
+    mods, stages = [], []
+    for index in (rank, rank + world):
+        mod = torch.nn.Sequential(
+            torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
+        )
+        x = torch.empty(BATCH, dim, requires_grad=index > 0)
+        out = torch.empty(BATCH, dim, requires_grad=True)
+        stages.append(PipelineStage(mod, index, 2 * world, torch.device("cpu"), input_args=(x,), output_args=(out,)))
+        mods.append(mod)
+    model = torch.nn.ModuleList(mods)
+    run = ScheduleInterleaved1F1B(
+        stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean()
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
+    if rank == 0:
+        run.step(data)
+    elif rank == world - 1:
+        run.step(target=target, losses=[])
+    else:
+        run.step()
+    for probe in PROBES:
+        probe("backward", model, opt)
+    opt.step()
+    opt.zero_grad()
+    for probe in PROBES:
+        probe("step", model, opt)
+    return model
+
+
+class CapacityMoE(torch.nn.Module):
+    """An expert-parallel MoE layer as GShard and DeepSpeed-MoE write it: top-1
+    routing into a fixed capacity per expert, the ``[experts, capacity, dim]``
+    buffer dispatched by an all-to-all, each rank's experts run on what it
+    receives, and an all-to-all combines.  Buffer sizes follow from the
+    capacity factor, whatever the routing (tokens past capacity are dropped)."""
+
+    def __init__(self, dim: int, hidden: int, experts: int, capacity_factor: float = 1.25) -> None:
+        super().__init__()
+        self.world = dist.get_world_size()
+        self.n_experts, self.factor = experts, capacity_factor
+        self.gate = torch.nn.Linear(dim, experts, bias=False)
+        local = experts // self.world
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, dim))
+            for _ in range(local)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        tokens, dim = x.shape
+        e, world = self.n_experts, self.world
+        capacity = int(self.factor * tokens / e + 0.999999)
+        probs = self.gate(x).softmax(-1)
+        top = probs.argmax(-1)
+        mask = torch.nn.functional.one_hot(top, e)
+        slot = (mask.cumsum(0) - 1) * mask  # each token's place in its expert's queue
+        kept = mask * (slot < capacity)
+        dispatch = torch.nn.functional.one_hot(slot.clamp(max=capacity - 1), capacity) * kept.unsqueeze(
+            -1
+        )  # [tokens, e, capacity]
+        sent = torch.einsum("tec,td->ecd", dispatch.to(x.dtype), x).reshape(e * capacity, dim)
+        group = dist.group.WORLD
+        got = all_to_all_single_autograd(sent, None, None, group).reshape(world, len(self.experts), capacity, dim)
+        out = torch.stack([expert(got[:, i]) for i, expert in enumerate(self.experts)], dim=1)
+        back = all_to_all_single_autograd(out.reshape(e * capacity, dim), None, None, group).reshape(e, capacity, dim)
+        weights = dispatch.to(x.dtype) * (probs * kept).unsqueeze(-1)
+        return torch.einsum("tec,ecd->td", weights, back)
+
+
+def moe_step() -> torch.nn.Module:
+    """An expert-parallel MoE layer (2 experts a rank), one AdamW step."""
+    model = CapacityMoE(CONFIG.dim, CONFIG.hidden_dim, experts=2 * dist.get_world_size())
+    return _step(
+        model, foreach=False, loss=lambda model, ids: model(torch.randn(BATCH * SEQ, CONFIG.dim)).pow(2).mean()
+    )
+
+
+def hsdp_step() -> torch.nn.Module:
+    """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2), mesh_dim_names=("replicate", "shard"))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return _step(model, foreach=False)
+
+
+def tiny_gpt2():
+    """(model, inputs): a transformers GPT-2 of two blocks in ``transformer.h``, for the command line."""
+    import transformers  # only the cases that build it need it
+
+    config = transformers.GPT2Config(vocab_size=CONFIG.vocab_size, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4)
+    return transformers.GPT2LMHeadModel(config), (torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ)),)
+
+
+def gpt2_fsdp_step() -> torch.nn.Module:
+    """The command line's ``--fsdp`` plan on GPT-2: every block of ``transformer.h`` and the root."""
+    model, _ = tiny_gpt2()
+    for block in model.transformer.h:
+        fully_shard(block)
+    fully_shard(model)
+    return _step(model, foreach=True, loss=lambda model, ids: model(ids).logits.float().sum())
+
+
 CASES = {
     "fsdp": lambda: fsdp_step(foreach=False),
     "fsdp-foreach": lambda: fsdp_step(foreach=True),
@@ -139,6 +317,15 @@ CASES = {
     "fsdp-tp": lambda: fsdp_tp_step(foreach=False),
     "ddp": lambda: ddp_step(foreach=False),
     "ddp-foreach": lambda: ddp_step(foreach=True),
+    "fsdp-default-mesh": fsdp_default_mesh_step,
+    "tp-mlp": lambda: tp_mlp_step(foreach=False),
+    "tp-mlp-foreach": lambda: tp_mlp_step(foreach=True),
+    "hsdp": hsdp_step,
+    "gpt2-fsdp": gpt2_fsdp_step,
+    "pp-gpipe": lambda: pipeline_step("gpipe"),
+    "pp-1f1b": lambda: pipeline_step("1f1b"),
+    "pp-interleaved": interleaved_pipeline_step,
+    "ep-moe": moe_step,
 }
 
 
@@ -194,10 +381,10 @@ def real_rank(rank: int, world_size: int, cases: list, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def traced_rank(rank: int, world_size: int, case: str) -> tuple:
+def traced_rank(rank: int, world_size: int, case: str, device=None) -> tuple:
     """The trace of one rank, and its parameters' local shapes."""
     torch.manual_seed(0)
-    with md.MetaMode(world_size=world_size, rank=rank) as mode:
+    with md.MetaMode(device=device, world_size=world_size, rank=rank) as mode:
         model = CASES[case]()
     return mode.trace, local_shapes(model)
 

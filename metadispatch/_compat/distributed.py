@@ -5,6 +5,8 @@ Part of ``metadispatch._compat`` (its docstring says why private torch APIs live
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
@@ -73,6 +75,12 @@ def fsdp_param_module():
     return _fsdp_param
 
 
+# Where torch.distributed asks which accelerator this build has (FSDP2's
+# default mesh, ``init_process_group``'s default backend) and where
+# ``torch.accelerator.current_accelerator`` asks: C++ functions on
+# ``torch._C`` (gpu/logical_cuda.py answers them for a logical world's GPU).
+accelerator_queries = (torch._C, ("_get_accelerator", "_accelerator_getAccelerator"))
+
 resize_storage_bytes = torch.ops.inductor.resize_storage_bytes_.default
 
 # A finished c10d Work around a future (rules/collectives.py).
@@ -99,6 +107,58 @@ def functional_collectives_module():
 
 # torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
 # logical world (world/world.py) needs it, so it is imported on first use.
+def local_shard(t):
+    """A DTensor's local tensor (this rank's shard of it); any other tensor, itself.
+
+    Imports nothing: a DTensor exists only once its module is loaded.
+    """
+    module = sys.modules.get("torch.distributed.tensor")
+    if module is not None and isinstance(t, module.DTensor):
+        return t._local_tensor
+    return t
+
+
+def pipeline_stage_class():
+    """``torch.distributed.pipelining``'s ``PipelineStage``, if that module is
+    loaded (importing it costs seconds: a logical world does not), else None."""
+    module = sys.modules.get("torch.distributed.pipelining.stage")
+    return getattr(module, "PipelineStage", None)
+
+
+def pipeline_needs_dynamic(stage, has_backward: bool) -> bool:
+    """Whether a ``PipelineStage`` votes to infer its metadata (its own
+    declared metadata is incomplete): the vote ``_warmup_forward_vote`` casts."""
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    return InferenceMode.needs_dynamic(stage._user_meta, has_backward)
+
+
+def pipeline_schedule_class():
+    """``torch.distributed.pipelining``'s schedule base class, if loaded, else None."""
+    module = sys.modules.get("torch.distributed.pipelining.schedules")
+    return getattr(module, "_PipelineSchedule", None)
+
+
+def pipeline_vote(stages: list, has_backward: bool) -> bool:
+    """The stages' warm-up vote as a real run over gloo or NCCL runs it (torch
+    2.14 skips it over the fake backend, and a logical world's trace must
+    hold the real run's messages); each stage's mode from the result.
+    False (nothing done) where a stage is not a ``PipelineStage``."""
+    from torch.distributed.pipelining._utils import InferenceMode
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    if not all(isinstance(stage, PipelineStage) for stage in stages):
+        return False
+    acc = None
+    for stage in stages:
+        acc = stage._warmup_forward_vote(has_backward, received_acc=acc)
+    result = acc
+    for stage in reversed(stages):
+        result = stage._warmup_backward_result(received_result=result)
+        stage._inference_mode = InferenceMode.STATIC if result.item() == 1 else InferenceMode.DYNAMIC
+    return True
+
+
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 

@@ -51,6 +51,12 @@ def has_grad_fn(t: torch.Tensor) -> bool:
         return t.grad_fn is not None
 
 
+def shallow_copy_compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a.data = b`` is allowed by C++ (``set_data``): the same kind of
+    TensorImpl -- a logical CPU's (CPU keys) and another device's (meta keys) are not."""
+    return torch._has_compatible_shallow_copy_type(a, b)
+
+
 meta_in_tls_dispatch_include = torch._C._meta_in_tls_dispatch_include
 set_meta_in_tls_dispatch_include = torch._C._set_meta_in_tls_dispatch_include
 

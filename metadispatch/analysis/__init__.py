@@ -10,7 +10,8 @@ holds), ``fit`` (will the step fit on a GPU), ``batch``
 (``md.max_batch``: the largest batch that fits) and ``ac`` (``md.plan_ac``:
 what to checkpoint to fit a budget), ``cuda_counters``
 (``torch.cuda``'s memory counters for a logical GPU), ``runtime`` (the
-step's time on a named GPU) and ``calibrate`` (its efficiency table fitted
+step's time on a named GPU; ``bubble``, a pipeline's, from its stages'
+traces) and ``calibrate (its efficiency table fitted
 to measurements), ``comms`` and ``collective_cost`` (a rank's collectives
 and their time), ``tables`` (printed tables), ``export`` (Perfetto JSON,
 memory plots), ``live`` (``md.LiveStorages``, the same accounting on a real

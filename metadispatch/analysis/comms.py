@@ -69,7 +69,7 @@ _KINDS = {
     "scatter_": "scatter",
 }
 # The payload: the outputs' bytes (gathers) or the inputs' (everything else).
-_PAYLOAD_IS_OUTPUT = {"all_gather", "gather", "recv"}
+_PAYLOAD_IS_OUTPUT = {"all_gather", "gather"}  # a recv_ writes into its tensors argument
 _RING_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_to_all": 1, "all_reduce": 2}
 
 

@@ -43,6 +43,7 @@ from ..errors import MetaDispatchError
 from ..ir.decode import is_marker
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile, gpu_profile
+from .bubble import PipelineRuntime, pipeline_runtime
 from .collective_cost import GPUS_PER_NODE, NETWORK, Link, seconds
 from .comms import Collective, comms
 from .export import chrome_trace
@@ -305,8 +306,16 @@ class Runtime:
             json.dump(self.chrome_trace(trace), f)
 
 
-def runtime(trace: Trace, gpu: str | GPUProfile | None = None, efficiency: Efficiency | None = None) -> Runtime:
+def runtime(
+    trace: Trace | list, gpu: str | GPUProfile | None = None, efficiency: Efficiency | None = None
+) -> Runtime | PipelineRuntime:
     """Estimate how long the traced step takes on ``gpu`` (Note [Step time from a roofline]).
+
+    Given a list of traces -- each rank of a pipeline, in rank order -- the
+    ranks are run against each other, each receive waiting for its send: a
+    :class:`PipelineRuntime` with the step time, each rank's busy and idle
+    time, the bubble and the micro-batches in flight (Note [A pipeline's
+    bubble from its stages' traces] in analysis/bubble.py).
 
     ``gpu``: a profile name or :class:`GPUProfile`; by default the one the
     trace was recorded for, else ``h100``.
@@ -317,6 +326,8 @@ def runtime(trace: Trace, gpu: str | GPUProfile | None = None, efficiency: Effic
     >>> round(r.total * 1e3, 2), r.bound
     (2.93, ['compute'])
     """
+    if isinstance(trace, (list, tuple)):
+        return pipeline_runtime(list(trace), [runtime(t, gpu, efficiency) for t in trace])
     profile = gpu_profile(gpu if gpu is not None else getattr(trace, "gpu", None))
     eff = efficiency or efficiency_for(profile)
     per_call, bounds, total_flops = [], [], 0

@@ -152,8 +152,8 @@ def _cmd_trace(args) -> int:
         )
     batch = args.batch if args.batch is not None else 1
     distributed = args.world_size is not None
-    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank):
-        raise UsageError("--fsdp, --tp, --dp, --rank and --worst-rank need --world-size")
+    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank or args.blocks):
+        raise UsageError("--fsdp, --tp, --dp, --rank, --worst-rank and --blocks need --world-size")
     if args.worst_rank and args.rank:
         raise UsageError("--worst-rank picks the rank; leave out --rank")
     if distributed:
@@ -242,7 +242,7 @@ def _worst_rank(t, plan, args) -> tuple:
     from . import plan as planning
 
     with _stage("building the model"):
-        classes = planning.rank_classes(plan, planning.param_shapes(t.build, args.device))
+        classes = planning.rank_classes(plan, planning.param_shapes(t.build, args.device, plan.blocks))
     traced = []
     for ranks in classes:
         p = plan._replace(rank=ranks[0])
@@ -271,7 +271,7 @@ def _ranks(ranks: list) -> str:
 def _plan(args):
     from .plan import Plan, check_plan
 
-    plan = Plan(args.world_size, args.rank, args.fsdp, args.tp, args.dp)
+    plan = Plan(args.world_size, args.rank, args.fsdp, args.tp, args.dp, args.blocks)
     check_plan(plan)
     return plan
 
@@ -657,6 +657,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--fsdp", action="store_true", help="FSDP2: fully_shard every block and the root")
     t.add_argument("--tp", type=_at_least(1), default=1, metavar="K", help="tensor parallelism over K ranks")
     t.add_argument("--dp", action="store_true", help="DistributedDataParallel")
+    t.add_argument(
+        "--blocks",
+        metavar="PATH",
+        help="the module whose children --fsdp/--tp wrap (e.g. transformer.h); default: found in the model",
+    )
     for q in (
         t,
         s := sub.add_parser(

@@ -11,9 +11,15 @@ steps twice and the second step is reported (``--optimizer``,
 builds on the meta device), its collectives, and whether the peak fits the
 GPU.
 
-Limits: the built-in LLaMA and ``--hf llama``-style models (blocks in a
-``layers`` list with ``q/k/v/o_proj`` and ``gate/up/down_proj``); no
-pipeline, expert or context parallelism (docs/distributed.md).
+The blocks are found in the model (Note [Finding a model's blocks] in
+blocks.py) or named with ``--blocks``.  With ``--gpu`` the report adds the
+reserved memory the caching allocator would hold (its simulation,
+analysis/allocator.py) and the step's estimated time with its collectives
+(``md.runtime``: one stream, communication not overlapped with compute).
+
+Limits: tensor parallelism splits LLaMA-style attention and MLPs and
+``fc1``/``fc2`` MLPs only; no pipeline, expert or context parallelism from
+the command line (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from ..analysis.comms import comms
 from ..analysis.memory import memory, step_text
+from ..analysis.runtime import runtime
 from ..debug.check import guessing_mode
 from ..ir.cut import step_from
 from ..ir.text import fmt_bytes, render
@@ -36,13 +43,12 @@ from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
 from ..tracing.marks import mark
+from .blocks import COLWISE, ROWWISE, find_blocks, tp_layers
 from .steps import with_optimizer
 from .targets import UsageError
 
 __all__ = ["Plan", "plan_step", "check_plan", "report", "param_shapes", "rank_classes", "step_peak"]
 
-_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROWWISE = ("o_proj", "down_proj")
 _HEAD_COUNTS = ("n_heads", "n_kv")  # the built-in LLaMA's attention; transformers' infers them
 
 
@@ -52,6 +58,7 @@ class Plan(NamedTuple):
     fsdp: bool = False
     tp: int = 1
     dp: bool = False
+    blocks: str | None = None  # --blocks: the container of the blocks, else found
 
 
 def check_plan(plan: Plan) -> None:
@@ -81,9 +88,9 @@ def plan_step(
         dp = plan.world_size // plan.tp
         mesh = init_device_mesh(torch.device(device).type, (dp, plan.tp), mesh_dim_names=("dp", "tp"))
         if plan.tp > 1:
-            _tensor_parallel(model, mesh["tp"])
+            _tensor_parallel(model, mesh["tp"], plan.blocks)
         if plan.fsdp:
-            _fully_shard(model, mesh["dp"])
+            _fully_shard(model, mesh["dp"], plan.blocks)
         if plan.dp:
             model = nn.parallel.DistributedDataParallel(model)
         stepped = with_optimizer(step, optimizer)
@@ -94,11 +101,19 @@ def plan_step(
     return mode.trace, mode.trace.marks["step"]
 
 
-def param_shapes(build: Callable, device="cuda") -> dict:
-    """Each parameter's global shape, by name, from the model built (not wrapped) in a MetaMode."""
+def param_shapes(build: Callable, device="cuda", blocks: str | None = None) -> dict:
+    """Each parameter's global shape and the dimension tensor parallelism
+    splits (``None``: replicated), by name, from the model built (not
+    wrapped) in a MetaMode."""
     with MetaMode(device=device):
         model, _ = build()
-        return {name: tuple(p.shape) for name, p in model.named_parameters()}
+        split = {}
+        for prefix, block in find_blocks(model, blocks):
+            for name, how in tp_layers(block).items():
+                split[f"{prefix}.{name}.weight"] = 0 if how == "colwise" else 1
+                if how == "colwise":
+                    split[f"{prefix}.{name}.bias"] = 0
+        return {name: (tuple(p.shape), split.get(name)) for name, p in model.named_parameters()}
 
 
 def rank_classes(plan: Plan, shapes: dict) -> list:
@@ -121,19 +136,15 @@ def rank_classes(plan: Plan, shapes: dict) -> list:
     classes: dict = {}
     for r in range(plan.world_size):
         i, j = divmod(r, plan.tp)
-        key = tuple(_local_shape(name, shape, plan, dp, i, j) for name, shape in shapes.items())
+        key = tuple(_local_shape(shape, split, plan, dp, i, j) for shape, split in shapes.values())
         classes.setdefault(key, []).append(r)
     return list(classes.values())
 
 
-def _local_shape(name: str, shape: tuple, plan: Plan, dp: int, i: int, j: int) -> tuple:
+def _local_shape(shape: tuple, dim: int | None, plan: Plan, dp: int, i: int, j: int) -> tuple:
     local = list(shape)
-    parts = name.split(".")
-    if plan.tp > 1 and "layers" in parts and len(parts) >= 2 and local:
-        leaf, kind = parts[-2], parts[-1]
-        dim = 0 if leaf in _COLWISE else 1 if leaf in _ROWWISE and kind == "weight" else None
-        if dim is not None and dim < len(local):
-            local[dim] = _chunk(local[dim], plan.tp, j)
+    if plan.tp > 1 and dim is not None and dim < len(local):
+        local[dim] = _chunk(local[dim], plan.tp, j)
     if plan.fsdp and local:
         local[0] = _chunk(local[0], dp, i)
     return tuple(local)
@@ -150,27 +161,25 @@ def step_peak(trace: Trace, start: int) -> int:
     return max(memory(trace).timeline[start:], default=0)
 
 
-def _blocks(model: nn.Module) -> nn.ModuleList:
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and name.rpartition(".")[2] == "layers":
-            return m
-    raise UsageError(f"{type(model).__name__}: no list of blocks named 'layers' to shard")
-
-
-def _fully_shard(model: nn.Module, mesh) -> None:
-    for block in _blocks(model):
+def _fully_shard(model: nn.Module, mesh, blocks: str | None) -> None:
+    for _, block in find_blocks(model, blocks):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
 
-def _tensor_parallel(model: nn.Module, mesh) -> None:
+def _tensor_parallel(model: nn.Module, mesh, blocks: str | None) -> None:
     tp = mesh.size()
-    for block in _blocks(model):
-        plan = {}
+    found = find_blocks(model, blocks)
+    if not any(tp_layers(block) for _, block in found):
+        raise UsageError(
+            f"--tp {tp}: no linear in {type(model).__name__}'s blocks is named as tensor parallelism "
+            f"splits it ({', '.join(COLWISE)} colwise; {', '.join(ROWWISE)} rowwise)"
+        )
+    for _, block in found:
+        plan = {
+            name: ColwiseParallel() if how == "colwise" else RowwiseParallel() for name, how in tp_layers(block).items()
+        }
         for name, m in block.named_modules():
-            leaf = name.rpartition(".")[2]
-            if isinstance(m, nn.Linear) and leaf in _COLWISE + _ROWWISE:
-                plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
             for count in _HEAD_COUNTS:
                 if isinstance(getattr(m, count, None), int):
                     if getattr(m, count) % tp:
@@ -195,10 +204,22 @@ def report(trace: Trace, start: int, plan: Plan, gpu: str | None, width: int | N
     lines.append(f"{len(c.calls)} collectives in the step, {fmt_bytes(c.bytes)} payload{timed}")
     lines.append(c.table(width=width, modules=False))
     if gpu:
-        profile = gpu_profile(gpu)
-        verdict = "fits" if peak <= profile.memory else "does NOT fit"
-        lines.append(
-            f"\n{verdict} on {profile.name} ({fmt_bytes(profile.memory)}): "
-            f"{fmt_bytes(peak)} allocated at peak, caching-allocator overhead not included"
-        )
+        lines += ["", *_on_gpu(trace, start, peak, gpu)]
     return "\n".join(lines)
+
+
+def _on_gpu(trace: Trace, start: int, peak: int, gpu: str) -> list:
+    """Reserved memory (the caching allocator simulated) and the step's
+    estimated time with its collectives, on ``gpu``."""
+    profile = gpu_profile(gpu)
+    reserved = max(memory(trace, allocator="cuda", gpu=profile).reserved_timeline[start:], default=0)
+    verdict = "fits" if reserved <= profile.memory else "does NOT fit"
+    r = runtime(trace, profile)
+    step = sum(r.per_call[start:])
+    network = sum(t for t, b in zip(r.per_call[start:], r.bound[start:]) if b == "network")
+    return [
+        f"{verdict} on {profile.name} ({fmt_bytes(profile.memory)}): {fmt_bytes(peak)} allocated at peak, "
+        f"{fmt_bytes(reserved)} reserved by the caching allocator (simulated)",
+        f"step time about {step * 1e3:.2f} ms, {network * 1e3:.2f} ms of it in collectives "
+        "(md.runtime: one stream, collectives not overlapped with compute; uncalibrated)",
+    ]

@@ -25,6 +25,7 @@ import threading
 
 import torch
 
+from .. import _compat
 from ..spec.profiles import GPUProfile
 
 __all__ = ["install", "PATCHES", "Stream", "Event", "DEFAULT_STREAM"]
@@ -131,6 +132,22 @@ def _accelerator_answers() -> dict:
     }
 
 
+# Note [A logical world's accelerator]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``fully_shard(model)`` without a mesh makes one on the build's accelerator
+# (``torch._C._get_accelerator()``), as do ``init_process_group()``'s default
+# backend and ``torch.accelerator.current_accelerator()``.  A CPU build
+# answers "cpu": FSDP2 then moves the parameters to the CPU, and a MetaTensor
+# on a logical CUDA device cannot take a CPU tensor as its ``.data``.  A real
+# GPU job's build answers "cuda", and so does a logical world's GPU.
+_CUDA = torch.device("cuda")
+
+
+def _accelerator_queries() -> list:
+    owner, names = _compat.accelerator_queries
+    return [(owner, name, _answer(lambda: _CUDA)) for name in names if hasattr(owner, name)]
+
+
 def install(steps: list, profile: GPUProfile) -> None:
     """Answer as ``profile``'s GPU in this thread until the undo steps run (the
     mode claims ``PATCHES`` through the ledger: mode/ledger.py)."""
@@ -148,4 +165,7 @@ PATCHES = [
     for owner, answers in ((torch.cuda, _answers()), (torch.accelerator, _accelerator_answers()))
     for name, answer in answers.items()
     if hasattr(owner, name)
+] + [
+    (owner, name, make, "the build's accelerator: CUDA, as a GPU job's (Note [A logical world's accelerator])")
+    for owner, name, make in _accelerator_queries()
 ]

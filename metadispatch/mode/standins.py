@@ -319,7 +319,9 @@ class StandIns:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                g = self._stand_of.get(id(p), p).grad
+                # A DTensor's gradient (tensor parallelism, FSDP2) is this
+                # rank's shard of it: what lives here and what replay checks.
+                g = _compat.local_shard(self._stand_of.get(id(p), p).grad)
                 if isinstance(g, torch.Tensor):
                     named = p._md.name if state_of(p) is not None else None
                     out.setdefault(named[1] if named is not None and named[0] == "param" else name, meta_of(g))

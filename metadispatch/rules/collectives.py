@@ -79,14 +79,19 @@ for _name in (
         _register(_name)
 
 
-def point_to_point(*args, **kwargs):
-    """Refused: what a rank receives is another rank's program (pipeline stages
-    exchange activations and their shapes), which one traced rank cannot see."""
+@builtin_rule(torch.ops.c10d.send.default)
+@builtin_rule(torch.ops.c10d.recv_.default)
+def point_to_point(tensors, process_group, peer, tag):
+    """A send reads its tensors, a receive writes into its buffers (declared
+    by the receiver: their shapes are its own); a finished Work, as for the
+    collectives (Note [A pipeline stage's vote] in world/pipeline.py)."""
+    return _done(list(tensors))
+
+
+@builtin_rule(torch.ops.c10d.recv_any_source_.default)
+def recv_any_source(*args, **kwargs):
+    """Refused: which rank a message comes from is decided at run time."""
     raise UnsupportedFeatureError(
-        "point-to-point send/recv (pipeline parallelism) is not traced in a logical world: "
-        "one rank cannot know what another sends; see docs/distributed.md"
+        "recv from any source is not traced in a logical world: which rank sends is decided at run time; "
+        "name the source (see docs/distributed.md)"
     )
-
-
-for _name in ("send", "recv_", "recv_any_source_"):
-    builtin_rule(getattr(torch.ops.c10d, _name).default)(point_to_point)

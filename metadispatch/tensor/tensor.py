@@ -242,6 +242,33 @@ def _unwired(*args, **kwargs):
 WIRING = _Wiring()
 
 
+def _dense_across(t: MetaTensor, value: MetaTensor) -> bool:
+    """Whether ``t.data = value`` is one a real run allows between dense
+    devices (CPU and CUDA) that C++ refuses for the two MetaTensors; meta
+    stays refused, as for real tensors."""
+    devices = (t._md.device.type, value._md.device.type)
+    return "meta" not in devices and not _compat.shallow_copy_compatible(t, value)
+
+
+def _swap_data(t: MetaTensor, value: MetaTensor) -> None:
+    """Note [Data across logical devices]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``param.data = param.to("cuda")`` on a real CPU tensor swaps in CUDA
+    data (FSDP2 moves its parameters so).  A MetaTensor on a logical CPU has
+    CPU's dispatch keys and one on a logical GPU meta's (Note [Backend keys
+    of a logical CPU] in _compat/tensors.py), which C++'s ``set_data``
+    refuses to mix.  Then the C++ tensors are swapped instead, as FSDP2
+    does for a tensor subclass: ``t`` takes ``value``'s TensorImpl (sharing
+    its storage) and keeps its own Python state, ``requires_grad`` and
+    identity; the logical device and record follow as for ``set_data``.
+    """
+    state, requires_grad = dict(t.__dict__), t.requires_grad
+    torch.utils.swap_tensors(t, value.detach())
+    t.__dict__.clear()
+    t.__dict__.update(state)
+    t.requires_grad_(requires_grad)
+
+
 class MetaTensor(torch.Tensor):
     """A tensor with shape, dtype, strides and device, but no data.
 
@@ -296,7 +323,10 @@ class MetaTensor(torch.Tensor):
 
     @data.setter
     def data(self, value):
-        torch.Tensor.data.__set__(self, value)
+        if isinstance(value, MetaTensor) and _dense_across(self, value):
+            _swap_data(self, value)
+        else:
+            torch.Tensor.data.__set__(self, value)
         if isinstance(value, MetaTensor):
             # The device and the record move; the name (this tensor is still
             # ``param fc.weight``) stays.

@@ -3,6 +3,7 @@
 ``world`` (the world and what it patches while a mode is entered),
 ``ddp_setup`` (DDP's C++ setup helpers as the collectives they run),
 ``fsdp_chunks`` (the chunks of a parameter a rank reads), ``fsdp_storage``
-(FSDP2's storage frees, made visible to dispatch).  May import ``gpu`` and
+(FSDP2's storage frees, made visible to dispatch), ``pipeline`` (a pipeline
+stage's warm-up vote, answered for a stage traced alone).  May import ``gpu`` and
 below.
 """

@@ -32,7 +32,7 @@ import torch
 from .. import _compat
 from ..errors import MetaDispatchError, UnsupportedFeatureError
 from ..ir.records import Group
-from . import ddp_setup, fsdp_chunks, fsdp_storage
+from . import ddp_setup, fsdp_chunks, fsdp_storage, pipeline
 
 __all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
 
@@ -292,4 +292,5 @@ PATCHES = [
     *fsdp_storage.PATCHES,
     *fsdp_chunks.PATCHES,
     *ddp_setup.PATCHES,
+    *pipeline.PATCHES,
 ]

@@ -134,14 +134,22 @@ def test_tensor_data_setter_keeps_logical_device():
     assert p.device == torch.device("cuda:2") and p.shape == (3,)
 
 
-def test_tensor_data_setter_across_backends_refused_like_real():
-    # torch refuses ``cpu_param.data = other_backend_tensor``; a logical-CPU
-    # MetaTensor has CPU's backend keys (Note [Backend keys of a logical CPU]).
+def test_tensor_data_setter_across_backends_as_real():
+    # torch refuses ``cpu_param.data = meta_tensor`` and allows CPU and CUDA
+    # data to replace each other (both dense: FSDP2 moves its parameters so);
+    # a logical-CPU MetaTensor has CPU's backend keys, a logical GPU's meta's
+    # (Note [Data across logical devices]).
     with pytest.raises(RuntimeError, match="incompatible tensor type"):
         torch.nn.Parameter(torch.ones(2)).data = torch.ones(3, device="meta")
     p = torch.nn.Parameter(md.to_meta(torch.ones(2), device="cpu"))
     with pytest.raises(RuntimeError, match="incompatible tensor type"):
-        p.data = md.to_meta(torch.ones(3), device="cuda:2")
+        p.data = md.to_meta(torch.ones(3), device="meta")
+    p.data = md.to_meta(torch.ones(3), device="cuda:2")
+    assert (
+        isinstance(p, torch.nn.Parameter) and p.requires_grad and (p.device, p.shape) == (torch.device("cuda:2"), (3,))
+    )
+    p.data = md.to_meta(torch.ones(4), device="cpu")
+    assert p.device == torch.device("cpu") and p.shape == (4,)
 
 
 def test_tensor_to_same_device_returns_self_like_real():

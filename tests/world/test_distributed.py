@@ -222,12 +222,16 @@ def test_distributed_comms_table_counts_calls_and_bytes():
     assert gathered > 0
 
 
-def test_distributed_point_to_point_is_refused_naming_pipelines():
-    with md.MetaMode(world_size=2, rank=1):
-        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
-            dist.send(torch.ones(2), dst=0)
-        with pytest.raises(md.UnsupportedFeatureError, match="pipeline parallelism"):
-            dist.recv(torch.empty(2), src=0)
+def test_distributed_point_to_point_is_traced_and_any_source_refused():
+    # A send reads its tensor, a recv writes into the buffer its rank
+    # declared (Note [A pipeline stage's vote] in world/pipeline.py); which
+    # rank a recv without a source hears from is decided at run time.
+    with md.MetaMode(world_size=2, rank=1) as mode:
+        dist.send(torch.ones(2), dst=0)
+        dist.recv(torch.empty(3), src=0)
+        with pytest.raises(md.UnsupportedFeatureError, match="any source"):
+            dist.recv(torch.empty(2))
+    assert [(c.kind, c.bytes) for c in md.comms(mode.trace).calls] == [("send", 8), ("recv", 12)]
 
 
 def test_distributed_context_parallel_is_refused():

@@ -1,0 +1,80 @@
+"""Pipeline parallelism (``torch.distributed.pipelining``) on one rank of a logical world.
+
+Note [A pipeline stage's vote]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A rank of a pipeline runs its own stage: it receives activations from the
+stage before (``recv``), runs its micro-batches forward and backward as its
+schedule orders them, and sends its outputs and input gradients on
+(``send``).  Both are traced as what they are: a ``send`` reads its tensor,
+a ``recv`` writes into a buffer of the shape the stage was declared with;
+no value crosses, as in every collective of a logical world.
+
+One exchange does carry a value the traced rank must read: before the
+first step the stages vote (``_warmup_forward_vote``: each multiplies a
+one-element tensor by 1 when its metadata was declared, ``input_args`` and
+``output_args``, and passes it on; ``_warmup_backward_result`` sends the
+product back) and every rank reads the product (``.item()``) to choose
+between declared and inferred metadata.  The traced rank cannot read what
+another rank sent; the world's assumption, named here and in
+docs/distributed.md, is that every stage is declared as this one is: its
+sends and receives are traced as the real run issues them, and the result
+it reads is its own vote.  A stage without declared metadata would infer it
+by sending Python objects between ranks (``send_object_list``), whose
+contents one rank cannot know: it is refused, naming what to declare.
+
+Limits: ``PipelineStage`` only (a traced ``pipeline()`` split's stage infers
+its metadata); ``torch.distributed.pipelining`` must be imported before the
+mode is entered (importing it costs seconds, so a world does not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from ..errors import UnsupportedFeatureError
+
+__all__ = ["PATCHES"]
+
+
+def _backward_result(below, stage, received_result=None):
+    below(stage, received_result)  # the sends and receives, as the real run issues them
+    if _compat.pipeline_needs_dynamic(stage, stage.has_backward):  # its own vote: 0
+        raise UnsupportedFeatureError(
+            f"pipeline stage {stage.stage_index}: its shapes are inferred by exchanging Python objects "
+            "between ranks, which one traced rank cannot read; declare them: "
+            "PipelineStage(..., input_args=..., output_args=...) (Note [A pipeline stage's vote])"
+        )
+    # Every stage declared as this one: the product of the votes is 1.
+    return torch.ones(1, dtype=torch.int32, device=stage.device)
+
+
+def _warmup(below, schedule, stages, has_backward: bool, p2p_done: bool):
+    # Where torch would skip the vote over the fake backend (2.14), run it as
+    # the real job does: its messages are part of the rank's trace.
+    if not _compat.pipeline_vote(list(stages), has_backward):
+        below(schedule, stages, has_backward, p2p_done)
+
+
+def _method(replacement, below):
+    def method(self, *args, **kwargs):
+        return replacement(below, self, *args, **kwargs)
+
+    return method
+
+
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
+PATCHES = [
+    (
+        _compat.pipeline_schedule_class,
+        "_warmup_p2p",
+        lambda below: _method(_warmup, below),
+        "a schedule's warm-up: the stages vote as in a real run (Note [A pipeline stage's vote])",
+    ),
+    (
+        _compat.pipeline_stage_class,
+        "_warmup_backward_result",
+        lambda below: _method(_backward_result, below),
+        "the pipeline's vote: every stage declared as this one (Note [A pipeline stage's vote])",
+    ),
+]
