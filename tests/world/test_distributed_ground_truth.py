@@ -15,7 +15,7 @@ import re
 
 import pytest
 import torch
-from tests.test_distributed import _spawn
+from tests.world.test_distributed import _spawn
 
 import metadispatch as md
 from metadispatch.cli.main import main
