@@ -86,7 +86,7 @@ def dispatch(func, args, kwargs, mode):
         return out
     if mode is None:
         warn_if_lost(func, args)  # Note [Copying real values into a MetaTensor outside a mode]
-    if f.implicit_composite:
+    if f.implicit_composite and _autograd_left_out(args):
         return _decompose(func, args, kwargs, mode)
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
@@ -143,6 +143,18 @@ def dispatch(func, args, kwargs, mode):
             mark_call(e, f.name, user_frame())
             raise
     return result
+
+
+def _autograd_left_out(args) -> bool:
+    """Whether the autograd keys were left out of this call (inference mode, inference
+    tensors): only then does a composite reach the mode whole where eager runs its body
+    (Note [Composites that reach the mode]).  Otherwise one that reaches it was called
+    below autograd on purpose -- rms_norm's fused kernel from the logical GPU's autograd
+    Function (gpu/gpu_composites.py), which a GPU runs as that kernel."""
+    if torch.is_inference_mode_enabled():
+        return True
+    with _compat.no_torch_function_subclass():
+        return any(isinstance(a, torch.Tensor) and a.is_inference() for a in args)
 
 
 def _decompose(func, args, kwargs, mode):

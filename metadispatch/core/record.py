@@ -218,8 +218,16 @@ class Recorder:
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
                     call = self.trace.calls[st.call]
                     call.outputs = _swap(call.outputs, old, m)
+            if st.known is not None:  # read by the call about to be recorded
+                self._note_known(st, m.id, len(self.trace.calls))
             return m
         return self._leaf(t)
+
+    def _note_known(self, st, tid: int, before: int) -> None:
+        """Note [Known state across a cut] in ir/cut.py: ``tid``'s known value as of call ``before``."""
+        kv = st.known
+        if kv[1].valid and kv[0].numel() <= _KNOWN_KEPT:
+            self.trace.known_writes.setdefault(tid, []).append((before, kv[0].clone()))
 
     def before_data_swap(self, target: torch.Tensor, value: MetaTensor) -> None:
         """Note [Data swapped into a named tensor]: ``target.data = value`` is about to run.
@@ -425,6 +433,8 @@ class Recorder:
                 self._bases.setdefault(m.storage, m)
                 st.recorder = self.token
             st.meta, st.call = m, len(self.trace.calls)  # the index record() gives
+            if st.known is not None:
+                self._note_known(st, m.id, st.call + 1)
             return m
         if type(o) in (list, tuple):
             return tuple(self._out(x) for x in o)
@@ -472,6 +482,7 @@ class Recorder:
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
+_KNOWN_KEPT = 64  # elements: step counters, small flags; larger known values are not state a cut carries
 _TUPLE_NEW = tuple.__new__
 # Argument types encode() passes through untouched.
 _PLAIN = frozenset(PLAIN_TYPES)

@@ -74,7 +74,11 @@ def bind_leaves(
             moved = t.detach().cpu()  # the tensor itself when it is on the CPU
         else:
             moved = t.detach() if on(t) else t.detach().to(device)
-        if leaf.kind == "const" and moved.layout == torch.strided and moved.data_ptr() == t.data_ptr():
+        if (
+            (leaf.kind == "const" or leaf.value is not None)
+            and moved.layout == torch.strided
+            and moved.data_ptr() == t.data_ptr()
+        ):
             # The trace's own tensor: replay may hand it out as an output, and
             # a caller writing that output must not change the next replay.
             moved = _copy_keeping_aliases(moved, copies)
@@ -128,6 +132,8 @@ def _real(leaf, given: dict) -> torch.Tensor | None:
     if leaf.kind == "const":
         # A module attribute above the constant limit is bound from the module given.
         return leaf.value if leaf.value is not None or not leaf.name else given.get(("const", leaf.name))
+    if leaf.kind == "state" and leaf.value is not None:
+        return leaf.value  # Note [Known state across a cut] in ir/cut.py
     if leaf.kind != "view":
         return given.get((leaf.kind, leaf.name))
     base = given.get(tuple(leaf.name.split(" ", 1)))

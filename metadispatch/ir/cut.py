@@ -25,6 +25,28 @@ STATE = "state"  # the leaf kind of what the calls before the cut left alive
 _RESIZE = "inductor.resize_storage_bytes_.default"  # world/fsdp_storage.RESIZE_OP (a room above)
 
 
+def _known_at(trace: Trace, tid: int, start: int):
+    """Note [Known state across a cut]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    AdamW's step count is a tensor built from constants (``zeros``, then
+    ``+= 1`` each step), so its value is known while tracing and the traced
+    step reads it with ``.item()``; replay checks that number (Note [Values
+    fixed into a trace] in execution/replay.py).  A cut turned it into a
+    ``state`` leaf with no value, replay made one up, and every replay of a
+    steady-state trace said "value 2.0 when traced, 1.0 now" -- and a
+    constant the steps before the cut wrote (``torch.tensor(0.0)``, the
+    step count an optimizer made in the first step) kept the value it was
+    made with.  So a state leaf, or a constant, whose tensor had a known
+    value (at most 64 elements) when the cut was made carries that value,
+    and replay binds it.
+    """
+    value = None
+    for before, v in getattr(trace, "known_writes", {}).get(tid, ()):  # its value as of call ``before``
+        if before <= start:
+            value = v
+    return value
+
+
 def step_from(trace: Trace, start: int) -> Trace:
     """The calls ``trace[start:]`` as a trace of their own (Note [What the calls before a cut leave alive]).
 
@@ -64,20 +86,26 @@ def step_from(trace: Trace, start: int) -> Trace:
             if m.id in made:
                 last[m.storage] = (m, made[m.id])
     leaves = dict(trace.leaves)
+    for tid, leaf in trace.leaves.items():
+        if leaf.value is not None:  # a constant the steps before the cut wrote: its value at the cut
+            now = _known_at(trace, tid, start)
+            if now is not None:
+                leaves[tid] = leaf._replace(value=now)
     covered = {leaf.meta.storage for leaf in leaves.values()}
     calls = []
     for call in trace.calls[start:]:
         for m in call.inputs:
             if m.id in made and m.id not in leaves:
-                leaves[m.id] = Leaf(m, STATE, _maker(*made[m.id]))
+                leaves[m.id] = Leaf(m, STATE, _maker(*made[m.id]), _known_at(trace, m.id, start))
                 covered.add(m.storage)
         calls.append(_shifted(call, start))
     for storage, (m, maker) in last.items():
         if storage not in covered and alive(storage):
-            leaves[m.id] = Leaf(m, STATE, _maker(*maker))
+            leaves[m.id] = Leaf(m, STATE, _maker(*maker), _known_at(trace, m.id, start))
             covered.add(storage)
     out = copy.copy(trace)
     out.calls, out.leaves = calls, leaves
+    out.known_writes = {}
     if trace.deaths is not None:
         out.deaths = {s: max(d - start, 0) for s, d in trace.deaths.items()}
     out.start_bytes = dict(trace.start_bytes)

@@ -104,6 +104,10 @@ class Trace:
         self.warmup = 0
         self.marks: dict[str, int] = {}
         self.start_bytes: dict[int, int] = {}
+        # tensor id -> [(call index, value)]: the known values (values/known.py)
+        # calls wrote, while recording; what a cut needs of the state it carries
+        # (Note [Known state across a cut] in ir/cut.py).  Not saved.
+        self.known_writes: dict[int, list] = {}
 
     # -- sequence protocol
     def __len__(self) -> int:

@@ -36,7 +36,8 @@ _TORCHS_OWN = {
 def _scan() -> dict:
     found = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "torch" or name.startswith("torch.")):
+        # torch, and safetensors' torch loaders, which the ledger patches once imported
+        if module is None or not (name == "torch" or name.startswith("torch.") or name == "safetensors.torch"):
             continue
         for key, value in list(vars(module).items()):
             found[(name, key)] = value

@@ -130,3 +130,27 @@ def test_steady_state_trace_saves_and_loads_its_step(tmp_path):
     assert (back.warmup, back.marks) == (1, t.marks) and t.marks["forward"] > 0
     assert md.memory(back).timeline == md.memory(t).timeline
     assert md.memory(back, since="forward").peak == md.memory(t, since="forward").peak
+
+
+def test_steady_state_replay_reads_the_step_count_the_warmup_left(tmp_path):
+    # Note [Known state across a cut]: AdamW's step count, made in the first
+    # step as a constant (torch.tensor(0.0)) and counted up, is read with
+    # .item() by the traced second step; replay bound the constant's first
+    # value and said "value 2.0 when traced, 1.0 now" on every parameter.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(x):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    x = torch.randn(4, 8)
+    trace = md.tracer(warmup=1)(step, x)
+    counts = [leaf.value for leaf in trace.leaves.values() if leaf.value is not None and leaf.meta.shape == ()]
+    assert counts and all(float(v) == 1.0 for v in counts)  # one step taken before the cut
+    path = tmp_path / "t.json.gz"
+    trace.save(path)
+    for t in (trace, md.Trace.load(path)):
+        assert md.replay(t, (x,), module=model).mismatches == []

@@ -15,11 +15,11 @@ import re
 
 import pytest
 import torch
-from tests.world.test_distributed import _spawn
 
 import metadispatch as md
 from metadispatch.cli.main import main
 from tests.distributed_cases import comparable, traced_categories, traced_rank
+from tests.world.test_distributed import _spawn
 
 pytest.importorskip("transformers")
 
