@@ -15,7 +15,7 @@ so a sliding layer counts as growing; the figure is then an upper bound,
 and the plan says so.
 
 The rest is traced, not guessed: the prefill of ``max_num_batched_tokens``
-(one sequence, under ``torch.no_grad``) gives the activation peak
+(one sequence, under ``torch.inference_mode``) gives the activation peak
 above the weights (``md.memory``) and the time to first token
 (``md.runtime``); a decode step after a prefill gives the time per output
 token as the difference of the two traces' times.  With ``tp > 1`` weights
@@ -105,11 +105,11 @@ def serve_plan(
     weights = _bytes(list(model.parameters()) + list(model.buffers()))
 
     def prefill(ids):
-        with torch.no_grad():
+        with torch.inference_mode():
             return model(ids, use_cache=True).logits
 
     def prefill_and_decode(ids, nxt):
-        with torch.no_grad():
+        with torch.inference_mode():
             out = model(ids, use_cache=True)
             return model(nxt, past_key_values=out.past_key_values, use_cache=True).logits
 
@@ -166,7 +166,7 @@ def _kv_growth(model, profile: GPUProfile, lengths: tuple, vocab: int) -> tuple:
     """(bytes per token, fixed bytes) of the cache the model writes, from two prompt lengths."""
     held = []
     for n in lengths:
-        with MetaMode(device="cuda", gpu=profile.name), torch.no_grad():
+        with MetaMode(device="cuda", gpu=profile.name), torch.inference_mode():
             out = model(torch.randint(0, vocab, (1, n)), use_cache=True)
             held.append(_bytes(list(_tensors(out.past_key_values))))
     per_token = (held[1] - held[0]) / (lengths[1] - lengths[0])

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import _compat
 from ..tensor.tensor import MetaTensor
 
 __all__ = ["Bounds", "bounds_of", "bounds_without_inputs", "propagate", "fill_within", "decided", "COMPARISONS"]
@@ -132,8 +133,16 @@ def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> No
                 out._md.bounds = None
             else:
                 out._md.bounds = b
-                if name in _SOURCES:  # Note [Bounds that decide a comparison]
+                if name in _SOURCES and not _no_version(out):  # Note [Bounds that decide a comparison]
                     out._md.drawn = (b, out._version)
+
+
+def _no_version(t) -> bool:
+    """An inference tensor (made under ``torch.inference_mode()``) has no version
+    counter, so nothing can tell that it was not written since it was drawn:
+    its bounds decide no comparison."""
+    with _compat.no_torch_function_subclass():
+        return t.is_inference()
 
 
 def _forget(result) -> None:

@@ -84,3 +84,19 @@ def test_inference_mode_linear_counts_its_matmul():
     lin, (x,) = _cases()["linear"]
     trace = md.trace(_step("inference"), lin, x)
     assert md.flops(trace).total == 2 * 2 * 128 * 256
+
+
+def test_grad_modes_random_source_under_inference_mode():
+    # rand's output got bounds and the version they were drawn at; an
+    # inference tensor has no version counter ("Inference tensors do not
+    # track version counter"), so any random op under inference_mode inside
+    # a MetaMode raised.
+    def step(x):
+        with torch.inference_mode():
+            return (torch.rand(4) < 2.0).sum() + x.sum()
+
+    eager = step(torch.ones(4))
+    trace = md.trace(step, torch.ones(4))
+    assert trace.output.shape == eager.shape
+    with md.MetaMode(), torch.inference_mode():
+        assert torch.nn.functional.dropout(torch.ones(8), 0.5, training=True).shape == (8,)
