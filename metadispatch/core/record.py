@@ -254,8 +254,8 @@ class Recorder:
         """
         st = state_of(target)
         named = st.name if st is not None else None
-        if named is not None and named[0] == "buffer" and st.recorder is self.token:
-            if _is_leaf_named(self.trace, st.meta.id, *named):
+        if st is not None and named is not None and named[0] == "buffer" and st.recorder is self.token:
+            if st.meta is not None and _is_leaf_named(self.trace, st.meta.id, *named):
                 error = UnsupportedFeatureError(
                     f"buffer {named[1]}.data = <{value.dtype} {list(value.shape)}>: the step assigns a "
                     "buffer's .data after reading it, and replay's buffers would report the tensor it "

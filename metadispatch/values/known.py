@@ -128,7 +128,7 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     if f.name in _LIFT:
         real_out = real_out.clone()  # never alias the user's tensor
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
-    cell = base._md.known[1] if value_of(base) is not None else None
+    cell = base._md.known[1] if isinstance(base, MetaTensor) and value_of(base) is not None else None
     _attach(result, real_out, cell)
 
 
