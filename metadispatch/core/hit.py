@@ -62,81 +62,29 @@ def eligible(f, cross_device) -> int:
 def answer_hit(func, f, args, mode, with_bounds: bool):
     """The recorded outputs of a call the cache can answer, else :data:`MISS`."""
     rec = mode._recorder
-    token = rec.token
     tensors: list = []
     storages: list = []
     parts: list = [func, None, None]
     enc: list = []
-    device = scalar = loose = None
+    devices: list = [None, None, None]  # the first device, a CPU scalar's, a loose meta's (_common_device)
     for a in args:
         t = type(a)
-        if t is int:
-            parts.append(a)
-            enc.append(a)
-        elif t is MetaTensor:
-            st = a._md
-            if st.recorder is not token or st.known is not None or st.bounds is not None:
-                return MISS
-            m = st.meta
-            if m.requires_grad != a.requires_grad:
-                m = rec.meta_of(a)
-            d = st.device
-            if d.type == "meta":
-                loose = d
-            elif not m.shape and d.type == _CPU_TYPE:
-                scalar = scalar or d
-            elif device is None:
-                device = d
-            elif d != device:
-                return MISS  # the full path raises the device error
-            tensors.append(a)
-            storages.append(m.storage)
-            parts.append(m[1:7])
-            enc.append(m)
-        elif t in _PLAIN:
-            parts.append((t, a))
-            enc.append(a)
-        elif t is list or t is tuple:
+        if t is list or t is tuple:
             sub_key: list = []
             sub_enc: list = []
             for x in a:
-                tx = type(x)
-                if tx is int:
-                    sub_key.append(x)
-                    sub_enc.append(x)
-                elif tx is MetaTensor:
-                    st = x._md
-                    if st.recorder is not token or st.known is not None or st.bounds is not None:
-                        return MISS
-                    m = st.meta
-                    if m.requires_grad != x.requires_grad:
-                        m = rec.meta_of(x)
-                    d = st.device
-                    if d.type == "meta":
-                        loose = d
-                    elif not m.shape and d.type == _CPU_TYPE:
-                        scalar = scalar or d
-                    elif device is None:
-                        device = d
-                    elif d != device:
-                        return MISS
-                    tensors.append(x)
-                    storages.append(m.storage)
-                    sub_key.append(m[1:7])
-                    sub_enc.append(m)
-                elif tx in _PLAIN:
-                    sub_key.append((tx, x))
-                    sub_enc.append(x)
-                else:
+                if (
+                    type(x) is list
+                    or type(x) is tuple
+                    or not _take(x, rec, devices, tensors, storages, sub_key, sub_enc)
+                ):
                     return MISS
             parts.append((tuple, tuple(sub_key)))  # encode() turns lists into tuples
             enc.append(tuple(sub_enc))
-        else:
+        elif not _take(a, rec, devices, tensors, storages, parts, enc):
             return MISS
-    if not tensors:
-        return MISS
-    device = device or scalar or loose
-    if device is None:
+    device = devices[0] or devices[1] or devices[2]
+    if not tensors or device is None:
         return MISS
     parts[1] = device
     parts[2] = context(mode, f)
@@ -161,3 +109,41 @@ def answer_hit(func, f, args, mode, with_bounds: bool):
         mark_call(e, f.name, user_frame())
         raise
     return result
+
+
+def _take(x, rec, devices: list, tensors: list, storages: list, key: list, enc: list) -> bool:
+    """Append ``x``'s key part and record (as ``_call_key`` and ``encode`` make
+    them) and note its device as ``_common_device`` does; False where the full
+    path must answer: a tensor this recorder did not number or that carries a
+    value or bounds, two devices (the full path raises), another type."""
+    t = type(x)
+    if t is int:
+        key.append(x)  # untagged (Note [What an entry weighs] in cache.py)
+        enc.append(x)
+        return True
+    if t is MetaTensor:
+        st = x._md
+        if st.recorder is not rec.token or st.known is not None or st.bounds is not None:
+            return False
+        m = st.meta
+        if m.requires_grad != x.requires_grad:
+            m = rec.meta_of(x)  # autograd set it after the producing call: the record follows
+        d = st.device
+        if d.type == "meta":
+            devices[2] = d
+        elif not m.shape and d.type == _CPU_TYPE:
+            devices[1] = devices[1] or d
+        elif devices[0] is None:
+            devices[0] = d
+        elif d != devices[0]:
+            return False
+        tensors.append(x)
+        storages.append(m.storage)
+        key.append(m[1:7])
+        enc.append(m)
+        return True
+    if t in _PLAIN:
+        key.append((t, x))
+        enc.append(x)
+        return True
+    return False
