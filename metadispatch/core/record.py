@@ -125,6 +125,7 @@ class Recorder:
         self._trace = lambda: trace  # weak once released (Note [Dropping a trace frees it])
         self.stack = stack
         self.const_limit = const_limit
+        self.keep_known = False  # note known values as calls write them: a trace to be cut (md.tracer(warmup=))
         # Tensors carry this recorder in their state (``t._md.recorder``):
         # through it the trace that numbered them is found, e.g. so md.materialize can find
         # how a parameter was built.
@@ -218,7 +219,7 @@ class Recorder:
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
                     call = self.trace.calls[st.call]
                     call.outputs = _swap(call.outputs, old, m)
-            if st.known is not None:  # read by the call about to be recorded
+            if self.keep_known and st.known is not None:  # read by the call about to be recorded
                 self._note_known(st, m.id, len(self.trace.calls))
             return m
         return self._leaf(t)
@@ -433,7 +434,7 @@ class Recorder:
                 self._bases.setdefault(m.storage, m)
                 st.recorder = self.token
             st.meta, st.call = m, len(self.trace.calls)  # the index record() gives
-            if st.known is not None:
+            if self.keep_known and st.known is not None:
                 self._note_known(st, m.id, st.call + 1)
             return m
         if type(o) in (list, tuple):

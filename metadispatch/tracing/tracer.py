@@ -190,6 +190,7 @@ def run_traced(
             mode.trace.arg_constants = {
                 arg_name(p): describe_constant(v) for p, v in flat if not isinstance(v, torch.Tensor)
             }
+            mode._recorder.keep_known = bool(warmup)  # Note [Known state across a cut] in ir/cut.py
             with mode:
                 for _ in range(warmup):  # what each returns dies before the next, as in ``for ...: fn(x)``
                     fn(*margs, **mkwargs)
