@@ -13,6 +13,7 @@ import torch
 
 import metadispatch as md
 from metadispatch.testing import eager_calls, trace_calls
+from tools import model_conformance
 
 
 def _complex_mul_backward(z):
@@ -97,29 +98,9 @@ def test_eager_runs_new_empty_filled_by_two_slice_assignments(fill_both):
 
 
 def test_eager_runs_deepseek_v3_replays_ok_and_equals_eager():
-    tf = pytest.importorskip("transformers")
-    cfg = tf.DeepseekV3Config(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        q_lora_rank=16,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        n_shared_experts=1,
-    )
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model, ids = tf.DeepseekV3ForCausalLM(cfg), torch.randint(0, 100, (2, 12))
+    model, (ids,) = model_conformance._hf("deepseek_v3")()  # the conformance row's model (hf.deepseek_v3)
     t = md.trace(_lm_step, model, ids)
     eager = copy.deepcopy(model)
     with torch.random.fork_rng():
