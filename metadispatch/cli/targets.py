@@ -216,6 +216,23 @@ SUPPORTED_HF = (
 AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech encoder
 
 
+def hf_config(arch: str, overrides: dict):
+    """``arch``'s default transformers config with ``overrides``; a UsageError names what is wrong."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise UsageError(_HF_MISSING) from e
+    try:
+        config = transformers.AutoConfig.for_model(arch)
+    except ValueError:
+        raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)") from None
+    check_overrides(config, overrides)
+    try:
+        return transformers.AutoConfig.for_model(arch, **overrides)
+    except (ValueError, TypeError) as e:  # the config class's own validation
+        raise UsageError(f"--config: {type(config).__name__} refused it: {_message(e)}") from e
+
+
 def hf_target(
     arch: str,
     overrides: dict,
@@ -231,20 +248,10 @@ def hf_target(
     as ``llama``, ``bart``, ``whisper`` or ``vit``) from its default config
     with ``overrides``, and inputs that fit it (see ``SUPPORTED_HF``).
     ``seq``: tokens (default 128); refused for models that take no tokens."""
-    try:
-        import transformers
-        from transformers.models.auto import modeling_auto as auto
-    except ImportError as e:
-        raise UsageError(_HF_MISSING) from e
-    try:
-        config = transformers.AutoConfig.for_model(arch)
-    except ValueError:
-        raise UsageError(f"--hf {arch}: not a transformers model type (e.g. llama, gpt2, bart, whisper, vit)") from None
-    check_overrides(config, overrides)
-    try:
-        config = transformers.AutoConfig.for_model(arch, **overrides)
-    except (ValueError, TypeError) as e:  # the config class's own validation
-        raise UsageError(f"--config: {type(config).__name__} refused it: {_message(e)}") from e
+    config = hf_config(arch, overrides)  # first: it says how to install transformers
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
     if arch in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         kind, auto_class = "speech", transformers.AutoModelForSpeechSeq2Seq
     elif getattr(config, "is_encoder_decoder", False) and arch in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
@@ -262,7 +269,7 @@ def hf_target(
         raise UsageError(f"--seq {seq}: --hf {arch} takes {takes}, not tokens")
     seq = 128 if seq is None else seq
     if kind in ("causal", "seq2seq", "speech"):
-        _check_positions(config, kind, seq)
+        check_positions(config, kind, seq)
     for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
         setattr(config, key, 0.0)  # a layer skipped at random makes no one step to trace
     if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
@@ -313,7 +320,7 @@ def _main_input(transformers, class_name) -> str | None:
     return getattr(getattr(transformers, class_name, None), "main_input_name", None) if class_name else None
 
 
-def _check_positions(config, kind: str, seq: int) -> None:
+def check_positions(config, kind: str, seq: int, option: str = "--seq") -> None:
     """Refuse a ``--seq`` longer than the model's learned position embeddings
     (the real model would index past them); rotary and relative ones have no such end."""
     if any("rope" in k or "rotary" in k for k in config.to_dict()):
@@ -324,8 +331,8 @@ def _check_positions(config, kind: str, seq: int) -> None:
         limit = getattr(config, key, None)
         if isinstance(limit, int) and not isinstance(limit, bool) and seq > limit:
             raise UsageError(
-                f"--seq {seq}: longer than {type(config).__name__}'s {key} ({limit}), the length its "
-                f"learned position embeddings cover; lower --seq or raise it with --config {key}=N"
+                f"{option} {seq}: longer than {type(config).__name__}'s {key} ({limit}), the length its "
+                f"learned position embeddings cover; lower {option} or raise it with --config {key}=N"
             )
 
 

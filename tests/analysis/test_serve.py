@@ -4,18 +4,13 @@ import pytest
 import torch
 
 import metadispatch as md
+from tests.analysis.test_kv import real_cache_bytes
 
 transformers = pytest.importorskip("transformers")
 
 
 def _real_cache_bytes(model, n):
-    with torch.inference_mode():
-        out = model(torch.randint(0, model.config.vocab_size, (1, n)), use_cache=True)
-    seen = {}
-    for layer in out.past_key_values.layers:
-        for t in (layer.keys, layer.values):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
+    return sum(real_cache_bytes(model, n))
 
 
 _CONFIGS = {
@@ -57,8 +52,8 @@ def test_serve_plan_kv_and_weights_are_the_real_models(name):
     usable = int(md.gpu_profile("l4").memory * 0.9) - plan.weights - plan.prefill_peak
     assert plan.kv_tokens == int(usable // plan.kv_per_token)
     assert plan.blocks == plan.kv_tokens // 16
-    per_sequence = 128 + plan.kv_fixed / plan.kv_per_token  # tokens of cache one max_model_len sequence takes
-    assert plan.max_concurrency == int(plan.kv_tokens // per_sequence) > 0
+    # sequences of 128 tokens at once: each holds what a real forward's cache holds at 128 tokens
+    assert plan.max_concurrency == int(usable // _real_cache_bytes(real, 128)) > 0
     assert plan.ttft > 0 and plan.tpot > 0 and plan.prefill_peak > 0
     assert "not counted" in str(plan)
 
@@ -68,3 +63,26 @@ def test_serve_plan_tp_divides_weights_and_kv():
     one, two = (md.serve_plan(cfg, gpu="h100", tp=tp, max_model_len=64, max_num_batched_tokens=32) for tp in (1, 2))
     assert two.weights == one.weights // 2 and two.kv_per_token == one.kv_per_token / 2
     assert any("split evenly" in a for a in two.assumptions)
+
+
+def test_a_sliding_window_model_holds_a_sequence_of_any_length():
+    cfg = _CONFIGS["mistral"]()
+    cfg.sliding_window = 16
+    torch.manual_seed(0)
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    plan = md.serve_plan(cfg, gpu="l4", max_model_len=128, max_num_batched_tokens=64)
+    usable = int(md.gpu_profile("l4").memory * 0.9) - plan.weights - plan.prefill_peak
+    assert _real_cache_bytes(real, 128) == _real_cache_bytes(real, 40)  # the window caps it
+    assert plan.max_concurrency == int(usable // _real_cache_bytes(real, 128))
+    assert plan.longest == cfg.max_position_embeddings  # never the cache: the positions bound it
+    assert {layer.kind for layer in plan.layout.layers} == {"sliding"} and "at most 16 tokens" in str(plan)
+
+
+def test_decode_rows_per_batch():
+    cfg = _CONFIGS["llama"]()
+    plan = md.serve_plan(cfg, gpu="h100", max_model_len=64, max_num_batched_tokens=32, batches=(1, 8))
+    one, eight = plan.decode
+    assert (one.batch, eight.batch) == (1, 8) and plan.tpot == one.tpot
+    assert eight.tpot >= one.tpot * (1 - 1e-9) and eight.tokens_per_s > one.tokens_per_s  # weights read once a step
+    assert one.tokens_per_s == 1 / one.tpot and eight.fits
+    assert "tokens/s" in str(plan)
