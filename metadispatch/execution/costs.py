@@ -30,18 +30,17 @@ import torch
 from .. import _compat
 from ..errors import ReplayError
 from ..ir.decode import is_marker
+from ..ir.liveness import free_points
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.rng import is_generator
 from ..ir.text import clip, printable
 from ..ir.trace import Trace
 from ..rules.grouped_mm import grouped_mm_output
-from ..spec.schema import facts
-from .collectives import c10d_returns
-from .program import free_points
+from ..spec.schema import facts, schema_of
 from .sizes import list_count, read_bound, value_sized
 from .work import extent_bytes, scratch, work
 
-__all__ = ["Costs", "costs", "fixed_costs", "CALL_WORK", "CALL_BYTES", "OUTPUT_BYTES"]
+__all__ = ["Costs", "costs", "fixed_costs", "c10d_returns", "CALL_WORK", "CALL_BYTES", "OUTPUT_BYTES"]
 
 _META = torch.device("meta")
 # What replay spends besides kernels, whatever the call: compiling and
@@ -146,7 +145,7 @@ class _Walk:
                 kwargs[device[1]] = _META
         self.check_count(n, call, args, kwargs)
         try:
-            returned = c10d_returns(call.func, args)  # Note [Collectives replay on live groups]
+            returned = c10d_returns(call.func, args)  # Note [Collectives replay on live groups] in collectives.py
             if returned is None:
                 returned = _SIZED_HERE.get(call.func, call.func)(*args, **kwargs)
             result = returned
@@ -296,3 +295,21 @@ def _flat(r):
             yield from _flat(x)
     else:
         yield r
+
+
+def c10d_returns(func, args: list) -> list | None:
+    """The tensors c10d op ``func`` returns, given its arguments (None: not a c10d op).
+
+    A c10d op writes the tensors it is given and returns its first argument
+    with its Work (or the Work alone): it allocates nothing, so replay's
+    budget sizes it without running it."""
+    if getattr(func, "namespace", None) != "c10d":
+        return None
+    if len(schema_of(func).returns) != 2:
+        return []
+    first = args[0]
+    return [
+        t
+        for x in (first if isinstance(first, (list, tuple)) else [first])
+        for t in (x if isinstance(x, (list, tuple)) else [x])
+    ]

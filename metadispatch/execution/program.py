@@ -69,10 +69,10 @@ from weakref import WeakKeyDictionary
 import torch
 
 from .. import _compat
-from .._compat import pytree
 from ..errors import ReplayError
 from ..ir.decode import is_marker
-from ..ir.records import TensorMeta, tensor_metas
+from ..ir.liveness import free_points
+from ..ir.records import TensorMeta
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
 from ..spec.schema import facts, schema_of
@@ -84,7 +84,7 @@ from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
 
-__all__ = ["Program", "program", "free_points"]
+__all__ = ["Program", "program"]
 
 _FILENAME = "<metadispatch replay>"
 _LOCALS = frozenset({"env", "gens", "ck", "chk", "same", "wr", "rng", "fit", "pre", "r"})  # run's own names
@@ -165,38 +165,6 @@ def _check_kernels(calls: list, device: torch.device) -> None:
                 f"for {device.type}. Nothing was run",
                 call=call.index,
             )
-
-
-def free_points(trace: Trace) -> dict:
-    """Call index -> ids whose last use is that call (Note [Freeing early])."""
-    keep = {
-        m.id for m in tensor_metas(pytree.tree_leaves(trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))
-    }
-    keep.update(m.id for m in trace.grads.values())
-    keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
-    last: dict = {}
-    storage: dict = {}
-    for call in trace.calls:
-        for m in call.inputs + call.output_metas:
-            last[m.id] = call.index
-            storage[m.id] = m.storage
-    deaths = trace.deaths or {}
-    n = len(trace.calls)
-    out: dict = {}
-    for tid, i in last.items():
-        if tid in keep:
-            continue
-        if deaths:
-            # Free where the traced run freed the storage (the first call
-            # after its death), not earlier: following eager's allocation
-            # pattern lets the allocator reuse blocks instead of faulting in
-            # fresh pages.  A storage that outlived the trace is kept.
-            d = deaths.get(storage[tid])
-            if d is None or d >= n:
-                continue
-            i = max(i, d - 1)
-        out.setdefault(i, []).append(tid)
-    return out
 
 
 class _Writer:
