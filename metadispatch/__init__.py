@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .debug.diff import diff
     from .debug.report import Report
     from .debug.verify import RuleCheck, verify_rule
-    from .execution.budget import Budget
     from .execution.materialize import materialize
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
@@ -67,6 +66,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .tensor.tensor import MetaTensor
     from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
+    from .trust.budget import Budget
 
 # Note [Public names load on first use]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -113,7 +113,7 @@ _LAZY = {
     "Report": "debug.report",
     "RuleCheck": "debug.verify",
     "verify_rule": "debug.verify",
-    "Budget": "execution.budget",
+    "Budget": "trust.budget",
     "materialize": "execution.materialize",
     "Mismatch": "execution.replay",
     "Replay": "execution.replay",

@@ -12,9 +12,9 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
 of writes.py.  A trace loaded from a file also gets its fences (Note
-[Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
+[Fences] in trust/fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values or whose
-kernel follows them unchecked (index_checks.py).
+kernel follows them unchecked (trust/index_checks.py).
 
 Tensor ids become local variables and constants are bound once; an op is
 called through torch's Python binding where that is proven to dispatch the
@@ -76,11 +76,11 @@ from ..ir.records import TensorMeta
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
 from ..spec.schema import facts, schema_of
+from ..trust.index_checks import needs_pre
+from ..trust.sizes import value_sized
 from .bindings import binding
 from .collectives import collective_callable, is_collective
 from .devices import CPU, keeps_cpu
-from .index_checks import needs_pre
-from .sizes import value_sized
 from .streams import stream_of
 from .writes import written_args
 
@@ -100,7 +100,7 @@ class Program(NamedTuple):
     ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
     ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs;
-    ``fit`` and ``pre`` are the fences of an untrusted trace (fences.py).
+    ``fit`` and ``pre`` are the fences of an untrusted trace (trust/fences.py).
     """
 
     run: Any
@@ -129,7 +129,7 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: 
     With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
     after its last use (Note [Freeing early]).  With ``fenced`` (a trace
     loaded from a file: the calls the budget sized from their record), the
-    calls get their fences (Note [Fences] in fences.py).
+    calls get their fences (Note [Fences] in trust/fences.py).
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
     keep_cpu = keeps_cpu(trace, device)  # Note [Devices in replay]

@@ -63,12 +63,12 @@ from .._compat import pytree
 from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
-from .budget import Budget, check_budget, default_budget
+from ..trust.budget import Budget, check_budget, default_budget
+from ..trust.costs import costs
+from ..trust.fences import fences, no_fence
+from ..trust.index_checks import screen
 from .collectives import check_world
-from .costs import costs
 from .devices import keeps_cpu, target
-from .fences import fences, no_fence
-from .index_checks import screen
 from .inputs import check_device, check_inputs
 from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .program import program
@@ -105,9 +105,9 @@ def replay(
     the result not ``ok`` unless ``allow_made_up``.  Random ops draw exactly
     what eager drew, from the states the trace recorded (streams.py).
 
-    ``budget`` (:class:`~metadispatch.execution.budget.Budget`) caps the peak bytes
+    ``budget`` (:class:`~metadispatch.trust.budget.Budget`) caps the peak bytes
     replay allocates and the FLOPs it runs, checked before anything runs
-    (Note [Budgets] in budget.py); the default is half the memory free on
+    (Note [Budgets] in trust/budget.py); the default is half the memory free on
     ``device`` and 10**12 FLOPs on a CPU.  Replay never changes the tensors
     it is given (Note [Replay never writes its inputs]) nor the caller's
     generators; a call of a kernel that fails raises

@@ -12,7 +12,7 @@ A file can pair any shapes, and the meta kernels the budget runs first
 states the shape relation the kernel assumes and refuses a call that breaks
 it, through the same registry and fence as the value checks
 (value_checks.py; Note [Checking values before the call] in index_checks.py); its ops are
-classed ``checked`` in ir/positions.py.  They were found with
+classed ``checked`` in trust/positions.py.  They were found with
 ``tools/position_probe.py``, which runs op_db's calls with each tensor
 argument shrunk, under the guard-page allocator of the hostile tests: an op
 it does not reach is not known to be safe this way (docs/trace-format.md,
@@ -306,7 +306,7 @@ def _rnn_layer_backward(a: dict) -> None:
 def _workspace_bytes(a: dict) -> int:
     """Bytes of the workspace oneDNN's forward returns for these shapes: measured once per shape, by
     running the forward on zeros (oneDNN sizes it; no formula outside oneDNN says how), with grad
-    enabled, the only way it returns one (Note [Grad mode in replay] in program.py)."""
+    enabled, the only way it returns one (Note [Grad mode in replay] in execution/program.py)."""
     inp = tensor_arg(a, "input")
     key = (tuple(inp.shape), inp.dtype, a["hidden_size"], a["num_layers"], a["bidirectional"], a["batch_first"])
     if key not in _WORKSPACES:

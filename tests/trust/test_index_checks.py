@@ -1,4 +1,4 @@
-"""The value and shape checks replay runs before a loaded trace's calls (execution/value_checks.py, shape_checks.py).
+"""The value and shape checks replay runs before a loaded trace's calls (trust/value_checks.py, shape_checks.py).
 
 Each case of tests/position_cases.py is written into a trace file as an
 attacker would (tests/position_traces.py) and replayed: the legitimate
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.execution.index_checks import CHECKS, Refusal, index_check
 from metadispatch.execution.program import program
-from metadispatch.ir.positions import CHECKED, position
+from metadispatch.trust.index_checks import CHECKS, Refusal, index_check
+from metadispatch.trust.positions import CHECKED, position
 from tests.hostile_doc import base_doc, user_tensors
 from tests.position_cases import CASES, DIRECT
 from tests.position_traces import arguments, bitwise, case_doc, eager

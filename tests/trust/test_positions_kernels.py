@@ -24,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from metadispatch.ir.positions import KERNEL, KERNEL_OPS, position
+from metadispatch.trust.positions import KERNEL, KERNEL_OPS, position
 from tests import guarded, kernel_proofs
 from tests.kernel_samples import HAND
 

@@ -6,7 +6,7 @@ the plane ``self`` gives ``max_pool2d``'s indices, ``num_weights`` an
 embedding's, the data's length a segment's lengths, ``log_probs``' classes
 a CTC loss's targets -- and raises :class:`~.index_checks.Refusal` naming
 the argument and the value.  The ops are those classed ``checked`` in
-ir/positions.py's table of values; their kernels were caught following
+trust/positions.py's table of values; their kernels were caught following
 such values by the guard-page allocator of the tests.
 """
 

@@ -2,7 +2,7 @@
 
 Note [Values that become positions]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-The op filter (decode.py) looks at schemas and the fences (execution/fences.py)
+The op filter (ir/decode.py) looks at schemas and the fences (trust/fences.py)
 at output views; neither sees the *values* a call hands its kernel.  Some CPU
 kernels index memory by those values without looking: ``max_pool2d``'s
 backward writes ``grad_input[indices[i]]`` for whatever the indices say,
@@ -22,10 +22,10 @@ deny:
   ``select``'s index, ``as_strided``'s offset: the view fence checks views);
 - ``kernel``: its CPU kernel bounds-checks the named arguments itself,
   raising torch's error (``gather``, ``index``, ``nll_loss``'s target, ...);
-  ``tests/execution/test_positions_kernels.py`` proves it for each, on this torch,
+  ``tests/trust/test_positions_kernels.py`` proves it for each, on this torch,
   with extreme values under a guard-page allocator;
 - ``checked``: replay checks the named arguments just before the call
-  (``execution/value_checks.py``: indices inside the plane they index,
+  (``trust/value_checks.py``: indices inside the plane they index,
   offsets non-decreasing, lengths summing to the data, samples in [0, 1),
   dimensions in range, derived from the op's other arguments) and refuses the
   call with a ``ReplayError`` naming the argument and the value;
@@ -33,12 +33,12 @@ deny:
   oneDNN-opaque tensors, whose indices and layouts kernels follow
   unchecked; packed weights, which kernels reinterpret as structures;
   GPU kernels that take sequence offsets; engine state);
-- ``caller``: outside what a file may name unasked (decode.py): it loads
+- ``caller``: outside what a file may name unasked (ir/decode.py): it loads
   only when the caller names it in ``allow_ops``, vouching for it.
 
 An op with no class (one a newer torch adds) is refused in a loaded trace
 whenever a tensor it is handed holds integers or booleans -- the only way a
-value becomes a position -- and ``tests/ir/test_positions.py`` fails, so that
+value becomes a position -- and ``tests/trust/test_positions.py`` fails, so that
 it is classified before a release.  Classes are per packet
 (``aten::embedding_bag``), or per overload where overloads differ
 (``aten::div.Tensor_mode``).  A trace built in this process is trusted as
@@ -54,9 +54,9 @@ from typing import NamedTuple
 
 import torch
 
+from ..ir.decode import refusal
 from ..spec.ownops import OWN_OPS
 from ..spec.schema import schema_of
-from .decode import refusal
 from .position_data import DATA_FAMILIES
 
 __all__ = [
@@ -87,7 +87,7 @@ def _entries(kind: str, table: dict) -> dict:
     return {name: Position(kind, tuple(args.split()), why) for name, (args, why) in table.items()}
 
 
-# Ops whose CPU kernel checks the named arguments (tests/execution/test_positions_kernels.py).
+# Ops whose CPU kernel checks the named arguments (tests/trust/test_positions_kernels.py).
 _KERNEL = {
     "aten::gather": ("index", "raises 'index out of bounds'"),
     "aten::gather_backward": ("index", "scatters by index with scatter_add's checks"),
@@ -155,7 +155,7 @@ _KERNEL = {
     "aten::rnn_relu": ("batch_sizes", "slices each step with narrow's checks"),
 }
 
-# Ops replay checks just before the call (execution/value_checks.py registers one per entry).
+# Ops replay checks just before the call (trust/value_checks.py registers one per entry).
 _CHECKED = {
     "aten::max_pool2d_with_indices_backward": ("indices", "writes grad_input[indices] unchecked"),
     "aten::max_pool3d_with_indices_backward": ("indices", "writes grad_input[indices] unchecked"),
@@ -234,7 +234,7 @@ _CHECKED = {
 _BY_CHANNEL = "reads a statistic or weight per channel of the input, whatever its size"
 _BY_ROW = "reads a statistic per row and a weight per feature, whatever their sizes"
 _BY_FORWARD = "reads its gradient by the forward's output shape, worked out from the other arguments"
-# Ops whose kernels read one argument by another's shape (execution/shape_checks.py, Note [Shapes kernels
+# Ops whose kernels read one argument by another's shape (trust/shape_checks.py, Note [Shapes kernels
 # trust]): classed checked too, their index-like arguments being the ones read.
 _SHAPES = {
     **{
@@ -369,7 +369,7 @@ _TABLE = {
     **_entries(CHECKED, _SHAPES),
     **_entries(REFUSED, _REFUSED),
 }
-CHECKED_OPS = frozenset(_CHECKED) | frozenset(_SHAPES)  # names with a check (execution/index_checks.CHECKS)
+CHECKED_OPS = frozenset(_CHECKED) | frozenset(_SHAPES)  # names with a check (trust/index_checks.CHECKS)
 KERNEL_OPS = MappingProxyType(_entries(KERNEL, _KERNEL))  # name -> Position: the ops the kernel proofs cover
 
 

@@ -145,7 +145,9 @@ class _Walk:
                 kwargs[device[1]] = _META
         self.check_count(n, call, args, kwargs)
         try:
-            returned = c10d_returns(call.func, args)  # Note [Collectives replay on live groups] in collectives.py
+            returned = c10d_returns(
+                call.func, args
+            )  # Note [Collectives replay on live groups] in execution/collectives.py
             if returned is None:
                 returned = _SIZED_HERE.get(call.func, call.func)(*args, **kwargs)
             result = returned

@@ -10,7 +10,7 @@ the heap; a sparse tensor's indices go unchecked until a kernel follows them
 the index says); ``bincount`` allocates as much as its input's largest value
 asks.  The budget (budget.py) catches most of this before anything runs, from
 meta kernels; what it cannot see, replay of an untrusted trace checks as it
-goes, in the generated program (program.py), before a later call can use
+goes, in the generated program (execution/program.py), before a later call can use
 the result:
 
 - ``fit(n, result, may_alias)`` after call ``n`` where the schema lets an
@@ -38,12 +38,12 @@ from __future__ import annotations
 import torch
 
 from ..errors import ReplayError
-from ..ir.positions import CHECKED, position
 from ..ir.records import TensorMeta, tensor_metas
 from ..spec.schema import facts, schema_of
 from . import shape_checks, value_checks  # noqa: F401 -- their checks register themselves (index_checks.CHECKS)
 from .costs import OUTPUT_BYTES
 from .index_checks import Refusal, index_check, unclassified
+from .positions import CHECKED, position
 from .sizes import bind, value_sized
 from .work import extent_bytes
 
@@ -150,7 +150,7 @@ def _as_recorded(call, result) -> None:
         for m, t in pairs:
             if type(m) is not TensorMeta:
                 continue
-            if t is None and m.numel == 0:  # Note [Undefined outputs] in replay.py
+            if t is None and m.numel == 0:  # Note [Undefined outputs] in execution/replay.py
                 continue
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != m.shape or t.dtype != m.dtype:
                 got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__

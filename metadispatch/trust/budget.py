@@ -11,7 +11,7 @@ Note [Budgets]
 ~~~~~~~~~~~~~~
 *Bytes* are the peak of what replay holds: every storage a call's outputs
 live in, from the first output on it until the generated program frees the
-last (``free_points`` in program.py), its growth (``resize_``), the scratch
+last (``free_points`` in ir/liveness.py), its growth (``resize_``), the scratch
 a kernel may take to copy inputs whose elements overlap (work.py), plus the
 leaves replay makes up or copies and a fixed cost per call and output (the
 compiled program, tensor objects).  *Work* is FLOPs: torch's formulas where

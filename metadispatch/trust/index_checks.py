@@ -2,7 +2,7 @@
 
 Note [Checking values before the call]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Note [Values that become positions] in ir/positions.py classifies every op
+Note [Values that become positions] in trust/positions.py classifies every op
 a file may name; class ``checked`` is this registry of checks keyed by op
 (the checks of values in value_checks.py, of shapes in shape_checks.py),
 each handed the call's real arguments by schema name (``sizes.bind``) just
@@ -28,8 +28,8 @@ from collections.abc import Callable
 import torch
 
 from ..errors import ReplayError
-from ..ir.positions import CHECKED, REFUSED, position
 from ..spec.schema import schema_of
+from .positions import CHECKED, REFUSED, position
 
 __all__ = [
     "Refusal",

@@ -1,4 +1,4 @@
-"""Every op a loaded trace may run has a memory class (ir/positions.py, Note [Values that become positions]).
+"""Every op a loaded trace may run has a memory class (trust/positions.py, Note [Values that become positions]).
 
 The completeness test enumerates the operator registry of the installed
 torch, so that a torch that adds an op fails here until the op is
@@ -15,10 +15,10 @@ import torch
 
 import metadispatch as md
 from metadispatch import _compat
-from metadispatch.execution import fences, index_checks
-from metadispatch.execution.index_checks import CHECKS
 from metadispatch.ir.decode import refusal, resolve_op
-from metadispatch.ir.positions import CALLER, CHECKED, CHECKED_OPS, KERNEL, REFUSED, position
+from metadispatch.trust import fences, index_checks
+from metadispatch.trust.index_checks import CHECKS
+from metadispatch.trust.positions import CALLER, CHECKED, CHECKED_OPS, KERNEL, REFUSED, position
 from tests.hostile_doc import Doc, base_doc, ref, user_tensors
 from tests.hostile_memory import const
 

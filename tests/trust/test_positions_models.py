@@ -1,7 +1,7 @@
 """Legitimate models' saved traces still load and replay with the value checks in place.
 
 Replay of a loaded trace checks the values and shapes of every call whose
-kernel would follow them (ir/positions.py); a real model's embeddings,
+kernel would follow them (trust/positions.py); a real model's embeddings,
 pooling indices, losses' targets, packed weights of oneDNN's LSTM and norms'
 statistics must pass.  Each configuration is traced, saved, loaded and
 replayed from the file, and must give exactly what replaying the trace it

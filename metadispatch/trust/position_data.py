@@ -11,7 +11,7 @@ wrapped and bounds-checked, a view's extent is checked against its storage by
 overload; an in-place form (``relu_``) shares its packet's entry.  A family
 is written out name by name so that a new op in it (torch 2.x adds some each
 release) is unclassified until someone looks at it
-(tests/ir/test_positions.py).
+(tests/trust/test_positions.py).
 """
 
 from __future__ import annotations
