@@ -43,8 +43,6 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
-    from .analysis.ac import ACPlan, apply_ac, plan_ac
-    from .analysis.batch import MaxBatch, max_batch
     from .analysis.calibrate import calibrate, load_efficiency
     from .analysis.comms import comms
     from .analysis.fit import fits
@@ -62,6 +60,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
     from .mode.mode import MetaMode
+    from .planning.ac import ACPlan, apply_ac, plan_ac
+    from .planning.batch import MaxBatch, max_batch
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
     from .tracing.marks import mark
@@ -84,13 +84,13 @@ _LAZY = {
     "load_efficiency": "analysis.calibrate",
     "comms": "analysis.comms",
     "fits": "analysis.fit",
-    "serve_plan": "analysis.serve",
-    "ServePlan": "analysis.serve",
-    "max_batch": "analysis.batch",
-    "plan_ac": "analysis.ac",
-    "apply_ac": "analysis.ac",
-    "ACPlan": "analysis.ac",
-    "MaxBatch": "analysis.batch",
+    "serve_plan": "planning.serve",
+    "ServePlan": "planning.serve",
+    "max_batch": "planning.batch",
+    "plan_ac": "planning.ac",
+    "apply_ac": "planning.ac",
+    "ACPlan": "planning.ac",
+    "MaxBatch": "planning.batch",
     "flops": "analysis.flops",
     "register_flops": "analysis.flops",
     "unregister_flops": "analysis.flops",

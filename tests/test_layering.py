@@ -31,6 +31,7 @@ STAGES = [
     "trust",
     "execution",
     "analysis",
+    "planning",
     "debug",
     "testing",
     "cli",

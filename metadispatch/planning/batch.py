@@ -25,10 +25,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from ..analysis.fit import Fit, fits
 from ..errors import MetaDispatchError
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..tracing.tracer import tracer
-from .fit import Fit, fits
 
 __all__ = ["MaxBatch", "max_batch"]
 

@@ -35,11 +35,11 @@ import torch
 from torch import nn
 
 from .. import _compat
+from ..analysis.memory import memory
+from ..analysis.runtime import runtime
 from ..mode.mode import MetaMode
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..tracing.tracer import tracer
-from .memory import memory
-from .runtime import runtime
 
 __all__ = ["serve_plan", "ServePlan"]
 

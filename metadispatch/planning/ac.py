@@ -32,11 +32,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ..analysis.flops import call_flops, flops
+from ..analysis.memory import memory
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..tracing.tracer import tracer
-from .flops import call_flops, flops
-from .memory import memory
 
 __all__ = ["ACPlan", "plan_ac", "apply_ac", "blocks"]
 
