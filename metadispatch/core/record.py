@@ -10,8 +10,8 @@ mutated, with new metadata.
 
 Autograd sets ``requires_grad`` (and ``grad_fn``) on an output after
 ``__torch_dispatch__`` returns, so the output record is made too early to
-see it.  The next use of the tensor sees it, and corrects the record of the
-call that produced it as well.
+see it.  The next use of the tensor sees it, and replaces the record of the
+call that produced it with a corrected one (a recorded call is never changed).
 
 Note [Storage numbers and deaths]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -217,8 +217,8 @@ class Recorder:
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
-                    call = self.trace.calls[st.call]
-                    call.outputs = _swap(call.outputs, old, m)
+                    calls = self.trace.calls  # a new record in its place (OpCall is immutable)
+                    calls[st.call] = calls[st.call].replace(outputs=_swap(calls[st.call].outputs, old, m))
             if self.keep_known and st.known is not None:  # read by the call about to be recorded
                 self._note_known(st, m.id, len(self.trace.calls))
             return m
