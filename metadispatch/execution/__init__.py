@@ -6,7 +6,7 @@ each logical device runs, ``streams`` gives the random ops eager's
 generator states, ``program`` compiles the calls to straight-line Python
 (``bindings``: the Python binding proven the same as the op; ``reference``:
 the plain loop it is tested against), ``replay``
-runs and checks them into a ``result`` (``timing``: per-call times),
+runs them, ``matching`` checks each call against its record, into a ``result`` (``timing``: per-call times),
 ``collectives`` runs a rank's collectives over a real process group,
 ``materialize`` replays a module's construction, the part of the trace it
 needs (``slicing``).  Before it runs, ``writes`` (which leaves it writes, and the guard)

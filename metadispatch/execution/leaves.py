@@ -103,7 +103,7 @@ def _on(device):
 
 
 def _changed_constant(trace: Trace, leaf, now) -> list:
-    """Note [Values fixed into a trace] in replay.py: a module attribute the
+    """Note [Values fixed into a trace] in matching.py: a module attribute the
     trace holds the value of, which the module given to replay holds another of."""
     fixed = leaf.value
     if now is None or fixed is None:

@@ -227,7 +227,7 @@ class StandIns:
                 first = names.setdefault(id(t), (kind, name))
                 if first != (kind, name):  # tied: the trace reads it by its first name
                     self.mode.trace.aliases.setdefault(f"{kind} {name}", f"{first[0]} {first[1]}")
-        for name, t in attribute_tensors(root):  # Note [Values fixed into a trace] in execution/replay.py
+        for name, t in attribute_tensors(root):  # Note [Values fixed into a trace] in execution/matching.py
             self.mode._recorder.const_names.setdefault(id(t), name)
         for mod in root.modules():
             if id(mod) not in self._swapped:

@@ -158,7 +158,9 @@ class _Walk:
             return self.from_record(n, call, metas, e)
         for t in real:
             _refuse_layout(n, call, t)
-        if len(real) != len(metas):  # undefined outputs (Note [Undefined outputs]) or a lying record
+        if len(real) != len(
+            metas
+        ):  # undefined outputs (Note [Undefined outputs] in execution/matching.py) or a lying record
             self.unchecked.add(n)
             self.transient = sum(math.prod(t.shape) * t.dtype.itemsize for t in real)
             return [(m.id, _meta_like(m, call), None) for m in metas]

@@ -150,7 +150,7 @@ def _as_recorded(call, result) -> None:
         for m, t in pairs:
             if type(m) is not TensorMeta:
                 continue
-            if t is None and m.numel == 0:  # Note [Undefined outputs] in execution/replay.py
+            if t is None and m.numel == 0:  # Note [Undefined outputs] in execution/matching.py
                 continue
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != m.shape or t.dtype != m.dtype:
                 got = f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
