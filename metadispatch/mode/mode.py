@@ -29,7 +29,8 @@ from ..gpu import (
 )
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
-from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from ..tensor.convert import Converter
+from ..tensor.tensor import STATE, WIRING, MetaTensor, normalize_device
 from ..values import composites, known
 from ..world.world import World
 from . import patches, realcode, unseen
