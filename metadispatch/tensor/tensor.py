@@ -20,6 +20,15 @@ attention kernels) itself (Note [Backend keys of a logical CPU] in
 Because the C++ tensor's storage is an ordinary meta storage, meta kernels run on it
 directly: views share its storage, and in-place ops that change metadata
 (``resize_``, ``unsqueeze_``, ``t_``) change it in place, as on a real tensor.
+
+Note [MetaTensor in one module]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+The class, the Tensor methods it overrides (``.data``, ``.to``, ``.numpy``
+and the other value reads, the storage-level calls it refuses) and the
+helpers those call (``read_value``, the per-thread dispatch state, the
+wiring to the dispatcher) are one module: the helpers read a MetaTensor's
+state and the overrides call them, so split they would import each other.
+Converting a real tensor, which only makes MetaTensors, is convert.py.
 """
 
 from __future__ import annotations
