@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..binding.devices import target
 from ..ir.trace import TensorMeta
-from .devices import target
 from .result import Mismatch
 
 __all__ = ["check_call", "matcher", "compare"]

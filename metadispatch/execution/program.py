@@ -11,7 +11,7 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
     del t5
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
-of writes.py.  A trace loaded from a file also gets its fences (Note
+of binding/writes.py.  A trace loaded from a file also gets its fences (Note
 [Fences] in trust/fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values or whose
 kernel follows them unchecked (trust/index_checks.py).
@@ -69,6 +69,9 @@ from weakref import WeakKeyDictionary
 import torch
 
 from .. import _compat
+from ..binding.devices import CPU, keeps_cpu
+from ..binding.streams import stream_of
+from ..binding.writes import written_args
 from ..errors import ReplayError
 from ..ir.decode import is_marker
 from ..ir.liveness import free_points
@@ -80,9 +83,6 @@ from ..trust.index_checks import needs_pre
 from ..trust.sizes import value_sized
 from .bindings import binding
 from .collectives import collective_callable, is_collective
-from .devices import CPU, keeps_cpu
-from .streams import stream_of
-from .writes import written_args
 
 __all__ = ["Program", "program"]
 
@@ -97,7 +97,7 @@ class Program(NamedTuple):
     tensors that outlive the program on exit; ``gens`` maps a recorded
     generator's index to the generator replay gives it (-1: one an older
     version recorded without an index); ``rng(i)`` performs the trace's
-    ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
+    ``i``-th RNG state event (binding/streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
     ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs;
     ``fit`` and ``pre`` are the fences of an untrusted trace (trust/fences.py).
@@ -216,7 +216,7 @@ class _Writer:
         return Program(self.names["run"], source, list(calls), singles, starts, self.generator_uses, self.default_draws)
 
     def _note_draw(self, n: int, call) -> None:
-        """Note the first call drawing from each default generator (streams.py)."""
+        """Note the first call drawing from each default generator (binding/streams.py)."""
         if not facts(call.func).random or any(is_generator(a) for a in (*call.args, *call.kwargs.values())):
             return
         outs = call.output_metas or call.inputs

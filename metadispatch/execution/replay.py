@@ -9,7 +9,7 @@ Python once per trace (``program.py``); this module runs it and checks.
 
 Every logical device in the trace maps to the one replay device, so a trace
 recorded "on cuda" on a laptop replays on CPU (but a GPU trace's CPU tensors
-stay on the CPU when it replays on a GPU: Note [Devices in replay] in devices.py).
+stay on the CPU when it replays on a GPU: Note [Devices in replay] in binding/devices.py).
 
 Note [Replay never writes its inputs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -17,7 +17,7 @@ Tensors handed to replay -- arguments, a module's parameters and buffers, the
 constants stored in the trace -- must come out unchanged, yet the trace may
 update them in place (batch-norm running statistics, ``x.add_(1)``).  Before
 running, we find every leaf that some call may write, following the trace's
-variables through each op's schema (writes.py) -- never the trace's storage
+variables through each op's schema (binding/writes.py) -- never the trace's storage
 numbers, which a file can forge -- and bind those leaves, and every leaf
 whose real tensor shares their storage, to copies.  Copies are made per
 storage, not per tensor, so two leaves that alias keep aliasing.  While
@@ -60,6 +60,11 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from ..binding.devices import keeps_cpu
+from ..binding.inputs import check_device, check_inputs
+from ..binding.leaves import bind_leaves, caller_tensors, leaf_bytes
+from ..binding.streams import MadeUp, Streams
+from ..binding.writes import write_guard
 from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
@@ -68,17 +73,12 @@ from ..trust.costs import costs
 from ..trust.fences import fences, no_fence
 from ..trust.index_checks import screen
 from .collectives import check_world
-from .devices import keeps_cpu
-from .inputs import check_device, check_inputs
-from .leaves import bind_leaves, caller_tensors, leaf_bytes
 from .matching import check_call, matcher
 from .program import program
 from .reference import reference_run
 from .result import Mismatch, Replay, Tolerance
-from .streams import MadeUp, Streams
 from .timing import Clock
 from .uninit import uninitialised_reads
-from .writes import write_guard
 
 __all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "Budget"]
 
@@ -100,11 +100,11 @@ def replay(
 
     ``trace`` is a :class:`Trace` or the path of a saved one.  Inputs are
     bound to the trace's leaves by name; an input that cannot be bound is
-    refused with :class:`~metadispatch.errors.ReplayInputError` (inputs.py).
+    refused with :class:`~metadispatch.errors.ReplayInputError` (binding/inputs.py).
     Leaves not given at all, and random streams the trace holds no state
     for, are made up from ``seed`` and listed in ``Replay.made_up``; they make
     the result not ``ok`` unless ``allow_made_up``.  Random ops draw exactly
-    what eager drew, from the states the trace recorded (streams.py).
+    what eager drew, from the states the trace recorded (binding/streams.py).
 
     ``budget`` (:class:`~metadispatch.trust.budget.Budget`) caps the peak bytes
     replay allocates and the FLOPs it runs, checked before anything runs

@@ -81,7 +81,7 @@ def given_tensors(args, kwargs, module, flat: list | None = None) -> dict:
     for name, b in buffers:
         if not nn.parameter.is_lazy(b):
             named.setdefault(("buffer", name), b)
-    for mod in modules:  # Note [Values fixed into a trace] in matching.py
+    for mod in modules:  # Note [Values fixed into a trace] in execution/matching.py
         for name, t in attribute_tensors(mod):
             named.setdefault(("const", name), t)
     return named

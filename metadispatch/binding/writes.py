@@ -1,6 +1,6 @@
 """What replay may write: the leaves a trace writes, and a guard for the rest.
 
-Note [Replay never writes its inputs] (replay.py) promises that tensors
+Note [Replay never writes its inputs] (execution/replay.py) promises that tensors
 handed to replay come out unchanged.  Two halves keep it, neither trusting
 what a trace (perhaps a file anyone wrote) says about storages:
 

@@ -44,10 +44,10 @@ def bind_leaves(
     The trace's constants are copies (replay may hand one out as an output),
     leaves the trace may write are, and so is every leaf whose real tensor
     shares a storage with one of them (Note [Replay never writes its
-    inputs] in replay.py, writes.py); aliasing between them is kept.  Each
+    inputs] in execution/replay.py, writes.py); aliasing between them is kept.  Each
     leaf filled without data is appended to ``made_up`` as a
-    :class:`~metadispatch.execution.streams.MadeUp`.  ``given`` is
-    :func:`~metadispatch.execution.inputs.given_tensors` of the inputs, when
+    :class:`~metadispatch.binding.streams.MadeUp`.  ``given`` is
+    :func:`~metadispatch.binding.inputs.given_tensors` of the inputs, when
     the caller has it already (so do the functions below).
     """
     given = given_tensors(args, kwargs, module) if given is None else given
@@ -103,7 +103,7 @@ def _on(device):
 
 
 def _changed_constant(trace: Trace, leaf, now) -> list:
-    """Note [Values fixed into a trace] in matching.py: a module attribute the
+    """Note [Values fixed into a trace] in execution/matching.py: a module attribute the
     trace holds the value of, which the module given to replay holds another of."""
     fixed = leaf.value
     if now is None or fixed is None:

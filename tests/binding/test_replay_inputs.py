@@ -1,5 +1,5 @@
 """Inputs md.replay cannot bind to a trace's leaves are refused, naming them
-(execution/inputs.py): the other half of "replay proves or refuses"."""
+(binding/inputs.py): the other half of "replay proves or refuses"."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def _modules_to_name():
 def test_replay_names_a_modules_tensors_as_torch_does(module):
     # given_tensors walks the module tree once instead of asking torch twice;
     # the names, tensors and order are torch's own.
-    from metadispatch.execution.inputs import given_tensors
+    from metadispatch.binding.inputs import given_tensors
 
     expected = [("param", n, p) for n, p in module.named_parameters(remove_duplicate=False)]
     expected += [("buffer", n, b) for n, b in module.named_buffers(remove_duplicate=False)]

@@ -121,7 +121,7 @@ class Streams:
                 torch.cuda.manual_seed(self.seed)
 
     def event(self, i: int) -> None:
-        """Perform the trace's ``i``-th state read or write (program.py calls this)."""
+        """Perform the trace's ``i``-th state read or write (execution/program.py calls this)."""
         e = self.trace.rng_events[i]
         if e.action in _LOST:
             return  # listed in made_up: the stream goes on from whatever it holds
