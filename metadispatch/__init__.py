@@ -43,13 +43,10 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
-    from .analysis.calibrate import calibrate, load_efficiency
-    from .analysis.comms import comms
     from .analysis.fit import fits
     from .analysis.flops import flops, register_flops, unregister_flops
     from .analysis.live import LiveStorages
     from .analysis.memory import memory
-    from .analysis.runtime import Efficiency, runtime
     from .analysis.tables import module_table, shape_log
     from .core.registry import register_meta, unregister_meta
     from .debug.check import check, checker
@@ -64,6 +61,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .planning.batch import MaxBatch, max_batch
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
+    from .timing.calibrate import calibrate, load_efficiency
+    from .timing.comms import comms
+    from .timing.runtime import Efficiency, runtime
     from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
     from .trust.budget import Budget
@@ -80,9 +80,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
 # ``dir()`` lists the same names as before: the public ones and the
 # subpackages.
 _LAZY = {
-    "calibrate": "analysis.calibrate",
-    "load_efficiency": "analysis.calibrate",
-    "comms": "analysis.comms",
+    "calibrate": "timing.calibrate",
+    "load_efficiency": "timing.calibrate",
+    "comms": "timing.comms",
     "fits": "analysis.fit",
     "serve_plan": "planning.serve",
     "ServePlan": "planning.serve",
@@ -96,8 +96,8 @@ _LAZY = {
     "unregister_flops": "analysis.flops",
     "LiveStorages": "analysis.live",
     "memory": "analysis.memory",
-    "Efficiency": "analysis.runtime",
-    "runtime": "analysis.runtime",
+    "Efficiency": "timing.runtime",
+    "runtime": "timing.runtime",
     "module_table": "analysis.tables",
     "shape_log": "analysis.tables",
     "MetaMode": "mode.mode",

@@ -32,6 +32,7 @@ STAGES = [
     "binding",
     "execution",
     "analysis",
+    "timing",
     "planning",
     "debug",
     "testing",

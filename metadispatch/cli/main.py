@@ -28,10 +28,10 @@ import torch
 
 from .. import _compat
 from ..analysis.fit import fits
-from ..analysis.runtime import runtime as step_time
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes, printable
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
+from ..timing.runtime import runtime as step_time
 from . import targets
 from .steps import OPTIMIZERS, describe, with_optimizer
 from .targets import UsageError

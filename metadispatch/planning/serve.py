@@ -36,9 +36,9 @@ from torch import nn
 
 from .. import _compat
 from ..analysis.memory import memory
-from ..analysis.runtime import runtime
 from ..mode.mode import MetaMode
 from ..spec.profiles import GPUProfile, gpu_profile
+from ..timing.runtime import runtime
 from ..tracing.tracer import tracer
 
 __all__ = ["serve_plan", "ServePlan"]

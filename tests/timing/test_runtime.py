@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metadispatch as md
-from metadispatch.analysis.runtime import DEFAULT_EFFICIENCY, Efficiency, roofline, runtime
+from metadispatch.timing.runtime import DEFAULT_EFFICIENCY, Efficiency, roofline, runtime
 from tests.models import MODELS, train_step
 
 H100 = md.gpu_profile("h100")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.analysis.runtime import Efficiency, runtime
+from metadispatch.timing.runtime import Efficiency, runtime
 from tests.models import MODELS, train_step
 
 KNOWN = Efficiency(

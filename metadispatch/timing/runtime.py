@@ -18,7 +18,7 @@ an :class:`Efficiency` per GPU profile, by op class and FLOP bucket, so that
 a small GEMM is not priced like a large one.  The time of a step is the sum:
 one stream, no overlap of kernels, which eager training on one GPU is close
 to.  Since every efficiency is at most 1, no call is ever estimated below its
-roofline bound (``tests/analysis/test_runtime.py`` checks it over many traces).
+roofline bound (``tests/timing/test_runtime.py`` checks it over many traces).
 
 Limits, stated rather than hidden: the shipped table is *uncalibrated* -- no
 GPU was available to measure it; its figures come from published kernel
@@ -39,6 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..analysis.export import chrome_trace
+from ..analysis.flops import ancestors, call_flops, fmt_count
+from ..analysis.tables import render
+from ..analysis.workspace import CUBLAS_OPS
 from ..errors import MetaDispatchError
 from ..ir.decode import is_marker
 from ..ir.trace import Trace
@@ -46,10 +50,6 @@ from ..spec.profiles import GPUProfile, gpu_profile
 from .bubble import PipelineRuntime, pipeline_runtime
 from .collective_cost import GPUS_PER_NODE, NETWORK, Link, seconds
 from .comms import Collective, comms
-from .export import chrome_trace
-from .flops import ancestors, call_flops, fmt_count
-from .tables import render
-from .workspace import CUBLAS_OPS
 
 __all__ = ["Efficiency", "DEFAULT_EFFICIENCY", "Runtime", "runtime", "roofline", "classify", "call_bytes", "dtype_name"]
 
@@ -315,7 +315,7 @@ def runtime(
     ranks are run against each other, each receive waiting for its send: a
     :class:`PipelineRuntime` with the step time, each rank's busy and idle
     time, the bubble and the micro-batches in flight (Note [A pipeline's
-    bubble from its stages' traces] in analysis/bubble.py).
+    bubble from its stages' traces] in timing/bubble.py).
 
     ``gpu``: a profile name or :class:`GPUProfile`; by default the one the
     trace was recorded for, else ``h100``.

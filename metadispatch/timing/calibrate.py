@@ -25,10 +25,10 @@ import dataclasses
 import json
 import statistics
 
+from ..analysis.flops import call_flops
 from ..errors import MetaDispatchError
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile, gpu_profile
-from .flops import call_flops
 from .runtime import INF, Efficiency, call_bytes, classify, dtype_name, efficiency_for
 
 __all__ = ["calibrate", "load_efficiency"]
