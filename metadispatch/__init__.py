@@ -43,30 +43,30 @@ del _counters  # reached through the wiring only
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from . import testing
-    from .analysis.ac import ACPlan, apply_ac, plan_ac
-    from .analysis.batch import MaxBatch, max_batch
-    from .analysis.calibrate import calibrate, load_efficiency
-    from .analysis.comms import comms
     from .analysis.fit import fits
     from .analysis.flops import flops, register_flops, unregister_flops
     from .analysis.live import LiveStorages
     from .analysis.memory import memory
-    from .analysis.runtime import Efficiency, runtime
     from .analysis.tables import module_table, shape_log
     from .core.registry import register_meta, unregister_meta
     from .debug.check import check, checker
     from .debug.diff import diff
     from .debug.report import Report
     from .debug.verify import RuleCheck, verify_rule
-    from .execution.budget import Budget
     from .execution.materialize import materialize
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
     from .mode.mode import MetaMode
+    from .planning.ac import ACPlan, apply_ac, plan_ac
+    from .planning.batch import MaxBatch, max_batch
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
+    from .timing.calibrate import calibrate, load_efficiency
+    from .timing.comms import comms
+    from .timing.runtime import Efficiency, runtime
     from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
+    from .trust.budget import Budget
 
 # Note [Public names load on first use]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -80,26 +80,26 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
 # ``dir()`` lists the same names as before: the public ones and the
 # subpackages.
 _LAZY = {
-    "calibrate": "analysis.calibrate",
-    "load_efficiency": "analysis.calibrate",
-    "comms": "analysis.comms",
+    "calibrate": "timing.calibrate",
+    "load_efficiency": "timing.calibrate",
+    "comms": "timing.comms",
     "fits": "analysis.fit",
-    "serve_plan": "analysis.serve",
-    "ServePlan": "analysis.serve",
-    "kv_layout": "analysis.kv",
-    "KVLayout": "analysis.kv",
-    "max_batch": "analysis.batch",
-    "plan_ac": "analysis.ac",
-    "apply_ac": "analysis.ac",
-    "ACPlan": "analysis.ac",
-    "MaxBatch": "analysis.batch",
+    "serve_plan": "planning.serve",
+    "ServePlan": "planning.serve",
+    "max_batch": "planning.batch",
+    "plan_ac": "planning.ac",
+    "apply_ac": "planning.ac",
+    "ACPlan": "planning.ac",
+    "MaxBatch": "planning.batch",
+    "kv_layout": "planning.kv",
+    "KVLayout": "planning.kv",
     "flops": "analysis.flops",
     "register_flops": "analysis.flops",
     "unregister_flops": "analysis.flops",
     "LiveStorages": "analysis.live",
     "memory": "analysis.memory",
-    "Efficiency": "analysis.runtime",
-    "runtime": "analysis.runtime",
+    "Efficiency": "timing.runtime",
+    "runtime": "timing.runtime",
     "module_table": "analysis.tables",
     "shape_log": "analysis.tables",
     "MetaMode": "mode.mode",
@@ -115,7 +115,7 @@ _LAZY = {
     "Report": "debug.report",
     "RuleCheck": "debug.verify",
     "verify_rule": "debug.verify",
-    "Budget": "execution.budget",
+    "Budget": "trust.budget",
     "materialize": "execution.materialize",
     "Mismatch": "execution.replay",
     "Replay": "execution.replay",

@@ -2,7 +2,7 @@
 
 :func:`write` puts into the corpus (hostile_traces.py), for every case of
 tests/position_cases.py -- each op whose kernel follows its inputs' values or
-shapes unchecked (ir/positions.py) -- the legitimate call, which must replay
+shapes unchecked (trust/positions.py) -- the legitimate call, which must replay
 (``safe``), and each bad variant, which must end in a ``ReplayError`` before
 the kernel runs (``replay``); the issue's findings with their indices made
 by ``aten.full`` in the file; ``grid_sampler``'s grid at the extremes of

@@ -3,7 +3,7 @@
 ``python tests/kernel_proofs.py LIMIT SAMPLES`` limits the address space to
 LIMIT bytes, reads the pickled list of ``(op name, args, kwargs)`` in
 SAMPLES, and for each sample and each index-like argument the op's class
-names (ir/positions.py) sets that argument's values to the most extreme of
+names (trust/positions.py) sets that argument's values to the most extreme of
 its dtype (all of them, then only the last; a boolean mask all true) and
 calls the op.  It prints ``{"start": key}`` before and ``{"key": ...,
 "result": "error:IndexError" | "ran"}`` after each call.  A kernel that
@@ -23,7 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from metadispatch.ir.decode import resolve_op
-from metadispatch.ir.positions import position
+from metadispatch.trust.positions import position
 
 
 def mutations(func, args, kwargs, names):

@@ -1,6 +1,6 @@
 """Samples of the ops classed ``kernel`` (their CPU kernel checks their index-like arguments), for the proofs.
 
-tests/execution/test_positions_kernels.py takes its samples from op_db first: it runs
+tests/trust/test_positions_kernels.py takes its samples from op_db first: it runs
 the OpInfos that reach these ops under a dispatch logger and keeps the calls
 it sees.  Ops op_db never reaches -- composites (``nll_loss_nd``,
 ``cross_entropy_loss``), in-place forms, backward kernels -- get the

@@ -1,11 +1,11 @@
-"""A legitimate call of every op replay checks before running (execution/value_checks.py, shape_checks.py),
+"""A legitimate call of every op replay checks before running (trust/value_checks.py, shape_checks.py),
 and the values or shapes a hostile file would hand it instead.
 
 Each :class:`Case` builds real CPU arguments the way a traced model makes them
 (indices from the forward op, statistics from the norm), and names its bad
 variants: ``(argument, value)``, where a value is a tensor or number to put
 in that argument's place, or a function of the legitimate arguments (by
-name) returning it.  tests/execution/test_index_checks.py replays each through a saved
+name) returning it.  tests/trust/test_index_checks.py replays each through a saved
 and loaded trace (legitimate: bit for bit eager's; bad: a typed refusal
 naming the argument), and tests/hostile_indices.py writes them into the
 hostile corpus.

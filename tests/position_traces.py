@@ -95,7 +95,7 @@ def _returns(case, result) -> list:
 
 
 def _record(d: Doc, value):
-    if value is None:  # an undefined tensor: recorded empty (Note [Undefined outputs] in replay.py)
+    if value is None:  # an undefined tensor: recorded empty (Note [Undefined outputs] in execution/matching.py)
         return ref(d.tensor(d.next_id(), [0]))
     if not isinstance(value, torch.Tensor):
         return value

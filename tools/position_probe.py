@@ -1,6 +1,6 @@
 """Find the CPU kernels that follow their arguments' values or shapes outside their memory.
 
-For a torch upgrade, or a class in metadispatch/ir/positions.py in doubt:
+For a torch upgrade, or a class in metadispatch/trust/positions.py in doubt:
 this runs op_db's samples (forward and backward, float32 and int64) under a
 dispatch logger, keeps the aten calls they make, and calls each again with
 one argument changed, in child processes under the guard-page allocator of
@@ -15,7 +15,7 @@ the tests (tests/pageguard.c, tests/guarded.py):
 A call that kills its child (SIGSEGV: the guard page; SIGABRT: a write
 into the slack, or the heap) is printed with its op's class.  An op whose
 kernel was caught this way must be classed ``checked`` (with a check in
-execution/index_checks.py or shape_checks.py) or ``refused``::
+trust/index_checks.py or shape_checks.py) or ``refused``::
 
     python tools/position_probe.py --values --shapes            # every op op_db reaches (~20 min)
     python tools/position_probe.py --values max_pool2d embedding   # ops whose name holds these
@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from metadispatch.ir.decode import resolve_op  # noqa: E402
-from metadispatch.ir.positions import position  # noqa: E402
+from metadispatch.trust.positions import position  # noqa: E402
 from tests import guarded  # noqa: E402
 
 _PER_OP = 6  # calls kept per op

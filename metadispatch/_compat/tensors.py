@@ -110,5 +110,5 @@ def is_fake(t: torch.Tensor) -> bool:
 
 
 # nn.Module's private walk behind named_parameters/named_buffers, which a
-# subclass that names its tensors its own way overrides (execution/inputs.py).
+# subclass that names its tensors its own way overrides (binding/inputs.py).
 module_named_members = torch.nn.Module._named_members

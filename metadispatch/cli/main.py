@@ -28,10 +28,10 @@ import torch
 
 from .. import _compat
 from ..analysis.fit import fits
-from ..analysis.runtime import runtime as step_time
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes, printable
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
+from ..timing.runtime import runtime as step_time
 from . import serve, targets
 from .steps import OPTIMIZERS, describe, with_optimizer
 from .targets import UsageError
@@ -206,7 +206,7 @@ def _cmd_trace(args) -> int:
 
 def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
     """``--max-batch``: md.max_batch over the target's batch (Note [Searching for the largest batch])."""
-    from ..analysis.batch import max_batch
+    from ..planning.batch import max_batch
 
     if args.target or args.world_size is not None or args.batch is not None:
         raise UsageError("--max-batch: for the built-in model and --hf on one GPU, without --batch")

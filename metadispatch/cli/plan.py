@@ -33,15 +33,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from ..analysis.comms import comms
 from ..analysis.memory import memory, step_text
-from ..analysis.runtime import runtime
 from ..debug.check import guessing_mode
 from ..ir.cut import step_from
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
+from ..timing.comms import comms
+from ..timing.runtime import runtime
 from ..tracing.marks import mark
 from .blocks import COLWISE, ROWWISE, find_blocks, tp_layers
 from .steps import with_optimizer

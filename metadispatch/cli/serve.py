@@ -55,8 +55,8 @@ def run(args, progress, stage) -> int:
     import transformers
     from transformers.models.auto import modeling_auto as auto
 
-    from ..analysis.serve import serve_plan
     from ..mode.mode import MetaMode
+    from ..planning.serve import serve_plan
 
     encoder = args.hf in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
     if args.hf not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False) or encoder:

@@ -5,8 +5,9 @@
 ``call`` (the Call object every stage reads),
 ``router`` (which stage answers: user rule, built-in rule, meta kernel,
 decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
-by call, shared by every mode), ``record`` (the recorder: calls into
-``OpCall`` records), ``rngstate`` (the random streams a run draws from), ``lostcopy`` (a real
+by call, shared by every mode; ``recipe``: how an entry rebuilds the
+outputs), ``record`` (the recorder: calls into
+``OpCall`` records; ``backward_modules``: the module of a backward call), ``rngstate`` (the random streams a run draws from), ``lostcopy`` (a real
 tensor copied into a MetaTensor outside a mode, warned of).
 May import ``world``, ``gpu``, ``values``, ``tensor`` and below; nothing
 here knows the mode.

@@ -94,17 +94,6 @@ bound never bit.  Three things keep entries small, all on the miss path only
 
 The weight is not stored: it is a function of the entry's objects, computed
 again when the entry is evicted.
-
-Note [Recipes]
-~~~~~~~~~~~~~~
-Per output: a fresh tensor (``empty_strided`` on meta, or on a storage of
-the recorded size where the answer's storage was larger than its extent), a
-view of input ``i`` (``as_strided`` on that input's storage, so storage
-sharing and offsets are exact), the very input object ``i`` (in-place,
-``out=``, ``lift_fresh``), or a plain value (``_fused_sdp_choice`` returns an
-int).  Fresh tensors and views record their logical device where the answer
-put them somewhere other than the call's device (a rule returning a CPU
-seed for a CUDA call).
 """
 
 from __future__ import annotations
@@ -117,8 +106,9 @@ import torch
 from .. import _compat
 from ..ir.records import PLAIN_TYPES
 from ..ir.trace import TensorMeta
-from ..tensor.tensor import META, MetaTensor, wrap
+from ..tensor.tensor import MetaTensor
 from . import registry
+from .recipe import UNCACHABLE, build, recipe_of
 
 __all__ = [
     "MetaCache",
@@ -132,7 +122,6 @@ __all__ = [
     "entry_weight",
 ]
 
-UNCACHABLE = object()
 LIMIT = 16384  # entries in the shared cache, several hundred bytes each: ~150 per model
 LIMIT_BYTES = 8 << 20  # what the entries keep alive (Note [What an entry weighs])
 _SHARED: dict = {}  # key -> (recipe, stage), for every mode in the process
@@ -206,7 +195,7 @@ class MetaCache:
     # -- recipes
     def remember(self, key, f, tensors, result, stage) -> None:
         """``tensors``: the call's tensor arguments, in dispatch order."""
-        self.store(key, _recipe(f, tensors, result), stage)
+        self.store(key, recipe_of(f, tensors, result), stage)  # Note [Recipes] in recipe.py
 
     def store(self, key, recipe, stage) -> None:
         # Only misses get here; the lock keeps two tracing threads from
@@ -228,8 +217,8 @@ class MetaCache:
     def replay(self, recipe, tensors, device):
         self.hits += 1
         if recipe[0] == "tuple":
-            return tuple(_build(r, tensors, device) for r in recipe[1])
-        return _build(recipe, tensors, device)
+            return tuple(build(r, tensors, device) for r in recipe[1])
+        return build(recipe, tensors, device)
 
 
 def _compact(key, recipe):
@@ -371,91 +360,3 @@ def view_bits(tensors):
         if t.is_conj() or t.is_neg():
             marked = (marked or ("bits",)) + ((i, t.is_conj(), t.is_neg()),)
     return marked
-
-
-def _recipe(f, inputs, result):
-    fresh: list = []  # storages of the fresh outputs so far
-    if len(f.returns_write) == 1:
-        return _recipe_one(result, inputs, fresh)
-    if not f.returns_write:
-        return ("value", result)
-    parts = tuple(_recipe_one(r, inputs, fresh) for r in result)
-    if any(p is UNCACHABLE for p in parts):
-        return UNCACHABLE
-    return ("tuple", parts)
-
-
-def _storage_key(t):
-    """``_compat.storage_key``, or None for a tensor with no storage (sparse).
-    (Caught, not asked: ``t.layout`` on a MetaTensor is a torch-function call.)"""
-    try:
-        return _compat.storage_key(t)
-    except NotImplementedError:
-        return None
-
-
-def _recipe_one(out, inputs, fresh):
-    if isinstance(out, torch.Tensor):
-        for i, t in enumerate(inputs):
-            if out is t:
-                return ("same", i)
-        key = _storage_key(out)
-        if key is None:
-            return UNCACHABLE  # a sparse result has no storage to rebuild it from
-        bits = (out.is_conj(), out.is_neg())
-        # None: the call's device (a native kernel's plain meta output).
-        device = out._md.device if isinstance(out, MetaTensor) else None
-        meta = (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, device)
-        for i, t in enumerate(inputs):
-            if _storage_key(t) == key:
-                if t.dtype != out.dtype or bits != (t.is_conj(), t.is_neg()):
-                    return UNCACHABLE  # Note [Conjugate and negative bits]
-                return ("view", i) + meta
-        if bits != (False, False):
-            return UNCACHABLE  # Note [Conjugate and negative bits]
-        if key in fresh:
-            return UNCACHABLE  # two outputs sharing a new storage: rare, and not worth a recipe
-        fresh.append(key)
-        nbytes = out.untyped_storage().nbytes()
-        return ("fresh",) + meta + (None if nbytes == _strided_nbytes(out) else nbytes,)
-    if type(out) in (list, tuple):
-        parts = tuple(_recipe_one(o, inputs, fresh) for o in out)
-        if any(p is UNCACHABLE for p in parts):
-            return UNCACHABLE
-        return ("list", type(out), parts)
-    if isinstance(out, _HASHABLE):
-        return ("value", out)
-    return UNCACHABLE
-
-
-def _strided_nbytes(t) -> int:
-    """The storage ``empty_strided`` gives a tensor of ``t``'s shape and strides."""
-    if 0 in t.shape:
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))) * t.element_size()
-
-
-def _build(recipe, inputs, device):
-    kind = recipe[0]
-    if kind == "fresh":
-        # No mode is on the stack while a dispatch handler runs, and no
-        # MetaTensor is involved: a plain meta factory call.
-        _, shape, stride, offset, dtype, where, nbytes = recipe
-        if nbytes is None:
-            elem = torch.empty_strided(shape, stride, dtype=dtype, device=META)
-            if offset:
-                elem = elem.as_strided(shape, stride, offset)
-        else:
-            elem = torch.empty(0, dtype=dtype, device=META)
-            elem.set_(torch.UntypedStorage(nbytes, device=META), offset, shape, stride)
-        return wrap(elem, where or device)
-    if kind == "view":
-        _, i, shape, stride, offset, dtype, where = recipe
-        with _compat.no_python_dispatch():  # the base is a MetaTensor
-            elem = torch.as_strided(inputs[i], shape, stride, offset)
-        return wrap(elem, where or device)
-    if kind == "same":
-        return inputs[recipe[1]]
-    if kind == "list":
-        return recipe[1](_build(r, inputs, device) for r in recipe[2])
-    return recipe[1]

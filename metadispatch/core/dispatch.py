@@ -13,7 +13,8 @@ from ..errors import DataDependentError, MetaDispatchError, UnsupportedOpError, 
 from ..ir.decode import is_marker
 from ..source import user_frame
 from ..spec.schema import facts
-from ..tensor.tensor import META, STATE, Converter, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
+from ..tensor.convert import Converter
+from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 from ..values import bounds, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context

@@ -10,8 +10,8 @@ mutated, with new metadata.
 
 Autograd sets ``requires_grad`` (and ``grad_fn``) on an output after
 ``__torch_dispatch__`` returns, so the output record is made too early to
-see it.  The next use of the tensor sees it, and corrects the record of the
-call that produced it as well.
+see it.  The next use of the tensor sees it, and replaces the record of the
+call that produced it with a corrected one (a recorded call is never changed).
 
 Note [Storage numbers and deaths]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -42,7 +42,6 @@ larger than that reach.
 
 from __future__ import annotations
 
-import bisect
 import weakref
 
 import torch
@@ -56,63 +55,10 @@ from ..source import user_frame
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 from ..world import world
+from .backward_modules import BackwardModules
 from .rngstate import RngLog
 
-__all__ = ["Recorder", "BackwardModules"]
-
-
-class BackwardModules:
-    """Which module a backward call belongs to, from autograd sequence numbers.
-
-    Note [Backward attribution]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Every autograd node gets a sequence number when the forward op that
-    creates it runs, and the numbers only grow.  So we note, as forward runs,
-    the sequence number at which each module starts issuing ops; in backward,
-    the node being executed (``torch._C._current_autograd_node()``) names the
-    forward op it came from, and a binary search names that op's module.
-    This is how torch's profiler links backward to forward; it is exact where
-    module hooks on tensors (torch's ModuleTracker) guess -- those only see
-    gradients arrive at a module's outputs and inputs, and misattribute ops
-    of modules whose inputs need no grad (an embedding's backward).
-    AccumulateGrad nodes have no sequence number; their calls belong to the
-    module owning the parameter.
-    """
-
-    __slots__ = ("seqs", "modules", "last", "_next")
-
-    def __init__(self) -> None:
-        self.seqs: list = []  # first sequence number of each run of nodes...
-        self.modules: list = []  # ...and the module whose forward ops made them
-        self.last: str | None = None
-        self._next = _compat.next_sequence_nr()
-
-    def note(self, module: str) -> None:
-        """After a forward call: nodes it created belong to ``module``."""
-        nxt = _compat.next_sequence_nr()
-        if nxt > self._next:
-            if module != self.last:
-                self.seqs.append(self._next)
-                self.modules.append(module)
-                self.last = module
-            self._next = nxt
-
-    def module_of_current_node(self, default: str) -> str:
-        node = _compat.current_autograd_node()
-        if node is None:
-            return default
-        seq = node._sequence_nr()
-        if seq >= _SEQ_NONE:
-            # AccumulateGrad: the gradient of a parameter, whose name says
-            # which module owns it.
-            st = state_of(getattr(node, "variable", None))
-            named = st.name if st is not None else None
-            return named[1].rpartition(".")[0] if named and named[0] == "param" else default
-        i = bisect.bisect_right(self.seqs, seq) - 1
-        return self.modules[i] if i >= 0 else default
-
-
-_SEQ_NONE = 2**63  # AccumulateGrad and other nodes without a forward op
+__all__ = ["Recorder"]
 
 
 def _is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
@@ -217,8 +163,8 @@ class Recorder:
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
-                    call = self.trace.calls[st.call]
-                    call.outputs = _swap(call.outputs, old, m)
+                    calls = self.trace.calls  # a new record in its place (OpCall is immutable)
+                    calls[st.call] = calls[st.call].replace(outputs=_swap(calls[st.call].outputs, old, m))
             if self.keep_known and st.known is not None:  # read by the call about to be recorded
                 self._note_known(st, m.id, len(self.trace.calls))
             return m

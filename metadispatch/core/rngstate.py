@@ -317,7 +317,7 @@ def _cuda_get_rng_state(device="cuda") -> torch.Tensor:
     performs with the real states; a write of other bytes is recorded with
     them and sets nothing here.  The bytes are not the state a real GPU
     would report, and nothing in the trace draws from them: draws on a
-    logical GPU's stream replay as made up (execution/streams.py).
+    logical GPU's stream replay as made up (binding/streams.py).
     """
     if cuda_answers.without_generator():
         with _compat.no_python_dispatch(), _compat.no_torch_function():  # a real tensor, no op

@@ -109,12 +109,13 @@ def checker(
             except Exception as e:  # the report says where and why it stopped
                 error = e
             trace = mode.trace
+            calls = trace.calls  # notes go on new records in the calls' places (OpCall is immutable)
             for index, answer in state.answers.items():
-                if index < len(trace.calls):
-                    trace.calls[index].note = answer.note
+                if index < len(calls):
+                    calls[index] = calls[index].replace(note=answer.note)
             for index, notes in state.read_notes.items():
-                call = trace.calls[index]
-                call.note = "; ".join(([call.note] if call.note else []) + notes)
+                call = calls[index]
+                calls[index] = call.replace(note="; ".join(([call.note] if call.note else []) + notes))
             mismatches, skipped = recheck(trace, limit) if recheck_calls else ([], [])
         finally:
             _compat.set_rng_states(rng)

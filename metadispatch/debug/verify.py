@@ -25,7 +25,7 @@ from .._compat import pytree
 from ..core.registry import resolve_ops, rule_for
 from ..ir.compare import explain
 from ..spec.schema import op_name, schema_of
-from ..tensor.tensor import Converter
+from ..tensor.convert import Converter
 from ..values.realrun import alias_pattern
 
 __all__ = ["verify_rule", "RuleCheck", "schema_samples"]

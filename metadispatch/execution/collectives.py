@@ -36,7 +36,7 @@ from ..ir.trace import Trace
 from ..spec.schema import schema_of
 from ..world.world import REDUCE_OP, WORK
 
-__all__ = ["check_world", "collective_callable", "is_collective", "c10d_returns", "live_group", "NAMESPACES"]
+__all__ = ["check_world", "collective_callable", "is_collective", "live_group", "NAMESPACES"]
 
 NAMESPACES = ("c10d", "_c10d_functional")
 _REDUCE_PREFIX = REDUCE_OP.partition("{")[0]
@@ -182,21 +182,3 @@ def _functional(func, groups: dict):
 
 def is_collective(func) -> bool:
     return getattr(func, "namespace", None) in NAMESPACES
-
-
-def c10d_returns(func, args: list) -> list | None:
-    """The tensors c10d op ``func`` returns, given its arguments (None: not a c10d op).
-
-    A c10d op writes the tensors it is given and returns its first argument
-    with its Work (or the Work alone): it allocates nothing, so replay's
-    budget sizes it without running it (costs.py)."""
-    if getattr(func, "namespace", None) != "c10d":
-        return None
-    if len(schema_of(func).returns) != 2:
-        return []
-    first = args[0]
-    return [
-        t
-        for x in (first if isinstance(first, (list, tuple)) else [first])
-        for t in (x if isinstance(x, (list, tuple)) else [x])
-    ]

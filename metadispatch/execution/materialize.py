@@ -41,10 +41,10 @@ import re
 import torch
 from torch import nn
 
+from ..binding.leaves import bind_leaves
 from ..errors import MetaDispatchError
 from ..mode.reach import walk
 from ..tensor.tensor import MetaTensor, normalize_device
-from .leaves import bind_leaves
 from .replay import execute
 from .slicing import SliceError, slice_for
 

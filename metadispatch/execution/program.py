@@ -11,10 +11,10 @@ trace, the way ``torch.fx`` writes a graph's ``forward``::
     del t5
 
 and a call that writes an argument is preceded by ``wr(13, t7)``, the guard
-of writes.py.  A trace loaded from a file also gets its fences (Note
-[Fences] in fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
+of binding/writes.py.  A trace loaded from a file also gets its fences (Note
+[Fences] in trust/fences.py): ``fit(12, t7, 0)`` after each call, ``pre(12, ...)``
 before one whose output size is read from its inputs' values or whose
-kernel follows them unchecked (index_checks.py).
+kernel follows them unchecked (trust/index_checks.py).
 
 Tensor ids become local variables and constants are bound once; an op is
 called through torch's Python binding where that is proven to dispatch the
@@ -69,22 +69,22 @@ from weakref import WeakKeyDictionary
 import torch
 
 from .. import _compat
-from .._compat import pytree
+from ..binding.devices import CPU, keeps_cpu
+from ..binding.streams import stream_of
+from ..binding.writes import written_args
 from ..errors import ReplayError
 from ..ir.decode import is_marker
-from ..ir.records import TensorMeta, tensor_metas
+from ..ir.liveness import free_points
+from ..ir.records import TensorMeta
 from ..ir.rng import GeneratorRef, is_generator
 from ..ir.trace import Trace
 from ..spec.schema import facts, schema_of
+from ..trust.index_checks import needs_pre
+from ..trust.sizes import value_sized
 from .bindings import binding
 from .collectives import collective_callable, is_collective
-from .devices import CPU, keeps_cpu
-from .index_checks import needs_pre
-from .sizes import value_sized
-from .streams import stream_of
-from .writes import written_args
 
-__all__ = ["Program", "program", "free_points"]
+__all__ = ["Program", "program"]
 
 _FILENAME = "<metadispatch replay>"
 _LOCALS = frozenset({"env", "gens", "ck", "chk", "same", "wr", "rng", "fit", "pre", "r"})  # run's own names
@@ -97,10 +97,10 @@ class Program(NamedTuple):
     tensors that outlive the program on exit; ``gens`` maps a recorded
     generator's index to the generator replay gives it (-1: one an older
     version recorded without an index); ``rng(i)`` performs the trace's
-    ``i``-th RNG state event (streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
+    ``i``-th RNG state event (binding/streams.py).  When ``ck`` is true, ``same(n, t)`` checks the one tensor that
     call ``n`` returned and ``chk(n, results)`` the results of any other call.
     ``wr(n, *tensors)`` sees the tensors call ``n`` will write, before it runs;
-    ``fit`` and ``pre`` are the fences of an untrusted trace (fences.py).
+    ``fit`` and ``pre`` are the fences of an untrusted trace (trust/fences.py).
     """
 
     run: Any
@@ -129,7 +129,7 @@ def program(trace: Trace, device: torch.device, keep_all: bool = False, fenced: 
     With ``keep_all`` every tensor stays in ``env``; otherwise each is freed
     after its last use (Note [Freeing early]).  With ``fenced`` (a trace
     loaded from a file: the calls the budget sized from their record), the
-    calls get their fences (Note [Fences] in fences.py).
+    calls get their fences (Note [Fences] in trust/fences.py).
     """
     per_trace = _PROGRAMS.setdefault(trace, {})
     keep_cpu = keeps_cpu(trace, device)  # Note [Devices in replay]
@@ -165,38 +165,6 @@ def _check_kernels(calls: list, device: torch.device) -> None:
                 f"for {device.type}. Nothing was run",
                 call=call.index,
             )
-
-
-def free_points(trace: Trace) -> dict:
-    """Call index -> ids whose last use is that call (Note [Freeing early])."""
-    keep = {
-        m.id for m in tensor_metas(pytree.tree_leaves(trace.output_meta, is_leaf=lambda x: isinstance(x, TensorMeta)))
-    }
-    keep.update(m.id for m in trace.grads.values())
-    keep.update(tid for tid, leaf in trace.leaves.items() if leaf.kind == "buffer")
-    last: dict = {}
-    storage: dict = {}
-    for call in trace.calls:
-        for m in call.inputs + call.output_metas:
-            last[m.id] = call.index
-            storage[m.id] = m.storage
-    deaths = trace.deaths or {}
-    n = len(trace.calls)
-    out: dict = {}
-    for tid, i in last.items():
-        if tid in keep:
-            continue
-        if deaths:
-            # Free where the traced run freed the storage (the first call
-            # after its death), not earlier: following eager's allocation
-            # pattern lets the allocator reuse blocks instead of faulting in
-            # fresh pages.  A storage that outlived the trace is kept.
-            d = deaths.get(storage[tid])
-            if d is None or d >= n:
-                continue
-            i = max(i, d - 1)
-        out.setdefault(i, []).append(tid)
-    return out
 
 
 class _Writer:
@@ -248,7 +216,7 @@ class _Writer:
         return Program(self.names["run"], source, list(calls), singles, starts, self.generator_uses, self.default_draws)
 
     def _note_draw(self, n: int, call) -> None:
-        """Note the first call drawing from each default generator (streams.py)."""
+        """Note the first call drawing from each default generator (binding/streams.py)."""
         if not facts(call.func).random or any(is_generator(a) for a in (*call.args, *call.kwargs.values())):
             return
         outs = call.output_metas or call.inputs

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from ..binding.devices import CPU
+from ..binding.writes import written_args
 from ..ir.decode import is_marker
 from ..ir.records import TensorMeta
 from ..ir.rng import GeneratorRef, is_generator
 from .collectives import collective_callable, is_collective
-from .devices import CPU
-from .writes import written_args
 
 __all__ = ["reference_run"]
 
@@ -40,7 +40,7 @@ def reference_run(calls: list, device: torch.device, keep_cpu: bool, groups: dic
                 return env[a.id]
             if type(a) is tuple and any(isinstance(x, TensorMeta) for x in a):
                 return [value(x) for x in a]
-            if isinstance(a, torch.device):  # Note [Devices in replay] in devices.py
+            if isinstance(a, torch.device):  # Note [Devices in replay] in binding/devices.py
                 return CPU if keep_cpu and a.type == "cpu" else device
             if is_generator(a):
                 return gens[int(a.index) if type(a) is GeneratorRef else -1]

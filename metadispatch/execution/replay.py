@@ -9,7 +9,7 @@ Python once per trace (``program.py``); this module runs it and checks.
 
 Every logical device in the trace maps to the one replay device, so a trace
 recorded "on cuda" on a laptop replays on CPU (but a GPU trace's CPU tensors
-stay on the CPU when it replays on a GPU: Note [Devices in replay] in devices.py).
+stay on the CPU when it replays on a GPU: Note [Devices in replay] in binding/devices.py).
 
 Note [Replay never writes its inputs]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -17,7 +17,7 @@ Tensors handed to replay -- arguments, a module's parameters and buffers, the
 constants stored in the trace -- must come out unchanged, yet the trace may
 update them in place (batch-norm running statistics, ``x.add_(1)``).  Before
 running, we find every leaf that some call may write, following the trace's
-variables through each op's schema (writes.py) -- never the trace's storage
+variables through each op's schema (binding/writes.py) -- never the trace's storage
 numbers, which a file can forge -- and bind those leaves, and every leaf
 whose real tensor shares their storage, to copies.  Copies are made per
 storage, not per tensor, so two leaves that alias keep aliasing.  While
@@ -60,26 +60,27 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
+from ..binding.devices import keeps_cpu
+from ..binding.inputs import check_device, check_inputs
+from ..binding.leaves import bind_leaves, caller_tensors, leaf_bytes
+from ..binding.streams import MadeUp, Streams
+from ..binding.writes import write_guard
 from ..errors import ReplayError, ReplayInputError
 from ..ir.text import printable
 from ..ir.trace import TensorMeta, Trace
-from .budget import Budget, check_budget, default_budget
+from ..trust.budget import Budget, check_budget, default_budget
+from ..trust.costs import costs
+from ..trust.fences import fences, no_fence
+from ..trust.index_checks import screen
 from .collectives import check_world
-from .costs import costs
-from .devices import keeps_cpu, target
-from .fences import fences, no_fence
-from .index_checks import screen
-from .inputs import check_device, check_inputs
-from .leaves import bind_leaves, caller_tensors, leaf_bytes
+from .matching import check_call, matcher
 from .program import program
 from .reference import reference_run
 from .result import Mismatch, Replay, Tolerance
-from .streams import MadeUp, Streams
 from .timing import Clock
 from .uninit import uninitialised_reads
-from .writes import write_guard
 
-__all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "compare", "Budget"]
+__all__ = ["replay", "Replay", "Mismatch", "MadeUp", "Tolerance", "execute", "Budget"]
 
 
 def replay(
@@ -99,15 +100,15 @@ def replay(
 
     ``trace`` is a :class:`Trace` or the path of a saved one.  Inputs are
     bound to the trace's leaves by name; an input that cannot be bound is
-    refused with :class:`~metadispatch.errors.ReplayInputError` (inputs.py).
+    refused with :class:`~metadispatch.errors.ReplayInputError` (binding/inputs.py).
     Leaves not given at all, and random streams the trace holds no state
     for, are made up from ``seed`` and listed in ``Replay.made_up``; they make
     the result not ``ok`` unless ``allow_made_up``.  Random ops draw exactly
-    what eager drew, from the states the trace recorded (streams.py).
+    what eager drew, from the states the trace recorded (binding/streams.py).
 
-    ``budget`` (:class:`~metadispatch.execution.budget.Budget`) caps the peak bytes
+    ``budget`` (:class:`~metadispatch.trust.budget.Budget`) caps the peak bytes
     replay allocates and the FLOPs it runs, checked before anything runs
-    (Note [Budgets] in budget.py); the default is half the memory free on
+    (Note [Budgets] in trust/budget.py); the default is half the memory free on
     ``device`` and 10**12 FLOPs on a CPU.  Replay never changes the tensors
     it is given (Note [Replay never writes its inputs]) nor the caller's
     generators; a call of a kernel that fails raises
@@ -263,14 +264,16 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
     mismatches: list = []
     wrong: set = set()  # ids whose recorded metadata proved wrong
     calls, singles = prog.calls, prog.singles
-    same_meta = _matcher(device, keep_cpu)
+    same_meta = matcher(device, keep_cpu)
 
     def chk(n, results):
-        _check(calls[n], results, device, mismatches, wrong, same_meta, keep_cpu)
+        check_call(calls[n], results, device, mismatches, wrong, same_meta, keep_cpu)
 
     if device.type == "cpu":
 
-        def same(n, t):  # most calls return one tensor: same_meta written out, a frame fewer (Note [The hot check])
+        def same(
+            n, t
+        ):  # most calls return one tensor: same_meta written out, a frame fewer (Note [The hot check] in matching.py)
             m = singles[n]
             if t is None or not (
                 t.stride() == m.stride
@@ -279,13 +282,13 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
                 and t.storage_offset() == m.storage_offset
                 and t.is_cpu
             ):
-                _check(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
+                check_call(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
 
     else:
 
         def same(n, t):
             if t is None or not same_meta(singles[n], t):
-                _check(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
+                check_call(calls[n], (t,), device, mismatches, wrong, same_meta, keep_cpu)
 
     if clock is not None:  # Note [Timing replayed calls]: the check callbacks read the clock
         index = lambda n: calls[n].index  # noqa: E731
@@ -306,156 +309,3 @@ def _run(prog, env: dict, streams: Streams, device, check: bool, guard, fit, pre
             call=call.index,
         ) from e
     return mismatches
-
-
-def _check(call, results, device, mismatches: list, wrong: set, same_meta=None, keep_cpu: bool = False) -> None:
-    """Record mismatches of ``call``'s outputs.
-
-    A call whose inputs already had wrong metadata inherits the error; only
-    the call that introduced it is reported, as the place to look.
-    ``same_meta`` is :func:`_matcher` of ``device``, when the caller has it.
-    """
-    same_meta = same_meta or _matcher(device, keep_cpu)
-    _check_values(call, results, mismatches)
-    for k, (m, r) in enumerate(_pairs(call.outputs, results)):
-        if not isinstance(r, torch.Tensor):
-            diff = _undefined(m, r)
-        elif same_meta(m, r):
-            continue
-        else:
-            diff = compare(m, r, target(m.device, device, keep_cpu))
-        if diff is None:
-            continue
-        inherited = any(i.id in wrong for i in call.inputs)
-        wrong.add(m.id)
-        if not inherited:
-            mismatches.append(Mismatch(call.index, call.op, call.module, call.rule, k, *diff))
-
-
-_NUMBERS = (bool, int, float, complex)
-
-
-def _check_values(call, results, mismatches: list) -> None:
-    """Note [Values fixed into a trace]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    A call that returns a number (``.item()``, ``bool(t)``) hands the traced
-    program a Python value, and every later call that used it holds it as
-    a constant: BatchNorm's ``momentum=None`` divides by
-    ``num_batches_tracked.item()`` and passes the quotient to the kernel.
-    The value was read when traced -- from a known value (a counter buffer,
-    a small constant) or, under ``md.check``, the real run -- so replay
-    given another counter, or other data, would run the traced constant and
-    say ``ok`` while eager computes something else.  So each number a call
-    returns in replay is compared with the one recorded; a difference is a
-    mismatch of the call's ``value``, and replay is not ``ok``.
-    """
-    for k, (o, r) in enumerate(zip(call.outputs, results)):
-        if type(o) in _NUMBERS and type(r) in _NUMBERS and not (o == r or (o != o and r != r)):
-            mismatches.append(
-                Mismatch(
-                    call.index,
-                    call.op,
-                    call.module,
-                    call.rule,
-                    k,
-                    ("value",),
-                    {"value": o},
-                    {"value": r},
-                    (
-                        f"value {o!r} when traced, {r!r} now: later calls hold the traced value "
-                        "as a constant, so this replay is not the eager run of what it was given",
-                    ),
-                )
-            )
-
-
-def _undefined(m: TensorMeta, r) -> tuple | None:
-    """Note [Undefined outputs]: a real kernel returned ``r`` (None, a number) for tensor ``m``.
-
-    Note [Undefined outputs]
-    ~~~~~~~~~~~~~~~~~~~~~~~~
-    Some kernels return an undefined tensor -- None in Python -- where their
-    meta function returns an empty one: ``_native_multi_head_attention``'s
-    weights with ``need_weights=False``.  An empty tensor and an undefined
-    one hold the same (no) values, so that is a match; a recorded tensor
-    with elements that comes back undefined, or as a number, is a mismatch.
-    """
-    if r is None and m.numel == 0:
-        return None
-    return ("defined",), {"defined": f"tensor {m.type_str()}"}, {"defined": type(r).__name__}
-
-
-def _pairs(outputs, results):
-    """(TensorMeta, real tensor) for each tensor output, lists flattened."""
-    for o, r in zip(outputs, results):
-        if type(o) is TensorMeta:
-            yield o, r
-        elif type(o) is tuple:  # a list return
-            yield from ((x, y) for x, y in zip(o, r) if type(x) is TensorMeta)
-
-
-def _matcher(device, keep_cpu: bool = False):
-    """``same(m, t)``: real ``t`` has exactly ``m``'s metadata on ``device``.
-
-    Note [The hot check]
-    ~~~~~~~~~~~~~~~~~~~~
-    This runs for every output of every call, so what is known before the
-    run is decided before it: ``device.type`` is a property that builds a
-    string (about 1 us, as much as the rest of the check), so it is read
-    once here, not per tensor.  On CPU, ``t.is_cpu`` rather than ``t.device``,
-    which builds a torch.device.
-    """
-    if device.type == "cpu":
-        return lambda m, t: (
-            t.stride() == m.stride
-            and t.shape == m.shape
-            and t.dtype is m.dtype
-            and t.storage_offset() == m.storage_offset
-            and t.is_cpu
-        )
-    if keep_cpu:  # Note [Devices in replay]
-        return lambda m, t: (
-            t.stride() == m.stride
-            and t.shape == m.shape
-            and t.dtype is m.dtype
-            and t.storage_offset() == m.storage_offset
-            and (t.is_cpu if m.device.type == "cpu" else t.device == device)
-        )
-    return lambda m, t: (
-        t.stride() == m.stride
-        and t.shape == m.shape
-        and t.dtype is m.dtype
-        and t.storage_offset() == m.storage_offset
-        and t.device == device
-    )
-
-
-def compare(m: TensorMeta, t: torch.Tensor, device) -> tuple | None:
-    """(fields, expected, actual) where real ``t`` differs from ``m``, else None."""
-    expected = {
-        "shape": m.shape,
-        "dtype": m.dtype,
-        "stride": m.stride,
-        "storage_offset": m.storage_offset,
-        "device": device,
-    }
-    actual = {
-        "shape": tuple(t.shape),
-        "dtype": t.dtype,
-        "stride": t.stride(),
-        "storage_offset": t.storage_offset(),
-        "device": t.device,
-    }
-    fields = tuple(f for f in expected if expected[f] != actual[f])
-    if "stride" in fields and "shape" not in fields and _same_significant_strides(m.shape, m.stride, actual["stride"]):
-        fields = tuple(f for f in fields if f != "stride")
-    if not fields:
-        return None
-    return fields, {f: expected[f] for f in fields}, {f: actual[f] for f in fields}
-
-
-def _same_significant_strides(shape, a, b) -> bool:
-    """Note [Significant strides] in ir/compare.py."""
-    if 0 in shape:
-        return True
-    return all(x == y for s, x, y in zip(shape, a, b) if s > 1)

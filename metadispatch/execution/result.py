@@ -27,7 +27,7 @@ class Replay:
     ``ok`` holds exactly when every call matched its record and every leaf
     and random stream was bound from the user's data, a recorded constant or
     a recorded state (docs/replay.md); ``made_up`` lists what was not, as
-    :class:`~metadispatch.execution.streams.MadeUp` (name, call, why).
+    :class:`~metadispatch.binding.streams.MadeUp` (name, call, why).
     ``tolerance`` is None where replayed values equal eager's bit for bit,
     else the :class:`Tolerance` within which they do.
     """

@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
+from ..binding.streams import stream_of
 from ..errors import MetaDispatchError
 from ..ir.records import tensor_metas
 from ..ir.rng import GeneratorRef
 from ..ir.trace import Trace
 from ..spec.ownops import OWN_OPS
 from ..spec.schema import arg_value, facts
-from .streams import stream_of
 
 __all__ = ["slice_for", "SliceError"]
 

@@ -42,10 +42,10 @@ from weakref import WeakKeyDictionary
 import torch
 
 from .._compat import pytree
+from ..binding.streams import MadeUp
 from ..ir.records import TensorMeta, tensor_metas
 from ..ir.trace import Trace
 from ..spec.schema import arg_value, facts, schema_of
-from .streams import MadeUp
 
 __all__ = ["uninitialised_reads"]
 

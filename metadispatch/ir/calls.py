@@ -18,7 +18,15 @@ SHOWN_CHARS = 160
 
 
 class OpCall:
-    """One recorded aten call.  Immutable by convention; ``__slots__`` keep it small."""
+    """One recorded aten call.  Immutable: nothing changes a call once it is in a trace.
+
+    A later stage that learns more about a call -- autograd's
+    ``requires_grad`` on its outputs, a note of ``md.check`` -- puts a new
+    call in the trace's place (:meth:`replace`), so a call handed out before
+    stays what it was.  Not enforced by ``__setattr__``: a call is made for
+    every aten call traced, and ``__slots__`` with plain assignment keeps
+    that cheap.
+    """
 
     __slots__ = ("index", "func", "op", "args", "kwargs", "outputs", "module", "phase", "rule", "source", "note")
 
@@ -34,6 +42,15 @@ class OpCall:
         self.rule = rule  # "user", "builtin", "meta", "decomp" (router stage)
         self.source = source  # "file.py:12 in fn" when MetaMode(stack=True)
         self.note = note  # set by later stages (keep-going, known values)
+
+    def replace(self, **changes) -> OpCall:
+        """A copy of this call with the named fields changed (``call.replace(note="...")``)."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        unknown = set(changes) - fields.keys()
+        if unknown:
+            raise TypeError(f"OpCall has no field {', '.join(sorted(unknown))}")
+        fields.update(changes)
+        return OpCall(**fields)
 
     @property
     def inputs(self) -> tuple:

@@ -5,7 +5,7 @@ MetaTensor, which reports the same attributes) is compared with what a real
 kernel returned: shape, dtype, device, significant strides and storage
 offset.  ``md.check``'s CPU re-check (``debug/recheck.py``) and
 ``md.verify_rule`` (``debug/verify.py``) use it; replay is to switch to it
-(its ``compare`` in ``execution/replay.py`` still compares storage offsets of
+(its ``compare`` in ``execution/matching.py`` still compares storage offsets of
 empty tensors, which this does not).
 
 Note [Significant strides]

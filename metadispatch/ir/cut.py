@@ -31,7 +31,7 @@ def _known_at(trace: Trace, tid: int, start: int):
     AdamW's step count is a tensor built from constants (``zeros``, then
     ``+= 1`` each step), so its value is known while tracing and the traced
     step reads it with ``.item()``; replay checks that number (Note [Values
-    fixed into a trace] in execution/replay.py).  A cut turned it into a
+    fixed into a trace] in execution/matching.py).  A cut turned it into a
     ``state`` leaf with no value, replay made one up, and every replay of a
     steady-state trace said "value 2.0 when traced, 1.0 now" -- and a
     constant the steps before the cut wrote (``torch.tensor(0.0)``, the

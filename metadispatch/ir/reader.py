@@ -18,6 +18,20 @@ a time (Note [Tables, not trees] in serialize.py): a column passes a few
 C-level checks -- the set of its types, its minimum and maximum -- and only a
 column that fails them is walked in Python, to name the first bad entry.
 JSON paths are built only then, too.
+
+Note [One reader per file]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+This module is longer than the others (~450 lines is the rule) because
+:class:`Reader` is one decoder of one document, read in file order:
+strings, then tensor records, then leaves, then calls, each table referring
+into the ones before it by index.  Every check shares the reader's failure
+path (the file's name and the JSON path of the value, built only on
+failure) and the tables read so far (``strings``, ``tensors``, the ids
+``defined``); a value refers to a tensor record, a call to its op's schema
+and to the ids defined before it.  Cut into modules, each piece would take
+the reader's state as an argument and call back into it; so it is one
+class, its methods in the order of the file, with the small pure helpers
+at the end.  The op filter and the fixed tables it reads are decode.py.
 """
 
 from __future__ import annotations

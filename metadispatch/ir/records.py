@@ -206,7 +206,7 @@ def attribute_tensors(module) -> list:
     as parameters are: ``blocks.0.scale``.
 
     A constant leaf that was such a tensor is named so (Note [Values fixed
-    into a trace] in execution/replay.py): replay given the module compares
+    into a trace] in execution/matching.py): replay given the module compares
     the value it holds now with the one the trace fixed."""
     out = []
     for prefix, sub in module.named_modules(remove_duplicate=False):

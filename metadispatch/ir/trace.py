@@ -89,7 +89,7 @@ class Trace:
         # tensor passed twice), so replay can refuse inputs tied otherwise.
         self.aliases: dict[str, str] = {}
         # Loaded from a file: replay re-derives what the file claims about
-        # sizes before trusting it (Note [Budgets] in execution/budget.py).
+        # sizes before trusting it (Note [Budgets] in trust/budget.py).
         self.untrusted = False
         # The GPU profile that answered hardware-dependent choices (SDPA's
         # backend) on a logical CUDA device: its name, or the profile itself

@@ -29,7 +29,8 @@ from ..gpu import (
 )
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
-from ..tensor.tensor import STATE, WIRING, Converter, MetaTensor, normalize_device
+from ..tensor.convert import Converter
+from ..tensor.tensor import STATE, WIRING, MetaTensor, normalize_device
 from ..values import composites, known
 from ..world.world import World
 from . import patches, realcode, unseen
@@ -271,7 +272,7 @@ class MetaMode(_compat.TorchDispatchMode):
         foreach.__enter__()
         entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
         STATE.ambient = self.device or _CPU
-        standins = StandIns(self)  # Note [Everything a forward can change] in standins.py
+        standins = StandIns(self)  # Note [Everything a forward can change] in snapshot.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py

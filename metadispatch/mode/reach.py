@@ -113,7 +113,7 @@ def _children(obj) -> Iterator[tuple[str, Any, Any]]:
             hooks = obj._backward_hooks, getattr(obj, "_post_accumulate_grad_hooks", None)
         if grad is not None:
             yield _ATTR, "grad", grad
-        # what its stand-in runs and reads (Note [What a stand-in carries] in tensor.py)
+        # what its stand-in runs and reads (Note [What a stand-in carries] in tensor/convert.py)
         for key, table in zip(("_backward_hooks", "_post_accumulate_grad_hooks"), hooks):
             if table:
                 yield _ATTR, key, table

@@ -25,7 +25,7 @@ optimizer's ``state`` is read per thread (Note [An optimizer's state, per
 thread]).  What the step itself writes into a module or an optimizer --
 an attribute, a cache, ``group["lr"]`` -- is visible to other threads
 until the trace ends and is put back then (Note [Everything a forward can
-change]).
+change] in snapshot.py).
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ from ..ir.records import attribute_tensors
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor, is_wrapper_subclass
 from ..values import known
+from .snapshot import Contents, ModuleState, uninitialized
 
 __all__ = ["StandIns", "PATCHES"]
+
+_MISSING = object()
 
 
 class _Active(threading.local):
@@ -59,7 +62,7 @@ class StandIns:
         self.mode = mode
         self.roots: list[nn.Module] = []
         self._swapped: set = set()  # ids of modules already handled
-        self._states: list = []  # a _ModuleState per module touched, restored on exit
+        self._states: list = []  # a ModuleState per module touched, restored on exit
         self._depth = 0
         self._thread = threading.get_ident()
         self._handles: list = []
@@ -157,7 +160,7 @@ class StandIns:
         scaler, the user's own), restored on exit."""
         if id(obj) not in self._swapped:
             self._swapped.add(id(obj))
-            self._states.append(_ModuleState(obj))
+            self._states.append(ModuleState(obj))
 
     def save_container(self, container) -> None:
         """Note [The user's containers]
@@ -172,7 +175,7 @@ class StandIns:
         """
         if id(container) not in self._swapped:
             self._swapped.add(id(container))
-            self._states.append(_Contents(container))
+            self._states.append(Contents(container))
 
     def _copy_state(self, real: dict) -> defaultdict:
         with _compat.no_torch_function():
@@ -227,12 +230,12 @@ class StandIns:
                 first = names.setdefault(id(t), (kind, name))
                 if first != (kind, name):  # tied: the trace reads it by its first name
                     self.mode.trace.aliases.setdefault(f"{kind} {name}", f"{first[0]} {first[1]}")
-        for name, t in attribute_tensors(root):  # Note [Values fixed into a trace] in execution/replay.py
+        for name, t in attribute_tensors(root):  # Note [Values fixed into a trace] in execution/matching.py
             self.mode._recorder.const_names.setdefault(id(t), name)
         for mod in root.modules():
             if id(mod) not in self._swapped:
                 self._swapped.add(id(mod))
-                self._states.append(_ModuleState(mod))
+                self._states.append(ModuleState(mod))
                 self._swap(mod, names)
 
     def _swap(self, mod: nn.Module, names: dict) -> None:
@@ -240,7 +243,7 @@ class StandIns:
             for key, t in list(table.items()):
                 if t is None:
                     continue
-                if _uninitialized(t):
+                if uninitialized(t):
                     table[key] = self._lazy_stand_in(t, table, key)
                     continue
                 if isinstance(t, MetaTensor):
@@ -339,127 +342,6 @@ def _counter(t: torch.Tensor) -> bool:
     stopped with a DataDependentError; ``+= 1`` on it stays known.
     """
     return t.numel() == 1 and not t.is_floating_point() and not t.is_complex() and not t.requires_grad
-
-
-def _uninitialized(t) -> bool:
-    # A lazy module's parameter before its first forward: it changes its own
-    # class when materialised, which _ModuleState puts back.
-    return isinstance(t, nn.parameter.UninitializedTensorMixin)
-
-
-class _ModuleState:
-    """One module as it was: its class, its attributes, and the contents of
-    the containers among them (``_parameters``, ``_buffers``, ``_modules``,
-    hook tables, and lists or dicts forward may cache tensors in), plus each
-    real tensor's own attributes (``param.sequence_parallel``) and a lazy
-    parameter's class.
-
-    Note [Everything a forward can change]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    Under a trace, whatever a forward stores on its module is a MetaTensor:
-    an anchor cache on a plain attribute (torchvision's detection models), a
-    buffer registered in forward, a rotary table re-assigned when the
-    sequence grows, ``self.train(False)`` or ``.to()`` inside the step.  Left
-    there, the next real forward silently computes with MetaTensors.  So
-    the whole attribute dictionary is put back, by identity, and every
-    container in it is refilled in place with what it held.  The real
-    tensors themselves are never written (Note [Swap above autograd]): a
-    ``.grad`` is put back only where a MetaTensor took its place, and their
-    version counters, which another thread's eager steps move meanwhile
-    (Note [Other threads see the real model]), are left alone.
-    """
-
-    def __init__(self, mod) -> None:
-        self.mod = mod
-        self.cls = type(mod)
-        # Shallow copies, one object each: this runs for every module of
-        # every traced model at every md.trace, and a list of
-        # (key, id, value) tuples per container cost more than the copy.
-        self.attrs = dict(mod.__dict__)
-        self.containers: list = []
-        _snapshot(self.attrs.values(), self.containers, 0)
-        self.tensors = [
-            (t, t.grad, type(t), t.data if _uninitialized(t) else None, dict(t.__dict__))
-            for t in _tensors(self.containers)
-        ]
-
-    def restore(self) -> None:
-        mod = self.mod
-        if type(mod) is not self.cls:
-            mod.__class__ = self.cls  # a lazy module becomes its cls_to_become
-        attrs = mod.__dict__
-        for key in [k for k in attrs if k not in self.attrs]:
-            del attrs[key]
-        for key, value in self.attrs.items():
-            if attrs.get(key, _MISSING) is not value:
-                attrs[key] = value
-        for container, copy in self.containers:
-            if not _same(container, copy):
-                _refill(container, copy)
-        for t, grad, cls, data, own in self.tensors:
-            if type(t) is not cls:
-                t.__class__ = cls
-                t.data = data
-            if isinstance(t.grad, MetaTensor):
-                t.grad = grad
-            if not _same(t.__dict__, own):
-                _refill(t.__dict__, own)
-
-
-_MISSING = object()
-
-
-class _Contents:
-    """One container as it was (Note [The user's containers])."""
-
-    def __init__(self, container) -> None:
-        self.container = container
-        self.copy = dict(container.items()) if isinstance(container, dict) else list(container)
-
-    def restore(self) -> None:
-        if not _same(self.container, self.copy):
-            _refill(self.container, self.copy)
-
-
-def _snapshot(values, out: list, depth: int) -> None:
-    """Append ``(container, shallow copy)`` for the lists, dicts and sets in
-    ``values``, and for those nested in them up to three levels down."""
-    for v in values:
-        t = type(v)
-        if t is dict or t is list or t is set or isinstance(v, dict):
-            copy: dict | list = dict(v.items()) if isinstance(v, dict) else list(v)
-            out.append((v, copy))
-            if depth < 3:
-                _snapshot(copy.values() if isinstance(copy, dict) else copy, out, depth + 1)
-
-
-def _same(c, copy) -> bool:
-    # by identity: values compared with ``is``, not ``==`` (tensors)
-    if len(c) != len(copy):
-        return False
-    if isinstance(c, dict):
-        for (k, v), (k0, v0) in zip(c.items(), copy.items()):
-            if v is not v0 or (k is not k0 and k != k0):
-                return False
-        return True
-    return all(a is b for a, b in zip(c, copy))
-
-
-def _refill(c, copy) -> None:
-    c.clear()
-    if isinstance(c, list):
-        c.extend(copy)
-    else:
-        c.update(copy)  # a dict from the dict copy, a set from the list
-
-
-def _tensors(containers):
-    seen = set()
-    for _, copy in containers:
-        for v in copy.values() if isinstance(copy, dict) else copy:
-            if isinstance(v, torch.Tensor) and not isinstance(v, MetaTensor) and id(v) not in seen:
-                seen.add(id(v))
-                yield v
 
 
 class _Overlay:

@@ -26,7 +26,8 @@ from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import autocast, inside
 from ..source import user_frame
-from ..tensor.tensor import STATE, MetaTensor, with_real_tensor
+from ..tensor.convert import with_real_tensor
+from ..tensor.tensor import STATE, MetaTensor
 from ..values import composites, literals
 from . import realcode
 

@@ -68,7 +68,7 @@ def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None, *, fallback):
 def grouped_mm_output(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """The CPU and CUDA kernels' checks and output, on ``mat_a``'s device: also
     what replay's cost walk of a loaded trace sizes the call by, on plain meta
-    tensors, where torch's meta function would refuse float32 (execution/costs.py)."""
+    tensors, where torch's meta function would refuse float32 (trust/costs.py)."""
     torch._check(
         mat_a.dtype in _DTYPES, lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {mat_a.dtype}"
     )

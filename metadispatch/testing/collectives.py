@@ -3,7 +3,7 @@
 Ground truth for traces made in a logical world: run the same code in a
 real process group (``gloo`` on CPU) under :class:`CollectiveLog` and compare
 its ``calls`` with ``md.comms(trace).calls`` -- same records, built by the
-same function (``analysis/comms.py``), so a difference is the trace's.
+same function (``timing/comms.py``), so a difference is the trace's.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..analysis.comms import COLLECTIVE_NAMESPACES, collective
 from ..ir.records import Group
 from ..spec.schema import schema_of
 from ..tensor.tensor import is_wrapper_subclass
+from ..timing.comms import COLLECTIVE_NAMESPACES, collective
 from ..world import world
 
 __all__ = ["CollectiveLog"]

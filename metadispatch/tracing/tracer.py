@@ -17,8 +17,9 @@ from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..mode.reach import find, holds_state, is_container, is_machinery
 from ..mode.standins import StandIns
+from ..tensor.convert import Converter
 from ..tensor.state import state_of
-from ..tensor.tensor import Converter, MetaTensor
+from ..tensor.tensor import MetaTensor
 
 __all__ = ["to_meta", "trace", "tracer"]
 

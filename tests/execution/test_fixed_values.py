@@ -1,6 +1,6 @@
 """Values fixed into a trace are checked at replay (issue 28, item 2).
 
-Note [Values fixed into a trace] in execution/replay.py: a number a call
+Note [Values fixed into a trace] in execution/matching.py: a number a call
 returned when traced (``.item()`` of a counter buffer) and a module's plain
 tensor attribute the trace holds the value of are compared with what replay
 is given; a difference makes replay not ``ok``, and each test shows that

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import metadispatch as md
-from metadispatch.execution.leaves import bind_leaves
+from metadispatch.binding.leaves import bind_leaves
 from metadispatch.ir.decode import DTYPES
 from metadispatch.ir.rng import is_generator
 from tests import guarded, hostile_doc

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.execution.costs import CALL_WORK
-from metadispatch.execution.writes import written_leaves
+from metadispatch.binding.writes import written_leaves
+from metadispatch.trust.costs import CALL_WORK
 from tests import hostile_memory as attacks
 from tests.hostile_doc import Doc, base_doc, ref, user_tensors
 

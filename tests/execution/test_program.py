@@ -13,7 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
-from metadispatch.execution.leaves import bind_leaves
+from metadispatch.binding.leaves import bind_leaves
 from metadispatch.execution.program import program
 from metadispatch.execution.replay import execute
 from tests import hostile_memory
@@ -193,8 +193,8 @@ def test_program_dispatches_exactly_the_recorded_overloads():
 
 def _run_both(trace, args, module):
     """The generated program and the reference loop on one trace, from the same leaves."""
-    from metadispatch.execution.inputs import check_inputs
-    from metadispatch.execution.leaves import bind_leaves
+    from metadispatch.binding.inputs import check_inputs
+    from metadispatch.binding.leaves import bind_leaves
     from metadispatch.execution.replay import execute
 
     cpu = torch.device("cpu")

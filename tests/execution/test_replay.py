@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import metadispatch as md
-from metadispatch.execution.leaves import index_bounds
+from metadispatch.binding.leaves import index_bounds
 from tests.replay_cases import CASES, VOCAB, build
 
 cuda = pytest.mark.cuda  # skipped without a CUDA device (conftest.py)
@@ -241,7 +241,7 @@ def test_repro_snippet_shows_a_wrong_rule(capsys):
 
 
 @pytest.mark.parametrize(
-    "module", ["execution.replay", "execution.leaves", "ir.repro", "ir.serialize", "ir.decode", "execution.materialize"]
+    "module", ["execution.replay", "binding.leaves", "ir.repro", "ir.serialize", "ir.decode", "execution.materialize"]
 )
 def test_replay_docstring_examples_run(module):
     __import__(f"metadispatch.{module}")

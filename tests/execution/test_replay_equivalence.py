@@ -13,7 +13,7 @@ dropout draws), functional dropout, activation checkpointing with dropout
 (reentrant and not), explicit generators, gradient accumulation, a
 ``torch.compile``d module, ``nn.MultiheadAttention`` inference, and replays
 made wrong on purpose (made-up inputs, a stream the trace holds no state for).
-Inputs replay cannot bind are refused: tests/execution/test_replay_inputs.py.
+Inputs replay cannot bind are refused: tests/binding/test_replay_inputs.py.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ _SLOW |= {"tv.raft_small", "hf.bart", "hf.wav2vec2"}
 
 
 def _zoo_param(name):
-    marks = [_WORKSPACE] if "lstm" in name else []
+    marks = [_WORKSPACE] if name == "nn.lstm" else []  # nn.autocast_lstm runs ATen's LSTM: oneDNN off
     if name in _SLOW:
         marks.append(pytest.mark.slow)
     return pytest.param(name, marks=marks)

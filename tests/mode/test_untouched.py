@@ -579,7 +579,7 @@ def test_untouched_optimizer_step_in_backward_traces_as_eager_runs_it():
     """torch's "optimizer step in backward" recipe: one optimizer per
     parameter, keyed by the parameter, stepped by a post-accumulate-grad
     hook.  The hook is handed the parameter it was registered on (Note [What
-    a stand-in carries] in tensor/tensor.py), where it used to get the
+    a stand-in carries] in tensor/convert.py), where it used to get the
     stand-in and raise KeyError; the trace is eager's dispatch log, and the
     model and optimizers come back as they were."""
     torch.manual_seed(0)

@@ -1,0 +1,13 @@
+"""Plans that trace the step again until they find an answer: the largest batch, what to checkpoint, a serving plan.
+
+Each planner traces the user's step (``tracing``) under a candidate -- a
+batch size, a set of modules to checkpoint, a prompt length -- and reads
+the traces with ``analysis``: ``batch`` (``md.max_batch``: the largest
+batch that fits a GPU), ``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
+to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
+model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
+weights, KV cache, concurrency and latency from traced prefill and
+decode).  The
+analyses themselves stay pure functions of a trace.  May import
+``analysis`` and below.
+"""

@@ -1,0 +1,46 @@
+"""The recorder (core/record.py): a call, once recorded, is never changed."""
+
+import pytest
+import torch
+
+import metadispatch as md
+
+
+def test_record_requires_grad_correction_puts_a_new_call_in_place_of_the_recorded_one():
+    # Autograd sets requires_grad on addmm's output after __torch_dispatch__
+    # returns, so the record made there says False; the next use corrects the
+    # trace.  The call handed out before must stay what it was.
+    torch.manual_seed(0)
+    real = torch.nn.Linear(3, 2)(torch.ones(4, 3))
+    for _ in range(2):  # the second time through the cache-hit path
+        with md.MetaMode() as mode:
+            lin = torch.nn.Linear(3, 2)
+            y = lin(torch.ones(4, 3))
+            index = len(mode.trace.calls) - 1
+            recorded = mode.trace.calls[index]
+            outputs = recorded.outputs
+            assert recorded.op == "aten.addmm.default"
+            y.relu()
+        corrected = mode.trace.calls[index]
+        assert recorded.outputs is outputs
+        assert recorded.outputs[0].requires_grad is False
+        assert corrected is not recorded
+        assert corrected.outputs[0].requires_grad is real.requires_grad is True
+        assert corrected.outputs[0]._replace(requires_grad=False) == recorded.outputs[0]
+        assert (corrected.index, corrected.op, corrected.args, corrected.module) == (
+            recorded.index,
+            recorded.op,
+            recorded.args,
+            recorded.module,
+        )
+
+
+def test_opcall_replace_copies_and_refuses_an_unknown_field():
+    with md.MetaMode() as mode:
+        torch.ones(2) * 2
+    call = mode.trace.calls[-1]
+    noted = call.replace(note="seen")
+    assert (noted.note, call.note) == ("seen", None)
+    assert noted.format() == call.format() + "  # <seen>"
+    with pytest.raises(TypeError, match="no field colour"):
+        call.replace(colour="red")

@@ -1,0 +1,88 @@
+"""md.serve_plan against a real CPU forward: the cache it measures is the one the model writes."""
+
+import pytest
+import torch
+
+import metadispatch as md
+from tests.planning.test_kv import real_cache_bytes
+
+transformers = pytest.importorskip("transformers")
+
+
+def _real_cache_bytes(model, n):
+    return sum(real_cache_bytes(model, n))
+
+
+_CONFIGS = {
+    # GQA: 2 kv heads of 4
+    "llama": lambda: transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=512,
+    ),
+    "mistral": lambda: transformers.MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=128,
+        max_position_embeddings=512,
+        sliding_window=256,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CONFIGS))
+def test_serve_plan_kv_and_weights_are_the_real_models(name):
+    cfg = _CONFIGS[name]()
+    torch.manual_seed(0)
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    per_token = (_real_cache_bytes(real, 40) - _real_cache_bytes(real, 24)) / 16
+    weights = sum(p.numel() * p.element_size() for p in real.parameters())
+    weights += sum(b.numel() * b.element_size() for b in real.buffers())
+
+    plan = md.serve_plan(cfg, gpu="l4", max_model_len=128, max_num_batched_tokens=64)
+    assert plan.kv_per_token == per_token > 0
+    assert plan.weights == weights
+    usable = int(md.gpu_profile("l4").memory * 0.9) - plan.weights - plan.prefill_peak
+    assert plan.kv_tokens == int(usable // plan.kv_per_token)
+    assert plan.blocks == plan.kv_tokens // 16
+    # sequences of 128 tokens at once: each holds what a real forward's cache holds at 128 tokens
+    assert plan.max_concurrency == int(usable // _real_cache_bytes(real, 128)) > 0
+    assert plan.ttft > 0 and plan.tpot > 0 and plan.prefill_peak > 0
+    assert "not counted" in str(plan)
+
+
+def test_serve_plan_tp_divides_weights_and_kv():
+    cfg = _CONFIGS["llama"]()
+    one, two = (md.serve_plan(cfg, gpu="h100", tp=tp, max_model_len=64, max_num_batched_tokens=32) for tp in (1, 2))
+    assert two.weights == one.weights // 2 and two.kv_per_token == one.kv_per_token / 2
+    assert any("split evenly" in a for a in two.assumptions)
+
+
+def test_a_sliding_window_model_holds_a_sequence_of_any_length():
+    cfg = _CONFIGS["mistral"]()
+    cfg.sliding_window = 16
+    torch.manual_seed(0)
+    real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    plan = md.serve_plan(cfg, gpu="l4", max_model_len=128, max_num_batched_tokens=64)
+    usable = int(md.gpu_profile("l4").memory * 0.9) - plan.weights - plan.prefill_peak
+    assert _real_cache_bytes(real, 128) == _real_cache_bytes(real, 40)  # the window caps it
+    assert plan.max_concurrency == int(usable // _real_cache_bytes(real, 128))
+    assert plan.longest == cfg.max_position_embeddings  # never the cache: the positions bound it
+    assert {layer.kind for layer in plan.layout.layers} == {"sliding"} and "at most 16 tokens" in str(plan)
+
+
+def test_decode_rows_per_batch():
+    cfg = _CONFIGS["llama"]()
+    plan = md.serve_plan(cfg, gpu="h100", max_model_len=64, max_num_batched_tokens=32, batches=(1, 8))
+    one, eight = plan.decode
+    assert (one.batch, eight.batch) == (1, 8) and plan.tpot == one.tpot
+    assert eight.tpot >= one.tpot * (1 - 1e-9) and eight.tokens_per_s > one.tokens_per_s  # weights read once a step
+    assert one.tokens_per_s == 1 / one.tpot and eight.fits
+    assert "tokens/s" in str(plan)
