@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
+from tests.planning.test_kv import _CONFIGS as KV_CONFIGS
 from tests.planning.test_kv import real_cache_bytes
 
 transformers = pytest.importorskip("transformers")
@@ -13,28 +14,13 @@ def _real_cache_bytes(model, n):
     return sum(real_cache_bytes(model, n))
 
 
-_CONFIGS = {
-    # GQA: 2 kv heads of 4
-    "llama": lambda: transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=512,
-    ),
-    "mistral": lambda: transformers.MistralConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        vocab_size=128,
-        max_position_embeddings=512,
-        sliding_window=256,
-    ),
-}
+def _mistral_wide():
+    cfg = KV_CONFIGS["mistral_sliding"]()
+    cfg.sliding_window = 256  # past every length measured here: every layer still grows
+    return cfg
+
+
+_CONFIGS = {"llama": KV_CONFIGS["llama_gqa"], "mistral": _mistral_wide}
 
 
 @pytest.mark.parametrize("name", sorted(_CONFIGS))
@@ -66,7 +52,7 @@ def test_serve_plan_tp_divides_weights_and_kv():
 
 
 def test_a_sliding_window_model_holds_a_sequence_of_any_length():
-    cfg = _CONFIGS["mistral"]()
+    cfg = KV_CONFIGS["mistral_sliding"]()
     cfg.sliding_window = 16
     torch.manual_seed(0)
     real = transformers.AutoModelForCausalLM.from_config(cfg).eval()
