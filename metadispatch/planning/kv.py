@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .. import _compat
+from ..errors import MetaDispatchError
 from ..mode.mode import MetaMode
 
 __all__ = ["KVLayer", "KVLayout", "kv_layout"]
@@ -109,6 +110,11 @@ def kv_layout(model: nn.Module, gpu: str, lengths: tuple[int, int] | None = None
     if lengths is None:
         lengths = (16, 32) if smallest is None or smallest > 33 else (max(smallest // 4, 2), max(smallest // 2, 3))
     a, b = lengths
+    if not (type(a) is int and type(b) is int and 2 <= a < b) or (smallest is not None and b > smallest):
+        raise MetaDispatchError(
+            f"kv_layout: lengths={lengths!r}: two prompt lengths 2 <= a < b"
+            + (f", both at most the smallest window ({smallest})" if smallest is not None else "")
+        )
     c = (window or 0) + 2 * b
     vocab = int(getattr(config, "vocab_size", 32000))
     held = [_per_layer(model, gpu, n, vocab) for n in (a, b, c)]

@@ -128,3 +128,10 @@ def test_longest_is_the_last_length_that_fits():
     assert layout.bytes_at(n) <= budget < layout.bytes_at(n + 1) and n == 100
     assert layout.longest(budget, limit=40) == 40
     assert layout.longest(layout.bytes_at(0) - 1, limit=10) == 0
+
+
+@pytest.mark.parametrize("lengths", [(8, 4), (1, 4), (4, 20), (4.0, 8)])
+def test_lengths_that_cannot_measure_the_layout_are_refused(lengths):
+    model = _built_under_mode(_CONFIGS["mistral_sliding"]())  # window 12
+    with pytest.raises(md.MetaDispatchError, match="kv_layout: lengths="):
+        md.kv_layout(model, "h100", lengths)
