@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .errors import (
     BudgetExceededError,
+    CheckpointFormatError,
     DataDependentError,
     MaterializeLimitError,
     MetaDispatchError,
@@ -42,7 +43,7 @@ del _counters  # reached through the wiring only
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from . import testing
+    from . import checkpoint, testing
     from .analysis.ac import ACPlan, apply_ac, plan_ac
     from .analysis.batch import MaxBatch, max_batch
     from .analysis.calibrate import calibrate, load_efficiency
@@ -129,6 +130,7 @@ _LAZY = {
 }
 _SUBPACKAGES = (
     "analysis",
+    "checkpoint",
     "core",
     "debug",
     "execution",
@@ -184,6 +186,7 @@ __all__ = [
     "unregister_meta",
     "diff",
     "testing",
+    "checkpoint",
     "flops",
     "register_flops",
     "unregister_flops",
@@ -216,6 +219,7 @@ __all__ = [
     "UnsupportedOpError",
     "DataDependentError",
     "TraceFormatError",
+    "CheckpointFormatError",
     "UnsupportedFeatureError",
     "ReplayError",
     "BudgetExceededError",
