@@ -18,6 +18,7 @@ from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .errors import (
     BudgetExceededError,
     CheckpointFormatError,
+    CheckpointMismatchError,
     DataDependentError,
     MaterializeLimitError,
     MetaDispatchError,
@@ -220,6 +221,7 @@ __all__ = [
     "DataDependentError",
     "TraceFormatError",
     "CheckpointFormatError",
+    "CheckpointMismatchError",
     "UnsupportedFeatureError",
     "ReplayError",
     "BudgetExceededError",

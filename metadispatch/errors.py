@@ -14,6 +14,7 @@ __all__ = [
     "DataDependentError",
     "TraceFormatError",
     "CheckpointFormatError",
+    "CheckpointMismatchError",
     "UnsupportedFeatureError",
     "MaterializeLimitError",
     "mark_call",
@@ -65,6 +66,14 @@ class CheckpointFormatError(MetaDispatchError, ValueError):
         super().__init__(message)
         self.path = path
         self.entry = entry
+
+
+class CheckpointMismatchError(MetaDispatchError, ValueError):
+    """A checkpoint does not fit the model it is loaded into; ``findings`` says how (``md.checkpoint.check``)."""
+
+    def __init__(self, message: str, *, findings: object = None) -> None:
+        super().__init__(message)
+        self.findings = findings
 
 
 class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):

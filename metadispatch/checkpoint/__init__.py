@@ -8,7 +8,8 @@ index without reading tensor data or running pickle code;
 
 Modules: ``entries`` (the records and the one way to refuse a file),
 ``safetensors_file`` and ``torch_zip`` (the two readers), ``index`` (shard
-indexes and ``inspect``), ``check`` (``check`` and a model's ties).
+indexes and ``inspect``), ``check`` (``check`` and a model's ties),
+``stream`` (what ``md.materialize(checkpoint=)`` loads, tensor by tensor).
 """
 
 from .check import Findings, check, ties

@@ -44,7 +44,7 @@ from ..errors import CheckpointFormatError
 from .entries import MAX_HEADER, Entry, byte_size, refuse
 from .safetensors_file import DTYPES
 
-__all__ = ["read_torch_zip"]
+__all__ = ["read_torch_zip", "named_tensors"]
 
 _STORAGES = {
     "DoubleStorage": torch.float64,
@@ -112,7 +112,7 @@ def read_torch_zip(path: str, opener=open) -> dict[str, Entry]:
             refuse(path, pickles[0], f"unreadable ({e})")
     root = _interpret(path, data)
     entries: dict[str, Entry] = {}
-    for name, t in _tensors(path, root):
+    for name, t in named_tensors(path, root, _Tensor):
         entries[name] = _entry(path, name, t, sizes.get(f"{prefix}data/{t.storage.key}"))
     return entries
 
@@ -136,12 +136,12 @@ def _entry(path: str, name: str, t: _Tensor, record_bytes) -> Entry:
     return Entry(name, tuple(t.shape), t.dtype, os.path.basename(path), tuple(t.stride), t.offset, s.key, storage_bytes)
 
 
-def _tensors(path: str, root):
-    """(dotted name, _Tensor) for every tensor in ``root``'s dicts and lists."""
+def named_tensors(path: str, root, kind):
+    """(dotted name, leaf) for every leaf of type ``kind`` in ``root``'s dicts and lists."""
     stack = [("", root, 0)]
     while stack:
         name, obj, depth = stack.pop()
-        if isinstance(obj, _Tensor):
+        if isinstance(obj, kind):
             yield name, obj
         elif depth > 64:
             refuse(path, name, "nested more than 64 levels deep")

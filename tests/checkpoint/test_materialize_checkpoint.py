@@ -1,0 +1,119 @@
+"""md.materialize(model, checkpoint=path) against load_state_dict on an eagerly built model."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import metadispatch as md
+from metadispatch.errors import CheckpointMismatchError, MetaDispatchError
+
+
+def _tiny_llama():
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(16, 2))
+
+
+def _assert_same(got: nn.Module, want: nn.Module):
+    a, b = dict(got.named_buffers()), dict(want.named_buffers())
+    a |= dict(got.named_parameters())
+    b |= dict(want.named_parameters())
+    assert a.keys() == b.keys()
+    for name in a:
+        assert type(a[name]) is type(b[name]) and a[name].dtype == b[name].dtype, name
+        assert a[name].stride() == b[name].stride() and torch.equal(a[name], b[name]), name
+        assert a[name].requires_grad == b[name].requires_grad, name
+
+
+def test_materialize_checkpoint_tiny_llama_tied_as_load_state_dict(tmp_path):
+    torch.manual_seed(1)
+    _tiny_llama().save_pretrained(tmp_path)  # one name of the tie in the file
+    torch.manual_seed(2)  # the checkpoint, not the seed, decides the weights
+    with md.MetaMode():
+        model = _tiny_llama()
+    md.materialize(model, checkpoint=tmp_path)
+    torch.manual_seed(3)
+    eager = _tiny_llama()
+    eager.load_state_dict(_loaded(tmp_path), strict=False)
+    _assert_same(model, eager)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie kept
+    assert torch.equal(model.model.rotary_emb.inv_freq, eager.model.rotary_emb.inv_freq)  # non-persistent
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(model(ids).logits, eager(ids).logits)
+
+
+def _loaded(folder):
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_materialize_checkpoint_batchnorm_buffers_bit_exact(tmp_path, fmt):
+    source = _net()
+    source.train()(torch.randn(8, 3, 4, 4))  # running stats and num_batches_tracked move
+    state = source.state_dict()
+    state["4.weight"] = state["4.weight"].to(torch.bfloat16)  # load_state_dict casts it back
+    path = tmp_path / f"m.{fmt}"
+    torch.save(state, path) if fmt == "pt" else save_file(state, path)
+    with md.MetaMode():
+        model = _net()
+    md.materialize(model, checkpoint=path)
+    eager = _net()
+    eager.load_state_dict(state)
+    _assert_same(model, eager)
+    assert model[1].num_batches_tracked.item() == 1
+
+
+def test_materialize_checkpoint_plain_meta_and_a_tie_stored_twice(tmp_path):
+    state = {k: v.clone() for k, v in _tiny_llama().state_dict().items()}
+    state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"])  # stored twice, different
+    save_file(state, tmp_path / "twice.safetensors")
+    with md.MetaMode():
+        model = _tiny_llama()
+    md.materialize(model, checkpoint=tmp_path / "twice.safetensors")
+    eager = _tiny_llama()
+    eager.load_state_dict(state)  # copies both into the one tensor: the last wins
+    _assert_same(model, eager)
+    with torch.device("meta"):
+        plain = _tiny_llama()
+    with pytest.raises(MetaDispatchError, match="inv_freq"):  # a non-persistent buffer nothing computes
+        md.materialize(plain, checkpoint=tmp_path / "twice.safetensors")
+    assert plain.lm_head.weight.is_meta  # nothing was loaded
+
+
+def test_materialize_checkpoint_refuses_a_wrong_shape_before_loading(tmp_path):
+    state = _net().state_dict()
+    state["0.weight"] = torch.ones(4, 3, 2, 2)
+    torch.save(state, tmp_path / "m.pt")
+    with md.MetaMode():
+        model = _net()
+    with pytest.raises(CheckpointMismatchError, match=r"0\.weight") as e:
+        md.materialize(model, checkpoint=tmp_path / "m.pt")
+    assert e.value.findings.shape[0][0] == "0.weight"
+    assert isinstance(model[0].weight, md.MetaTensor)
+    del state["0.weight"]
+    torch.save(state, tmp_path / "m.pt")
+    with pytest.raises(CheckpointMismatchError, match="missing: 0.weight"):
+        md.materialize(model, checkpoint=tmp_path / "m.pt")
+    torch.manual_seed(0)
+    with md.MetaMode():
+        model = _net()
+    md.materialize(model, checkpoint=tmp_path / "m.pt", strict=False)  # the missing one replayed
+    torch.manual_seed(0)
+    eager = _net()
+    eager.load_state_dict(state, strict=False)
+    _assert_same(model, eager)
