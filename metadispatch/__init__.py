@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .debug.diff import diff
     from .debug.report import Report
     from .debug.verify import RuleCheck, verify_rule
+    from .execution.audit import Audit, audit
     from .execution.budget import Budget
     from .execution.materialize import materialize
     from .execution.replay import Mismatch, Replay, replay
@@ -116,6 +117,8 @@ _LAZY = {
     "RuleCheck": "debug.verify",
     "verify_rule": "debug.verify",
     "Budget": "execution.budget",
+    "audit": "execution.audit",
+    "Audit": "execution.audit",
     "materialize": "execution.materialize",
     "Mismatch": "execution.replay",
     "Replay": "execution.replay",
@@ -215,6 +218,8 @@ __all__ = [
     "Replay",
     "Mismatch",
     "materialize",
+    "audit",
+    "Audit",
     "Budget",
     "MetaDispatchError",
     "UnsupportedOpError",

@@ -9,7 +9,8 @@ the plain loop it is tested against), ``replay``
 runs and checks them into a ``result`` (``timing``: per-call times),
 ``collectives`` runs a rank's collectives over a real process group,
 ``materialize`` replays a module's construction, the part of the trace it
-needs (``slicing``).  What a trace may cost and write is known before it
+needs (``slicing``), or loads it from a checkpoint; ``audit`` says what a
+load left wrong.  What a trace may cost and write is known before it
 runs: ``budget`` (its limits), ``costs`` (the walk that sizes each call),
 ``work`` and ``sizes`` (one call's work, scratch and list or
 data-dependent sizes), ``writes`` (which leaves it writes, and the guard),

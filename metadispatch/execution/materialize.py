@@ -63,7 +63,7 @@ from .leaves import bind_leaves
 from .replay import execute
 from .slicing import SliceError, slice_for
 
-__all__ = ["materialize"]
+__all__ = ["materialize", "construct"]
 
 
 def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: bool = True) -> nn.Module:
@@ -105,8 +105,26 @@ def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: boo
                 "computed as eager construction does)"
             )
         reachable = {path: t for path, t in reachable.items() if id(t) not in loaded}
+    real = construct(reachable, device)  # id(MetaTensor) -> real tensor: tied tensors stay tied
+    if loads:
+        _load(loads, contents, real, device)
+    # Note [Materialise all or nothing]: an interrupt part way through the
+    # swap puts back what was swapped, by the inverse map.
+    try:
+        _swap_all(module, lambda t: real.get(id(t), t))
+    except BaseException:
+        metas = {id(t): t for t in reachable.values()} | {id(t): t for _, t in loads}
+        back = {id(value): metas[i] for i, value in real.items()}
+        _swap_all(module, lambda t: back.get(id(t), t))
+        raise
+    return module
+
+
+def construct(reachable: dict, device) -> dict:
+    """id(MetaTensor) -> its real value, for ``reachable`` (path -> MetaTensor), replaying only what built them."""
+    device = normalize_device(device)
     names = {id(t): path for path, t in reachable.items()}
-    real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
+    real: dict = {}
     for rec, metas in _by_recorder(reachable, names).items():
         try:  # only what built these tensors: the mode may have run other work
             trace = slice_for(rec.trace, [t._md.meta for t in metas])
@@ -123,18 +141,7 @@ def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: boo
                 if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False)
                 else value
             )
-    if loads:
-        _load(loads, contents, real, device)
-    # Note [Materialise all or nothing]: an interrupt part way through the
-    # swap puts back what was swapped, by the inverse map.
-    try:
-        _swap_all(module, lambda t: real.get(id(t), t))
-    except BaseException:
-        metas = {id(t): t for t in reachable.values()} | {id(t): t for _, t in loads}
-        back = {id(value): metas[i] for i, value in real.items()}
-        _swap_all(module, lambda t: back.get(id(t), t))
-        raise
-    return module
+    return real
 
 
 def _load(loads: list, contents, real: dict, device) -> None:

@@ -1,0 +1,70 @@
+"""md.audit after the loading paths people use, each finding checked against the model itself."""
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import metadispatch as md
+
+
+def _tiny_llama(tie=True):
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+        tie_word_embeddings=tie,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def test_audit_names_what_a_partial_assign_left_on_meta():
+    state = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).state_dict()
+    del state["1.running_var"], state["0.bias"]
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    result = model.load_state_dict(state, strict=False, assign=True)
+    found = md.audit(model)
+    assert set(found.on_meta) == set(result.missing_keys) == {"0.bias", "1.running_var"}
+    assert all(dict(model.state_dict()).get(n).is_meta for n in found.on_meta)
+
+
+def test_audit_finds_the_tie_assign_true_breaks():
+    eager = _tiny_llama()
+    state = {k: v.clone() for k, v in eager.state_dict().items()}
+    with torch.device("meta"):
+        model = _tiny_llama()
+    model.load_state_dict(state, assign=True)
+    assert model.lm_head.weight is not model.model.embed_tokens.weight  # what torch did
+    assert md.audit(model).broken_ties == (("model.embed_tokens.weight", "lm_head.weight"),)
+    model.tie_weights()
+    assert md.audit(model).broken_ties == ()
+    assert md.audit(eager).ok and md.audit(_tiny_llama(tie=False)).ok  # no tie declared, none broken
+
+
+def test_audit_with_a_reference_finds_ties_by_identity():
+    with md.MetaMode():
+        reference = nn.ModuleDict({"a": nn.Linear(4, 4, bias=False), "b": nn.Linear(4, 4, bias=False)})
+    reference["b"].weight = reference["a"].weight
+    model = nn.ModuleDict({"a": nn.Linear(4, 4, bias=False), "b": nn.Linear(4, 4, bias=False)})
+    assert md.audit(model, reference).broken_ties == (("a.weight", "b.weight"),)
+    model["b"].weight = model["a"].weight
+    assert md.audit(model, reference).ok
+
+
+def test_audit_finds_buffers_to_empty_left_uninitialised():
+    eager = _tiny_llama()
+    with md.MetaMode():
+        reference = _tiny_llama()
+    with torch.device("meta"):
+        model = _tiny_llama()
+    model.to_empty(device="cpu")  # non-persistent buffers: whatever memory held
+    model.load_state_dict(eager.state_dict())
+    rotary = "model.rotary_emb.inv_freq"
+    assert not torch.equal(dict(model.named_buffers())[rotary], dict(eager.named_buffers())[rotary])
+    found = md.audit(model, reference)
+    assert rotary in found.uninitialised and not found.on_meta
+    assert md.audit(eager, reference).ok
+    assert isinstance(reference.model.rotary_emb.inv_freq, md.MetaTensor)  # the reference is untouched
