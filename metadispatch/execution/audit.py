@@ -16,6 +16,15 @@ lacked stays on ``meta``.  The audit reports:
   construction trace (only the calls it needs) and compared, bit for bit,
   with the model's.  Persistent entries are the checkpoint's business:
   ``md.checkpoint.check`` says which the checkpoint holds.
+
+Note [A tie is one object]
+~~~~~~~~~~~~~~~~~~~~~~~~~~
+``load_state_dict(assign=True)`` of a ``torch.save`` file that stored a tie
+once gives each name its own ``Parameter`` over the one storage: the
+values agree, but ``parameters()`` lists both, so an optimizer keeps two
+states and applies two updates to the same memory.  So tied parameters
+count as tied only when they are one object; buffers (never optimised)
+when they view the same memory the same way.
 """
 
 from __future__ import annotations
@@ -91,6 +100,8 @@ def _shared(tensors: dict, group: tuple) -> bool:
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a is b:
         return True
+    if isinstance(a, nn.Parameter) or isinstance(b, nn.Parameter):
+        return False  # two Parameters over one storage: an optimizer updates each (Note [A tie is one object])
     if a.is_meta or b.is_meta or isinstance(a, MetaTensor) or isinstance(b, MetaTensor):
         return False  # distinct meta tensors share nothing
     key = (a.device, a.untyped_storage().data_ptr(), a.storage_offset(), a.shape, a.stride(), a.dtype)

@@ -68,3 +68,20 @@ def test_audit_finds_buffers_to_empty_left_uninitialised():
     assert rotary in found.uninitialised and not found.on_meta
     assert md.audit(eager, reference).ok
     assert isinstance(reference.model.rotary_emb.inv_freq, md.MetaTensor)  # the reference is untouched
+
+
+def test_audit_two_parameters_over_one_storage_are_a_broken_tie(tmp_path):
+    def build():
+        model = nn.ModuleDict({"emb": nn.Embedding(10, 4), "head": nn.Linear(4, 10, bias=False)})
+        model["head"].weight = model["emb"].weight
+        return model
+
+    torch.save(build().state_dict(), tmp_path / "m.pt")  # the tie stored once
+    with torch.device("meta"):
+        model = build()
+    model.load_state_dict(torch.load(tmp_path / "m.pt", weights_only=True), assign=True)
+    emb, head = model["emb"].weight, model["head"].weight
+    assert emb.data_ptr() == head.data_ptr() and len(list(model.parameters())) == 2  # what torch did
+    with md.MetaMode():
+        reference = build()
+    assert md.audit(model, reference).broken_ties == (("emb.weight", "head.weight"),)
