@@ -89,13 +89,11 @@ class _Tensor:
 
 def read_torch_zip(path: str, opener=open) -> dict[str, Entry]:
     """Entries by name of the ``torch.save`` zip at ``path``."""
-    if not zipfile.is_zipfile(path):
-        refuse(path, "", "not a zip: the torch.save format before torch 1.6 (or not a torch file) is not read")
     with opener(path, "rb") as f:
         try:
             z = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, ValueError, OSError) as e:
-            refuse(path, "", f"unreadable zip directory ({e})")
+            refuse(path, "", f"not a readable zip ({e}); torch.save's format before torch 1.6 is not read")
         sizes = {i.filename: i.file_size for i in z.infolist()}
         pickles = [n for n in sizes if n.count("/") == 1 and n.endswith("/data.pkl")]
         if len(pickles) != 1:
@@ -281,7 +279,7 @@ def _global(path, pos, module, qual) -> _Global:
         refuse(
             path,
             name,
-            "a global torch.save does not write for tensors and dicts  (Note [What inspect accepts of a pickle])",
+            "a global torch.save does not write for tensors and dicts (Note [What inspect accepts of a pickle])",
         )
     return _Global(name)
 

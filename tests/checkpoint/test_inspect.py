@@ -251,3 +251,35 @@ def test_inspect_refuses_legacy_and_missing_files(tmp_path):
     with pytest.raises(CheckpointFormatError, match="plain file name") as e:
         md.checkpoint.inspect(tmp_path)
     assert e.value.entry == "../x"
+
+
+class _StoragePickler(pickle.Pickler):
+    """Writes persistent ids as torch.save does, from ``("pid", tuple)`` markers."""
+
+    def persistent_id(self, obj):
+        return obj[1] if isinstance(obj, tuple) and obj[:1] == ("pid",) else None
+
+
+@pytest.mark.parametrize(
+    ("obj", "says"),
+    [
+        ({"w": {1, 2}}, "'__builtin__.set'"),  # protocol 2 spells a set as a call of set
+        ({"w": eval}, "'__builtin__.eval'"),
+        ({"w": ("pid", ("storage", "FloatStorage", "0", "cpu", 4))}, "not a torch.save storage"),
+        ({"w": ("pid", ("storage", torch.FloatStorage, "0", "cpu", -1))}, "not a torch.save storage"),
+        ({(1, 2): 3}, "dict key of type tuple"),
+    ],
+)
+def test_inspect_refuses_pickles_torch_save_does_not_write(tmp_path, obj, says):
+    import io
+
+    buf = io.BytesIO()
+    _StoragePickler(buf, protocol=2).dump(obj)
+    bad = _zip_with_pickle(tmp_path, None)
+    with zipfile.ZipFile(bad) as z:
+        records = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(bad, "w") as z:
+        for name, data in records.items():
+            z.writestr(name, buf.getvalue() if name.endswith("data.pkl") else data)
+    with pytest.raises(CheckpointFormatError, match=says):
+        md.checkpoint.inspect(bad)

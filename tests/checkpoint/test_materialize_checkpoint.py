@@ -38,9 +38,11 @@ def _assert_same(got: nn.Module, want: nn.Module):
         assert a[name].requires_grad == b[name].requires_grad, name
 
 
-def test_materialize_checkpoint_tiny_llama_tied_as_load_state_dict(tmp_path):
+@pytest.mark.parametrize("shard", [None, "40KB"])
+def test_materialize_checkpoint_tiny_llama_tied_as_load_state_dict(tmp_path, shard):
     torch.manual_seed(1)
-    _tiny_llama().save_pretrained(tmp_path)  # one name of the tie in the file
+    _tiny_llama().save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))  # one name of the tie
+    assert (len(md.checkpoint.inspect(tmp_path).files) > 1) == (shard is not None)
     torch.manual_seed(2)  # the checkpoint, not the seed, decides the weights
     with md.MetaMode():
         model = _tiny_llama()
@@ -58,7 +60,7 @@ def test_materialize_checkpoint_tiny_llama_tied_as_load_state_dict(tmp_path):
 def _loaded(folder):
     from safetensors.torch import load_file
 
-    return load_file(folder / "model.safetensors")
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
 @pytest.mark.parametrize("fmt", ["pt", "safetensors"])
