@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import metadispatch as md
+from tests.models import tied_llama
 
 
 def _net():
@@ -47,56 +47,36 @@ def test_check_finds_a_wrong_shape_and_a_dtype_on_a_meta_model(tmp_path):
     assert found.lines()[0] == "shape: 0.weight: model [3, 4], checkpoint [3, 5]"
 
 
-def _tiny_llama():
-    cfg = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg)
-
-
 def test_check_tied_weights_saved_once_are_not_missing(tmp_path):
-    _tiny_llama().save_pretrained(tmp_path)  # safetensors keeps one name of the tie
+    tied_llama().save_pretrained(tmp_path)  # safetensors keeps one name of the tie
     with md.MetaMode():
-        model = _tiny_llama()
+        model = tied_llama()
     assert ("model.embed_tokens.weight", "lm_head.weight") in md.checkpoint.ties(model)
     stored = md.checkpoint.inspect(tmp_path).tensors
     assert "lm_head.weight" not in stored
     assert md.checkpoint.check(model, tmp_path).ok
-    torch.save(_tiny_llama().state_dict(), tmp_path / "both.pt")  # both names, one storage
+    torch.save(tied_llama().state_dict(), tmp_path / "both.pt")  # both names, one storage
     assert md.checkpoint.check(model, tmp_path / "both.pt").ok
 
 
 def test_check_finds_a_tie_stored_twice(tmp_path):
-    state = {k: v.clone() for k, v in _tiny_llama().state_dict().items()}  # clones: two tensors
+    state = {k: v.clone() for k, v in tied_llama().state_dict().items()}  # clones: two tensors
     save_file(state, tmp_path / "twice.safetensors")
     with md.MetaMode():
-        model = _tiny_llama()
+        model = tied_llama()
     found = md.checkpoint.check(model, tmp_path / "twice.safetensors")
     assert found.stored_twice == (("model.embed_tokens.weight", "lm_head.weight"),)
     # what that does: assign=True unties the model
     with torch.device("meta"):
-        meta = _tiny_llama()
+        meta = tied_llama()
     meta.load_state_dict(state, assign=True)
     assert meta.lm_head.weight is not meta.model.embed_tokens.weight
 
 
 def _llama_70b_on_meta():
-    cfg = LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-    )
+    sizes = dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64)
     with torch.device("meta"):
-        return LlamaForCausalLM(cfg).to(torch.bfloat16)
+        return tied_llama(tie=False, **sizes, num_key_value_heads=8, vocab_size=128256).to(torch.bfloat16)
 
 
 def _write_index(folder, shapes: dict, shards: int):

@@ -4,23 +4,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import metadispatch as md
 from metadispatch.errors import CheckpointMismatchError, MetaDispatchError
-
-
-def _tiny_llama():
-    cfg = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(cfg)
+from tests.models import tied_llama
 
 
 def _net():
@@ -41,14 +28,14 @@ def _assert_same(got: nn.Module, want: nn.Module):
 @pytest.mark.parametrize("shard", [None, "40KB"])
 def test_materialize_checkpoint_tiny_llama_tied_as_load_state_dict(tmp_path, shard):
     torch.manual_seed(1)
-    _tiny_llama().save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))  # one name of the tie
+    tied_llama().save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))  # one name of the tie
     assert (len(md.checkpoint.inspect(tmp_path).files) > 1) == (shard is not None)
     torch.manual_seed(2)  # the checkpoint, not the seed, decides the weights
     with md.MetaMode():
-        model = _tiny_llama()
+        model = tied_llama()
     md.materialize(model, checkpoint=tmp_path)
     torch.manual_seed(3)
-    eager = _tiny_llama()
+    eager = tied_llama()
     eager.load_state_dict(_loaded(tmp_path), strict=False)
     _assert_same(model, eager)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie kept
@@ -81,17 +68,17 @@ def test_materialize_checkpoint_batchnorm_buffers_bit_exact(tmp_path, fmt):
 
 
 def test_materialize_checkpoint_plain_meta_and_a_tie_stored_twice(tmp_path):
-    state = {k: v.clone() for k, v in _tiny_llama().state_dict().items()}
+    state = {k: v.clone() for k, v in tied_llama().state_dict().items()}
     state["lm_head.weight"] = torch.randn_like(state["lm_head.weight"])  # stored twice, different
     save_file(state, tmp_path / "twice.safetensors")
     with md.MetaMode():
-        model = _tiny_llama()
+        model = tied_llama()
     md.materialize(model, checkpoint=tmp_path / "twice.safetensors")
-    eager = _tiny_llama()
+    eager = tied_llama()
     eager.load_state_dict(state)  # copies both into the one tensor: the last wins
     _assert_same(model, eager)
     with torch.device("meta"):
-        plain = _tiny_llama()
+        plain = tied_llama()
     with pytest.raises(MetaDispatchError, match="inv_freq"):  # a non-persistent buffer nothing computes
         md.materialize(plain, checkpoint=tmp_path / "twice.safetensors")
     assert plain.lm_head.weight.is_meta  # nothing was loaded

@@ -2,22 +2,9 @@
 
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import metadispatch as md
-
-
-def _tiny_llama(tie=True):
-    cfg = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=50,
-        tie_word_embeddings=tie,
-    )
-    return LlamaForCausalLM(cfg)
+from tests.models import tied_llama
 
 
 def test_audit_names_what_a_partial_assign_left_on_meta():
@@ -32,16 +19,16 @@ def test_audit_names_what_a_partial_assign_left_on_meta():
 
 
 def test_audit_finds_the_tie_assign_true_breaks():
-    eager = _tiny_llama()
+    eager = tied_llama()
     state = {k: v.clone() for k, v in eager.state_dict().items()}
     with torch.device("meta"):
-        model = _tiny_llama()
+        model = tied_llama()
     model.load_state_dict(state, assign=True)
     assert model.lm_head.weight is not model.model.embed_tokens.weight  # what torch did
     assert md.audit(model).broken_ties == (("model.embed_tokens.weight", "lm_head.weight"),)
     model.tie_weights()
     assert md.audit(model).broken_ties == ()
-    assert md.audit(eager).ok and md.audit(_tiny_llama(tie=False)).ok  # no tie declared, none broken
+    assert md.audit(eager).ok and md.audit(tied_llama(tie=False)).ok  # no tie declared, none broken
 
 
 def test_audit_with_a_reference_finds_ties_by_identity():
@@ -55,11 +42,11 @@ def test_audit_with_a_reference_finds_ties_by_identity():
 
 
 def test_audit_finds_buffers_to_empty_left_uninitialised():
-    eager = _tiny_llama()
+    eager = tied_llama()
     with md.MetaMode():
-        reference = _tiny_llama()
+        reference = tied_llama()
     with torch.device("meta"):
-        model = _tiny_llama()
+        model = tied_llama()
     model.to_empty(device="cpu")  # non-persistent buffers: whatever memory held
     model.load_state_dict(eager.state_dict())
     rotary = "model.rotary_emb.inv_freq"
