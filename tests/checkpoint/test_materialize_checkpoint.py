@@ -106,3 +106,30 @@ def test_materialize_checkpoint_refuses_a_wrong_shape_before_loading(tmp_path):
     eager = _net()
     eager.load_state_dict(state, strict=False)
     _assert_same(model, eager)
+
+
+def test_materialize_checkpoint_holds_one_checkpoint_tensor_at_a_time(tmp_path, monkeypatch):
+    import weakref
+
+    import metadispatch.execution.materialize as materialize_module
+
+    state = _net().state_dict()
+    path = tmp_path / "m.safetensors"  # a torch.save file is mmap'd: its pages are the page cache's
+    save_file(state, path)
+    alive_at_next = []
+    real_stream = materialize_module.stream
+
+    def watched(contents, names):
+        earlier: list = []
+        for name, value in real_stream(contents, names):
+            alive_at_next.append(sum(r() is not None for r in earlier))
+            earlier.append(weakref.ref(value))
+            yield name, value
+            del value
+
+    monkeypatch.setattr(materialize_module, "stream", watched)
+    with md.MetaMode():
+        model = _net()
+    md.materialize(model, checkpoint=path)
+    assert len(alive_at_next) == len(state)
+    assert max(alive_at_next) == 0  # each tensor read is gone when the next is read
