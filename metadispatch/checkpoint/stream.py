@@ -16,7 +16,6 @@ import os
 from collections.abc import Iterator
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from ..errors import CheckpointMismatchError
@@ -62,6 +61,10 @@ def stream(contents: Contents, names: list[str]) -> Iterator[tuple[str, torch.Te
 
 def _open(path: str, stack: contextlib.ExitStack):
     if _is_safetensors(path):
+        try:  # an optional dependency (transformers brings it); inspect needs none
+            from safetensors import safe_open
+        except ImportError as e:
+            raise ImportError(f"loading {path}'s data needs safetensors: pip install safetensors") from e
         f = stack.enter_context(safe_open(path, framework="pt", device="cpu"))
         return f.get_tensor
     loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
