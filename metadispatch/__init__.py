@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .errors import (
     BudgetExceededError,
+    CheckpointFormatError,
+    CheckpointMismatchError,
     DataDependentError,
     MaterializeLimitError,
     MetaDispatchError,
@@ -42,7 +44,7 @@ del _counters  # reached through the wiring only
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers
-    from . import testing
+    from . import checkpoint, testing
     from .analysis.fit import fits
     from .analysis.flops import flops, register_flops, unregister_flops
     from .analysis.live import LiveStorages
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .debug.diff import diff
     from .debug.report import Report
     from .debug.verify import RuleCheck, verify_rule
+    from .execution.audit import Audit, audit
     from .execution.materialize import materialize
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
@@ -116,6 +119,8 @@ _LAZY = {
     "RuleCheck": "debug.verify",
     "verify_rule": "debug.verify",
     "Budget": "trust.budget",
+    "audit": "execution.audit",
+    "Audit": "execution.audit",
     "materialize": "execution.materialize",
     "Mismatch": "execution.replay",
     "Replay": "execution.replay",
@@ -131,6 +136,7 @@ _LAZY = {
 }
 _SUBPACKAGES = (
     "analysis",
+    "checkpoint",
     "core",
     "debug",
     "execution",
@@ -186,6 +192,7 @@ __all__ = [
     "unregister_meta",
     "diff",
     "testing",
+    "checkpoint",
     "flops",
     "register_flops",
     "unregister_flops",
@@ -215,11 +222,15 @@ __all__ = [
     "Replay",
     "Mismatch",
     "materialize",
+    "audit",
+    "Audit",
     "Budget",
     "MetaDispatchError",
     "UnsupportedOpError",
     "DataDependentError",
     "TraceFormatError",
+    "CheckpointFormatError",
+    "CheckpointMismatchError",
     "UnsupportedFeatureError",
     "ReplayError",
     "BudgetExceededError",

@@ -13,6 +13,8 @@ __all__ = [
     "UnsupportedOpError",
     "DataDependentError",
     "TraceFormatError",
+    "CheckpointFormatError",
+    "CheckpointMismatchError",
     "UnsupportedFeatureError",
     "MaterializeLimitError",
     "mark_call",
@@ -51,6 +53,27 @@ class DataDependentError(MetaDispatchError, RuntimeError):
 
 class TraceFormatError(MetaDispatchError, ValueError):
     """A saved trace is unreadable, from an unknown version, or inconsistent."""
+
+
+class CheckpointFormatError(MetaDispatchError, ValueError):
+    """A checkpoint file (safetensors, a ``torch.save`` zip, a shard index) is unreadable or inconsistent.
+
+    ``path`` is the file, ``entry`` the tensor name or record at fault
+    (empty when the fault is in the file as a whole).
+    """
+
+    def __init__(self, message: str, *, path: str = "", entry: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.entry = entry
+
+
+class CheckpointMismatchError(MetaDispatchError, ValueError):
+    """A checkpoint does not fit the model it is loaded into; ``findings`` says how (``md.checkpoint.check``)."""
+
+    def __init__(self, message: str, *, findings: object = None) -> None:
+        super().__init__(message)
+        self.findings = findings
 
 
 class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):

@@ -108,3 +108,18 @@ def tiny_mixtral():
 
 
 MODELS = {"mlp": mlp, "convnet": convnet, "llama": llama, "hf_llama": hf_llama, "hf_gpt2": hf_gpt2}
+
+
+def tied_llama(tie=True, **sizes):
+    """A transformers LLaMA, tiny unless ``sizes`` say otherwise, its head tied to its embedding."""
+    transformers = __import__("pytest").importorskip("transformers")
+    shape = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+    )
+    config = transformers.LlamaConfig(**(shape | sizes), tie_word_embeddings=tie)
+    return transformers.LlamaForCausalLM(config)

@@ -7,7 +7,8 @@ is tested against), ``replay`` runs them on what ``binding`` bound,
 (``timing``: per-call times); ``uninit`` finds memory read before any call
 wrote it, ``collectives`` runs a rank's collectives over a real process
 group, ``materialize`` replays a module's construction, the part of the
-trace it needs (``slicing``).  What a file's trace may cost and which
+trace it needs (``slicing``), or loads it from a checkpoint; ``audit`` says what a
+load left wrong.  What a file's trace may cost and which
 values its kernels follow is checked by ``trust``, below.  May import
 ``binding`` and below.
 """

@@ -30,6 +30,20 @@ Replay would otherwise fill such a leaf with made-up numbers.  The swap
 itself is undone, by the inverse map, when anything (a ``KeyboardInterrupt``)
 stops it part way.
 
+Note [Materialise from a checkpoint]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+With ``checkpoint=path`` the state-dict entries the checkpoint holds are not
+replayed: each is allocated empty (the module's dtype, shape and strides)
+and filled by ``copy_`` from the checkpoint, one tensor at a time
+(``checkpoint/stream.py``), in ``load_state_dict``'s order -- so casts, and a
+tie the checkpoint stores twice (the last copy wins), come out as
+``load_state_dict`` on an eagerly built module gives them.  Everything else
+(non-persistent buffers, caches on attributes, and with ``strict=False`` the
+missing entries) is replayed from the construction trace as before, so a
+rotary ``inv_freq`` is what eager construction computes.  A module built on
+plain ``meta`` has no trace: every meta tensor it holds must then come from
+the checkpoint, or it raises naming the rest before anything is loaded.
+
 Limits: bit-exactness needs the same kernels, so materialise on the CPU (a
 CUDA generator draws different numbers).
 """
@@ -42,17 +56,23 @@ import torch
 from torch import nn
 
 from ..binding.leaves import bind_leaves
+from ..checkpoint.stream import plan, stream
 from ..errors import MetaDispatchError
 from ..mode.reach import walk
 from ..tensor.tensor import MetaTensor, normalize_device
 from .replay import execute
 from .slicing import SliceError, slice_for
 
-__all__ = ["materialize"]
+__all__ = ["materialize", "construct"]
 
 
-def materialize(module: nn.Module, device="cpu") -> nn.Module:
+def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: bool = True) -> nn.Module:
     """Replace every MetaTensor ``module`` holds by its real value, in place.
+
+    With ``checkpoint`` (a path ``md.checkpoint.inspect`` reads) the
+    state-dict entries come from the checkpoint, streamed tensor by tensor,
+    the rest from the construction trace (Note [Materialise from a
+    checkpoint]); ``strict`` as in ``load_state_dict``.
 
     >>> import torch, metadispatch as md
     >>> _ = torch.manual_seed(0)
@@ -73,8 +93,38 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
             "materialize: MetaTensors held where materialize cannot replace them (only "
             "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck)
         )
+    loads: list = []
+    if checkpoint is not None:
+        contents, loads = plan(module, checkpoint, strict)
+        loaded = {id(t) for _, t in loads}
+        plain = [path for path, t in _plain_metas(module).items() if id(t) not in loaded]
+        if plain:
+            raise MetaDispatchError(
+                f"materialize: {', '.join(plain[:8])} lie on plain 'meta' and are not in {contents.path}: "
+                "nothing says their values (build the module under md.MetaMode to have them "
+                "computed as eager construction does)"
+            )
+        reachable = {path: t for path, t in reachable.items() if id(t) not in loaded}
+    real = construct(reachable, device)  # id(MetaTensor) -> real tensor: tied tensors stay tied
+    if loads:
+        _load(loads, contents, real, device)
+    # Note [Materialise all or nothing]: an interrupt part way through the
+    # swap puts back what was swapped, by the inverse map.
+    try:
+        _swap_all(module, lambda t: real.get(id(t), t))
+    except BaseException:
+        metas = {id(t): t for t in reachable.values()} | {id(t): t for _, t in loads}
+        back = {id(value): metas[i] for i, value in real.items()}
+        _swap_all(module, lambda t: back.get(id(t), t))
+        raise
+    return module
+
+
+def construct(reachable: dict, device) -> dict:
+    """id(MetaTensor) -> its real value, for ``reachable`` (path -> MetaTensor), replaying only what built them."""
+    device = normalize_device(device)
     names = {id(t): path for path, t in reachable.items()}
-    real: dict = {}  # id(MetaTensor) -> real tensor: tied tensors stay tied
+    real: dict = {}
     for rec, metas in _by_recorder(reachable, names).items():
         try:  # only what built these tensors: the mode may have run other work
             trace = slice_for(rec.trace, [t._md.meta for t in metas])
@@ -91,16 +141,33 @@ def materialize(module: nn.Module, device="cpu") -> nn.Module:
                 if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False)
                 else value
             )
-    # Note [Materialise all or nothing]: an interrupt part way through the
-    # swap puts back what was swapped, by the inverse map.
-    try:
-        _swap_all(module, lambda t: real.get(id(t), t))
-    except BaseException:
-        metas = {id(t): t for t in reachable.values()}
-        back = {id(value): metas[i] for i, value in real.items()}
-        _swap_all(module, lambda t: back.get(id(t), t))
-        raise
-    return module
+    return real
+
+
+def _load(loads: list, contents, real: dict, device) -> None:
+    """Fill ``real`` from the checkpoint (Note [Materialise from a checkpoint])."""
+    targets = dict(loads)
+    for name, value in stream(contents, [n for n, _ in loads]):
+        t = targets[name]
+        dest = real.get(id(t))
+        if dest is None:
+            dest = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+            if isinstance(t, nn.Parameter) or getattr(t, "_is_param", False):
+                dest = nn.Parameter(dest, requires_grad=t.requires_grad)
+            real[id(t)] = dest
+        with torch.no_grad():
+            dest.copy_(value)
+        del value  # one checkpoint tensor at a time
+
+
+def _plain_metas(module: nn.Module) -> dict:
+    """path -> tensor on plain ``meta`` (not a MetaTensor) among the module's parameters and buffers."""
+    found: dict = {}
+    for kind in (module.named_parameters, module.named_buffers):
+        for path, t in kind(remove_duplicate=False):
+            if t.is_meta and not isinstance(t, MetaTensor):
+                found.setdefault(path, t)
+    return found
 
 
 def _reachable_metas(module: nn.Module) -> dict:
