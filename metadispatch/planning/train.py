@@ -1,0 +1,284 @@
+"""``md.plan``: the fastest training configuration that fits on N logical GPUs.
+
+Every candidate is traced, not estimated: one rank of an N-GPU job is run
+in ``MetaMode(world_size=N, rank=0)`` with FSDP2 (``fully_shard``, an
+HSDP mesh where the shard degree is less than the data-parallel one), TP
+(``parallelize_module``, cli/plan.py's colwise/rowwise plan), per-block
+activation checkpointing (``md.apply_ac``), ``accum`` micro-batches and
+AdamW (foreach or fused), two optimizer steps; the second is scored
+(the steady state).  Its reserved peak is ``md.fits``'s (the caching
+allocator simulated against the profile's memory) and its time
+``md.runtime``'s (collectives priced on the profile's links, one stream,
+nothing overlapped).
+
+Note [Tracing once per shape class]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Two configurations share a trace when their per-rank programs are equal:
+the key is the mesh (replicate, shard, tp), AC, micro-batch, optimizer and
+the number of micro-batches *traced*, which is ``min(accum, 2)``.  From the
+second micro-batch on, accumulation repeats one program (the gradients are
+live, FSDP2 reduce-scatters each micro-batch), so the peak of ``accum >= 2``
+is the peak of two; the time adds ``accum - 2`` copies of the second
+micro-batch's calls (marks ``"micro"`` and ``"opt"``).  This is exact for
+memory up to the allocator's segment reuse, which the repeat does not
+change (the same sizes freed and taken again).  Rank 0 is traced: FSDP2
+and DTensor split as ``torch.chunk`` does, so the first ranks hold the
+larger share and rank 0 peaks at least as high as any other
+(Note [Ranks that trace alike] in cli/plan.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from ..analysis.fit import fits
+from ..analysis.memory import memory
+from ..errors import MetaDispatchError
+from ..ir.cut import step_from
+from ..ir.text import fmt_bytes, render
+from ..ir.trace import Trace
+from ..mode.mode import MetaMode
+from ..spec.profiles import gpu_profile
+from ..timing.runtime import runtime
+from ..tracing.marks import mark
+from .ac import apply_ac, blocks
+
+__all__ = ["plan", "Candidate", "PlanTable", "trace_config"]
+
+_KEYS = ("shard", "replicate", "tp", "ac", "micro_batch", "accum", "optimizer")
+
+
+class Candidate:
+    """One configuration: ``config`` (a dict of ``_KEYS``), ``fits``, the
+    steady-state ``peak`` (allocated) and ``reserved_peak`` bytes,
+    ``step_time`` seconds and ``tokens_per_s`` (the whole job's), ``why``
+    it was rejected (``None`` if it fits) and ``retrace()``."""
+
+    def __init__(self, config: dict, planner: _Planner) -> None:
+        self.config, self._planner = config, planner
+        self.fits = False
+        self.peak = self.reserved_peak = None
+        self.step_time = self.tokens_per_s = None
+        self.why: str | None = None
+        self.cached = False  # scored from a trace another candidate made
+
+    def retrace(self) -> Trace:
+        """This configuration's rank-0 step traced afresh (build, two steps; marks ``"step"``, ``"micro"``, ``"opt"``)."""
+        return self._planner.trace(self.config)
+
+    def __repr__(self) -> str:
+        return f"<Candidate {_short(self.config)} {'fits' if self.fits else 'rejected: ' + str(self.why)}>"
+
+
+class PlanTable(list):
+    """Candidates, best first: those that fit by step time, then the rejected. Print it for a table."""
+
+    seconds: float = 0.0
+    traces: int = 0
+    assumes: str = ""
+
+    @property
+    def best(self) -> Candidate | None:
+        return self[0] if self and self[0].fits else None
+
+    def __str__(self) -> str:
+        rows = [
+            (
+                str(i + 1),
+                _short(c.config),
+                "yes" if c.fits else "no",
+                fmt_bytes(c.reserved_peak) if c.reserved_peak is not None else "-",
+                f"{c.step_time * 1e3:.1f}" if c.step_time is not None else "-",
+                f"{c.tokens_per_s:,.0f}" if c.tokens_per_s is not None else "-",
+                c.why or "",
+            )
+            for i, c in enumerate(self)
+        ]
+        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s; {self.assumes}"
+        table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
+        return "\n".join([head, *table])
+
+
+def plan(
+    make_model: Callable,
+    *,
+    gpus: int,
+    gpu: str = "h100",
+    global_batch: int,
+    seq: int,
+    search: dict | None = None,
+    step: Callable | None = None,
+    vocab: int | None = None,
+) -> PlanTable:
+    """Rank the training configurations of ``make_model()`` on ``gpus`` logical ``gpu`` s.
+
+    ``search`` narrows or widens the space: lists under ``shard``, ``tp``,
+    ``ac`` (``"none"``, ``"block"``), ``micro_batch``, ``optimizer``
+    (``"foreach"``, ``"fused"``); the replicate degree is the rest of the
+    data-parallel ranks, ``accum`` what reaches ``global_batch``.  ``step(model,
+    ids)`` is the forward and backward (default: ``model(ids, labels=ids)``'s
+    ``.loss`` or the output, backward); ``vocab`` the token range (default: the
+    model's ``config.vocab_size`` or its first embedding).
+    """
+    if type(gpus) is not int or gpus < 1:
+        raise MetaDispatchError(f"plan: gpus={gpus!r}, a positive number of GPUs")
+    if type(global_batch) is not int or global_batch < 1 or type(seq) is not int or seq < 1:
+        raise MetaDispatchError(f"plan: global_batch={global_batch!r}, seq={seq!r}: positive integers")
+    planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or _default_step, vocab)
+    start = time.perf_counter()
+    table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
+    table.sort(key=lambda c: (not c.fits, c.step_time if c.step_time is not None else float("inf")))
+    table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
+    profile = gpu_profile(gpu)
+    table.assumes = (
+        f"{profile.title}, {fmt_bytes(profile.memory)} each; md.runtime's efficiency table for it, "
+        "collectives on its links, one stream, communication not overlapped with compute"
+    )
+    return table
+
+
+def trace_config(make_model: Callable, config: dict, *, gpus: int, gpu: str, seq: int, **options) -> Trace:
+    """Rank 0's step for ``config`` (a ``Candidate.config``), as ``md.plan`` traces it."""
+    return _Planner(make_model, gpus, gpu, 0, seq, options.get("step") or _default_step, options.get("vocab")).trace(
+        config
+    )
+
+
+class _Planner:
+    def __init__(self, make_model, gpus, gpu, global_batch, seq, step, vocab) -> None:
+        self.make_model, self.gpus, self.gpu, self.global_batch, self.seq = make_model, gpus, gpu, global_batch, seq
+        self.step, self.vocab = step, vocab
+        self.cache: dict = {}
+        self.heads = None
+
+    def configs(self, search: dict) -> list:
+        """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
+        n = self.gpus
+        tps = search.get("tp", [d for d in _divisors(n) if d <= 8])
+        out = []
+        for tp in tps:
+            dp = n // tp if n % tp == 0 else 0
+            shards = search.get("shard", _divisors(dp) if dp else [1])
+            mbs = search.get("micro_batch", [b for b in (1, 2, 4, 8) if dp and self.global_batch % (dp * b) == 0])
+            for shard, ac, mb, opt in itertools.product(
+                shards, search.get("ac", ["none", "block"]), mbs, search.get("optimizer", ["foreach", "fused"])
+            ):
+                rep = dp // shard if dp and dp % shard == 0 else 0
+                accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
+                out.append(dict(zip(_KEYS, (shard, rep, tp, ac, mb, accum, opt))))
+        return out
+
+    def rule(self, c: dict) -> str | None:
+        """The divisibility rule ``c`` breaks, if any."""
+        n, tp = self.gpus, c["tp"]
+        if n % tp:
+            return f"tp {tp} does not divide {n} GPUs"
+        if (n // tp) % c["shard"]:
+            return f"shard {c['shard']} does not divide the {n // tp} data-parallel ranks"
+        if self.global_batch % ((n // tp) * c["micro_batch"]):
+            return f"global batch {self.global_batch} is not a multiple of {n // tp} ranks x micro-batch {c['micro_batch']}"
+        for name, count in self._heads().items():
+            if count % tp:
+                return f"tp {tp} does not divide {name}={count}"
+        return None
+
+    def score(self, cand: Candidate) -> Candidate:
+        c = cand.config
+        cand.why = self.rule(c)
+        if cand.why:
+            return cand
+        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2),)
+        cand.cached = key in self.cache
+        if not cand.cached:
+            self.cache[key] = self._measure(self.trace(c))
+        peak, fit, micro_s, other_s = self.cache[key]
+        cand.peak, cand.reserved_peak, cand.fits = peak, fit.reserved_peak, fit.fits
+        cand.step_time = other_s + max(c["accum"] - 2, 0) * micro_s
+        cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
+        if not fit.fits:
+            oom = fit.first_oom_call
+            at = f": first OOM at call {oom.index} ({oom.op})" if oom is not None else ""
+            cand.why = f"reserved {fmt_bytes(fit.reserved_peak)} > {fmt_bytes(fit.capacity)}{at}"
+        return cand
+
+    def _measure(self, trace: Trace) -> tuple:
+        s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
+        peak = memory(step_from(trace, s)).peak
+        fit = fits(trace, gpu=self.gpu, since="step")
+        per_call = runtime(trace, self.gpu).per_call
+        return peak, fit, sum(per_call[m:o]), sum(per_call[s:])
+
+    def trace(self, c: dict) -> Trace:
+        from ..cli.plan import _fully_shard, _tensor_parallel  # the command line's wrapping, shared
+
+        accum = min(c["accum"], 2) if c["accum"] else 1
+        opt_kw = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
+        with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
+            model = self.make_model()
+            if c["ac"] == "block":
+                apply_ac(model, blocks(model))
+            dims = {"replicate": c["replicate"], "shard": c["shard"], "tp": c["tp"]}
+            mesh = init_device_mesh("cuda", tuple(dims.values()), mesh_dim_names=tuple(dims))
+            if c["tp"] > 1:
+                _tensor_parallel(model, mesh["tp"], None)
+            if c["replicate"] * c["shard"] > 1:
+                dp = mesh["replicate", "shard"] if c["replicate"] > 1 else mesh["shard"]
+                _fully_shard(model, dp, None)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
+            ids = torch.randint(0, self._vocab(model), (c["micro_batch"], self.seq), device="cuda")
+            mark("built")
+            for _ in range(2):
+                mark("step")
+                for i in range(accum):
+                    if i == accum - 1:
+                        mark("micro")
+                    self.step(model, ids)
+                mark("opt")
+                opt.step()
+                opt.zero_grad()
+        return mode.trace
+
+    def _vocab(self, model) -> int:
+        if self.vocab is not None:
+            return self.vocab
+        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        if size is None:
+            emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+            if emb is None:
+                raise MetaDispatchError("plan: the model has no config.vocab_size nor nn.Embedding; pass vocab=")
+            size = emb.num_embeddings
+        return int(size)
+
+    def _heads(self) -> dict:
+        """The model's head counts TP must divide (HF config names), read once from a meta build."""
+        if self.heads is None:
+            with MetaMode(device="cuda"):
+                cfg = getattr(self.make_model(), "config", None)
+            names = ("num_attention_heads", "num_key_value_heads")
+            self.heads = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
+        return self.heads
+
+
+def _default_step(model, ids) -> None:
+    out = model(ids, labels=ids)
+    loss = getattr(out, "loss", out)
+    if isinstance(loss, tuple):
+        loss = loss[0]
+    loss.backward()
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _short(c: dict) -> str:
+    return (
+        f"shard {c['shard']} x rep {c['replicate']} tp {c['tp']} ac {c['ac']} "
+        f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
+    )
