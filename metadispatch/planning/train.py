@@ -35,7 +35,6 @@ from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from ..analysis.fit import fits
 from ..analysis.memory import memory
@@ -266,11 +265,13 @@ class _Planner:
 
 
 def _default_step(model, ids) -> None:
-    out = model(ids, labels=ids)
+    # The output (the logits) is not kept through backward, as ``model(...).loss.backward()`` keeps it not.
+    _loss(model(ids, labels=ids)).backward()
+
+
+def _loss(out):
     loss = getattr(out, "loss", out)
-    if isinstance(loss, tuple):
-        loss = loss[0]
-    loss.backward()
+    return loss[0] if isinstance(loss, tuple) else loss
 
 
 def _divisors(n: int) -> list:
