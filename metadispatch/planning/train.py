@@ -66,6 +66,7 @@ class Candidate:
         self.step_time = self.tokens_per_s = None
         self.why: str | None = None
         self.cached = False  # scored from a trace another candidate made
+        self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
 
     def retrace(self) -> Trace:
         """This configuration's rank-0 step traced afresh (build, two steps; marks ``"step"``, ``"micro"``, ``"opt"``)."""
@@ -114,6 +115,7 @@ def plan(
     search: dict | None = None,
     step: Callable | None = None,
     vocab: int | None = None,
+    scale: tuple | None = None,
 ) -> PlanTable:
     """Rank the training configurations of ``make_model()`` on ``gpus`` logical ``gpu`` s.
 
@@ -124,6 +126,10 @@ def plan(
     ids)`` is the forward and backward (default: ``model(ids, labels=ids)``'s
     ``.loss`` or the output, backward); ``vocab`` the token range (default: the
     model's ``config.vocab_size`` or its first embedding).
+
+    ``scale=(2, 4)``: ``make_model(layers=k)`` builds the model with ``k``
+    blocks; each configuration is traced with 2 and 4 and its figures
+    extrapolated to the full model's (Note [Scaling from two depths]).
     """
     if type(gpus) is not int or gpus < 1:
         raise MetaDispatchError(f"plan: gpus={gpus!r}, a positive number of GPUs")
@@ -131,8 +137,12 @@ def plan(
         raise MetaDispatchError(f"plan: global_batch={global_batch!r}, seq={seq!r}: positive integers")
     planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or _default_step, vocab)
     start = time.perf_counter()
+    planner.scale = _check_scale(scale)
     table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
-    table.sort(key=lambda c: (not c.fits, c.step_time if c.step_time is not None else float("inf")))
+    _rank(table)
+    while scale and table and table[0].fits and table[0].scaled:  # the winner is confirmed by a full trace
+        planner.score(table[0], full=True)
+        _rank(table)
     table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
     profile = gpu_profile(gpu)
     table.assumes = (
@@ -155,6 +165,8 @@ class _Planner:
         self.step, self.vocab = step, vocab
         self.cache: dict = {}
         self.heads = None
+        self.scale: tuple | None = None
+        self.depth: int | None = None
 
     def configs(self, search: dict) -> list:
         """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
@@ -187,39 +199,77 @@ class _Planner:
                 return f"tp {tp} does not divide {name}={count}"
         return None
 
-    def score(self, cand: Candidate) -> Candidate:
+    def score(self, cand: Candidate, full: bool = False) -> Candidate:
         c = cand.config
         cand.why = self.rule(c)
         if cand.why:
             return cand
-        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2),)
+        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
         cand.cached = key in self.cache
         if not cand.cached:
-            self.cache[key] = self._measure(self.trace(c))
-        peak, fit, micro_s, other_s = self.cache[key]
-        cand.peak, cand.reserved_peak, cand.fits = peak, fit.reserved_peak, fit.fits
+            self.cache[key] = self._scaled(c) if self.scale and not full else self._measure(self.trace(c))
+        peak, reserved, capacity, oom, micro_s, other_s = self.cache[key]
+        if self.scale and not full and abs(capacity - reserved) < _MARGIN * capacity:
+            return self.score(cand, full=True)  # too close to call from an extrapolation
+        cand.scaled = self.scale is not None and not full
+        cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
         cand.step_time = other_s + max(c["accum"] - 2, 0) * micro_s
         cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
-        if not fit.fits:
-            oom = fit.first_oom_call
-            at = f": first OOM at call {oom.index} ({oom.op})" if oom is not None else ""
-            cand.why = f"reserved {fmt_bytes(fit.reserved_peak)} > {fmt_bytes(fit.capacity)}{at}"
+        if not cand.fits:
+            at = f": first OOM at call {oom[0]} ({oom[1]})" if oom else ""
+            scaled = f" (extrapolated from {self.scale[0]} and {self.scale[1]} layers)" if cand.scaled else ""
+            cand.why = f"reserved {fmt_bytes(cand.reserved_peak)} > {fmt_bytes(capacity)}{at}{scaled}"
         return cand
 
     def _measure(self, trace: Trace) -> tuple:
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
         peak = memory(step_from(trace, s)).peak
         fit = fits(trace, gpu=self.gpu, since="step")
+        first = fit.first_oom_call
+        oom = (first.index, first.op) if first is not None else None
         per_call = runtime(trace, self.gpu).per_call
-        return peak, fit, sum(per_call[m:o]), sum(per_call[s:])
+        return peak, fit.reserved_peak, fit.capacity, oom, sum(per_call[m:o]), sum(per_call[s:])
 
-    def trace(self, c: dict) -> Trace:
+    def _scaled(self, c: dict) -> tuple:
+        """Note [Scaling from two depths]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        With FSDP2 per block, every block adds the same parameters, gradients,
+        optimizer state, saved activations and calls: the step time is affine
+        in the number of blocks, and so is the allocated peak *where it falls
+        at the same call at both depths* (the start of backward, the optimizer
+        step).  Two depths ``a < b`` then give the full depth's exactly
+        (tests/planning/test_plan.py, against a full trace).  Where a shallow
+        model peaks elsewhere (a 2-layer model's logits can outweigh its
+        blocks) the extrapolation is off: 48 KiB of 67 MiB for a tiny LLaMA
+        with AC in that test, so it is a screen, not a figure.  The reserved peak is
+        affine up to the allocator's 2 MiB segment rounding, so a verdict within
+        ``_MARGIN`` of the capacity is made from a full trace instead, and the
+        search's winner is always re-scored from a full trace.  No first OOM
+        call is named from an extrapolation (its index would be the small
+        model's).
+        """
+        a, b = self.scale
+        lo, hi = (self._measure(self.trace(c, layers=k)) for k in (a, b))
+        depth = self._depth()
+
+        def at(i):
+            return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
+
+        return at(0), at(1), lo[2], None, at(4), at(5)
+
+    def _depth(self) -> int:
+        if self.depth is None:
+            with MetaMode(device="cuda"):
+                self.depth = len(blocks(self.make_model()))
+        return self.depth
+
+    def trace(self, c: dict, layers: int | None = None) -> Trace:
         from ..cli.plan import _fully_shard, _tensor_parallel  # the command line's wrapping, shared
 
         accum = min(c["accum"], 2) if c["accum"] else 1
         opt_kw = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
         with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
-            model = self.make_model()
+            model = self.make_model() if layers is None else self.make_model(layers=layers)
             if c["ac"] == "block":
                 apply_ac(model, blocks(model))
             dims = {"replicate": c["replicate"], "shard": c["shard"], "tp": c["tp"]}
@@ -262,6 +312,23 @@ class _Planner:
             names = ("num_attention_heads", "num_key_value_heads")
             self.heads = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
         return self.heads
+
+
+_MARGIN = 0.02  # of the capacity: reserved peaks this close to it are traced in full
+
+
+def _rank(table: list) -> None:
+    table.sort(key=lambda c: (not c.fits, c.step_time if c.step_time is not None else float("inf")))
+
+
+def _check_scale(scale) -> tuple | None:
+    if scale is None:
+        return None
+    if not (isinstance(scale, tuple) and len(scale) == 2 and all(type(k) is int for k in scale)) or not (
+        0 < scale[0] < scale[1]
+    ):
+        raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
+    return scale
 
 
 def _default_step(model, ids) -> None:
