@@ -40,6 +40,9 @@ def add_parser(sub, kw: dict, gpu, at_least):
         s.add_argument(f"--{name}", type=_ints, metavar="N[,N...]", help=f"{what} to search (default: all)")
     s.add_argument("--ac", type=_words, metavar="none,block", help="activation checkpointing (default both)")
     s.add_argument("--optimizer", type=_words, metavar="foreach,fused", help="AdamW implementations (default both)")
+    s.add_argument(
+        "--scale", type=_ints, metavar="A,B", help="trace A and B layers and extrapolate (md.plan(scale=); a screen)"
+    )
     s.add_argument("--top", type=at_least(1), default=20, help="rows to print (default 20)")
     return s
 
@@ -59,11 +62,23 @@ def run(args, progress, stage) -> int:
             f"--ac/--optimizer: unknown {', '.join(sorted(bad))} (ac: none, block; optimizer: foreach, fused)"
         )
 
-    def make():
-        return transformers.AutoModelForCausalLM.from_config(config).to(_DTYPES[args.dtype])
+    if args.scale is not None and len(args.scale) != 2:
+        raise UsageError(f"--scale {','.join(map(str, args.scale))}: two depths, e.g. --scale 2,4")
+
+    def make(layers=None):
+        c = config if layers is None else type(config)(**{**config.to_dict(), "num_hidden_layers": layers})
+        return transformers.AutoModelForCausalLM.from_config(c).to(_DTYPES[args.dtype])
 
     with progress("planning"), stage("the model raised while tracing"):
-        table = plan(make, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch, seq=args.seq, search=search)
+        table = plan(
+            make,
+            gpus=args.gpus,
+            gpu=args.gpu,
+            global_batch=args.global_batch,
+            seq=args.seq,
+            search=search,
+            scale=tuple(args.scale) if args.scale else None,
+        )
     text = str(table).splitlines()
     print("\n".join(text[: 4 + args.top]))  # the head, a blank line, the column heads and rule
     if len(table) > args.top:

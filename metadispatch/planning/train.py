@@ -62,8 +62,10 @@ class Candidate:
     def __init__(self, config: dict, planner: _Planner) -> None:
         self.config, self._planner = config, planner
         self.fits = False
-        self.peak = self.reserved_peak = None
-        self.step_time = self.tokens_per_s = None
+        self.peak: int | None = None
+        self.reserved_peak: int | None = None
+        self.step_time: float | None = None
+        self.tokens_per_s: float | None = None
         self.why: str | None = None
         self.cached = False  # scored from a trace another candidate made
         self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
@@ -164,7 +166,7 @@ class _Planner:
         self.make_model, self.gpus, self.gpu, self.global_batch, self.seq = make_model, gpus, gpu, global_batch, seq
         self.step, self.vocab = step, vocab
         self.cache: dict = {}
-        self.heads = None
+        self.heads: dict | None = None
         self.scale: tuple | None = None
         self.depth: int | None = None
 
@@ -217,8 +219,10 @@ class _Planner:
         cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
         if not cand.fits:
             at = f": first OOM at call {oom[0]} ({oom[1]})" if oom else ""
-            scaled = f" (extrapolated from {self.scale[0]} and {self.scale[1]} layers)" if cand.scaled else ""
-            cand.why = f"reserved {fmt_bytes(cand.reserved_peak)} > {fmt_bytes(capacity)}{at}{scaled}"
+            scaled = (
+                f" (extrapolated from {self.scale[0]} and {self.scale[1]} layers)" if self.scale and cand.scaled else ""
+            )
+            cand.why = f"reserved {fmt_bytes(int(reserved))} > {fmt_bytes(capacity)}{at}{scaled}"
         return cand
 
     def _measure(self, trace: Trace) -> tuple:
@@ -227,7 +231,7 @@ class _Planner:
         fit = fits(trace, gpu=self.gpu, since="step")
         first = fit.first_oom_call
         oom = (first.index, first.op) if first is not None else None
-        per_call = runtime(trace, self.gpu).per_call
+        per_call = runtime(trace, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
         return peak, fit.reserved_peak, fit.capacity, oom, sum(per_call[m:o]), sum(per_call[s:])
 
     def _scaled(self, c: dict) -> tuple:
@@ -248,6 +252,7 @@ class _Planner:
         call is named from an extrapolation (its index would be the small
         model's).
         """
+        assert self.scale is not None
         a, b = self.scale
         lo, hi = (self._measure(self.trace(c, layers=k)) for k in (a, b))
         depth = self._depth()
@@ -267,7 +272,7 @@ class _Planner:
         from ..cli.plan import _fully_shard, _tensor_parallel  # the command line's wrapping, shared
 
         accum = min(c["accum"], 2) if c["accum"] else 1
-        opt_kw = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
+        opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
         with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
             model = self.make_model() if layers is None else self.make_model(layers=layers)
             if c["ac"] == "block":
