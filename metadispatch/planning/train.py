@@ -352,6 +352,6 @@ def _divisors(n: int) -> list:
 
 def _short(c: dict) -> str:
     return (
-        f"shard {c['shard']} x rep {c['replicate']} tp {c['tp']} ac {c['ac']} "
+        f"shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
         f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
     )
