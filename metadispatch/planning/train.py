@@ -3,7 +3,7 @@
 Every candidate is traced, not estimated: one rank of an N-GPU job is run
 in ``MetaMode(world_size=N, rank=0)`` with FSDP2 (``fully_shard``, an
 HSDP mesh where the shard degree is less than the data-parallel one), TP
-(``parallelize_module``, cli/plan.py's colwise/rowwise plan), per-block
+(``parallelize_module``, the command line's colwise/rowwise names), per-block
 activation checkpointing (``md.apply_ac``), ``accum`` micro-batches and
 AdamW (foreach or fused), two optimizer steps; the second is scored
 (the steady state).  Its reserved peak is ``md.fits``'s (the caching
@@ -24,7 +24,9 @@ memory up to the allocator's segment reuse, which the repeat does not
 change (the same sizes freed and taken again).  Rank 0 is traced: FSDP2
 and DTensor split as ``torch.chunk`` does, so the first ranks hold the
 larger share and rank 0 peaks at least as high as any other
-(Note [Ranks that trace alike] in cli/plan.py).
+(Note [Ranks that trace alike] in cli/plan.py).  The wrapping is a
+script's: TP on each block, then FSDP2 on each block and the root; the
+blocks are the children of the largest ``nn.ModuleList`` (``md.plan_ac``'s).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..analysis.fit import fits
 from ..analysis.memory import memory
@@ -269,8 +273,6 @@ class _Planner:
         return self.depth
 
     def trace(self, c: dict, layers: int | None = None) -> Trace:
-        from ..cli.plan import _fully_shard, _tensor_parallel  # the command line's wrapping, shared
-
         accum = min(c["accum"], 2) if c["accum"] else 1
         opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
         with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
@@ -279,11 +281,15 @@ class _Planner:
                 apply_ac(model, blocks(model))
             dims = {"replicate": c["replicate"], "shard": c["shard"], "tp": c["tp"]}
             mesh = init_device_mesh("cuda", tuple(dims.values()), mesh_dim_names=tuple(dims))
+            units = [model.get_submodule(name) for name in blocks(model)]
             if c["tp"] > 1:
-                _tensor_parallel(model, mesh["tp"], None)
+                for layer in units:
+                    parallelize_module(layer, mesh["tp"], _tp_plan(layer))
             if c["replicate"] * c["shard"] > 1:
                 dp = mesh["replicate", "shard"] if c["replicate"] > 1 else mesh["shard"]
-                _fully_shard(model, dp, None)
+                for layer in units:
+                    fully_shard(layer, mesh=dp)
+                fully_shard(model, mesh=dp)
             opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
             ids = torch.randint(0, self._vocab(model), (c["micro_batch"], self.seq), device="cuda")
             mark("built")
@@ -317,6 +323,26 @@ class _Planner:
             names = ("num_attention_heads", "num_key_value_heads")
             self.heads = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
         return self.heads
+
+
+# LLaMA-style names, as the command line's ``--tp`` splits them (cli/blocks.py)
+_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROWWISE = ("o_proj", "down_proj")
+
+
+def _tp_plan(layer: torch.nn.Module) -> dict:
+    """Attention and MLP projections colwise then rowwise; a block with none of them is refused."""
+    plan: dict = {}
+    for name, m in layer.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(m, torch.nn.Linear) and leaf in _COLWISE + _ROWWISE:
+            plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
+    if not plan:
+        raise MetaDispatchError(
+            f"plan: tp > 1 splits {', '.join(_COLWISE)} colwise and {', '.join(_ROWWISE)} rowwise; "
+            f"{type(layer).__name__} has none of them"
+        )
+    return plan
 
 
 _MARGIN = 0.02  # of the capacity: reserved peaks this close to it are traced in full
