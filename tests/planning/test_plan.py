@@ -129,22 +129,26 @@ def make_deep(layers=6):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": layers}))
 
 
-def test_plan_scaled_from_two_depths_gives_the_full_traces_peak_and_time():
+def test_plan_scaled_from_two_depths_times_exactly_and_confirms_memory_by_full_traces():
     # Note [Scaling from two depths]: 2 and 4 layers extrapolated to 6, against 6 traced
     search = {**SEARCH, "tp": [1, 2], "shard": [2]}
     full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
-    scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4))
+    scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4), confirm=2)
     assert scaled.best.config == full.best.config and not scaled.best.scaled
-    assert any(c.scaled for c in scaled)
+    confirmed = [c for c in scaled if c.fits is not None]
+    unknown = [c for c in scaled if c.fits is None]
+    assert len([c for c in confirmed if c.fits]) == 2 and unknown
+    assert all(c.scaled and c.why.startswith("not confirmed") for c in unknown)
     by_config = {str(c.config): c for c in full}
     for c in scaled:
         f = by_config[str(c.config)]
-        # exact where the peak falls at the same call at both depths (here: without AC); with AC in
-        # this tiny model the shallow traces peak elsewhere and the extrapolation is 48 KiB high
-        assert c.peak == pytest.approx(f.peak, rel=1e-3) and c.step_time == pytest.approx(f.step_time, rel=1e-9)
-        if c.config["ac"] == "none":
+        assert c.step_time == pytest.approx(f.step_time, rel=1e-9)
+        if c.fits is not None:  # confirmed: the full trace's figures
+            assert (c.peak, c.reserved_peak, c.fits) == (f.peak, f.reserved_peak, f.fits)
+        elif c.config["ac"] == "none":  # exact where the peak falls at the same call at both depths
             assert abs(c.peak - f.peak) <= 1024
-        assert abs(c.reserved_peak - f.reserved_peak) <= 4 * 2**20 and c.fits == f.fits
+    assert [str(c.config) for c in scaled[:2]] == [str(c.config) for c in full[:2]]
+    assert "?" in str(scaled)
 
 
 def test_plan_refuses_a_scale_that_is_not_two_increasing_depths():
