@@ -38,6 +38,7 @@ def test_plan_cli_prints_md_plans_ranking(capsys):
         (["--micro-batch", "x"], "expected numbers like"),
         (["--ac", "some"], "unknown some"),
         (["--gpu", "nope"], "nope"),
+        (["--scale", "2"], "--scale 2: two depths"),
     ],
 )
 def test_plan_cli_usage_errors_exit_2(argv, message, capsys):
