@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .mode.mode import MetaMode
     from .planning.ac import ACPlan, apply_ac, plan_ac
     from .planning.batch import MaxBatch, max_batch
+    from .planning.train import PlanTable, plan
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
     from .timing.calibrate import calibrate, load_efficiency
@@ -94,6 +95,8 @@ _LAZY = {
     "apply_ac": "planning.ac",
     "ACPlan": "planning.ac",
     "MaxBatch": "planning.batch",
+    "plan": "planning.train",
+    "PlanTable": "planning.train",
     "kv_layout": "planning.kv",
     "KVLayout": "planning.kv",
     "flops": "analysis.flops",
@@ -204,6 +207,8 @@ __all__ = [
     "KVLayout",
     "max_batch",
     "MaxBatch",
+    "plan",
+    "PlanTable",
     "plan_ac",
     "apply_ac",
     "ACPlan",

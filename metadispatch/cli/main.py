@@ -32,7 +32,7 @@ from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes, printable
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from ..timing.runtime import runtime as step_time
-from . import serve, targets
+from . import planner, serve, targets
 from .steps import OPTIMIZERS, describe, with_optimizer
 from .targets import UsageError
 
@@ -697,6 +697,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-recheck", action="store_true", help="skip the CPU re-check of every call")
     c.add_argument("--gpu", metavar="NAME", type=_gpu, help="the GPU logical cuda answers as (default h100)")
     serve.add_parser(sub, kw, _gpu, _at_least).set_defaults(run=lambda args: serve.run(args, _Progress, _stage))
+    planner.add_parser(sub, kw, _gpu, _at_least).set_defaults(run=lambda args: planner.run(args, _Progress, _stage))
     t.set_defaults(run=_cmd_trace)
     s.set_defaults(run=_cmd_summary)
     r.set_defaults(run=_cmd_replay)

@@ -7,7 +7,8 @@ batch that fits a GPU), ``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
 to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
 model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and
-decode).  The
+decode), ``train`` (``md.plan``: the fastest training configuration that
+fits on N logical GPUs).  The
 analyses themselves stay pure functions of a trace.  May import
 ``analysis`` and below.
 """

@@ -17,7 +17,7 @@ from metadispatch.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("command", ["trace", "summary", "replay", "check", "serve"])
+@pytest.mark.parametrize("command", ["trace", "summary", "replay", "check", "serve", "plan"])
 def test_cli_help_on_every_subcommand(command, capsys):
     with pytest.raises(SystemExit) as e:
         main([command, "--help"])

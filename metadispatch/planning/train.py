@@ -1,0 +1,383 @@
+"""``md.plan``: the fastest training configuration that fits on N logical GPUs.
+
+Every candidate is traced, not estimated: one rank of an N-GPU job is run
+in ``MetaMode(world_size=N, rank=0)`` with FSDP2 (``fully_shard``, an
+HSDP mesh where the shard degree is less than the data-parallel one), TP
+(``parallelize_module``, the command line's colwise/rowwise names), per-block
+activation checkpointing (``md.apply_ac``), ``accum`` micro-batches and
+AdamW (foreach or fused), two optimizer steps; the second is scored
+(the steady state).  Its reserved peak is ``md.fits``'s (the caching
+allocator simulated against the profile's memory) and its time
+``md.runtime``'s (collectives priced on the profile's links, one stream,
+nothing overlapped).
+
+Note [Tracing once per shape class]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Two configurations share a trace when their per-rank programs are equal:
+the key is the mesh (replicate, shard, tp), AC, micro-batch, optimizer and
+the number of micro-batches *traced*, which is ``min(accum, 2)``.  From the
+second micro-batch on, accumulation repeats one program (the gradients are
+live, FSDP2 reduce-scatters each micro-batch), so the peak of ``accum >= 2``
+is the peak of two; the time adds ``accum - 2`` copies of the second
+micro-batch's calls (marks ``"micro"`` and ``"opt"``).  This is exact for
+memory up to the allocator's segment reuse, which the repeat does not
+change (the same sizes freed and taken again).  Rank 0 is traced: FSDP2
+and DTensor split as ``torch.chunk`` does, so the first ranks hold the
+larger share and rank 0 peaks at least as high as any other
+(Note [Ranks that trace alike] in cli/plan.py).  The wrapping is a
+script's: TP on each block, then FSDP2 on each block and the root; the
+blocks are the children of the largest ``nn.ModuleList`` (``md.plan_ac``'s).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from ..analysis.fit import fits
+from ..analysis.memory import memory
+from ..errors import MetaDispatchError
+from ..ir.cut import step_from
+from ..ir.text import fmt_bytes, render
+from ..ir.trace import Trace
+from ..mode.mode import MetaMode
+from ..spec.profiles import gpu_profile
+from ..timing.runtime import runtime
+from ..tracing.marks import mark
+from .ac import apply_ac, blocks
+
+__all__ = ["plan", "Candidate", "PlanTable", "trace_config"]
+
+_KEYS = ("shard", "replicate", "tp", "ac", "micro_batch", "accum", "optimizer")
+
+
+class Candidate:
+    """One configuration: ``config`` (a dict of ``_KEYS``), ``fits``, the
+    steady-state ``peak`` (allocated) and ``reserved_peak`` bytes,
+    ``step_time`` seconds and ``tokens_per_s`` (the whole job's), ``why``
+    it was rejected (``None`` if it fits) and ``retrace()``."""
+
+    def __init__(self, config: dict, planner: _Planner) -> None:
+        self.config, self._planner = config, planner
+        self.fits: bool | None = False  # None: scaled, not confirmed by a full trace
+        self.peak: int | None = None
+        self.reserved_peak: int | None = None
+        self.step_time: float | None = None
+        self.tokens_per_s: float | None = None
+        self.why: str | None = None
+        self.cached = False  # scored from a trace another candidate made
+        self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
+
+    def retrace(self) -> Trace:
+        """This configuration's rank-0 step traced afresh (build, two steps; marks ``"step"``, ``"micro"``, ``"opt"``)."""
+        return self._planner.trace(self.config)
+
+    def __repr__(self) -> str:
+        return f"<Candidate {_short(self.config)} {'fits' if self.fits else 'rejected: ' + str(self.why)}>"
+
+
+class PlanTable(list):
+    """Candidates, best first: those that fit by step time, then the rejected. Print it for a table."""
+
+    seconds: float = 0.0
+    traces: int = 0
+    assumes: str = ""
+
+    @property
+    def best(self) -> Candidate | None:
+        return self[0] if self and self[0].fits else None
+
+    def __str__(self) -> str:
+        rows = [
+            (
+                str(i + 1),
+                _short(c.config),
+                "yes" if c.fits else "?" if c.fits is None else "no",
+                fmt_bytes(c.reserved_peak) if c.reserved_peak is not None else "-",
+                f"{c.step_time * 1e3:.1f}" if c.step_time is not None else "-",
+                f"{c.tokens_per_s:,.0f}" if c.tokens_per_s is not None else "-",
+                c.why or "",
+            )
+            for i, c in enumerate(self)
+        ]
+        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s; {self.assumes}"
+        table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
+        return "\n".join([head, *table])
+
+
+def plan(
+    make_model: Callable,
+    *,
+    gpus: int,
+    gpu: str = "h100",
+    global_batch: int,
+    seq: int,
+    search: dict | None = None,
+    step: Callable | None = None,
+    vocab: int | None = None,
+    scale: tuple | None = None,
+    confirm: int = 5,
+) -> PlanTable:
+    """Rank the training configurations of ``make_model()`` on ``gpus`` logical ``gpu`` s.
+
+    ``search`` narrows or widens the space: lists under ``shard``, ``tp``,
+    ``ac`` (``"none"``, ``"block"``), ``micro_batch``, ``optimizer``
+    (``"foreach"``, ``"fused"``); the replicate degree is the rest of the
+    data-parallel ranks, ``accum`` what reaches ``global_batch``.  ``step(model,
+    ids)`` is the forward and backward (default: ``model(ids, labels=ids)``'s
+    ``.loss`` or the output, backward); ``vocab`` the token range (default: the
+    model's ``config.vocab_size`` or its first embedding).
+
+    ``scale=(2, 4)``: ``make_model(layers=k)`` builds the model with ``k``
+    blocks; each configuration is traced with 2 and 4 and its figures
+    extrapolated to the full model's (Note [Scaling from two depths]); the
+    fastest are then traced in full until ``confirm`` fit, and the rest say
+    ``fits=None`` (not known) with their extrapolated figures.
+    """
+    if type(gpus) is not int or gpus < 1:
+        raise MetaDispatchError(f"plan: gpus={gpus!r}, a positive number of GPUs")
+    if type(global_batch) is not int or global_batch < 1 or type(seq) is not int or seq < 1:
+        raise MetaDispatchError(f"plan: global_batch={global_batch!r}, seq={seq!r}: positive integers")
+    planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or _default_step, vocab)
+    start = time.perf_counter()
+    planner.scale = _check_scale(scale)
+    table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
+    _rank(table)
+    # scaled memory is not a verdict: the fastest are confirmed by full traces, in time order
+    while scale and sum(c.fits is True for c in table) < confirm and any(c.fits is None for c in table):
+        planner.score(next(c for c in table if c.fits is None), full=True)
+        _rank(table)
+    table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
+    profile = gpu_profile(gpu)
+    table.assumes = (
+        f"{profile.title}, {fmt_bytes(profile.memory)} each; md.runtime's efficiency table for it, "
+        "collectives on its links, one stream, communication not overlapped with compute"
+    )
+    return table
+
+
+def trace_config(make_model: Callable, config: dict, *, gpus: int, gpu: str, seq: int, **options) -> Trace:
+    """Rank 0's step for ``config`` (a ``Candidate.config``), as ``md.plan`` traces it."""
+    return _Planner(make_model, gpus, gpu, 0, seq, options.get("step") or _default_step, options.get("vocab")).trace(
+        config
+    )
+
+
+class _Planner:
+    def __init__(self, make_model, gpus, gpu, global_batch, seq, step, vocab) -> None:
+        self.make_model, self.gpus, self.gpu, self.global_batch, self.seq = make_model, gpus, gpu, global_batch, seq
+        self.step, self.vocab = step, vocab
+        self.cache: dict = {}
+        self.heads: dict | None = None
+        self.scale: tuple | None = None
+        self.depth: int | None = None
+
+    def configs(self, search: dict) -> list:
+        """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
+        n = self.gpus
+        tps = search.get("tp", [d for d in _divisors(n) if d <= 8])
+        out = []
+        for tp in tps:
+            dp = n // tp if n % tp == 0 else 0
+            shards = search.get("shard", _divisors(dp) if dp else [1])
+            mbs = search.get("micro_batch", [b for b in (1, 2, 4, 8) if dp and self.global_batch % (dp * b) == 0])
+            for shard, ac, mb, opt in itertools.product(
+                shards, search.get("ac", ["none", "block"]), mbs, search.get("optimizer", ["foreach", "fused"])
+            ):
+                rep = dp // shard if dp and dp % shard == 0 else 0
+                accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
+                out.append(dict(zip(_KEYS, (shard, rep, tp, ac, mb, accum, opt))))
+        return out
+
+    def rule(self, c: dict) -> str | None:
+        """The divisibility rule ``c`` breaks, if any."""
+        n, tp = self.gpus, c["tp"]
+        if n % tp:
+            return f"tp {tp} does not divide {n} GPUs"
+        if (n // tp) % c["shard"]:
+            return f"shard {c['shard']} does not divide the {n // tp} data-parallel ranks"
+        if self.global_batch % ((n // tp) * c["micro_batch"]):
+            return f"global batch {self.global_batch} is not a multiple of {n // tp} ranks x micro-batch {c['micro_batch']}"
+        for name, count in self._heads().items():
+            if count % tp:
+                return f"tp {tp} does not divide {name}={count}"
+        return None
+
+    def score(self, cand: Candidate, full: bool = False) -> Candidate:
+        c = cand.config
+        cand.why = self.rule(c)
+        if cand.why:
+            return cand
+        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+        cand.cached = key in self.cache
+        if not cand.cached:
+            self.cache[key] = self._scaled(c) if self.scale and not full else self._measure(self.trace(c))
+        peak, reserved, capacity, oom, micro_s, other_s = self.cache[key]
+        cand.scaled = self.scale is not None and not full
+        cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
+        cand.step_time = other_s + max(c["accum"] - 2, 0) * micro_s
+        cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
+        if cand.scaled and self.scale:
+            cand.fits = None
+            cand.why = f"not confirmed: memory extrapolated from {self.scale[0]} and {self.scale[1]} layers"
+        elif not cand.fits:
+            at = f": first OOM at call {oom[0]} ({oom[1]})" if oom else ""
+            cand.why = f"reserved {fmt_bytes(int(reserved))} > {fmt_bytes(capacity)}{at}"
+        return cand
+
+    def _measure(self, trace: Trace) -> tuple:
+        s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
+        peak = memory(step_from(trace, s)).peak
+        fit = fits(trace, gpu=self.gpu, since="step")
+        first = fit.first_oom_call
+        oom = (first.index, first.op) if first is not None else None
+        per_call = runtime(trace, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
+        return peak, fit.reserved_peak, fit.capacity, oom, sum(per_call[m:o]), sum(per_call[s:])
+
+    def _scaled(self, c: dict) -> tuple:
+        """Note [Scaling from two depths]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        With FSDP2 per block, every block adds the same parameters, gradients,
+        optimizer state, saved activations and calls: the step time is affine
+        in the number of blocks, and so is the allocated peak *where it falls
+        at the same call at both depths* (the start of backward, the optimizer
+        step).  Two depths ``a < b`` then give the full depth's exactly
+        (tests/planning/test_plan.py, against a full trace).  Where a shallow
+        model peaks elsewhere (a 2-layer model's logits outweigh its blocks)
+        the extrapolation is wrong, and badly: LLaMA-7B with per-block AC on
+        64 GPUs extrapolated 2.45 GiB reserved where the full trace holds
+        32.9 GiB (docs/plan.md).  So the extrapolated memory is never a
+        verdict: a scaled candidate's ``fits`` is ``None`` until a full trace
+        confirms it, and ``md.plan`` confirms the fastest in time order (the
+        time extrapolation is exact) until ``confirm`` of them fit.
+        """
+        assert self.scale is not None
+        a, b = self.scale
+        lo, hi = (self._measure(self.trace(c, layers=k)) for k in (a, b))
+        depth = self._depth()
+
+        def at(i):
+            return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
+
+        return at(0), at(1), lo[2], None, at(4), at(5)
+
+    def _depth(self) -> int:
+        if self.depth is None:
+            with MetaMode(device="cuda"):
+                self.depth = len(blocks(self.make_model()))
+        return self.depth
+
+    def trace(self, c: dict, layers: int | None = None) -> Trace:
+        accum = min(c["accum"], 2) if c["accum"] else 1
+        opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
+        with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
+            model = self.make_model() if layers is None else self.make_model(layers=layers)
+            if c["ac"] == "block":
+                apply_ac(model, blocks(model))
+            dims = {"replicate": c["replicate"], "shard": c["shard"], "tp": c["tp"]}
+            mesh = init_device_mesh("cuda", tuple(dims.values()), mesh_dim_names=tuple(dims))
+            units = [model.get_submodule(name) for name in blocks(model)]
+            if c["tp"] > 1:
+                for layer in units:
+                    parallelize_module(layer, mesh["tp"], _tp_plan(layer))
+            if c["replicate"] * c["shard"] > 1:
+                dp = mesh["replicate", "shard"] if c["replicate"] > 1 else mesh["shard"]
+                for layer in units:
+                    fully_shard(layer, mesh=dp)
+                fully_shard(model, mesh=dp)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
+            ids = torch.randint(0, self._vocab(model), (c["micro_batch"], self.seq), device="cuda")
+            mark("built")
+            for _ in range(2):
+                mark("step")
+                for i in range(accum):
+                    if i == accum - 1:
+                        mark("micro")
+                    self.step(model, ids)
+                mark("opt")
+                opt.step()
+                opt.zero_grad()
+        return mode.trace
+
+    def _vocab(self, model) -> int:
+        if self.vocab is not None:
+            return self.vocab
+        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        if size is None:
+            emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+            if emb is None:
+                raise MetaDispatchError("plan: the model has no config.vocab_size nor nn.Embedding; pass vocab=")
+            size = emb.num_embeddings
+        return int(size)
+
+    def _heads(self) -> dict:
+        """The model's head counts TP must divide (HF config names), read once from a meta build."""
+        if self.heads is None:
+            with MetaMode(device="cuda"):
+                cfg = getattr(self.make_model(), "config", None)
+            names = ("num_attention_heads", "num_key_value_heads")
+            self.heads = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
+        return self.heads
+
+
+# LLaMA-style names, as the command line's ``--tp`` splits them (cli/blocks.py)
+_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROWWISE = ("o_proj", "down_proj")
+
+
+def _tp_plan(layer: torch.nn.Module) -> dict:
+    """Attention and MLP projections colwise then rowwise; a block with none of them is refused."""
+    plan: dict = {}
+    for name, m in layer.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(m, torch.nn.Linear) and leaf in _COLWISE + _ROWWISE:
+            plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
+    if not plan:
+        raise MetaDispatchError(
+            f"plan: tp > 1 splits {', '.join(_COLWISE)} colwise and {', '.join(_ROWWISE)} rowwise; "
+            f"{type(layer).__name__} has none of them"
+        )
+    return plan
+
+
+def _rank(table: list) -> None:
+    # confirmed fits by time, then the unconfirmed (fits None) by time, then the rejected
+    order = {True: 0, None: 1, False: 2}
+    table.sort(key=lambda c: (order[c.fits], c.step_time if c.step_time is not None else float("inf")))
+
+
+def _check_scale(scale) -> tuple | None:
+    if scale is None:
+        return None
+    if not (isinstance(scale, tuple) and len(scale) == 2 and all(type(k) is int for k in scale)) or not (
+        0 < scale[0] < scale[1]
+    ):
+        raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
+    return scale
+
+
+def _default_step(model, ids) -> None:
+    # The output (the logits) is not kept through backward, as ``model(...).loss.backward()`` keeps it not.
+    _loss(model(ids, labels=ids)).backward()
+
+
+def _loss(out):
+    loss = getattr(out, "loss", out)
+    return loss[0] if isinstance(loss, tuple) else loss
+
+
+def _divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _short(c: dict) -> str:
+    return (
+        f"shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
+        f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
+    )

@@ -1,0 +1,156 @@
+"""md.plan against direct traces of the configurations it ranks, written here with torch's own APIs."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import metadispatch as md
+from metadispatch.spec import profiles
+
+transformers = pytest.importorskip("transformers")
+
+GPUS, BATCH, SEQ = 4, 8, 16
+CONFIG = transformers.LlamaConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+SEARCH = {"micro_batch": [2], "optimizer": ["foreach"]}
+
+
+def make_model():
+    return transformers.LlamaForCausalLM(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def table():
+    return md.plan(make_model, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=SEARCH)
+
+
+def direct(c: dict, gpu: str = "h100"):
+    """Rank 0's second step of ``c`` traced in md.tracer(world_size=4), every micro-batch of it run."""
+
+    def run():
+        model = make_model()
+        if c["ac"] == "block":
+            md.apply_ac(model, [f"model.layers.{i}" for i in range(CONFIG.num_hidden_layers)])
+        mesh = init_device_mesh("cuda", (c["replicate"], c["shard"], c["tp"]), mesh_dim_names=("r", "s", "tp"))
+        if c["tp"] > 1:
+            for layer in model.model.layers:
+                cols = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+                tp_plan = {n: ColwiseParallel() for n in cols}
+                tp_plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+                parallelize_module(layer, mesh["tp"], tp_plan)
+        dp = mesh["r", "s"] if c["replicate"] > 1 else mesh["s"]
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=dp)
+        fully_shard(model, mesh=dp)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=c["optimizer"] == "foreach" or None)
+        ids = torch.randint(0, CONFIG.vocab_size, (c["micro_batch"], SEQ), device="cuda")
+        for _ in range(2):
+            md.mark("step")
+            for _ in range(c["accum"]):
+                model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+    return md.tracer(world_size=GPUS, rank=0, device="cuda", gpu=gpu)(run)
+
+
+def test_plan_every_candidates_peak_equals_a_direct_trace_of_its_config(table):
+    scored = [c for c in table if c.peak is not None]
+    assert len(scored) >= 8
+    for c in scored:
+        t = direct(c.config)
+        assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
+        assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+
+
+def test_plan_accumulation_beyond_two_micro_batches_keeps_the_peak_of_two():
+    # Note [Tracing once per shape class]: accum 8 is scored from a trace of 2.
+    table = md.plan(make_model, gpus=GPUS, global_batch=32, seq=SEQ, search={**SEARCH, "tp": [1], "shard": [4]})
+    c = next(c for c in table if c.config["ac"] == "none")
+    assert c.config["accum"] == 4
+    assert abs(c.peak - md.memory(direct(c.config), since="step").peak) <= 1024
+
+
+def test_plan_ranks_what_fits_by_step_time_and_names_the_rule_a_rejected_one_breaks(table):
+    fitting = [c for c in table if c.fits]
+    assert fitting and table.best is fitting[0]
+    assert [c.step_time for c in fitting] == sorted(c.step_time for c in fitting)
+    assert table.index(fitting[-1]) < min(table.index(c) for c in table if not c.fits)
+    rejected = [c for c in table if c.config["tp"] == 4]
+    assert rejected and all(c.why == "tp 4 does not divide num_key_value_heads=2" for c in rejected)
+    assert all(c.tokens_per_s == pytest.approx(BATCH * SEQ / c.step_time) for c in fitting)
+    assert "candidates" in str(table) and "not overlapped" in str(table)
+
+
+@pytest.fixture
+def small_gpu():
+    name = "h100-plan-test"
+    profiles.register_gpu(dataclasses.replace(md.gpu_profile("h100"), name=name, memory=67 * 2**20))
+    yield name
+    del profiles._PROFILES[name]
+
+
+def test_plan_never_reports_as_fitting_what_a_direct_trace_does_not_fit(small_gpu):
+    search = {**SEARCH, "tp": [1], "micro_batch": [1, 2]}
+    table = md.plan(make_model, gpus=GPUS, gpu=small_gpu, global_batch=BATCH, seq=SEQ, search=search)
+    assert any(c.fits for c in table) and any(c.reserved_peak and not c.fits for c in table)
+    for c in table:
+        if c.reserved_peak is None:
+            continue
+        assert md.fits(direct(c.config, small_gpu), since="step").fits == c.fits, c.config
+        if not c.fits:
+            assert c.why.startswith("reserved ") and "first OOM at call" in c.why
+
+
+def test_plan_retrace_returns_the_configs_trace_afresh(table):
+    best = table.best
+    t = best.retrace()
+    assert md.fits(t, since="step").reserved_peak == best.reserved_peak
+    assert {"built", "step", "micro", "opt"} <= set(t.marks)
+
+
+def test_plan_refuses_a_world_of_no_gpus():
+    with pytest.raises(md.MetaDispatchError, match="gpus=0"):
+        md.plan(make_model, gpus=0, global_batch=BATCH, seq=SEQ)
+
+
+def make_deep(layers=6):
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": layers}))
+
+
+def test_plan_scaled_from_two_depths_times_exactly_and_confirms_memory_by_full_traces():
+    # Note [Scaling from two depths]: 2 and 4 layers extrapolated to 6, against 6 traced
+    search = {**SEARCH, "tp": [1, 2], "shard": [2]}
+    full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
+    scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4), confirm=2)
+    assert scaled.best.config == full.best.config and not scaled.best.scaled
+    confirmed = [c for c in scaled if c.fits is not None]
+    unknown = [c for c in scaled if c.fits is None]
+    assert len([c for c in confirmed if c.fits]) == 2 and unknown
+    assert all(c.scaled and c.why.startswith("not confirmed") for c in unknown)
+    by_config = {str(c.config): c for c in full}
+    for c in scaled:
+        f = by_config[str(c.config)]
+        assert c.step_time == pytest.approx(f.step_time, rel=1e-9)
+        if c.fits is not None:  # confirmed: the full trace's figures
+            assert (c.peak, c.reserved_peak, c.fits) == (f.peak, f.reserved_peak, f.fits)
+        elif c.config["ac"] == "none":  # exact where the peak falls at the same call at both depths
+            assert abs(c.peak - f.peak) <= 1024
+    assert [str(c.config) for c in scaled[:2]] == [str(c.config) for c in full[:2]]
+    assert "?" in str(scaled)
+
+
+def test_plan_refuses_a_scale_that_is_not_two_increasing_depths():
+    with pytest.raises(md.MetaDispatchError, match=r"scale=\(4, 2\)"):
+        md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, scale=(4, 2))
