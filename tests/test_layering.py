@@ -37,6 +37,7 @@ STAGES = [
     "debug",
     "testing",
     "cli",
+    "integrations",
     "__init__",
     "__main__",
 ]
