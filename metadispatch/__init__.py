@@ -18,6 +18,7 @@ from . import rules as _rules  # noqa: F401  (registers the built-in rules)
 from .errors import (
     BudgetExceededError,
     DataDependentError,
+    DoesNotFitError,
     MaterializeLimitError,
     MetaDispatchError,
     ReplayError,
@@ -227,6 +228,7 @@ __all__ = [
     "checker",
     "Report",
     "MaterializeLimitError",
+    "DoesNotFitError",
     "verify_rule",
     "RuleCheck",
 ]
