@@ -29,14 +29,16 @@ import logging
 import lightning as L
 import torch
 
+from .._compat import pytree
 from ..analysis.fit import Fit, fits
 from ..errors import DoesNotFitError, UnsupportedFeatureError
 from ..ir.trace import Trace
+from ..planning.batch import MaxBatch, max_batch
 from ..timing.bubble import PipelineRuntime
 from ..timing.runtime import Runtime, runtime
 from ..tracing.tracer import tracer
 
-__all__ = ["FitCheck", "training_step_fn"]
+__all__ = ["FitCheck", "training_step_fn", "resized_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,26 @@ def training_step_fn(module: L.LightningModule, optimizer: torch.optim.Optimizer
     return step
 
 
+def resized_batch(batch, size: int):
+    """``batch`` with ``size`` samples: each tensor whose first dimension is the batch's, as an empty ``meta`` tensor.
+
+    The batch size is the first dimension of the first tensor in the batch;
+    the step is traced on a logical device, so no data is made or read.
+    """
+    tensors = [x for x in pytree.tree_leaves(batch) if isinstance(x, torch.Tensor) and x.dim() > 0]
+    if not tensors:
+        raise UnsupportedFeatureError("FitCheck: the batch holds no tensor with a batch dimension to resize")
+    n = tensors[0].shape[0]
+    return pytree.tree_map(
+        lambda x: (
+            torch.empty((size, *x.shape[1:]), dtype=x.dtype, device="meta")
+            if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == n
+            else x
+        ),
+        batch,
+    )
+
+
 def _first_batch(trainer: L.Trainer, module: L.LightningModule):
     source = trainer.datamodule if trainer.datamodule is not None else module
     with torch.random.fork_rng(devices=[]):  # Note [What FitCheck leaves behind]
@@ -95,10 +117,21 @@ class FitCheck(L.Callback):
     and ``.runtime`` (``md.runtime``) hold the answers; with
     ``raise_if_not_fits=True`` a step that does not fit raises
     :class:`~metadispatch.errors.DoesNotFitError` before training begins.
+    ``find_max_batch=True`` also searches the largest batch that fits
+    (``md.max_batch`` over :func:`resized_batch`), in ``.max_batch``.
     """
 
-    def __init__(self, gpu: str = "h100", *, raise_if_not_fits: bool = False, capacity: int | None = None) -> None:
+    def __init__(
+        self,
+        gpu: str = "h100",
+        *,
+        raise_if_not_fits: bool = False,
+        capacity: int | None = None,
+        find_max_batch: bool = False,
+    ) -> None:
         self.gpu = gpu
+        self.find_max_batch = find_max_batch
+        self.max_batch: MaxBatch | None = None
         self.raise_if_not_fits = raise_if_not_fits
         self.capacity = capacity
         self.trace: Trace | None = None
@@ -120,6 +153,10 @@ class FitCheck(L.Callback):
         pl_module._trainer = None  # Note [What FitCheck leaves behind]
         try:
             self.trace = tracer(device="cuda", gpu=self.gpu, warmup=1)(step, batch)
+            if self.find_max_batch:
+                self.max_batch = max_batch(
+                    lambda size: (step, (resized_batch(batch, size),)), self.gpu, capacity=self.capacity
+                )
         finally:
             pl_module._trainer = attached
         self.fit = fits(self.trace, self.gpu, self.capacity)

@@ -123,3 +123,19 @@ def test_fitcheck_raises_when_it_does_not_fit():
     with pytest.raises(DoesNotFitError, match="FitCheck: fits on H100 80 GB: no") as e:
         _trainer(callbacks=[FitCheck(gpu="h100", capacity=1024, raise_if_not_fits=True)]).fit(LM())
     assert e.value.fit is not None and not e.value.fit.fits
+
+
+def test_fitcheck_max_batch_equals_md_max_batch():
+    check = FitCheck(gpu="l4", capacity=200 * 2**20, find_max_batch=True)
+    _fit_with([check])
+    torch.manual_seed(0)
+    m = LM()
+    opt = m.configure_optimizers()
+    step = training_step_fn(m, opt)
+
+    def make_step(size):
+        return step, ((torch.randn(size, 32), torch.randint(0, 4, (size,))),)
+
+    direct = md.max_batch(make_step, "l4", capacity=200 * 2**20)
+    assert check.max_batch.batch == direct.batch > 8
+    assert check.max_batch.fits.reserved_peak == direct.fits.reserved_peak
