@@ -54,3 +54,15 @@ def test_init_empty_weights_model_under_metamode_matches_eager_shapes():
     assert (out.shape, out.dtype) == (out_real.shape, out_real.dtype)
     assert grads == [(p.grad.shape, p.grad.dtype) for p in eager.parameters()]
     assert all(p.grad is None for p in empty.parameters())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TypeError,
+    reason="accelerate rebuilds each parameter as type(p)(p.to('meta'), **p.__dict__); "
+    "a MetaTensor parameter's __dict__ (_is_param, _md) is no constructor's arguments",
+)
+def test_init_empty_weights_inside_metamode_builds():
+    with md.MetaMode(), accelerate.init_empty_weights():
+        model = _build()
+    assert all(p.device.type == "meta" for p in model.parameters())
