@@ -9,7 +9,8 @@ Requirements:
 
 - the step is the one ``fit`` runs with automatic optimisation: the
   optimizer the strategy built from ``configure_optimizers``,
-  ``training_step`` under the precision plugin's forward context, backward,
+  ``training_step`` under the precision plugin's forward context (a
+  mixed-precision one's autocast rebuilt for ``cuda``), backward,
   ``optimizer.step`` and ``zero_grad``, on the first batch of the train
   dataloader; traced with ``md.tracer(device="cuda", gpu=gpu, warmup=1)``
   so the figure is the steady state (optimizer state alive), as
@@ -29,6 +30,7 @@ import logging
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from .._compat import pytree
 from ..analysis.fit import Fit, fits
@@ -39,7 +41,7 @@ from ..timing.bubble import PipelineRuntime
 from ..timing.runtime import Runtime, runtime
 from ..tracing.tracer import tracer
 
-__all__ = ["FitCheck", "training_step_fn", "resized_batch"]
+__all__ = ["FitCheck", "training_step_fn", "resized_batch", "forward_context"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,25 @@ def resized_batch(batch, size: int):
     )
 
 
+# Note [Autocast on the logical GPU]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A Trainer planned on a CPU machine has a precision plugin whose autocast is
+# ``torch.autocast("cpu")``, which casts nothing on the logical CUDA device the
+# step is traced on.  The step that would run on the GPU is the one under
+# ``torch.autocast("cuda")`` with the plugin's dtype, so a ``MixedPrecision``
+# plugin's context is rebuilt for ``cuda`` (as the plugin builds it, cache
+# off).  16-mixed's GradScaler is not stepped: its few scalar ops do not move
+# the peak.  Other plugins' contexts are entered as they are.
+
+
+def forward_context(plugin):
+    """The precision plugin's forward context for a step on the logical GPU (Note [Autocast on the logical GPU])."""
+    if isinstance(plugin, MixedPrecision):
+        dtype = torch.bfloat16 if plugin.precision == "bf16-mixed" else torch.half
+        return lambda: torch.autocast("cuda", dtype=dtype, cache_enabled=False)
+    return plugin.forward_context
+
+
 def _first_batch(trainer: L.Trainer, module: L.LightningModule):
     source = trainer.datamodule if trainer.datamodule is not None else module
     with torch.random.fork_rng(devices=[]):  # Note [What FitCheck leaves behind]
@@ -149,7 +170,7 @@ class FitCheck(L.Callback):
         if optimizer is None:
             raise UnsupportedFeatureError("FitCheck: configure_optimizers gave no optimizer to step")
         batch = _first_batch(trainer, pl_module)
-        step = training_step_fn(pl_module, optimizer, trainer.precision_plugin.forward_context)
+        step = training_step_fn(pl_module, optimizer, forward_context(trainer.precision_plugin))
         attached = pl_module._trainer
         pl_module._trainer = None  # Note [What FitCheck leaves behind]
         try:

@@ -139,3 +139,19 @@ def test_fitcheck_max_batch_equals_md_max_batch():
     direct = md.max_batch(make_step, "l4", capacity=200 * 2**20)
     assert check.max_batch.batch == direct.batch > 8
     assert check.max_batch.fits.reserved_peak == direct.fits.reserved_peak
+
+
+def test_fitcheck_bf16_mixed_traces_cuda_autocast():
+    check = FitCheck(gpu="h100")
+    _fit_with_precision = _trainer(precision="bf16-mixed", callbacks=[check])
+    torch.manual_seed(0)
+    _fit_with_precision.fit(LM())
+    torch.manual_seed(0)
+    m = LM()
+    batch = next(iter(m.train_dataloader()))
+    step = training_step_fn(m, m.configure_optimizers(), lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+    t = md.tracer(device="cuda", gpu="h100", warmup=1)(step, batch)
+    mms = [c for c in check.trace.calls if c.op == "aten.addmm.default"]
+    assert mms and all(c.outputs[0].dtype == torch.bfloat16 for c in mms)
+    assert [c.op for c in check.trace.calls] == [c.op for c in t.calls]
+    assert check.fit.reserved_peak == md.fits(t, "h100").reserved_peak
