@@ -20,6 +20,7 @@ from .errors import (
     CheckpointFormatError,
     CheckpointMismatchError,
     DataDependentError,
+    DoesNotFitError,
     MaterializeLimitError,
     MetaDispatchError,
     ReplayError,
@@ -243,6 +244,7 @@ __all__ = [
     "checker",
     "Report",
     "MaterializeLimitError",
+    "DoesNotFitError",
     "verify_rule",
     "RuleCheck",
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointMismatchError",
     "UnsupportedFeatureError",
     "MaterializeLimitError",
+    "DoesNotFitError",
     "mark_call",
     "raised_in",
     "explain_meta_refusal",
@@ -83,6 +84,18 @@ class UnsupportedFeatureError(MetaDispatchError, NotImplementedError):
     differences is in docs/fake-tensor-mode.md, what a logical world
     refuses (pipeline and context parallelism) in docs/distributed.md.
     """
+
+
+class DoesNotFitError(MetaDispatchError, RuntimeError):
+    """A traced step does not fit on the GPU it was checked for.
+
+    ``fit`` is the ``md.fits`` answer, which names the first op past the
+    memory and what the peak holds.
+    """
+
+    def __init__(self, message: str, *, fit=None) -> None:
+        super().__init__(message)
+        self.fit = fit
 
 
 class MaterializeLimitError(MetaDispatchError, MemoryError):

@@ -38,6 +38,7 @@ STAGES = [
     "debug",
     "testing",
     "cli",
+    "integrations",
     "__init__",
     "__main__",
 ]
@@ -386,3 +387,12 @@ def test_layering_a_long_module_has_a_note_saying_why_it_is_one_piece():
         if title is not None:
             notes = {_title(m[1]) for m in _NOTE_DEF.finditer(MODULES[module].read_text())}
             assert title in notes, f"{module} does not define the Note titled {title!r}"
+
+
+def test_layering_test_files_have_unique_names():
+    # tests/ has no __init__.py files (rootdir imports), so two test files of one name
+    # in different rooms fail collection of the second ("import file mismatch").
+    names: dict = {}
+    for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    assert not {name: paths for name, paths in names.items() if len(paths) > 1}

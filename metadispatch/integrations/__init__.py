@@ -1,0 +1,9 @@
+"""metadispatch inside the frameworks people train with.
+
+``lightning`` gives ``FitCheck``, a ``lightning.Callback`` that traces one
+steady-state training step of the LightningModule before ``fit`` and says
+whether it fits on a logical GPU and how long it takes.  Each module imports
+its framework, so none is imported by ``import metadispatch`` or by this
+package: ``import metadispatch.integrations.lightning`` when you use it.
+The top stage beside ``cli``: may import anything in the package.
+"""
