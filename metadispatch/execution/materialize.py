@@ -94,6 +94,14 @@ def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: boo
             "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck)
         )
     loads: list = []
+    if checkpoint is None and (plain := list(_plain_metas(module))):
+        # accelerate's init_empty_weights, torch.device("meta"): no construction was recorded,
+        # so leaving them on meta would return a module that fails at its first real call
+        raise MetaDispatchError(
+            f"materialize: {', '.join(plain[:8])} lie on plain 'meta': nothing says their values "
+            "(build the module under md.MetaMode to have them computed as eager construction does, "
+            "or give checkpoint=PATH)"
+        )
     if checkpoint is not None:
         contents, loads = plan(module, checkpoint, strict)
         loaded = {id(t) for _, t in loads}

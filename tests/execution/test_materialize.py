@@ -448,3 +448,17 @@ def test_materialize_zoo_models_initialised_in_mixed_orders_equal_eager(build):
     md.materialize(meta)
     torch.manual_seed(1)
     _assert_same_state(meta, build())
+
+
+@pytest.mark.parametrize("build", ["torch_meta_device", "to_empty_on_meta"])
+def test_materialize_refuses_plain_meta_tensors_instead_of_leaving_them(build):
+    # Built on torch's meta device (as accelerate's init_empty_weights does): no construction
+    # was recorded, so nothing says their values; returning them on meta would be silent.
+    if build == "torch_meta_device":
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    else:
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).to_empty(device="meta")
+    with pytest.raises(md.MetaDispatchError, match=r"0.weight, 0.bias, 1.weight.* lie on plain 'meta'"):
+        md.materialize(model)
+    assert model[0].weight.is_meta  # refused before anything changed

@@ -66,3 +66,11 @@ def test_init_empty_weights_inside_metamode_builds():
     with md.MetaMode(), accelerate.init_empty_weights():
         model = _build()
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_materialize_refuses_an_init_empty_weights_model():
+    # accelerate throws the initialisers' values away: only a checkpoint can fill it
+    with accelerate.init_empty_weights():
+        model = _build()
+    with pytest.raises(md.MetaDispatchError, match="lie on plain 'meta'.*checkpoint=PATH"):
+        md.materialize(model)
