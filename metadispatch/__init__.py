@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .mode.mode import MetaMode
     from .planning.ac import ACPlan, apply_ac, plan_ac
     from .planning.batch import MaxBatch, max_batch
-    from .planning.train import PlanTable, plan
+    from .planning.train import Candidate, PlanTable, plan
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
     from .tensor.tensor import MetaTensor
     from .timing.calibrate import calibrate, load_efficiency
@@ -98,6 +98,7 @@ _LAZY = {
     "MaxBatch": "planning.batch",
     "plan": "planning.train",
     "PlanTable": "planning.train",
+    "Candidate": "planning.train",
     "kv_layout": "planning.kv",
     "KVLayout": "planning.kv",
     "flops": "analysis.flops",
@@ -210,6 +211,7 @@ __all__ = [
     "MaxBatch",
     "plan",
     "PlanTable",
+    "Candidate",
     "plan_ac",
     "apply_ac",
     "ACPlan",

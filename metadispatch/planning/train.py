@@ -123,6 +123,7 @@ def plan(
     vocab: int | None = None,
     scale: tuple | None = None,
     confirm: int = 5,
+    capacity: int | None = None,
 ) -> PlanTable:
     """Rank the training configurations of ``make_model()`` on ``gpus`` logical ``gpu`` s.
 
@@ -139,12 +140,18 @@ def plan(
     extrapolated to the full model's (Note [Scaling from two depths]); the
     fastest are then traced in full until ``confirm`` fit, and the rest say
     ``fits=None`` (not known) with their extrapolated figures.
+
+    ``capacity``: bytes each GPU holds, in place of the profile's memory
+    (as for ``md.max_batch``); the times stay the profile's.
     """
     if type(gpus) is not int or gpus < 1:
         raise MetaDispatchError(f"plan: gpus={gpus!r}, a positive number of GPUs")
     if type(global_batch) is not int or global_batch < 1 or type(seq) is not int or seq < 1:
         raise MetaDispatchError(f"plan: global_batch={global_batch!r}, seq={seq!r}: positive integers")
+    if capacity is not None and (type(capacity) is not int or capacity < 1):
+        raise MetaDispatchError(f"plan: capacity={capacity!r}, a positive number of bytes")
     planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or _default_step, vocab)
+    planner.capacity = capacity
     start = time.perf_counter()
     planner.scale = _check_scale(scale)
     table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
@@ -155,8 +162,9 @@ def plan(
         _rank(table)
     table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
     profile = gpu_profile(gpu)
+    each = f"{fmt_bytes(capacity)} each (capacity=)" if capacity else f"{fmt_bytes(profile.memory)} each"
     table.assumes = (
-        f"{profile.title}, {fmt_bytes(profile.memory)} each; md.runtime's efficiency table for it, "
+        f"{profile.title}, {each}; md.runtime's efficiency table for it, "
         "collectives on its links, one stream, communication not overlapped with compute"
     )
     return table
@@ -177,6 +185,7 @@ class _Planner:
         self.heads: dict | None = None
         self.scale: tuple | None = None
         self.depth: int | None = None
+        self.capacity: int | None = None  # bytes per GPU in place of the profile's memory
 
     def configs(self, search: dict) -> list:
         """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
@@ -234,7 +243,7 @@ class _Planner:
     def _measure(self, trace: Trace) -> tuple:
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
         peak = memory(step_from(trace, s)).peak
-        fit = fits(trace, gpu=self.gpu, since="step")
+        fit = fits(trace, gpu=self.gpu, capacity=self.capacity, since="step")
         first = fit.first_oom_call
         oom = (first.index, first.op) if first is not None else None
         per_call = runtime(trace, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime

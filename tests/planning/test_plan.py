@@ -154,3 +154,23 @@ def test_plan_scaled_from_two_depths_times_exactly_and_confirms_memory_by_full_t
 def test_plan_refuses_a_scale_that_is_not_two_increasing_depths():
     with pytest.raises(md.MetaDispatchError, match=r"scale=\(4, 2\)"):
         md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, scale=(4, 2))
+
+
+def test_plan_capacity_in_bytes_makes_the_larger_configs_not_fit_as_direct_traces_say():
+    # 67 MiB: the tiny model's micro-batch 1 reserves less, micro-batch 2 more (2 MiB segments)
+    cap = 67 * 2**20
+    search = {**SEARCH, "tp": [1], "micro_batch": [1, 2]}
+    small = md.plan(make_model, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=search, capacity=cap)
+    assert any(c.fits for c in small) and any(c.fits is False for c in small)
+    for c in small:
+        if c.reserved_peak is None:
+            continue
+        assert md.fits(direct(c.config), capacity=cap, since="step").fits == c.fits, c.config
+        assert c.fits == (c.reserved_peak <= cap)
+        if not c.fits:
+            assert c.why.startswith("reserved ") and "> 67MiB: first OOM at call" in c.why
+    fitting = sum(bool(c.fits) for c in small)
+    assert all(c.fits for c in list(small)[:fitting])  # what fits ranks first
+    assert "67MiB each (capacity=)" in small.assumes
+    with pytest.raises(md.MetaDispatchError, match="capacity=0"):
+        md.plan(make_model, gpus=GPUS, global_batch=BATCH, seq=SEQ, capacity=0)
