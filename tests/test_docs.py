@@ -87,3 +87,9 @@ def test_docs_code_blocks_run_and_print_what_they_show(page, ran):
     for (source, shown), printed in zip(blocks, outputs):
         if shown is not None:
             assert printed == shown, f"{page.name}: the block\n{source}\nprints\n{printed}"
+
+
+def test_docs_readme_is_at_most_150_lines():
+    # issue 29: the README is the front door; findings go to CHANGELOG, reference to docs/
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines"
