@@ -221,6 +221,7 @@ def test_layering_no_patch_outside_the_ledger(module):
 # Module-level state that changes at run time, with why it is module-level.
 # A new entry needs its reason; state that can live on an object should.
 _STATE = {
+    ("metadispatch._compat.process", "_HOST_CUDA"): "whether the host has CUDA, asked of C++ once",
     ("metadispatch.analysis.flops", "_USER"): "md.register_flops' table, process-wide as torch's formulas are",
     ("metadispatch.core.cache", "_CONTEXTS"): "the shared context tuples (Note [What an entry weighs])",
     ("metadispatch.core.cache", "_SHARED"): "the metadata cache every mode shares (Note [What the key must hold])",

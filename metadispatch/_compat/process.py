@@ -279,3 +279,21 @@ def default_device_type() -> str:
             return torch.device(mode.device).type
     context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
     return torch.device(context.device).type if context is not None else "cpu"
+
+
+def host_cuda_available() -> bool:
+    """Whether this host has a CUDA device, asked of the C++ runtime.
+
+    Not ``torch.cuda.is_available``: with ``PYTORCH_NVML_BASED_CUDA_CHECK=1``
+    (Lightning sets it on import) that calls ``torch.cuda.device_count`` by
+    its module global, which a logical GPU answers (gpu/cuda_answers.py), so
+    inside a mode it said True on a host without CUDA.  The count is asked
+    once and kept: a process's CUDA devices do not come and go."""
+    global _HOST_CUDA
+    if _HOST_CUDA is None:
+        compiled = hasattr(torch._C, "_cuda_getDeviceCount")
+        _HOST_CUDA = bool(compiled and torch._C._cuda_getDeviceCount() > 0)
+    return _HOST_CUDA
+
+
+_HOST_CUDA: bool | None = None

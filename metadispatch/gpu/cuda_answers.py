@@ -56,7 +56,7 @@ from . import autocast, logical_cuda
 
 __all__ = ["enter", "wanted", "WIRING", "PATCHES"]
 
-_REAL_IS_AVAILABLE = torch.cuda.is_available
+_REAL_IS_AVAILABLE = _compat.host_cuda_available  # never the answer a logical GPU gives
 
 
 @dataclasses.dataclass(frozen=True)

@@ -326,3 +326,20 @@ def test_an_rnn_on_a_logical_gpu_does_not_warn_about_cudnn(recwarn):
     lstm = torch.nn.LSTM(4, 8)
     md.tracer(device="cuda", gpu="h100")(lambda x: lstm(x)[0].sum(), torch.randn(5, 3, 4))
     assert not [w for w in recwarn if "cuDNN" in str(w.message)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a host without CUDA")
+def test_cuda_answers_a_host_without_cuda_stays_without_under_nvml_based_checks(monkeypatch):
+    # Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 on import; torch's is_available then asks
+    # torch.cuda.device_count by its module global, which a logical GPU answers: the mode took
+    # the host for a CUDA host and called torch's real RNG functions ("Found no NVIDIA driver").
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+    def step(x):
+        saved = torch.cuda.get_rng_state()
+        torch.cuda.set_rng_state(saved)
+        return x
+
+    trace = md.tracer(device="cuda", gpu="h100")(step, torch.randn(8))
+    (save, load) = [(e.action, e.slot) for e in trace.rng_events if e.stream == "cuda:0"]
+    assert save[0] == "save" and load == ("load", save[1])  # recorded as a slot, not run
