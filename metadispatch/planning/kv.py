@@ -155,17 +155,22 @@ def cache_of(out):
 def _per_layer(model, gpu: str, n: int, vocab: int) -> list[tuple[str, int]]:
     with MetaMode(device="cuda", gpu=gpu), torch.inference_mode():
         cache = decoded_cache(model, torch.randint(0, vocab, (1, n)))
-    seen: set = set()
-    result = []
-    for layer in getattr(cache, "layers", None) or [cache]:
-        total = 0
-        for t in _tensors(layer):
-            s = t.untyped_storage()
-            if (key := _compat.storage_id(s)) not in seen:
-                seen.add(key)
-                total += s.nbytes()
-        result.append((type(layer).__name__, total))
-    return result
+    seen: set = set()  # a storage two layers hold counts for the first
+    return [
+        (type(layer).__name__, storage_bytes(_tensors(layer), seen))
+        for layer in getattr(cache, "layers", None) or [cache]
+    ]
+
+
+def storage_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the storages under ``tensors`` not yet in ``seen`` (storage ids), each once; adds them to it."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (key := _compat.storage_id(s := t.untyped_storage())) not in seen:
+            seen.add(key)
+            total += s.nbytes()
+    return total
 
 
 def _windows(config) -> list[int]:

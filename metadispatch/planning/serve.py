@@ -36,13 +36,12 @@ import dataclasses
 import torch
 from torch import nn
 
-from .. import _compat
 from ..analysis.memory import memory
 from ..mode.mode import MetaMode
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..timing.runtime import runtime
 from ..tracing.tracer import tracer
-from .kv import KVLayout, cache_kwarg, cache_of, kv_layout
+from .kv import KVLayout, cache_kwarg, cache_of, kv_layout, storage_bytes
 
 __all__ = ["serve_plan", "ServePlan", "DecodeRow"]
 
@@ -130,7 +129,7 @@ def serve_plan(
     config = getattr(model, "config", None)
     vocab = int(getattr(config, "vocab_size", 32000))
     layout = kv_layout(model, profile.name, lengths)
-    weights = _bytes(list(model.parameters()) + list(model.buffers()))
+    weights = storage_bytes([*model.parameters(), *model.buffers()])
 
     def prefill(ids):
         with torch.inference_mode():
@@ -187,13 +186,3 @@ def _build(config, profile: GPUProfile) -> nn.Module:
 
     with MetaMode(device="cuda", gpu=profile.name):
         return transformers.AutoModelForCausalLM.from_config(config)
-
-
-def _bytes(tensors) -> int:
-    """Bytes of the distinct storages under ``tensors``."""
-    seen: dict = {}
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            seen[_compat.storage_id(s)] = s.nbytes()
-    return sum(seen.values())
