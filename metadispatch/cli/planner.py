@@ -53,6 +53,7 @@ def run(args, progress, stage) -> int:
 
     from ..planning.train import plan
 
+    targets.require_causal_lm(args.hf, config, "plan")
     targets.check_positions(config, "causal", args.seq, "--seq")
     keys = {"tp": args.tp, "shard": args.shard, "micro_batch": args.micro_batch, "ac": args.ac}
     search = {k: v for k, v in {**keys, "optimizer": args.optimizer}.items() if v}

@@ -13,7 +13,6 @@ import argparse
 import torch
 
 from . import targets
-from .targets import UsageError
 
 __all__ = ["add_parser"]
 
@@ -53,14 +52,11 @@ def run(args, progress, stage) -> int:
     """``progress(label)`` and ``stage(doing)``: the CLI's progress line and failure wrapper (cli/main.py)."""
     config = targets.hf_config(args.hf, targets.parse_overrides(args.config))  # says how to install transformers
     import transformers
-    from transformers.models.auto import modeling_auto as auto
 
     from ..mode.mode import MetaMode
     from ..planning.serve import serve_plan
 
-    encoder = args.hf in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
-    if args.hf not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False) or encoder:
-        raise UsageError(f"--hf {args.hf}: serve plans a decoder-only causal LM (e.g. llama, mistral, qwen3, gemma2)")
+    targets.require_causal_lm(args.hf, config, "serve")
     for option, tokens in (
         ("--max-model-len", args.max_model_len),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),

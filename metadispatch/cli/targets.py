@@ -233,6 +233,15 @@ def hf_config(arch: str, overrides: dict):
         raise UsageError(f"--config: {type(config).__name__} refused it: {_message(e)}") from e
 
 
+def require_causal_lm(arch: str, config, command: str) -> None:
+    """Refuse, as a usage error, a ``--hf`` type that is not a decoder-only causal LM (``serve``, ``plan``)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    encoder = arch in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+    if arch not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or getattr(config, "is_encoder_decoder", False) or encoder:
+        raise UsageError(f"--hf {arch}: {command} plans a decoder-only causal LM (e.g. llama, mistral, qwen3, gemma2)")
+
+
 def hf_target(
     arch: str,
     overrides: dict,

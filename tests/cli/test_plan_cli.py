@@ -35,6 +35,7 @@ def test_plan_cli_prints_md_plans_ranking(capsys):
     ("argv", "message"),
     [
         (["--tp", "0"], "expected positive numbers"),
+        (["--hf", "bert"], "plan plans a decoder-only causal LM"),
         (["--micro-batch", "x"], "expected numbers like"),
         (["--ac", "some"], "unknown some"),
         (["--gpu", "nope"], "nope"),
