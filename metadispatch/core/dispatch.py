@@ -61,12 +61,12 @@ def dispatch(func, args, kwargs, mode):
         # (Note [Backend keys of a logical CPU]).
         return args[0].device
     f = facts(func)
-    if mode is not None and not kwargs and mode._depth == 0 and mode.record and mode.cache is not None:
+    if mode is not None and mode._depth == 0 and mode.record and mode.cache is not None:
         fast = _FAST.get(func)
         if fast is None:
             fast = _FAST[func] = hit.eligible(f, _CROSS_DEVICE)
         if fast:
-            out = hit.answer_hit(func, f, args, mode, fast == 2)  # Note [The cache-hit path] in hit.py
+            out = hit.answer_hit(func, f, args, kwargs, mode, fast == 2)  # Note [The cache-hit path] in hit.py
             if out is not hit.MISS:
                 return out
     if f.passthrough:

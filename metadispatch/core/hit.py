@@ -7,9 +7,10 @@ layer 0's shapes), and a hit needs less than the full path gives every call:
 no real tensor to convert, no device argument to resolve, no value knowledge
 or bounds to carry, no schema work.  So for an op that can be served this
 way (:func:`eligible`, decided once per op) and a call whose tensors are all
-MetaTensors this recorder has numbered, with no known value or bounds, one
+MetaTensors with no known value or bounds, one
 pass over the arguments does what the full path spreads over four: it
-encodes each argument as the recorder would (its TensorMeta), builds the
+encodes each argument as the recorder would (its TensorMeta, numbering a
+leaf on its first read as ``encode`` does), builds the
 cache key from those records exactly as ``MetaCache.key_from_encoded``
 does, and finds the outputs' logical device as ``_common_device`` does.  On
 a hit the outputs are rebuilt from the recipe and the call recorded; on
@@ -59,7 +60,7 @@ def eligible(f, cross_device) -> int:
     return 2 if bounds.bounds_without_inputs(f.name) else 1
 
 
-def answer_hit(func, f, args, mode, with_bounds: bool):
+def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     """The recorded outputs of a call the cache can answer, else :data:`MISS`."""
     rec = mode._recorder
     tensors: list = []
@@ -83,6 +84,18 @@ def answer_hit(func, f, args, mode, with_bounds: bool):
             enc.append(tuple(sub_enc))
         elif not _take(a, rec, devices, tensors, storages, parts, enc):
             return MISS
+    enc_kwargs = None
+    if kwargs:
+        # Each name, then its value (_call_key).  Not a list: the full path's
+        # tensors (the recipe's positions) hold a kwarg's tensor, not a list's.
+        enc_kwargs = {}
+        kw_enc: list = []
+        for name, v in kwargs.items():
+            parts.append(name)
+            t = type(v)
+            if t is list or t is tuple or not _take(v, rec, devices, tensors, storages, parts, kw_enc):
+                return MISS
+            enc_kwargs[name] = kw_enc.pop()
     device = devices[0] or devices[1] or devices[2]
     if not tensors or device is None:
         return MISS
@@ -102,9 +115,9 @@ def answer_hit(func, f, args, mode, with_bounds: bool):
     STATE.ambient = device  # as _device() leaves it (Note [Meta from options] in dispatch.py)
     result = cache.replay(hit[0], tensors, device)
     if with_bounds:  # no input has bounds, so no comparison is decided by them (bounds.decided)
-        bounds.propagate(f.name, f.mutates, args, {}, result)
+        bounds.propagate(f.name, f.mutates, args, kwargs, result)
     try:
-        rec.record(func, f, (tuple(enc), None), result, hit[1])
+        rec.record(func, f, (tuple(enc), enc_kwargs), result, hit[1])
     except MetaDispatchError as e:  # a result a trace cannot hold
         mark_call(e, f.name, user_frame())
         raise
@@ -114,8 +127,7 @@ def answer_hit(func, f, args, mode, with_bounds: bool):
 def _take(x, rec, devices: list, tensors: list, storages: list, key: list, enc: list) -> bool:
     """Append ``x``'s key part and record (as ``_call_key`` and ``encode`` make
     them) and note its device as ``_common_device`` does; False where the full
-    path must answer: a tensor this recorder did not number or that carries a
-    value or bounds, two devices (the full path raises), another type."""
+    path must answer: a tensor that carries a value or bounds, two devices (the full path raises), another type."""
     t = type(x)
     if t is int:
         key.append(x)  # untagged (Note [What an entry weighs] in cache.py)
@@ -123,11 +135,16 @@ def _take(x, rec, devices: list, tensors: list, storages: list, key: list, enc: 
         return True
     if t is MetaTensor:
         st = x._md
-        if st.recorder is not rec.token or st.known is not None or st.bounds is not None:
+        if st.known is not None or st.bounds is not None:
             return False
-        m = st.meta
-        if m.requires_grad != x.requires_grad:
-            m = rec.meta_of(x)  # autograd set it after the producing call: the record follows
+        if st.recorder is not rec.token:
+            # A leaf's first read (a parameter in each trace): numbered as
+            # encode() numbers it; a full path after a MISS finds it numbered.
+            m = rec.meta_of(x)
+        else:
+            m = st.meta
+            if m.requires_grad != x.requires_grad:
+                m = rec.meta_of(x)  # autograd set it after the producing call: the record follows
         d = st.device
         if d.type == "meta":
             devices[2] = d

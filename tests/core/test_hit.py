@@ -59,8 +59,8 @@ def test_hit_path_traces_equal_the_full_path(name, monkeypatch):
         assert _calls(a) == _calls(b)
         assert a.leaves.keys() == b.leaves.keys() and a.deaths == b.deaths
     assert slow[2] == fast[2], "the hit path built keys the full path does not (or the reverse)"
-    # Calls reading a parameter first (a new leaf in each trace) take the
-    # full path; in models with repeated blocks most others are hits.
+    # In models with repeated blocks most calls are hits (a parameter's
+    # first read too: the hit path numbers the new leaf).
     assert fast[3] > len(fast[1].calls) // 3, f"the hit path answered only {fast[3]} of {len(fast[1].calls)} calls"
 
 
