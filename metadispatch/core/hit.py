@@ -113,11 +113,12 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     if hit is None or hit[0] is UNCACHABLE:
         return MISS
     STATE.ambient = device  # as _device() leaves it (Note [Meta from options] in dispatch.py)
-    result = cache.replay(hit[0], tensors, device)
+    recipe = hit[0]
+    result = cache.replay(recipe, tensors, device)
     if with_bounds:  # no input has bounds, so no comparison is decided by them (bounds.decided)
         bounds.propagate(f.name, f.mutates, args, kwargs, result)
     try:
-        rec.record(func, f, (tuple(enc), enc_kwargs), result, hit[1])
+        rec.record_hit(func, f, tuple(enc), enc_kwargs, result, recipe, hit[1])
     except MetaDispatchError as e:  # a result a trace cannot hold
         mark_call(e, f.name, user_frame())
         raise

@@ -397,10 +397,49 @@ class Recorder:
             outputs = tuple(self._out(o) for o in result)
         else:
             outputs = ()
+        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note)
+
+    def record_hit(self, func, f, enc_args, enc_kwargs, result, recipe, stage: str) -> OpCall:
+        """:meth:`record` for a call the cache answered (core/hit.py): the
+        records of the outputs the recipe made afresh or as views come from
+        the recipe, which holds their shape, strides, offset and dtype, and
+        not from questions to each new tensor (Note [The cache-hit path])."""
+        index = len(self._trace().calls)
+        rw = f.returns_write
+        if len(rw) == 1:
+            outputs: tuple = (self._out_hit(result, recipe, index),)
+        elif rw:
+            outputs = tuple([self._out_hit(o, r, index) for o, r in zip(result, recipe[1])])
+        else:
+            outputs = ()
+        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, None)
+
+    def _out_hit(self, o, recipe, index: int):
+        """``_out(o)`` for an output ``recipe.build`` made from ``recipe`` (Note [Recipes] in recipe.py)."""
+        kind = recipe[0]
+        if kind == "fresh":
+            _, shape, stride, offset, dtype = recipe[:5]
+        elif kind == "view":
+            _, _, shape, stride, offset, dtype = recipe[:6]
+        elif kind == "list":
+            return tuple([self._out_hit(x, r, index) for x, r in zip(o, recipe[2])])
+        else:  # the input itself ("same"), or a plain value
+            return self._out(o)
+        st = o._md
+        storage = self._storage_number(o)
+        # build() wraps with requires_grad=False; autograd sets it later (meta_of)
+        m = _TUPLE_NEW(TensorMeta, (self._new_id(), shape, dtype, stride, offset, st.device, False, storage))
+        self._bases.setdefault(storage, m)
+        st.recorder, st.meta, st.call = self.token, m, index
+        return m
+
+    def _append(self, func, f, enc_args, enc_kwargs, outputs, stage: str, note: str | None) -> OpCall:
+        """The call's record, with its module and phase, appended to the trace."""
         module, phase = ("", "forward")
-        if self.modules is not None:
-            module = self.modules.current()
-            if self.modules.in_optimizer:
+        modules = self.modules
+        if modules is not None:
+            module = modules.current()
+            if modules.in_optimizer:
                 phase = "optimizer"
         if _compat.in_backward():
             # an optimizer stepped from a post-accumulate-grad hook is the optimizer's
@@ -412,12 +451,11 @@ class Recorder:
         else:
             self.backward_modules.note(module)
         source = user_frame() if self.stack else None
-        call = OpCall(
-            len(self.trace.calls), func, f.name, enc_args, enc_kwargs, outputs, module, phase, stage, source, note
-        )
+        calls = self._trace().calls
+        call = OpCall(len(calls), func, f.name, enc_args, enc_kwargs, outputs, module, phase, stage, source, note)
         if f.random:
             self._before_draw(call)
-        self.trace.calls.append(call)
+        calls.append(call)
         return call
 
     def _before_draw(self, call: OpCall) -> None:
