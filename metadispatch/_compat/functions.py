@@ -41,6 +41,7 @@ def function_mode_stack() -> list:
 
 
 function_stack_len = torch._C._len_torch_function_stack
+function_stack_at = torch._C._get_function_stack_at
 
 
 def top_function_mode():

@@ -69,6 +69,7 @@ def _is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
 class Recorder:
     def __init__(self, trace: Trace, *, stack: bool = False, const_limit: int = 4096) -> None:
         self._trace = lambda: trace  # weak once released (Note [Dropping a trace frees it])
+        self._recording: Trace | None = trace  # the same, None once released: read per call without a frame
         self.stack = stack
         self.const_limit = const_limit
         self.keep_known = False  # note known values as calls write them: a trace to be cut (md.tracer(warmup=))
@@ -139,6 +140,7 @@ class Recorder:
         no MetaTensor, and a module built in it needs the trace to materialise.
         """
         self._trace = weakref.ref(self._trace())
+        self._recording = None
         self.rng.release_trace()
 
     # -- tensor metadata
@@ -163,7 +165,7 @@ class Recorder:
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
-                    calls = self.trace.calls  # a new record in its place (OpCall is immutable)
+                    calls = self._trace().calls  # a new record in its place (OpCall is immutable)
                     calls[st.call] = calls[st.call].replace(outputs=_swap(calls[st.call].outputs, old, m))
             if self.keep_known and st.known is not None:  # read by the call about to be recorded
                 self._note_known(st, m.id, len(self.trace.calls))
@@ -330,7 +332,10 @@ class Recorder:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
-        self.trace.storage_bytes[n] = storage.nbytes()  # Note [Storages larger than their tensors]
+        trace = self._recording
+        (trace if trace is not None else self._trace()).storage_bytes[n] = (
+            storage.nbytes()
+        )  # Note [Storages larger than their tensors]
         ref = weakref.ref(storage, self._died)
         self._live[key] = (n, ref)
         self._refs[ref] = (key, n)
@@ -340,7 +345,7 @@ class Recorder:
         key, n = self._refs.pop(ref)
         if self._live.get(key, (None,))[0] == n:
             del self._live[key]
-        trace = self.trace
+        trace = self._trace()
         if trace is not None:  # None: a released trace that was dropped
             trace.deaths[n] = len(trace.calls)
 
@@ -379,7 +384,7 @@ class Recorder:
                 m = self._meta(o, self._new_id(), self._storage_number(o))
                 self._bases.setdefault(m.storage, m)
                 st.recorder = self.token
-            st.meta, st.call = m, len(self.trace.calls)  # the index record() gives
+            st.meta, st.call = m, len(self._trace().calls)  # the index record() gives
             if self.keep_known and st.known is not None:
                 self._note_known(st, m.id, st.call + 1)
             return m
@@ -397,14 +402,20 @@ class Recorder:
             outputs = tuple(self._out(o) for o in result)
         else:
             outputs = ()
-        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note)
+        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note, self._calls())
+
+    def _calls(self) -> list:
+        trace = self._recording
+        return (trace if trace is not None else self._trace()).calls
 
     def record_hit(self, func, f, enc_args, enc_kwargs, result, recipe, stage: str) -> OpCall:
         """:meth:`record` for a call the cache answered (core/hit.py): the
         records of the outputs the recipe made afresh or as views come from
         the recipe, which holds their shape, strides, offset and dtype, and
         not from questions to each new tensor (Note [The cache-hit path])."""
-        index = len(self._trace().calls)
+        trace = self._recording
+        calls = (trace if trace is not None else self._trace()).calls
+        index = len(calls)
         rw = f.returns_write
         if len(rw) == 1:
             outputs: tuple = (self._out_hit(result, recipe, index),)
@@ -412,7 +423,7 @@ class Recorder:
             outputs = tuple([self._out_hit(o, r, index) for o, r in zip(result, recipe[1])])
         else:
             outputs = ()
-        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, None)
+        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, None, calls)
 
     def _out_hit(self, o, recipe, index: int):
         """``_out(o)`` for an output ``recipe.build`` made from ``recipe`` (Note [Recipes] in recipe.py)."""
@@ -433,15 +444,15 @@ class Recorder:
         st.recorder, st.meta, st.call = self.token, m, index
         return m
 
-    def _append(self, func, f, enc_args, enc_kwargs, outputs, stage: str, note: str | None) -> OpCall:
-        """The call's record, with its module and phase, appended to the trace."""
+    def _append(self, func, f, enc_args, enc_kwargs, outputs, stage: str, note: str | None, calls: list) -> OpCall:
+        """The call's record, with its module and phase, appended to the trace's ``calls``."""
         module, phase = ("", "forward")
         modules = self.modules
         if modules is not None:
             module = modules.current()
             if modules.in_optimizer:
                 phase = "optimizer"
-        if _compat.in_backward():
+        if _GRAPH_TASK_ID() != -1:  # in backward (_compat.in_backward)
             # an optimizer stepped from a post-accumulate-grad hook is the optimizer's
             phase = "optimizer" if phase == "optimizer" else "backward"
             if _compat.in_checkpoint_recompute():
@@ -451,7 +462,6 @@ class Recorder:
         else:
             self.backward_modules.note(module)
         source = user_frame() if self.stack else None
-        calls = self._trace().calls
         call = OpCall(len(calls), func, f.name, enc_args, enc_kwargs, outputs, module, phase, stage, source, note)
         if f.random:
             self._before_draw(call)
@@ -467,6 +477,7 @@ class Recorder:
 
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
+_GRAPH_TASK_ID = _compat.graph_task_id
 _KNOWN_KEPT = 64  # elements: step counters, small flags; larger known values are not state a cut carries
 _TUPLE_NEW = tuple.__new__
 # Argument types encode() passes through untouched.

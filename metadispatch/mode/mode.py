@@ -48,6 +48,7 @@ _CPU = torch.device("cpu")
 
 _PRIM_DEVICE = torch.ops.prim.device.default
 _FUNCTION_STACK_LEN = _compat.function_stack_len
+_FUNCTION_STACK_AT = _compat.function_stack_at
 
 
 class MetaMode(_compat.TorchDispatchMode):
@@ -134,7 +135,8 @@ class MetaMode(_compat.TorchDispatchMode):
             # C++ asking a logical-CPU MetaTensor for its device, two or three
             # times per traced call (Note [Backend keys of a logical CPU]).
             return args[0].device
-        if _FUNCTION_STACK_LEN() and _compat.top_function_mode() is SWAP:
+        n = _FUNCTION_STACK_LEN()
+        if n and _FUNCTION_STACK_AT(n - 1) is SWAP:
             # A backward's engine runs with the function mode pushed (Note
             # [Backward under the function mode] in _compat/autograd.py); the call and
             # its rules run without it, as every call in a forward does.
