@@ -50,6 +50,7 @@ _ATOMS = (
     torch.Size,
 )
 _SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
+_ATOMS_OR_SKIP = _ATOMS + _SKIP
 _OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
 
 
@@ -71,7 +72,7 @@ def walk(
     stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
     while stack:
         path, obj, depth = stack.pop()
-        if isinstance(obj, _ATOMS) or isinstance(obj, _SKIP):
+        if isinstance(obj, _ATOMS_OR_SKIP):
             yield path, obj, None
             continue
         first = seen.get(id(obj))
@@ -87,7 +88,12 @@ def walk(
             else:  # atoms and empty containers hold nothing to find
                 # (an object's own empty tables are its state: not asked for)
                 keep_empty = empty and not _walks_dict(obj)
-                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c, keep_empty))
+                # (what _inert(c, keep_empty) says, inline: this runs for every attribute of every module)
+                stack.extend(
+                    ("", c, depth + 1)
+                    for _, _, c in reversed(children)
+                    if not ((not keep_empty and type(c) in _EMPTY_WHEN_FALSE and not c) or isinstance(c, _ATOMS))
+                )
 
 
 def _inert(obj, empty: bool) -> bool:

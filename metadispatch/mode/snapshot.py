@@ -103,6 +103,11 @@ def _snapshot(values, out: list, depth: int) -> None:
     for v in values:
         t = type(v)
         if t is dict or t is list or t is set or isinstance(v, dict):
+            if not v:
+                # Nothing to copy or look into: most of a module's tables (a
+                # dozen hook dicts each).  _same and _refill read () as empty.
+                out.append((v, ()))
+                continue
             copy: dict | list = dict(v.items()) if isinstance(v, dict) else list(v)
             out.append((v, copy))
             if depth < 3:
@@ -113,6 +118,8 @@ def _same(c, copy) -> bool:
     # by identity: values compared with ``is``, not ``==`` (tensors)
     if len(c) != len(copy):
         return False
+    if not copy:
+        return True  # both empty (an empty table's copy is ())
     if isinstance(c, dict):
         for (k, v), (k0, v0) in zip(c.items(), copy.items()):
             if v is not v0 or (k is not k0 and k != k0):

@@ -176,11 +176,13 @@ def run_traced(
         with standins:
             reached = find({"fn": fn, "args": args, "kwargs": kwargs}, kept, empty=True)
             objects = [obj for obj in reached if not is_container(obj)]
-            # an object's own tables (a GPT-2's ~2,000 hook dicts) are saved with it
-            own = {id(v) for obj in objects for v in vars(obj).values()}
-            for obj in reached:
-                if is_container(obj) and id(obj) not in own:
-                    standins.save_container(obj)
+            containers = [obj for obj in reached if is_container(obj)]  # none unless restore="all"
+            if containers:
+                # an object's own tables (a GPT-2's ~2,000 hook dicts) are saved with it
+                own = {id(v) for obj in objects for v in vars(obj).values()}
+                for obj in containers:
+                    if id(obj) not in own:
+                        standins.save_container(obj)
             for obj in objects:
                 standins.save(obj) if isinstance(obj, nn.Module) else standins.save_object(obj)
             if isinstance(fn, nn.Module):
