@@ -50,7 +50,6 @@ _ATOMS = (
     torch.Size,
 )
 _SKIP = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType)
-_ATOMS_OR_SKIP = _ATOMS + _SKIP
 _OWN = ("torch.optim", "torch.nn")  # torch objects that hold user state
 
 
@@ -72,7 +71,7 @@ def walk(
     stack = [(name, obj, 0) for name, obj in reversed(list(roots.items()))]
     while stack:
         path, obj, depth = stack.pop()
-        if isinstance(obj, _ATOMS_OR_SKIP):
+        if _is_atom(obj) or isinstance(obj, _SKIP):
             yield path, obj, None
             continue
         first = seen.get(id(obj))
@@ -88,17 +87,21 @@ def walk(
             else:  # atoms and empty containers hold nothing to find
                 # (an object's own empty tables are its state: not asked for)
                 keep_empty = empty and not _walks_dict(obj)
-                # (what _inert(c, keep_empty) says, inline: this runs for every attribute of every module)
-                stack.extend(
-                    ("", c, depth + 1)
-                    for _, _, c in reversed(children)
-                    if not ((not keep_empty and type(c) in _EMPTY_WHEN_FALSE and not c) or isinstance(c, _ATOMS))
-                )
+                stack.extend(("", c, depth + 1) for _, _, c in reversed(children) if not _inert(c, keep_empty))
 
 
 def _inert(obj, empty: bool) -> bool:
     t = type(obj)
-    return not empty and t in _EMPTY_WHEN_FALSE and not obj or isinstance(obj, _ATOMS)
+    return not empty and t in _EMPTY_WHEN_FALSE and not obj or _is_atom(obj)
+
+
+def _is_atom(obj) -> bool:
+    """``isinstance(obj, _ATOMS)``, asking ``obj.__class__`` once rather than
+    once per kind: isinstance reads it for every kind an object's type is not,
+    and a transformers config answers it in Python, twice over, from each of
+    the modules that hold it (most of the walk's time on a LLaMA)."""
+    t = type(obj)
+    return issubclass(t, _ATOMS) or (obj.__class__ is not t and isinstance(obj, _ATOMS))
 
 
 _EMPTY_WHEN_FALSE = {list, tuple, dict, set, OrderedDict}
