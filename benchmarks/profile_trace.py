@@ -20,18 +20,20 @@ import torch
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
 import metadispatch as md  # noqa: E402
 from benchmarks.common import build, llama_config, table, train_step  # noqa: E402
-from metadispatch.core import cache, dispatch, record  # noqa: E402
+from metadispatch.core import cache, dispatch, hit, record  # noqa: E402
 from metadispatch.mode import mode  # noqa: E402
 from metadispatch.values import known  # noqa: E402
 
 STAGES = [  # (label, owner, attribute); owners are patched for the run
     ("inside dispatch", mode, "dispatch"),
+    ("  cache-hit path (core/hit.py)", hit, "answer_hit"),
+    ("    recording a hit", record.Recorder, "record_hit"),
     ("  converting inputs", dispatch, "_convert"),
     ("  finding the device", dispatch, "_device"),
     ("  encoding inputs (TensorMetas)", record.Recorder, "encode_inputs"),
     ("  answering (cache or router)", dispatch, "_answer"),
     ("    cache keys", cache.MetaCache, "key_from_encoded"),
-    ("    rebuilding outputs from the cache", cache.MetaCache, "replay"),
+    ("    rebuilding outputs from the cache (hits too)", cache.MetaCache, "replay"),
     ("    meta kernels and rules (misses)", dispatch, "route"),
     ("  wrapping outputs", dispatch, "_wrap_outputs"),
     ("  known values", known, "propagate"),
