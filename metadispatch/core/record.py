@@ -56,14 +56,10 @@ from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 from ..world import world
 from .backward_modules import BackwardModules
+from .leafviews import is_leaf_named
 from .rngstate import RngLog
 
 __all__ = ["Recorder"]
-
-
-def _is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
-    leaf = trace.leaves.get(tid)
-    return leaf is not None and leaf.kind == kind and leaf.name == name
 
 
 class Recorder:
@@ -191,7 +187,7 @@ class Recorder:
         holding ``v``'s shape and storage: replay refused the module's own
         weight as the wrong shape or, where the shapes agree, bound the
         module's weight where eager read ``v``, and said ok.  So ``v`` gets
-        its record (a leaf of its own kind) first, and :meth:`bind_views`
+        its record (a leaf of its own kind) first, and ``leafviews.bind_views``
         takes no tensor whose data was swapped as the base of the leaves on
         its storage.
 
@@ -204,7 +200,7 @@ class Recorder:
         st = state_of(target)
         named = st.name if st is not None else None
         if st is not None and named is not None and named[0] == "buffer" and st.recorder is self.token:
-            if st.meta is not None and _is_leaf_named(self.trace, st.meta.id, *named):
+            if st.meta is not None and is_leaf_named(self.trace, st.meta.id, *named):
                 error = UnsupportedFeatureError(
                     f"buffer {named[1]}.data = <{value.dtype} {list(value.shape)}>: the step assigns a "
                     "buffer's .data after reading it, and replay's buffers would report the tensor it "
@@ -272,42 +268,6 @@ class Recorder:
             )
         )
         return m
-
-    def bind_views(self, named) -> None:
-        """Note [Views of leaves], second half: unnamed leaves on a named tensor's storage.
-
-        A view of a parameter made outside the traced code (a closure's
-        ``w.t()``, a module attribute ``self.wt = lin.weight.detach().t()``)
-        may reach an op before the parameter does, or the parameter may never
-        reach one; it was then recorded as a constant (a copy of its value) or
-        an anonymous input.  Neither is right once the parameter changes in
-        place, or replay is given another module: it is that parameter's
-        data.  Once the trace is done, each such leaf becomes a ``view`` leaf
-        naming its base, whatever the order; replay binds it as the same view
-        of the tensor it binds to that base.  ``named`` are the stand-ins
-        ``md.trace`` named (parameters, buffers, arguments, gradients).
-        """
-        unnamed: dict = {}
-        for tid, leaf in self.trace.leaves.items():
-            if leaf.kind in ("const", "input"):
-                unnamed.setdefault(leaf.meta.storage, []).append(tid)
-        if not unnamed:
-            return
-        bases: dict = {}  # storage number -> "kind name" of the first named tensor on it
-        for t in named:
-            hit = self._live.get(_compat.storage_key(t))
-            if hit is None or hit[0] not in unnamed or hit[0] in bases:
-                continue
-            st = t._md
-            kind, name = st.name
-            if st.recorder is self.token and not _is_leaf_named(self.trace, st.meta.id, kind, name):
-                continue  # its data was swapped for another's (Note [Data swapped into a named tensor])
-            if not any(leaf.kind == kind and leaf.name == name for leaf in self.trace.leaves.values()):
-                self.meta_of(t)  # a base the traced code never read itself: a leaf replay binds
-            bases[hit[0]] = f"{kind} {name}"
-        for storage, base in bases.items():
-            for tid in unnamed[storage]:
-                self.trace.leaves[tid] = Leaf(self.trace.leaves[tid].meta, "view", base)
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -402,19 +362,15 @@ class Recorder:
             outputs = tuple(self._out(o) for o in result)
         else:
             outputs = ()
-        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note, self._calls())
-
-    def _calls(self) -> list:
-        trace = self._recording
-        return (trace if trace is not None else self._trace()).calls
+        trace = self._recording if self._recording is not None else self._trace()
+        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note, trace.calls)
 
     def record_hit(self, func, f, enc_args, enc_kwargs, result, recipe, stage: str) -> OpCall:
         """:meth:`record` for a call the cache answered (core/hit.py): the
         records of the outputs the recipe made afresh or as views come from
         the recipe, which holds their shape, strides, offset and dtype, and
         not from questions to each new tensor (Note [The cache-hit path])."""
-        trace = self._recording
-        calls = (trace if trace is not None else self._trace()).calls
+        calls = (self._recording if self._recording is not None else self._trace()).calls
         index = len(calls)
         rw = f.returns_write
         if len(rw) == 1:

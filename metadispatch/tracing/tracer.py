@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .._compat import pytree
+from ..core.leafviews import bind_views
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from
 from ..ir.records import arg_name, describe_constant
@@ -209,7 +210,7 @@ def run_traced(
             named = _named(standins, margs, mkwargs)
             for t in named:  # Note [State the step never reads]
                 rec.meta_of(t)
-            rec.bind_views(named)
+            bind_views(rec, named)
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
