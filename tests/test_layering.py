@@ -372,9 +372,6 @@ _LONG = 450
 _ONE_PIECE = {
     "metadispatch.ir.reader": "One reader per file",
     "metadispatch.tensor.tensor": "MetaTensor in one module",
-    # The command line's parser; commands are being added to it in parallel
-    # (issue 29's renovation left it as it was): split it, or give it its Note.
-    "metadispatch.cli.main": None,
 }
 
 
@@ -385,9 +382,8 @@ def test_layering_a_long_module_has_a_note_saying_why_it_is_one_piece():
     assert not unexplained, f"modules over {_LONG} lines with no Note on why they are one piece: {unexplained}"
     for module, title in _ONE_PIECE.items():
         assert module in long, f"{module} is no longer over {_LONG} lines: take it out of _ONE_PIECE"
-        if title is not None:
-            notes = {_title(m[1]) for m in _NOTE_DEF.finditer(MODULES[module].read_text())}
-            assert title in notes, f"{module} does not define the Note titled {title!r}"
+        notes = {_title(m[1]) for m in _NOTE_DEF.finditer(MODULES[module].read_text())}
+        assert title in notes, f"{module} does not define the Note titled {title!r}"
 
 
 def test_layering_test_files_have_unique_names():
