@@ -386,6 +386,33 @@ def test_layering_a_long_module_has_a_note_saying_why_it_is_one_piece():
         assert title in notes, f"{module} does not define the Note titled {title!r}"
 
 
+# A room (a subpackage) stays under ~2.5k lines: past it, one of its
+# concerns has grown into a room of its own, or belongs in another.
+_ROOM_LINES = 2500
+_ROOMS = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("room", _ROOMS)
+def test_layering_no_room_is_over_2500_lines(room):
+    lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / room).rglob("*.py"))
+    assert lines <= _ROOM_LINES, (
+        f"metadispatch/{room}/ is {lines} lines: move a concern to its own room or the right one"
+    )
+
+
+# Rooms whose tests are the other rooms' tests, with why.
+_UNTESTED_ROOMS = {"_compat": "every room's tests run through it; a torch upgrade's breakage shows there"}
+
+
+def test_layering_tests_mirror_the_rooms():
+    # tests/<room>/ holds the tests of metadispatch/<room>/, so a module's test is found by its path
+    folders = {p.name for p in (_ROOT / "tests").iterdir() if p.is_dir() and p.name[0] not in "._"}
+    assert not folders - set(_ROOMS), f"test folders that name no room: {sorted(folders - set(_ROOMS))}"
+    missing = set(_ROOMS) - folders - _UNTESTED_ROOMS.keys()
+    assert not missing, f"rooms without a tests/<room>/ folder: {sorted(missing)}"
+    assert not _UNTESTED_ROOMS.keys() & folders, "a room in _UNTESTED_ROOMS has tests now: take it out"
+
+
 def test_layering_test_files_have_unique_names():
     # tests/ has no __init__.py files (rootdir imports), so two test files of one name
     # in different rooms fail collection of the second ("import file mismatch").

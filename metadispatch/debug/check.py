@@ -49,10 +49,10 @@ from .._compat import pytree
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
 from ..ir.records import type_str
 from ..mode.mode import MetaMode
-from ..mode.reach import find
 from ..source import traceback_frame, user_frame
 from ..spec.schema import facts
 from ..tensor.tensor import MetaTensor
+from ..tracing.reach import find
 from ..tracing.tracer import check_restore, run_traced
 from ..values import known
 from ..values.bounds import bounds_of

@@ -15,11 +15,11 @@ from ..ir.cut import step_from
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
-from ..mode.reach import find, holds_state, is_container, is_machinery
 from ..mode.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
+from .reach import find, holds_state, is_container, is_machinery
 
 __all__ = ["to_meta", "trace", "tracer"]
 
