@@ -190,7 +190,25 @@ def test_layering_private_torch_attributes_only_in_compat_and_spec(module):
         return
     tree = ast.parse(MODULES[module].read_text())
     found = [f"{ast.unparse(n)} (line {n.lineno})" for n in ast.walk(tree) if _private_torch(n)]
+    found += [f"import {name} (line {n.lineno})" for n in ast.walk(tree) for name in _private_torch_imports(n)]
     assert not found, f"{module} reads private torch attributes: {found}"
+
+
+def _private_torch_imports(node) -> list:
+    """``from torch._dynamo import x``, ``import torch.utils._pytree``, ``from torch import _C``:
+    every private module, also those ruff's banned list (pyproject.toml) does not name."""
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        return []
+    private = [
+        n
+        for n in names
+        if n.split(".")[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in n.split(".")[1:])
+    ]
+    return private[:1]  # the module once, not each name imported from it
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
