@@ -108,6 +108,10 @@ class Trace:
         # calls wrote, while recording; what a cut needs of the state it carries
         # (Note [Known state across a cut] in ir/cut.py).  Not saved.
         self.known_writes: dict[int, list] = {}
+        # Every value the trace assumed instead of computing (ir/assumptions.py):
+        # declared by ``md.tracer(assume=...)`` (values/assume.py).  Not saved:
+        # the notes on the calls they answered are.
+        self.assumptions: list = []
 
     # -- sequence protocol
     def __len__(self) -> int:

@@ -79,6 +79,7 @@ def tracer(
     restore: str = "machinery",
     mode_factory=None,
     warmup: int = 0,
+    assume=None,
 ) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
@@ -99,6 +100,12 @@ def tracer(
     [What the calls before a cut leave alive] in ir/cut.py); the
     trace's ``warmup`` says so.
 
+    ``assume`` declares what the trace cannot compute: with
+    ``md.GenerateAssumptions(token_id=0)``, ``model.generate(ids,
+    max_new_tokens=4)`` traces its prefill and decode steps, every next
+    token being 0 and every assumption in ``trace.assumptions`` (Note
+    [Generating under declared assumptions] in values/assume.py).
+
     >>> import torch, metadispatch as md
     >>> model = torch.nn.Linear(256, 256)
     >>> opt = torch.optim.AdamW(model.parameters())
@@ -117,14 +124,24 @@ def tracer(
     check_restore(restore)
     if type(warmup) is not int or warmup < 0:
         raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
+    if assume is not None and (mode_factory is not None or warmup):
+        raise MetaDispatchError(
+            "assume= traces one call of the function, with no mode_factory= (give it to the mode: MetaMode(assume=...)) "
+            "and no warmup="
+        )
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
         mode = (
             mode_factory()
             if mode_factory is not None
-            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
+            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
         )
-        return run_traced(mode, fn, args, kwargs, restore, warmup)
+        if mode.assume is None:
+            return run_traced(mode, fn, args, kwargs, restore, warmup)
+        mode.assume.inputs(args, kwargs)
+        traced = run_traced(mode, fn, args, kwargs, restore)
+        mode.assume.finish(traced)
+        return traced
 
     return run
 
