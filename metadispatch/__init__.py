@@ -72,8 +72,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .timing.runtime import Efficiency, runtime
     from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
-    from .values.assume import GenerateAssumptions
     from .trust.budget import Budget
+    from .values.assume import GenerateAssumptions
 
 # Note [Public names load on first use]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -119,8 +119,11 @@ def dispatch(func, args, kwargs, mode):
             out = known.answer(func, f, tensors, args, kwargs, device, mode)
             if out is not None:
                 stage, note = "real", known.NOTE
-            elif mode is not None and not mode._depth and mode.assume is not None and (
-                declared := mode.assume.read(f.name, device)
+            elif (
+                mode is not None
+                and not mode._depth
+                and mode.assume is not None
+                and (declared := mode.assume.read(f.name, device))
             ):
                 (out, note), stage = declared, "real"  # Note [Generating under declared assumptions]
             elif mode is None or mode.fallback is None or mode._depth:

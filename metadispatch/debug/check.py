@@ -45,7 +45,6 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
-from .._compat import pytree
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
 from ..ir.records import type_str
 from ..mode.mode import MetaMode

@@ -151,7 +151,9 @@ def site_values(values, who: str) -> dict:
     values = dict(values or {})
     for key in values:
         if not isinstance(key, str):
-            raise TypeError(f"{who}(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}")
+            raise TypeError(
+                f"{who}(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}"
+            )
     return values
 
 

@@ -22,11 +22,18 @@ _SMALL = {"vocab_size": 64, "max_position_embeddings": 64}
 CONFIGS = {
     "llama": lambda: transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **_SMALL
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            **_SMALL,
         )
     ),
     "gpt2": lambda: transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2)
+        transformers.GPT2Config(
+            n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2
+        )
     ),
     "mistral": lambda: transformers.MistralForCausalLM(
         transformers.MistralConfig(
@@ -148,7 +155,12 @@ def test_values_answer_a_named_read_and_list_it():
 
 def test_a_model_built_under_a_logical_gpu_generates():
     config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **_SMALL
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **_SMALL,
     )
 
     def build_and_generate():
