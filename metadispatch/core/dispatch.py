@@ -119,6 +119,8 @@ def dispatch(func, args, kwargs, mode):
             out = known.answer(func, f, tensors, args, kwargs, device, mode)
             if out is not None:
                 stage, note = "real", known.NOTE
+                if mode is not None and mode.assume is not None and not mode._depth and known.assumed(tensors):
+                    note = mode.assume.follows(f.name, out)  # Note [Generating under declared assumptions]
             elif (
                 mode is not None
                 and not mode._depth

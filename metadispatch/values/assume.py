@@ -103,7 +103,7 @@ class Assuming:
         outs = [o for o in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(o, MetaTensor)]
         with _compat.no_python_dispatch():
             for o in outs:
-                known.know(o, torch.full(tuple(o.shape), self.policy.token_id, dtype=o.dtype), self.mode)
+                known.declare(o, torch.full(tuple(o.shape), self.policy.token_id, dtype=o.dtype), self.mode)
         value = f"tokens = {self.policy.token_id}"
         basis = repr(self.policy)
         trace.assumptions.append(Assumption(index, name, _module(self.mode), user_frame(), value, basis))
@@ -120,6 +120,15 @@ class Assuming:
             if first is not None:
                 trace.marks.setdefault("prefill" if k == 0 else f"decode {k}", first)
             start = end + 1
+
+    def follows(self, name: str, out) -> str:
+        """A read answered from values computed from the declared tokens (the stop
+        check): listed as what the tokens imply; the call's note."""
+        shown = str(out) if not isinstance(out, (torch.Tensor, tuple)) else "its outputs"
+        basis = f"computed from {self.policy!r}'s tokens"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
+        return f"assumed {shown}: {basis}"
 
     def read(self, name: str, device):
         """The outputs ``values=`` gives a data-dependent call at this site, and its note; None if it gives none."""

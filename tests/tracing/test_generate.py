@@ -122,6 +122,24 @@ def test_generate_lists_every_assumption_in_the_trace():
     printed = str(trace)
     assert printed.count(f"<assumed tokens = {TOKEN}: GenerateAssumptions(token_id={TOKEN})>") == 3
     assert [trace.calls[a.index].op for a in tokens] == ["aten.argmax.default"] * 3
+    # the stop check, computed from the declared tokens: the loop ends at max_new_tokens
+    stops = [a for a in trace.assumptions if a.op == "aten._local_scalar_dense.default"]
+    assert [a.value for a in stops] == ["False", "False", "True"]
+    assert all(a.basis == f"computed from {_POLICY!r}'s tokens" and "in __call__" in a.source for a in stops)
+
+
+def test_a_declared_eos_token_stops_the_loop_as_eager_does():
+    model = _model("llama")
+    eos = model.config.eos_token_id
+    forced = transformers.LogitsProcessorList([_Force(eos)])
+
+    def fn():
+        return model.generate(_IDS, max_new_tokens=4, logits_processor=forced)
+
+    assert fn().shape[1] == _IDS.shape[1] + 1
+    trace = md.tracer(assume=md.GenerateAssumptions(token_id=eos))(fn)
+    assert trace.output_meta.shape == (1, _IDS.shape[1] + 1)
+    assert trace_calls(trace) == eager_calls(fn)
 
 
 def test_generate_without_a_policy_stops_at_the_stop_check():
