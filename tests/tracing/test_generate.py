@@ -87,10 +87,12 @@ def test_generate_trace_is_eager_run_with_the_declared_tokens(name, sample):
     assert md.replay(trace, module=model).ok
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_generate_steps_hold_the_cache_eager_holds(name):
+@pytest.mark.parametrize(
+    "name, cache", [(name, None) for name in CONFIGS] + [("llama", "static")], ids=lambda v: v or "dynamic"
+)
+def test_generate_steps_hold_the_cache_eager_holds(name, cache):
     model = _model(name)
-    fn = _generate(model, _IDS)
+    fn = _generate(model, _IDS, **({"cache_implementation": cache} if cache else {}))
     held: list = []
 
     def keep(module, args, kwargs, output):  # after each forward: the keys and values the next step reads
@@ -107,8 +109,10 @@ def test_generate_steps_hold_the_cache_eager_holds(name):
     steps = md.generation_steps(trace)
     assert [s.name for s in steps] == ["prefill", "decode 1", "decode 2", "decode 3"]
     assert [sorted(m.numel * m.dtype.itemsize for m in s.cache) for s in steps] == eager
-    if name != "mistral":  # a window's slice is a view: its storage is the whole concatenation
-        lengths = [{m.shape[-2] for m in s.cache} for s in steps]
+    lengths = [{m.shape[-2] for m in s.cache} for s in steps]
+    if cache == "static":  # allocated once for the longest sequence, written in place
+        assert len({s.cache_bytes for s in steps}) == 1
+    elif name != "mistral":  # a window's slice is a view: its storage is the whole concatenation
         assert lengths == [{n} for n in range(_IDS.shape[1], _IDS.shape[1] + 4)]
 
 
