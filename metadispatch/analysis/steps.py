@@ -62,7 +62,7 @@ class Steps(list):
             held = ", ".join(f"{n} × {k}" for k, n in kinds.items())
             rows.append((s.name, f"{s.first}-{s.end}", f"{s.cache_bytes:,}", f"{s.cache_bytes - before:+,}", held))
             before = s.cache_bytes
-        return "\n".join(render(("step", "calls", "cache B", "grew", "cache tensors"), rows))
+        return "\n".join(render(("step", "calls", "cache B", "grew", "cache tensors"), rows, "<>>><")).lstrip("\n")
 
 
 def generation_steps(trace: Trace) -> Steps:
