@@ -18,34 +18,18 @@ from metadispatch.testing import eager_calls, trace_calls
 transformers = pytest.importorskip("transformers")
 
 TOKEN = 5
-_SMALL = {"vocab_size": 64, "max_position_embeddings": 64}
+# One shape for every architecture (GPT-2's config maps these names onto its own).
+_SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
+
+
+def _config(kind: str, **extra):
+    return transformers.AutoConfig.for_model(kind, **_SHAPE, max_position_embeddings=64, **extra)
+
+
 CONFIGS = {
-    "llama": lambda: transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            **_SMALL,
-        )
-    ),
-    "gpt2": lambda: transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(
-            n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2
-        )
-    ),
-    "mistral": lambda: transformers.MistralForCausalLM(
-        transformers.MistralConfig(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-            sliding_window=5,  # the prompt and 4 new tokens run past it
-            **_SMALL,
-        )
-    ),
+    "llama": lambda: _config("llama", num_key_value_heads=2),
+    "gpt2": lambda: _config("gpt2", bos_token_id=1, eos_token_id=2),
+    "mistral": lambda: _config("mistral", num_key_value_heads=1, sliding_window=5),  # 6 + 4 tokens run past it
 }
 
 
@@ -63,7 +47,7 @@ class _Force(transformers.LogitsProcessor):
 
 def _model(name: str):
     torch.manual_seed(0)
-    return CONFIGS[name]().eval()
+    return transformers.AutoModelForCausalLM.from_config(CONFIGS[name]()).eval()
 
 
 def _generate(model, ids, **options):
@@ -176,14 +160,7 @@ def test_values_answer_a_named_read_and_list_it():
 
 
 def test_a_model_built_under_a_logical_gpu_generates():
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        **_SMALL,
-    )
+    config = CONFIGS["llama"]()
 
     def build_and_generate():
         model = transformers.LlamaForCausalLM(config).eval()
@@ -192,7 +169,9 @@ def test_a_model_built_under_a_logical_gpu_generates():
     trace = md.tracer(device="cuda", assume=_POLICY)(build_and_generate)
     assert trace.output_meta.shape == (2, 10)
     steps = md.generation_steps(trace)
-    assert [s.cache_bytes for s in steps] == [2 * 2 * 2 * 2 * n * 16 * 4 for n in (7, 8, 9)]
+    assert [s.cache_bytes for s in steps] == [
+        2 * 2 * 2 * 2 * n * 8 * 4 for n in (7, 8, 9)
+    ]  # layers, K and V, batch, heads, head size, f32
 
 
 @pytest.mark.parametrize("bad", [-1, 1.0, "0"])
