@@ -126,8 +126,8 @@ def tracer(
         raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
     if assume is not None and (mode_factory is not None or warmup):
         raise MetaDispatchError(
-            "assume= traces one call of the function, with no mode_factory= (give it to the mode: MetaMode(assume=...)) "
-            "and no warmup="
+            "assume= traces one call of the function, with no warmup= and no mode_factory= "
+            "(a factory gives it to the mode it makes: MetaMode(assume=...))"
         )
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
@@ -136,12 +136,7 @@ def tracer(
             if mode_factory is not None
             else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
         )
-        if mode.assume is None:
-            return run_traced(mode, fn, args, kwargs, restore, warmup)
-        mode.assume.inputs(args, kwargs)
-        traced = run_traced(mode, fn, args, kwargs, restore)
-        mode.assume.finish(traced)
-        return traced
+        return run_traced(mode, fn, args, kwargs, restore, warmup)
 
     return run
 
@@ -189,6 +184,8 @@ def run_traced(
     """
     standins = StandIns(mode)
     kept = _saved_kind if restore == "all" else is_machinery
+    if mode.assume is not None:  # Note [Generating under declared assumptions] in values/assume.py
+        mode.assume.inputs(args, kwargs)
     try:
         with standins:
             reached = find({"fn": fn, "args": args, "kwargs": kwargs}, kept, empty=True)
@@ -228,6 +225,8 @@ def run_traced(
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
+    if mode.assume is not None and not warmup:
+        mode.assume.finish(tr)  # its steps' marks
     if warmup:
         tr.warmup = warmup
         tr = step_from(tr, start)

@@ -159,6 +159,23 @@ def test_values_answer_a_named_read_and_list_it():
     )
 
 
+def test_values_give_a_data_dependent_op_its_outputs():
+    policy = md.GenerateAssumptions(values={"aten.nonzero.default": torch.tensor([[0], [2]])})
+    trace = md.tracer(assume=policy)(lambda x: (x > 0).nonzero(), torch.randn(4))
+    assert trace.output_meta.shape == (2, 1)
+    assert [a.value for a in trace.assumptions] == ["its outputs"]
+
+
+def test_a_mode_factory_carries_the_policy():
+    model = _model("llama")
+    fn = _generate(model, _IDS)
+    made = md.tracer(mode_factory=lambda: md.MetaMode(assume=_POLICY))(fn)
+    direct = md.tracer(assume=_POLICY)(fn)
+    assert made.marks == direct.marks and made.assumptions == direct.assumptions
+    with pytest.raises(md.MetaDispatchError, match="assume="):
+        md.tracer(assume=_POLICY, warmup=1)
+
+
 def test_a_model_built_under_a_logical_gpu_generates():
     config = CONFIGS["llama"]()
 
