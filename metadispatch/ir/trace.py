@@ -109,8 +109,7 @@ class Trace:
         # (Note [Known state across a cut] in ir/cut.py).  Not saved.
         self.known_writes: dict[int, list] = {}
         # Every value the trace assumed instead of computing (ir/assumptions.py):
-        # declared by ``md.tracer(assume=...)`` (values/assume.py).  Not saved:
-        # the notes on the calls they answered are.
+        # declared by ``md.tracer(assume=...)`` (values/assume.py).
         self.assumptions: list = []
 
     # -- sequence protocol

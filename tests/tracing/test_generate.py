@@ -130,6 +130,18 @@ def test_a_declared_eos_token_stops_the_loop_as_eager_does():
     assert trace_calls(trace) == eager_calls(fn)
 
 
+def test_a_saved_trace_keeps_its_assumptions(tmp_path):
+    model = _model("gpt2")
+    trace = md.tracer(assume=_POLICY)(lambda x: model.generate(x, max_new_tokens=2), _IDS)
+    trace.save(tmp_path / "t.json.gz")
+    loaded = md.Trace.load(tmp_path / "t.json.gz")
+    assert loaded.assumptions == trace.assumptions and len(trace.assumptions) == 5
+    assert loaded.marks == trace.marks
+    assert [(s.name, s.shapes()) for s in md.generation_steps(loaded)] == [
+        (s.name, s.shapes()) for s in md.generation_steps(trace)
+    ]
+
+
 def test_generate_without_a_policy_stops_at_the_stop_check():
     model = _model("llama")
     with pytest.raises(DataDependentError, match="_local_scalar_dense"):
