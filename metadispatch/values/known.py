@@ -28,7 +28,11 @@ its real CPU value, ``t._md.known = (value, cell)``, while it has at most
   labels) keep their values: a check reports on the run of those inputs;
 * a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is
   answered by the real kernel (the dispatcher calls :func:`answer`), and the
-  trace marks the call with ``<known value>``.
+  trace marks the call with ``<known value>``;
+* a value a policy declares (:func:`declare`: the next token under
+  ``md.GenerateAssumptions``, values/assume.py) is known too, and its cell
+  says it is assumed; everything computed from it carries that mark, so a
+  read of it is listed as the assumption's consequence.
 
 The metadata cache may serve a call on known inputs, but never an answer
 whose computation read a value (``value_reads`` in tensor.py; Note [What
