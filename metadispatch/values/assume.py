@@ -67,7 +67,7 @@ class GenerateAssumptions:
     ...     return token if bool(token == 3) else None
     >>> t = md.tracer(assume=md.GenerateAssumptions(token_id=3))(pick, torch.ones(1, 8))
     >>> [a.value for a in t.assumptions], t.output is not None
-    (['tokens = 3'], True)
+    (['tokens = 3', 'True'], True)
     """
 
     def __init__(self, token_id: int = 0, *, values: dict | None = None) -> None:
