@@ -14,7 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
@@ -69,10 +69,11 @@ def categories(when: str, model: torch.nn.Module, opt) -> dict:
     return {"params": params, "optimizer state": _storage_bytes(state)}
 
 
-def traced_categories(trace) -> dict:
+def traced_categories(trace, device: str | None = None) -> dict:
     """The same figures from a trace: live at its first optimizer call (after
-    backward, gradients in place) and after its last call (the step's end)."""
-    m = md.memory(trace)
+    backward, gradients in place) and after its last call (the step's end);
+    ``device``: on that device only (``md.memory(trace, device=)``)."""
+    m = md.memory(trace, device=device)
     first = next(i for i, c in enumerate(trace.calls) if c.phase == "optimizer")
     return {
         "backward": {c: m.by_category_timeline[c][first] for c in ("params", "grads")},
@@ -123,6 +124,19 @@ def fsdp_tp_step(foreach: bool) -> torch.nn.Module:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     return _step(model, foreach)
+
+
+def fsdp_policy_step(mp: MixedPrecisionPolicy | None = None, offload: CPUOffloadPolicy | None = None):
+    """FSDP2 with a mixed-precision or CPU-offload policy on every unit, one AdamW step."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (dist.get_world_size(),))
+    policies: dict = {"mp_policy": mp or MixedPrecisionPolicy()}
+    if offload is not None:
+        policies["offload_policy"] = offload
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, **policies)
+    fully_shard(model, mesh=mesh, **policies)
+    return _step(model, foreach=False)
 
 
 def ddp_step(foreach: bool) -> torch.nn.Module:
@@ -326,6 +340,8 @@ CASES = {
     "pp-1f1b": lambda: pipeline_step("1f1b"),
     "pp-interleaved": interleaved_pipeline_step,
     "ep-moe": moe_step,
+    "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
+    "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
 
 
