@@ -15,7 +15,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -212,13 +220,29 @@ def pipeline_step(schedule: str) -> torch.nn.Module:
     return stage_mod
 
 
-def interleaved_pipeline_step() -> torch.nn.Module:
-    """``ScheduleInterleaved1F1B``: two stages per rank (rank r holds stages r
-    and r + world), ``MICRO`` micro-batches, one AdamW step over both."""
+# Multi-stage schedules: the class, and the stages rank r of p holds (of 2p).
+# Interleaved ones loop (r, r + p); V-shaped ones fold back (r, 2p - 1 - r).
+MULTI = {
+    "interleaved": (ScheduleInterleaved1F1B, lambda r, p: (r, r + p)),
+    "interleaved-zb": (ScheduleInterleavedZeroBubble, lambda r, p: (r, r + p)),
+    "zbv": (ScheduleZBVZeroBubble, lambda r, p: (r, 2 * p - 1 - r)),
+    "dualpipev": (ScheduleDualPipeV, lambda r, p: (r, 2 * p - 1 - r)),
+}
+
+
+def multi_stage_pipeline_step(schedule: str = "interleaved") -> torch.nn.Module:
+    """Two stages per rank under a multi-stage schedule (``MULTI``):
+    ``MICRO`` micro-batches, one AdamW step over both stages.
+
+    Zero-bubble schedules split each backward into its input gradient
+    (sent on at once) and its weight gradient (run later, to fill the
+    bubble): torch's own ``stage_backward_input`` and ``stage_backward_weight``.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
+    kind, placement = MULTI[schedule]
     dim = CONFIG.dim
     mods, stages = [], []
-    for index in (rank, rank + world):
+    for index in placement(rank, world):
         mod = torch.nn.Sequential(
             torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
         )
@@ -227,17 +251,13 @@ def interleaved_pipeline_step() -> torch.nn.Module:
         stages.append(PipelineStage(mod, index, 2 * world, torch.device("cpu"), input_args=(x,), output_args=(out,)))
         mods.append(mod)
     model = torch.nn.ModuleList(mods)
-    run = ScheduleInterleaved1F1B(
-        stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean()
-    )
+    run = kind(stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
-    if rank == 0:
-        run.step(data)
-    elif rank == world - 1:
-        run.step(target=target, losses=[])
-    else:
-        run.step()
+    first, last = (s.is_first for s in stages), (s.is_last for s in stages)
+    args = (data,) if any(first) else ()
+    kwargs = {"target": target, "losses": []} if any(last) else {}
+    run.step(*args, **kwargs)
     for probe in PROBES:
         probe("backward", model, opt)
     opt.step()
@@ -338,7 +358,10 @@ CASES = {
     "gpt2-fsdp": gpt2_fsdp_step,
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),
-    "pp-interleaved": interleaved_pipeline_step,
+    "pp-interleaved": multi_stage_pipeline_step,
+    "pp-interleaved-zb": lambda: multi_stage_pipeline_step("interleaved-zb"),
+    "pp-zbv": lambda: multi_stage_pipeline_step("zbv"),
+    "pp-dualpipev": lambda: multi_stage_pipeline_step("dualpipev"),
     "ep-moe": moe_step,
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),

@@ -1,6 +1,7 @@
 """More patterns of one rank against real ``gloo`` runs: FSDP2 on its
 default mesh (none given), with a mixed-precision policy (bf16 parameters,
-fp32 reductions) and with CPU offload, tensor parallelism with AdamW ``foreach``, HSDP
+fp32 reductions) and with CPU offload, tensor parallelism with AdamW ``foreach``, the
+zero-bubble pipeline schedules (interleaved, ZBV, DualPipeV), HSDP
 (a 2-D mesh, replicated x sharded), and the command line's plans on a
 transformers GPT-2 (its blocks found in ``transformer.h``).
 
@@ -32,6 +33,9 @@ RUNS = [
     ("pp-gpipe", 2),
     ("pp-1f1b", 2),
     ("pp-interleaved", 2),
+    ("pp-interleaved-zb", 2),
+    ("pp-zbv", 2),
+    ("pp-dualpipev", 2),
     ("ep-moe", 2),
     ("fsdp-bf16", 2),
     ("fsdp-offload", 2),
