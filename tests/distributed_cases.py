@@ -267,6 +267,43 @@ def multi_stage_pipeline_step(schedule: str = "interleaved") -> torch.nn.Module:
     return model
 
 
+def three_d_step() -> torch.nn.Module:
+    """3-D: a pipeline of 2 stages, each an MLP split colwise then rowwise
+    over pairs of ranks (TP) and sharded by FSDP2 across the rest (DP), on
+    one ``(pp, dp, tp)`` mesh; ``MICRO`` micro-batches of 1F1B, one AdamW step."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (2, world // 4, 2), mesh_dim_names=("pp", "dp", "tp"))
+    index, dim = mesh.get_local_rank("pp"), CONFIG.dim
+    mod = torch.nn.Sequential(
+        torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
+    )
+    parallelize_module(mod, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(mod, mesh=mesh["dp"])
+    stage = PipelineStage(
+        mod,
+        index,
+        2,
+        torch.device("cpu"),
+        input_args=(torch.empty(BATCH, dim, requires_grad=index > 0),),
+        output_args=(torch.empty(BATCH, dim, requires_grad=True),),
+        group=mesh["pp"].get_group(),
+    )
+    run = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3, foreach=False)
+    data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
+    if index == 0:
+        run.step(data)
+    else:
+        run.step(target=target, losses=[])
+    for probe in PROBES:
+        probe("backward", mod, opt)
+    opt.step()
+    opt.zero_grad()
+    for probe in PROBES:
+        probe("step", mod, opt)
+    return mod
+
+
 class CapacityMoE(torch.nn.Module):
     """An expert-parallel MoE layer as GShard and DeepSpeed-MoE write it: top-1
     routing into a fixed capacity per expert, the ``[experts, capacity, dim]``
@@ -363,6 +400,7 @@ CASES = {
     "pp-zbv": lambda: multi_stage_pipeline_step("zbv"),
     "pp-dualpipev": lambda: multi_stage_pipeline_step("dualpipev"),
     "ep-moe": moe_step,
+    "3d": three_d_step,
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
