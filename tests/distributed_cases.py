@@ -8,6 +8,7 @@ runs; it writes its peak and its collectives where the parent reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -401,9 +402,23 @@ CASES = {
     "pp-dualpipev": lambda: multi_stage_pipeline_step("dualpipev"),
     "ep-moe": moe_step,
     "3d": three_d_step,
+    "cli-pp": lambda: cli_pipeline_step("1f1b"),
+    "cli-pp-zbv": lambda: cli_pipeline_step("zbv"),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
+
+
+def cli_pipeline_step(schedule: str) -> torch.nn.Module:
+    """The command line's ``--pp 2 --pp-schedule SCHEDULE --steps 1`` on :func:`tiny_llama4`: the same code."""
+    from metadispatch.cli.pipeline import PipelinePlan, run_stages
+    from metadispatch.cli.plan import Plan
+
+    plan = Plan(dist.get_world_size(), dist.get_rank())
+    model = run_stages(plan, PipelinePlan(2, schedule), tiny_llama4, "cpu", steps=1)
+    for probe in PROBES:  # (the CLI's optimizer is made inside its step: categories are not compared)
+        probe("backward", model, None)
+    return model
 
 
 def tiny_llama():
@@ -496,3 +511,10 @@ def replay_rank(rank: int, world_size: int, out_dir: str) -> None:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
+
+
+def tiny_llama4():
+    """(model, inputs): the tiny LLaMA with four blocks and a batch of four, for ``trace --pp``."""
+    model = Llama(dataclasses.replace(CONFIG, n_layers=4))
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return model, (ids, ids)
