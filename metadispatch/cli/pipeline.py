@@ -34,7 +34,7 @@ from ..mode.mode import MetaMode
 from ..tracing.marks import mark
 from . import llama
 from .options import at_least
-from .plan import Plan, _fully_shard, _tensor_parallel, step_peak
+from .plan import Plan, shard_blocks, split_blocks, step_peak
 from .steps import with_optimizer
 from .targets import UsageError
 
@@ -142,9 +142,10 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     from torch.distributed import pipelining
     from torch.distributed.device_mesh import init_device_mesh
 
-    model, (ids, labels) = build()
+    model, inputs = build()
     if not isinstance(model, llama.Llama):
         raise UsageError(f"--pp splits the built-in LLaMA; this target builds a {type(model).__name__}")
+    ids, labels = inputs
     if len(model.layers) < pp.stages:
         raise UsageError(f"--pp {pp.pp} ({pp.stages} stages): the model has {len(model.layers)} blocks")
     if ids.shape[0] % pp.micro:
@@ -156,9 +157,9 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     for index in pp.stages_of(mesh.get_local_rank("pp")):
         mod = llama.LlamaStage(model, *spans[index])
         if plan.tp > 1:
-            _tensor_parallel(mod, mesh["tp"], "layers")
+            split_blocks(mod, mesh["tp"], "layers")
         if plan.fsdp:
-            _fully_shard(mod, mesh["dp"], "layers")
+            shard_blocks(mod, mesh["dp"], "layers")
         stages.append(_stage(pipelining, mod, index, pp.stages, ids, pp.micro, device, mesh))
         mods.append(mod)
     del model  # the other stages' blocks: a real rank never holds them
@@ -178,7 +179,7 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     return whole
 
 
-def _stage(pipelining, mod: nn.Module, index: int, n: int, ids, micro: int, device, mesh):
+def _stage(pipelining, mod: llama.LlamaStage, index: int, n: int, ids, micro: int, device, mesh):
     """The ``PipelineStage`` of ``mod``, its activations declared (Note [A pipeline stage's vote])."""
     c = mod.config
     b, seq = ids.shape[0] // micro, ids.shape[1]

@@ -98,6 +98,7 @@ def test_distributed_cli_fsdp_finds_gpt2_blocks(tmp_path_factory, capsys):
     [
         (["--tp", "2"], "no linear in GPT2LMHeadModel's blocks"),
         (["--fsdp", "--blocks", "transformer.nope"], "has no module 'transformer.nope'"),
+        (["--pp", "2"], "--pp splits the built-in LLaMA; this target builds a GPT2LMHeadModel"),
     ],
 )
 def test_distributed_cli_refuses_blocks_it_cannot_wrap(argv, message, capsys):
