@@ -18,8 +18,8 @@ analysis/allocator.py) and the step's estimated time with its collectives
 (``md.runtime``: one stream, communication not overlapped with compute).
 
 Limits: tensor parallelism splits LLaMA-style attention and MLPs and
-``fc1``/``fc2`` MLPs only; no pipeline, expert or context parallelism from
-the command line (docs/distributed.md).
+``fc1``/``fc2`` MLPs only; no expert or context parallelism from the
+command line (``--pp`` is cli/pipeline.py's; docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -54,3 +54,14 @@ def test_pipeline_runtime_zero_bubble_schedules_pair_their_sends_and_fill_the_bu
     p = md.runtime(traces, gpu="h100")
     assert p.busy == pytest.approx([md.runtime(t, gpu="h100").total for t in traces])
     assert 0 < p.bubble_fraction < md.runtime(_ranks("pp-interleaved", 2), gpu="h100").bubble_fraction
+
+
+def test_pipeline_runtime_pairs_stages_by_the_rank_each_was_traced_as():
+    # 3-D on 8 ranks: the stages of one pipeline are ranks 0 and 4 (the
+    # others shard and split them); their sends name those ranks.
+    traces = [traced_rank(r, 8, "3d", device="cpu")[0] for r in (0, 4)]
+    p = md.runtime(traces, gpu="h100")
+    assert p.ranks == [0, 4] and p.in_flight == [2, 1]
+    assert "  rank 4: busy" in str(p)
+    with pytest.raises(md.MetaDispatchError, match="rank 4 waits for a send"):
+        md.runtime(traces[1:], gpu="h100")
