@@ -47,13 +47,18 @@ def _step(model: torch.nn.Module, foreach: bool, loss=lambda model, ids: model(i
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
     loss(model, ids).backward()
+    _optimizer_step(model, opt)
+    return model
+
+
+def _optimizer_step(model: torch.nn.Module, opt) -> None:
+    """``opt.step()`` and ``zero_grad()``, the probes called after backward and after the step."""
     for probe in PROBES:
         probe("backward", model, opt)
     opt.step()
     opt.zero_grad()
     for probe in PROBES:
         probe("step", model, opt)
-    return model
 
 
 def _storage_bytes(tensors) -> int:
@@ -212,12 +217,7 @@ def pipeline_step(schedule: str) -> torch.nn.Module:
         run.step(target=torch.randn(BATCH * MICRO, dim), losses=[])
     else:
         run.step()
-    for probe in PROBES:
-        probe("backward", stage_mod, opt)
-    opt.step()
-    opt.zero_grad()
-    for probe in PROBES:
-        probe("step", stage_mod, opt)
+    _optimizer_step(stage_mod, opt)
     return stage_mod
 
 
@@ -259,12 +259,7 @@ def multi_stage_pipeline_step(schedule: str = "interleaved") -> torch.nn.Module:
     args = (data,) if any(first) else ()
     kwargs = {"target": target, "losses": []} if any(last) else {}
     run.step(*args, **kwargs)
-    for probe in PROBES:
-        probe("backward", model, opt)
-    opt.step()
-    opt.zero_grad()
-    for probe in PROBES:
-        probe("step", model, opt)
+    _optimizer_step(model, opt)
     return model
 
 
@@ -296,12 +291,7 @@ def three_d_step() -> torch.nn.Module:
         run.step(data)
     else:
         run.step(target=target, losses=[])
-    for probe in PROBES:
-        probe("backward", mod, opt)
-    opt.step()
-    opt.zero_grad()
-    for probe in PROBES:
-        probe("step", mod, opt)
+    _optimizer_step(mod, opt)
     return mod
 
 
