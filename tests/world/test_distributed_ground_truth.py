@@ -41,6 +41,8 @@ RUNS = [
     ("fsdp-offload", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
+    ("pp-interleaved-zb", 4),
+    ("pp-zbv", 4),
 ]
 _REAL: dict = {}
 
