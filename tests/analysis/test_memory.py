@@ -52,6 +52,20 @@ def test_memory_adamw_step_shows_optimizer_state():
     assert m.peak == pytest.approx(_real_peak(_adamw_step, model, inputs).peak, rel=0.05)
 
 
+def test_memory_weight_first_viewed_in_backward_is_a_param_not_a_grad():
+    # GPT-2's Conv1D reads its weight whole in forward (addmm(b, x, w)); the
+    # first view of it is backward's w.t(), which is no birth of its storage
+    transformers = pytest.importorskip("transformers")
+    conv1d = transformers.pytorch_utils.Conv1D
+    model = torch.nn.Sequential(conv1d(8, 4), conv1d(2, 8))  # the second's input wants a gradient
+    x = torch.randn(3, 4)
+    t = md.trace(_adamw_step, model, x)
+    m = md.memory(t)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert m.by_category["params"] == m.by_category["grads"] == params
+    assert m.peak == pytest.approx(_real_peak(_adamw_step, model, (x,)).peak, rel=0.05)
+
+
 def test_memory_counts_tied_weights_once():
     model, inputs = MODELS["hf_llama"]()
     lm = model.lm
