@@ -147,3 +147,146 @@ def test_materialize_refuses_an_init_empty_weights_model():
         model = _build()
     with pytest.raises(md.MetaDispatchError, match="lie on 'meta'.*checkpoint=PATH"):
         md.materialize(model)
+
+
+# -- accelerate estimate-memory against metadispatch trace --hf (docs/integrations.md)
+
+transformers = pytest.importorskip("transformers")
+
+from accelerate.commands.estimate import estimate_training_usage  # noqa: E402
+from accelerate.utils import calculate_maximum_sizes, convert_bytes  # noqa: E402
+
+from metadispatch.analysis.memory import allocated_bytes  # noqa: E402
+from metadispatch.cli import targets  # noqa: E402
+from metadispatch.cli.steps import with_optimizer  # noqa: E402
+
+SMALL = {
+    "llama": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 256,
+    },
+    "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 128},
+    "bert": {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+    },
+}
+
+
+def _accelerate_estimate(arch, overrides):
+    """What ``accelerate estimate-memory`` computes, offline: its ``create_empty_model``
+    without the Hub (the same AutoModel, float32, under init_empty_weights), then
+    ``calculate_maximum_sizes`` and ``estimate_training_usage``."""
+    config = targets.hf_config(arch, overrides)
+    with accelerate.init_empty_weights():
+        base = transformers.AutoModel.from_config(config, torch_dtype=torch.float32)
+    total, _ = calculate_maximum_sizes(base)
+    return base, total, estimate_training_usage(total, "float32")
+
+
+def _md_trace(arch, overrides):
+    """What ``metadispatch trace --hf ARCH --config ... --gpu h100`` traces: the
+    causal LM, AdamW, step 2 of 2 on a logical H100."""
+    t = targets.hf_target(arch, overrides, device="cuda")
+    trace = md.tracer(device="cuda", gpu="h100", warmup=1)(with_optimizer(t.step, "adamw"), t.model, *t.inputs)
+    return t.model, md.memory(trace)
+
+
+def _named(model, kinds=("parameters", "buffers")):
+    """name -> tensor, each storage once (tied weights under their first name)."""
+    out, seen = {}, set()
+    for kind in kinds:
+        for name, t in getattr(model, f"named_{kind}")():
+            if id(t) not in seen:
+                seen.add(id(t))
+                out[name.removeprefix(f"{model.base_model_prefix}.")] = t
+    return out
+
+
+def _nbytes(tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("arch", sorted(SMALL))
+def test_accelerate_total_size_is_the_weights_md_counts_with_the_head_difference(arch):
+    base, total, _ = _accelerate_estimate(arch, SMALL[arch])
+    causal, mem = _md_trace(arch, SMALL[arch])
+    weights = _named(causal, ("parameters",))
+    # md's weights: each parameter storage once, as the caching allocator rounds it
+    assert mem.by_category["params"] == sum(
+        allocated_bytes(_nbytes([t]), torch.device("cuda")) for t in weights.values()
+    )
+    # accelerate's: the base model's parameters and buffers (non-persistent ones too), unrounded
+    accel = _named(base)
+    assert total == _nbytes(accel.values())
+    # what the docs give as the difference: the causal LM's head, less what the base model has that it lacks
+    only_md, only_accel = weights.keys() - accel.keys(), accel.keys() - weights.keys()
+    assert _nbytes(weights.values()) - total == _nbytes(weights[k] for k in only_md) - _nbytes(
+        accel[k] for k in only_accel
+    )
+    expected_heads = {
+        "llama": {"lm_head.weight"},
+        "gpt2": set(),
+        "bert": {
+            "cls.predictions.bias",
+            "cls.predictions.transform.dense.weight",
+            "cls.predictions.transform.dense.bias",
+            "cls.predictions.transform.LayerNorm.weight",
+            "cls.predictions.transform.LayerNorm.bias",
+        },
+    }
+    assert only_md == expected_heads[arch]
+    assert {k for k in only_accel if k in dict(base.named_parameters())} == (
+        {"pooler.dense.weight", "pooler.dense.bias"} if arch == "bert" else set()
+    )
+
+
+@pytest.mark.parametrize("arch", sorted(SMALL))
+def test_accelerates_adam_rule_is_md_weights_grads_and_state_without_the_step_peak(arch):
+    _, total, usage = _accelerate_estimate(arch, SMALL[arch])
+    assert max(usage.values()) == usage["step"] == 4 * total  # "Training using Adam", float32
+    causal, mem = _md_trace(arch, SMALL[arch])
+    # at the optimizer's foreach sqrt, where a full-size model peaks (docs/integrations.md's table)
+    (at,) = [i for i, c in enumerate(mem.trace.calls) if c.op == "aten._foreach_sqrt.default"]
+    cat = {c: line[at] for c, line in mem.by_category_timeline.items()}
+    params = cat["params"]
+    assert params == mem.by_category["params"] and cat["grads"] == params
+    # exp_avg and exp_avg_sq on the GPU, a 4-byte step count per parameter on the CPU
+    n = len(_named(causal, ("parameters",)))
+    assert cat["optimizer state"] == 2 * params + 4 * n
+    # sqrt(exp_avg_sq) for every parameter at once: a temporary as large as the weights, which 4x leaves out
+    assert cat["optimizer"] == params
+    assert mem.timeline[at] == sum(cat.values())
+
+
+DOC_ROWS = {"llama": "LLaMA-7B", "gpt2": "GPT-2 (124M)", "bert": "BERT-base"}
+
+
+def _doc_row(arch) -> str:
+    """The row of docs/integrations.md's table for ``arch``'s default config, as the code computes it."""
+    from metadispatch.ir.text import fmt_bytes
+
+    _, total, usage = _accelerate_estimate(arch, {})
+    _, mem = _md_trace(arch, {})
+    c = mem.by_category
+    fit = md.fits(mem.trace, "h100")
+    cells = [convert_bytes(total), convert_bytes(max(usage.values()))]
+    cells += [fmt_bytes(c[k]) for k in ("params", "grads", "optimizer state", "optimizer", "activations", "workspaces")]
+    cells += [fmt_bytes(mem.peak), fmt_bytes(fit.reserved_peak) + ("" if fit.fits else " (does not fit)")]
+    return f"| {DOC_ROWS[arch]} (`--hf {arch}`) | " + " | ".join(cells) + " |"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(DOC_ROWS))
+def test_docs_table_of_accelerate_against_md_is_what_the_code_computes(arch):
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    assert _doc_row(arch) in page.splitlines()
