@@ -310,8 +310,9 @@ class MetaTensor(torch.Tensor):
             raise TypeError(f"MetaTensor.__new__() got an unexpected keyword argument {extra[0]!r}")
         if not isinstance(data, MetaTensor):
             raise TypeError(
-                "MetaTensor(data, requires_grad) rebuilds a parameter from a MetaTensor (Note [Rebuilding a "
-                f"parameter by its type]); got {type(data).__name__}: use md.to_meta or a MetaMode to make one"
+                "MetaTensor(data, requires_grad) rebuilds a parameter from a MetaTensor "
+                "(Note [Rebuilding a parameter by its type]); "
+                f"got {type(data).__name__}: use md.to_meta or a MetaMode to make one"
             )
         out = data.detach().requires_grad_(requires_grad)
         out._is_param = True
