@@ -290,3 +290,18 @@ def test_docs_table_of_accelerate_against_md_is_what_the_code_computes(arch):
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
     assert _doc_row(arch) in page.splitlines()
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_init_empty_weights_with_metamode_materializes_a_transformers_llama(order, tmp_path):
+    config = targets.hf_config("llama", SMALL["llama"])
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(config)
+    eager.save_pretrained(tmp_path)  # model.safetensors
+    model = _both(order, lambda: transformers.LlamaForCausalLM(config))
+    assert str(md.checkpoint.check(model, tmp_path)) == "ok"
+    md.materialize(model, checkpoint=tmp_path)
+    assert str(md.audit(model)) == "ok"
+    assert torch.equal(model.model.rotary_emb.inv_freq, eager.model.rotary_emb.inv_freq)  # replayed, in no checkpoint
+    ids = torch.randint(0, 256, (2, 8))
+    assert torch.equal(model(ids).logits, eager(ids).logits)
