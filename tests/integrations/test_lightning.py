@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 L = pytest.importorskip("lightning")
 
@@ -184,34 +183,25 @@ def test_fitcheck_changes_nothing(module, plugins):
         assert trainer.precision_plugin.scaler.state_dict() == reference.precision_plugin.scaler.state_dict()
 
 
-class _Dispatched(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-class _EagerLog(L.Callback):
+class _EagerStep(L.Callback):
     """What eager Lightning dispatches for the second batch (its first step has no optimizer state yet)."""
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == 1:
-            self.log = _Dispatched()
+            self.log = md.testing._EagerLog()  # md.testing.eager_calls's log, across two hooks
             self.log.__enter__()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx == 1:
             self.log.__exit__(None, None, None)
+            self.ops = [c.op for c in self.log.calls]
 
 
 @pytest.mark.parametrize("module", [Quiet, lambda: GAN(log=False)], ids=["automatic", "manual-two-optimizers"])
 @pytest.mark.parametrize("fp16", [False, True], ids=["32", "16-mixed"])
 def test_fitcheck_traces_what_eager_lightning_dispatches_for_a_step(module, fp16):
     plugins = (_fp16(),) if fp16 else ()
-    check, eager = FitCheck(gpu="h100"), _EagerLog()
+    check, eager = FitCheck(gpu="h100"), _EagerStep()
     _fit_with([check], module, plugins)
     _fit_with([eager], module, plugins)
     traced = [c.op for c in check.trace.calls]
@@ -219,12 +209,12 @@ def test_fitcheck_traces_what_eager_lightning_dispatches_for_a_step(module, fp16
         # CPU's autocast and CUDA's cast at different points (log_softmax's input, its
         # gradient): the same casts, the rest op for op
         cast = "aten._to_copy.default"
-        assert traced.count(cast) == eager.log.ops.count(cast) > 0
-        traced, eager.log.ops = [o for o in traced if o != cast], [o for o in eager.log.ops if o != cast]
+        assert traced.count(cast) == eager.ops.count(cast) > 0
+        traced, eager.ops = [o for o in traced if o != cast], [o for o in eager.ops if o != cast]
         steps = 2 if module is not Quiet else 1
         assert traced.count("aten._amp_foreach_non_finite_check_and_unscale_.default") == steps
         assert traced.count("aten._amp_update_scale_.default") == steps
-    assert traced == eager.log.ops
+    assert traced == eager.ops
 
 
 def test_fitcheck_steps_every_optimizer_of_a_manual_step():
