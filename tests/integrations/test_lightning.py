@@ -142,6 +142,12 @@ class _Snapshot(L.Callback):
         self.rng = torch.get_rng_state()
         self.plain = _plain(pl_module)
         self.grads = [p.grad for p in pl_module.parameters()]
+        scaler = getattr(trainer.precision_plugin, "scaler", None)  # right after FitCheck's on_fit_start
+        # (its per-optimizer records are keyed by the optimizers' ids, which differ between runs)
+        self.scaler = (
+            None if scaler is None else ({k: copy.copy(v) for k, v in vars(scaler).items()}, scaler.state_dict())
+        )
+        self.optimizers = [copy.deepcopy(opt.state_dict()) for opt in trainer.optimizers]
 
 
 def _fit_with(callbacks, module=LM, plugins=()):
@@ -172,6 +178,11 @@ def test_fitcheck_changes_nothing(module, plugins):
     assert torch.equal(with_check.rng, without.rng)
     assert with_check.plain == without.plain
     assert with_check.grads == without.grads == [None] * len(without.grads)
+    if plugins:  # never called: its scale not even made yet, no optimizer recorded
+        (attrs, state), (attrs0, state0) = with_check.scaler, without.scaler
+        assert attrs["_scale"] is None and attrs["_growth_tracker"] is None and not attrs["_per_optimizer_states"]
+        assert attrs.keys() == attrs0.keys() and state == state0
+    assert with_check.optimizers == without.optimizers
     # and the training that followed is the same, bit for bit: weights, optimizer state, steps, scaler
     for k, v in plain.state_dict().items():
         assert torch.equal(checked.state_dict()[k], v), k
