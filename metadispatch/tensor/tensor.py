@@ -289,6 +289,36 @@ class MetaTensor(torch.Tensor):
 
     _md: TensorState  # Note [A MetaTensor's state] in state.py
 
+    def __new__(cls, data=None, requires_grad: bool = True, **state):
+        """Note [Rebuilding a parameter by its type]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Libraries rebuild a parameter as ``type(p)(data, **p.__dict__)`` so
+        that a Parameter subclass keeps its class: accelerate's
+        ``init_empty_weights`` does it for every parameter it moves to meta.
+        Under a mode ``nn.Parameter(x)`` is a MetaTensor flagged ``_is_param``
+        (Parameter's own ``__new__`` for a tensor subclass), so ``type(p)`` is
+        this class and ``p.__dict__`` holds our state (``_is_param``,
+        ``_md``), and torch's constructor refused it.  It is taken as the
+        ``nn.Parameter(data, requires_grad)`` it stands for: ``data`` detached
+        as ``Parameter.__new__`` does it (so the mode records what
+        ``nn.Parameter`` records), flagged a parameter, with its own record.
+        Any other keyword is refused as ``nn.Parameter`` refuses it, and a
+        real ``data`` too: only a mode knows the device and the trace to
+        convert it for.
+        """
+        extra = sorted(k for k in state if k != "_is_param" and not k.startswith("_md"))
+        if extra:
+            raise TypeError(f"MetaTensor.__new__() got an unexpected keyword argument {extra[0]!r}")
+        if not isinstance(data, MetaTensor):
+            raise TypeError(
+                "MetaTensor(data, requires_grad) rebuilds a parameter from a MetaTensor "
+                "(Note [Rebuilding a parameter by its type]); "
+                f"got {type(data).__name__}: use md.to_meta or a MetaMode to make one"
+            )
+        out = data.detach().requires_grad_(requires_grad)
+        out._is_param = True
+        return out
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # Note [Composite overrides without a mode] in mode.py
