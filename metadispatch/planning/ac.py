@@ -17,23 +17,29 @@ The candidates (default: the blocks of the model's largest
 forward FLOP recomputed first, from a trace without checkpointing; plan
 ``k`` checkpoints the first ``k``.  Each plan ``k = 0..n`` is applied to a
 fresh model and traced, so its peak is a traced figure, not an estimate.
-Only the plans whose peak is below every smaller plan's are kept: along
-that chain the peak falls strictly as ``k`` grows, and the plan for a
-budget is the smallest ``k`` of the chain that fits.  A lower budget can
-only move to a larger ``k`` of the chain, so its peak is lower or equal:
-monotone by construction, whatever the model does.  Limits: nested prefixes
-of one order, not every subset (``2**n`` plans).
+The chain is the traced plans' frontier: by recomputation, least first
+(FLOPs, then calls: selective checkpointing recomputes calls of no FLOPs),
+each kept only where its peak is below that of every plan recomputing no
+more (a tie in both keeps the lower peak).  Along the chain the
+peak falls strictly as the recomputation grows, and the plan for a budget
+is the first of the chain that fits: the least recomputation of any traced
+plan that fits, since a plan left out is matched or beaten on both by one
+kept.  It is monotone by construction, whatever the model does: a lower
+budget fits fewer plans; if the plan it had fits still, it stays, and if
+not, its new plan is under the new budget, which is below the old plan's
+peak.  Limits: nested prefixes of one order, not every subset (``2**n``
+plans).
 
-With ``selective=True`` (or a ladder of op lists of one's own) each block
-climbs a ladder instead of one step: first checkpointed saving the outputs
-of matmuls and attention (``SAVE_MATMULS_AND_ATTENTION``: recomputing only
-the pointwise ops between them, a small part of the FLOPs), then saving
-attention only (``SAVE_ATTENTION``), then fully; the steps are every block
-at the first rung in the order above, then every block at the second, and
-so on, each a traced plan of the one chain.  Checking the peak against
-every smaller plan keeps it monotone as before, and since each rung
-recomputes more than the one below it, the first plan of the chain to fit
-recomputes the least of the chain.
+With ``selective=True`` (or rungs of op lists of one's own) each block
+also climbs a ladder: checkpointed saving the outputs of matmuls and
+attention (``SAVE_MATMULS_AND_ATTENTION``: recomputing only the pointwise
+ops between them, no FLOPs as ``FlopCounterMode`` counts them), then saving
+attention only (``SAVE_ATTENTION``), then fully; every block at the first
+rung in the order above, then every block at the second, and so on, each
+step a traced plan.  Those plans join the prefixes above in one frontier,
+so selective checkpointing never recomputes more than whole blocks for a
+budget (the ViT of the tests peaks lowest with three whole blocks; the
+ladder's plans that low checkpoint all four).
 """
 
 from __future__ import annotations
@@ -72,12 +78,16 @@ class ACPlan:
     checkpointing, packet names; a module not in it is checkpointed fully),
     the step's ``peak`` with them (bytes, ``md.memory``'s, re-traced), the
     ``recompute`` FLOPs the checkpointed forwards cost again in backward,
-    the ``budget`` and whether the plan meets it (``fits``); ``chain`` is
-    every plan of the search as ``(modules, peak, recompute, save)``."""
+    the ``budget`` and whether the plan meets it (``fits``);
+    ``recompute_calls`` counts the calls recomputed, FLOPs or not; ``chain``
+    is the search's frontier of plans as ``(modules, peak, recompute, save,
+    recompute_calls)``."""
 
-    def __init__(self, modules: tuple, peak: int, recompute: int, budget: int, chain: list, save=None) -> None:
+    def __init__(
+        self, modules: tuple, peak: int, recompute: int, save: dict, calls: int, *, budget: int, chain: list
+    ) -> None:
         self.modules, self.peak, self.recompute, self.budget = modules, peak, recompute, budget
-        self.save: dict = dict(save or {})
+        self.save, self.recompute_calls = dict(save), calls
         self.fits = peak <= budget
         self.chain = chain
 
@@ -90,7 +100,7 @@ class ACPlan:
         names = names or "nothing"
         return (
             f"checkpoint {names}: peak {fmt_bytes(self.peak)} ({self.peak:,} B), {verdict} the budget "
-            f"{fmt_bytes(self.budget)}; recomputes {self.recompute:.3g} FLOPs"
+            f"{fmt_bytes(self.budget)}; recomputes {self.recompute:.3g} FLOPs in {self.recompute_calls} calls"
         )
 
 
@@ -191,11 +201,7 @@ def plan_ac(make_model_and_step: Callable, budget: int, *, candidates=None, sele
     (('layers.0', 'layers.1', 'layers.2'), True, True)
     """
     chain = _chain(make_model_and_step, candidates, _ladder(selective), options)
-    for modules, peak, recompute, save in chain:
-        if peak <= budget:
-            return ACPlan(modules, peak, recompute, budget, chain, save)
-    modules, peak, recompute, save = chain[-1]
-    return ACPlan(modules, peak, recompute, budget, chain, save)
+    return ACPlan(*next((p for p in chain if p[1] <= budget), chain[-1]), budget=budget, chain=chain)
 
 
 def _ladder(selective) -> list:
@@ -216,7 +222,7 @@ def _traced(make: Callable, how: dict, options: dict):
 
 
 def _chain(make: Callable, candidates, ladder: list, options: dict) -> list:
-    """The chain of plans, each ``(modules, peak, recomputed FLOPs, save)``.
+    """The frontier of the traced plans, each ``(modules, peak, recomputed FLOPs, save)``.
 
     Note [Recomputed FLOPs]
     ~~~~~~~~~~~~~~~~~~~~~~~
@@ -228,17 +234,24 @@ def _chain(make: Callable, candidates, ladder: list, options: dict) -> list:
     first of two checkpointed LLaMA blocks.
     """
     peak, base, trace, model = _traced(make, {}, options)
+    calls = len(trace.calls)
     names = list(candidates) if candidates is not None else blocks(model)
     order = sorted(names, key=lambda n: -_saved_per_flop(trace, n))  # stable: forward order on ties
-    chain: list[tuple[tuple, int, int, dict]] = [((), peak, 0, {})]
+    plans: list[tuple[tuple, int, int, dict, int]] = [((), peak, 0, {}, 0)]
+    steps = [[(name, frozenset()) for name in order[:k]] for k in range(1, len(order) + 1)]  # whole blocks
     how: dict = {}  # module -> the ops it saves (empty: fully), in the order they were first checkpointed
-    for rung in [*ladder, frozenset()]:
+    for rung in [*ladder, frozenset()] if ladder else []:
         for name in order:
             how[name] = rung
-            peak, total, _, _ = _traced(make, how, options)
-            if peak < chain[-1][1]:  # only plans that lower the peak (the Note)
-                save = {n: tuple(sorted(r)) for n, r in how.items() if r}
-                chain.append((tuple(how), peak, total - base, save))
+            steps.append(list(how.items()))
+    for step in steps:
+        peak, total, again, _ = _traced(make, dict(step), options)
+        save = {n: tuple(sorted(r)) for n, r in step if r}
+        plans.append((tuple(n for n, _ in step), peak, total - base, save, len(again.calls) - calls))
+    chain: list = []
+    for plan in sorted(plans, key=lambda p: (p[2], p[4], p[1])):  # the frontier (the Note)
+        if not chain or plan[1] < chain[-1][1]:
+            chain.append(plan)
     return chain
 
 
