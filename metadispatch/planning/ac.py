@@ -238,7 +238,7 @@ def _chain(make: Callable, candidates, ladder: list, options: dict) -> list:
     names = list(candidates) if candidates is not None else blocks(model)
     order = sorted(names, key=lambda n: -_saved_per_flop(trace, n))  # stable: forward order on ties
     plans: list[tuple[tuple, int, int, dict, int]] = [((), peak, 0, {}, 0)]
-    steps = [[(name, frozenset()) for name in order[:k]] for k in range(1, len(order) + 1)]  # whole blocks
+    steps: list[list] = [[(name, frozenset()) for name in order[:k]] for k in range(1, len(order) + 1)]  # whole blocks
     how: dict = {}  # module -> the ops it saves (empty: fully), in the order they were first checkpointed
     for rung in [*ladder, frozenset()] if ladder else []:
         for name in order:
