@@ -130,6 +130,7 @@ def max_batch(
     chosen = list(range(world)) if world is not None and ranks is None else list(ranks or [options.get("rank", 0)])
     figures: dict = {}  # batch -> the worst rank's Fit, full depth
     points: dict = {}  # (batch, layers) -> each rank's aligned live bytes (affine.py)
+    keys = [(b, k) for k in scale or (None,) for b in (start, 2 * start)]  # the small traces the guess is from
     began = time.perf_counter()
 
     def run(batch: int, layers: int | None = None) -> Fit:
@@ -140,7 +141,8 @@ def max_batch(
             rank_options = dict(options, rank=rank) if world is not None else options
             trace = tracer(warmup=warmup, gpu=profile, **rank_options)(fn, *args, **kwargs)
             f = fits(trace, profile, capacity)
-            points.setdefault((batch, layers), []).append(aligned(trace.calls, f.memory.memory.timeline, layers))
+            if (batch, layers) in keys:
+                points.setdefault((batch, layers), []).append(aligned(trace.calls, f.memory.memory.timeline, layers))
             if worst is None or f.reserved_peak > worst.reserved_peak:
                 worst = f
         assert worst is not None
@@ -152,12 +154,11 @@ def max_batch(
         return bool(figures[batch])
 
     depth = _depth(make_step, start) if scale is not None else None
-    small = [(b, k) for k in scale for b in (start, 2 * start)] if scale is not None else []
+    small = keys if scale is not None else []
     for b, k in small:
         run(b, k)
     if scale is None and fit(start) and 2 * start <= limit:
         fit(2 * start)
-    keys = [(b, k) for k in scale or (None,) for b in (start, 2 * start)]
 
     def guess(missed: int | None = None) -> int | None:
         """The guess; after batch ``missed`` did not fit, the guess less what the lines missed of its reserved peak."""
