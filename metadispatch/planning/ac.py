@@ -91,6 +91,10 @@ class ACPlan:
         self.fits = peak <= budget
         self.chain = chain
 
+    def at(self, budget: int) -> ACPlan:
+        """The plan of the same search for another budget (a sweep of budgets costs one search)."""
+        return ACPlan(*next((p for p in self.chain if p[1] <= budget), self.chain[-1]), budget=budget, chain=self.chain)
+
     def __repr__(self) -> str:
         return f"<ACPlan {len(self.modules)} modules, peak {fmt_bytes(self.peak)}>"
 
@@ -201,7 +205,7 @@ def plan_ac(make_model_and_step: Callable, budget: int, *, candidates=None, sele
     (('layers.0', 'layers.1', 'layers.2'), True, True)
     """
     chain = _chain(make_model_and_step, candidates, _ladder(selective), options)
-    return ACPlan(*next((p for p in chain if p[1] <= budget), chain[-1]), budget=budget, chain=chain)
+    return ACPlan(*chain[0], budget=1 << 62, chain=chain).at(budget)
 
 
 def _ladder(selective) -> list:

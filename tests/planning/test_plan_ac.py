@@ -38,11 +38,13 @@ def hf_llama():
 
 def _sweep(make, selective):
     """Plans for 12 budgets from below full checkpointing to none, each checked by re-tracing it applied."""
-    chain = md.plan_ac(make, budget=1 << 62, selective=selective).chain
-    none, full = chain[0][1], chain[-1][1]
-    assert len(chain) >= 3 and full < none  # checkpointing blocks lowers the peak, step by step
+    search = md.plan_ac(make, budget=1 << 62, selective=selective)
+    none, full = search.chain[0][1], search.chain[-1][1]
+    assert len(search.chain) >= 3 and full < none  # checkpointing blocks lowers the peak, step by step
     budgets = [full - 4096] + [full + (none - full) * i // 10 for i in range(11)]
-    plans = [md.plan_ac(make, budget=b, selective=selective) for b in budgets]
+    plans = [search.at(b) for b in budgets]  # one search for the sweep
+    alone = md.plan_ac(make, budget=budgets[4], selective=selective)  # as a search of its own gives it
+    assert (alone.modules, alone.save, alone.peak) == (plans[4].modules, plans[4].save, plans[4].peak)
     for b, plan in zip(budgets, plans):
         model, step, args = make()
         md.apply_ac(model, plan)
@@ -65,7 +67,7 @@ def test_plan_ac_sweep_re_traces_to_its_peak_under_budget_and_monotone(make):
 @pytest.mark.parametrize("make", [hf_llama, vit], ids=lambda f: f.__name__)
 def test_plan_ac_selective_sweep_recomputes_no_more_than_whole_blocks(make):
     budgets, plans = _sweep(make, selective=True)
-    whole = [md.plan_ac(make, budget=b) for b in budgets]
+    whole = [md.plan_ac(make, budget=1 << 62).at(b) for b in budgets]
     assert all(s.recompute <= w.recompute for s, w in zip(plans, whole) if w.fits)
     assert any(s.recompute < w.recompute for s, w in zip(plans, whole) if w.fits)  # saving matmuls pays
     assert any(p.save and p.recompute == 0 and p.peak < plans[-1].peak for p in plans)  # pointwise ops only: 0 FLOPs
