@@ -14,10 +14,12 @@ Note [Searching for the largest batch]
 A guess first, then full traces around it.  The guess is the largest batch
 under which every call's live bytes stay within the capacity, each call's
 bytes a line through two small traces (Note [Live bytes affine in batch and
-depth] in ``affine.py``): batches ``start`` and ``2 * start`` of the full
-model, or, with ``scale=(a, c)``, of the model built ``a`` and ``c`` blocks
-deep (``make_step(batch, layers=k)``), which trace in a fraction of the
-time.  The guess is only where to look: the answer is always a full
+depth] in ``affine.py``): batches ``2 * start`` and ``3 * start`` of the
+full model, or, with ``scale=(a, c)``, of the model built ``a`` and ``c``
+blocks deep (``make_step(batch, layers=k)``), which trace in a fraction of
+the time.  Not batch 1: its size-1 dimensions take other ops (GPT-2 clones
+its position ids and sums their gradient over the batch only from 2 on),
+so its calls do not line up with a larger batch's.  The guess is only where to look: the answer is always a full
 steady-state trace that fits, and ``next`` the full trace of ``batch + 1``
 that does not.  From the guess ``g`` the search gallops (``g + 1, g + 2,
 g + 4, ...`` while they fit, or ``g - 1, g - 2, g - 4, ...`` while they do
@@ -116,7 +118,7 @@ def max_batch(
     ...     return (lambda: torch.empty(batch, 2 ** 18).sum()), ()  # 1 MiB a sample
     >>> found = md.max_batch(make_step, "l4", capacity=100 * 2 ** 20)
     >>> found.batch, found.fits.fits, found.next.fits, sorted(found.tried)
-    (98, True, False, [1, 2, 97, 98, 99])
+    (98, True, False, [2, 3, 97, 98, 99])
     """
     if type(start) is not int or start < 1 or type(limit) is not int or limit < start:
         raise MetaDispatchError(f"max_batch: start={start!r}, limit={limit!r}: batches 1 <= start <= limit")
@@ -130,7 +132,8 @@ def max_batch(
     chosen = list(range(world)) if world is not None and ranks is None else list(ranks or [options.get("rank", 0)])
     figures: dict = {}  # batch -> the worst rank's Fit, full depth
     points: dict = {}  # (batch, layers) -> each rank's aligned live bytes (affine.py)
-    keys = [(b, k) for k in scale or (None,) for b in (start, 2 * start)]  # the small traces the guess is from
+    # the small traces the guess is from: not batch 1, where size-1 dimensions take other ops (a clone, a sum)
+    keys = [(b, k) for k in scale or (None,) for b in (2 * start, 3 * start)]
     began = time.perf_counter()
 
     def run(batch: int, layers: int | None = None) -> Fit:
@@ -157,8 +160,8 @@ def max_batch(
     small = keys if scale is not None else []
     for b, k in small:
         run(b, k)
-    if scale is None and fit(start) and 2 * start <= limit:
-        fit(2 * start)
+    if scale is None and 3 * start <= limit and fit(2 * start):
+        fit(3 * start)
 
     def guess(missed: int | None = None) -> int | None:
         """The guess; after batch ``missed`` did not fit, the guess less what the lines missed of its reserved peak."""
