@@ -100,12 +100,18 @@ class ACPlan:
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
-        names = ", ".join(f"{n} (saving {len(self.save[n])} ops)" if n in self.save else n for n in self.modules)
+        names = ", ".join(f"{n} ({_saving(self.save[n])})" if n in self.save else n for n in self.modules)
         names = names or "nothing"
         return (
             f"checkpoint {names}: peak {fmt_bytes(self.peak)} ({self.peak:,} B), {verdict} the budget "
             f"{fmt_bytes(self.budget)}; recomputes {self.recompute:.3g} FLOPs in {self.recompute_calls} calls"
         )
+
+
+def _saving(save: tuple) -> str:
+    """How a selectively checkpointed module is printed: its rung by name where it is one of ours."""
+    named = {frozenset(SAVE_MATMULS_AND_ATTENTION): "matmuls and attention", frozenset(SAVE_ATTENTION): "attention"}
+    return "selective, saving " + named.get(frozenset(save), ", ".join(save))
 
 
 def blocks(model: nn.Module) -> list[str]:

@@ -71,6 +71,7 @@ def test_plan_ac_selective_sweep_recomputes_no_more_than_whole_blocks(make):
     assert all(s.recompute <= w.recompute for s, w in zip(plans, whole) if w.fits)
     assert any(s.recompute < w.recompute for s, w in zip(plans, whole) if w.fits)  # saving matmuls pays
     assert any(p.save and p.recompute == 0 and p.peak < plans[-1].peak for p in plans)  # pointwise ops only: 0 FLOPs
+    assert any("(selective, saving matmuls and attention)" in str(p) for p in plans)
 
 
 @pytest.mark.skipif(not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"), reason="torch < 2.4")
