@@ -82,7 +82,7 @@ def plan_step(
     the report is of the last, with what the others left (the steady
     state), and leaves out the build: marks ``"built"`` and ``"step"``.
     """
-    make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/main.py: Adafactor reads .item())
+    make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/trace_cmd.py: Adafactor reads .item())
     with make(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
         model, inputs = build()
         dp = plan.world_size // plan.tp

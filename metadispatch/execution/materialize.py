@@ -17,7 +17,7 @@ Note [Materialise all or nothing]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Materialising is the one documented effect on the user's module, so it must
 be complete and must never invent data.  Before anything is replaced, every
-MetaTensor reachable from the module is found (the walk of ``mode/reach.py``,
+MetaTensor reachable from the module is found (the walk of ``tracing/reach.py``,
 as ``md.testing.snapshot`` does); it raises, naming each, when one sits
 where it cannot be replaced (inside an object that is not a module, list,
 tuple or dict), was not built under a recording mode (``md.to_meta``
@@ -58,8 +58,8 @@ from torch import nn
 from ..binding.leaves import bind_leaves
 from ..checkpoint.stream import plan, stream
 from ..errors import MetaDispatchError
-from ..mode.reach import walk
 from ..tensor.tensor import MetaTensor, normalize_device
+from ..tracing.reach import walk
 from .replay import execute
 from .slicing import SliceError, slice_for
 

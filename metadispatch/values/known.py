@@ -28,7 +28,11 @@ its real CPU value, ``t._md.known = (value, cell)``, while it has at most
   labels) keep their values: a check reports on the run of those inputs;
 * a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is
   answered by the real kernel (the dispatcher calls :func:`answer`), and the
-  trace marks the call with ``<known value>``.
+  trace marks the call with ``<known value>``;
+* a value a policy declares (:func:`declare`: the next token under
+  ``md.GenerateAssumptions``, values/assume.py) is known too, and its cell
+  says it is assumed; everything computed from it carries that mark, so a
+  read of it is listed as the assumption's consequence.
 
 The metadata cache may serve a call on known inputs, but never an answer
 whose computation read a value (``value_reads`` in tensor.py; Note [What
@@ -49,7 +53,18 @@ from ..spec.schema import schema_of
 from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
 
-__all__ = ["value_of", "know", "concerns", "propagate", "answer", "from_numbers", "NOTE", "DEFAULT_LIMIT"]
+__all__ = [
+    "value_of",
+    "know",
+    "declare",
+    "assumed",
+    "concerns",
+    "propagate",
+    "answer",
+    "from_numbers",
+    "NOTE",
+    "DEFAULT_LIMIT",
+]
 
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
@@ -70,12 +85,30 @@ SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their fir
 
 
 class _Cell:
-    """Shared by a value and its views; cleared when one of them is overwritten."""
+    """Shared by a value and its views; cleared when one of them is overwritten.
 
-    __slots__ = ("valid",)
+    ``assumed``: the value follows from a declared one (a policy's next
+    token, values/assume.py), so a read of it is a consequence of that
+    assumption, which the trace lists (:func:`assumed`).
+    """
+
+    __slots__ = ("valid", "assumed")
 
     def __init__(self) -> None:
         self.valid = True
+        self.assumed = False
+
+
+def declare(t: MetaTensor, real: torch.Tensor, mode) -> None:
+    """Give ``t`` the declared value ``real``, marked as an assumption (:func:`assumed`)."""
+    know(t, real, mode)
+    if t._md.known is not None:
+        t._md.known[1].assumed = True
+
+
+def assumed(tensors) -> bool:
+    """Whether the known value of one of ``tensors`` follows from a declared one."""
+    return any(isinstance(t, MetaTensor) and t._md.known is not None and t._md.known[1].assumed for t in tensors)
 
 
 def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
@@ -130,6 +163,8 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
     cell = base._md.known[1] if isinstance(base, MetaTensor) and value_of(base) is not None else None
     _attach(result, real_out, cell)
+    if assumed(tensors):  # what is computed from a declared value is an assumption too
+        _mark_assumed(result)
 
 
 def answer(func, f, tensors, args, kwargs, device, mode):
@@ -145,7 +180,15 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     out = to_meta_outputs(real_out, device)
     if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
         _attach(out, real_out, None)
+        if assumed(tensors):
+            _mark_assumed(out)
     return out
+
+
+def _mark_assumed(result) -> None:
+    for m in flat(result):
+        if isinstance(m, MetaTensor) and m._md.known is not None:
+            m._md.known[1].assumed = True
 
 
 def from_numbers(func, args, kwargs):
