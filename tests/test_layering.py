@@ -253,6 +253,11 @@ _STATE = {
     ("metadispatch.trust.costs", "_COSTS"): "a trace's costs, weakly keyed by the trace",
     ("metadispatch.trust.costs", "_FIXED"): "a trace's fixed costs, weakly keyed by the trace",
     ("metadispatch.binding.devices", "_KEEPS"): "a trace's CPU tensors, weakly keyed by the trace",
+    ("metadispatch._compat.autograd", "_OUTSIDE"): "a thread's backward run outside the engine (thread-local)",
+    (
+        "metadispatch.rules.pinned",
+        "_PINNED",
+    ): "storages pinned while tracing, weakly held (Note [Pinned memory on a logical host])",
     (
         "metadispatch.trust.index_checks",
         "CHECKS",

@@ -21,7 +21,7 @@ from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from ..timing.runtime import runtime as step_time
-from . import options, summary, targets
+from . import options, pipeline, summary, targets
 from .options import DTYPES
 from .steps import OPTIMIZERS, describe, with_optimizer
 from .targets import UsageError
@@ -95,6 +95,7 @@ def add_parser(sub, kw: dict):
         metavar="PATH",
         help="the module whose children --fsdp/--tp wrap (e.g. transformer.h); default: found in the model",
     )
+    pipeline.add_options(t)
     summary.add_report_options(t)
     return t
 
@@ -116,10 +117,13 @@ def run(args) -> int:
         raise UsageError(
             f"{', '.join(given)}: for the built-in model and --hf only; {args.target} makes its own model and inputs"
         )
-    batch = args.batch if args.batch is not None else 1
+    # A pipeline's default batch: one sequence a micro-batch.
+    batch = args.batch if args.batch is not None else 1 if args.pp == 1 else _pipeline_plan(args).micro
     distributed = args.world_size is not None
-    if not distributed and (args.fsdp or args.dp or args.tp > 1 or args.rank or args.worst_rank or args.blocks):
-        raise UsageError("--fsdp, --tp, --dp, --rank, --worst-rank and --blocks need --world-size")
+    if not distributed and (
+        args.fsdp or args.dp or args.tp > 1 or args.pp > 1 or args.rank or args.worst_rank or args.blocks
+    ):
+        raise UsageError("--fsdp, --tp, --pp, --dp, --rank, --worst-rank and --blocks need --world-size")
     if args.worst_rank and args.rank:
         raise UsageError("--worst-rank picks the rank; leave out --rank")
     if distributed:
@@ -150,6 +154,8 @@ def run(args) -> int:
         return _max_batch(args, build, make, optimizer, steps)
     with Progress("building the model"), stage("building the model"):
         t = build(batch)
+    if distributed and args.pp > 1:
+        return _trace_pipeline(t, plan, args)
     if distributed:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
@@ -252,8 +258,40 @@ def _plan(args):
     from .plan import Plan, check_plan
 
     plan = Plan(args.world_size, args.rank, args.fsdp, args.tp, args.dp, args.blocks)
-    check_plan(plan)
+    if args.pp > 1:
+        pipeline.check(plan, _pipeline_plan(args), args)
+    else:
+        check_plan(plan)
     return plan
+
+
+def _pipeline_plan(args) -> pipeline.PipelinePlan:
+    return pipeline.PipelinePlan(args.pp, args.pp_schedule, args.microbatches)
+
+
+def _trace_pipeline(t, plan, args) -> int:
+    """``--pp P``: the asked rank's stages, then one rank of every stage (cli/pipeline.py)."""
+    from . import plan as planning
+
+    pp = _pipeline_plan(args)
+    traced: dict = {}
+    start = time.perf_counter()
+    for rank in dict.fromkeys([plan.rank, *pipeline.stage_ranks(plan, pp)]):
+        with Progress(f"tracing rank {rank}"), stage("the model raised while tracing"):
+            traced[rank] = pipeline.stage_step(
+                plan._replace(rank=rank), pp, t.build, args.device, *_optimizer_and_steps(args)
+            )
+    seconds = time.perf_counter() - start
+    trace, first = traced[plan.rank]
+    wrote = _exports(trace, args)  # Note [Files before the report]
+    how = " + ".join(x for x, on in ((f"PP {pp.pp}", True), ("FSDP", plan.fsdp), (f"TP {plan.tp}", plan.tp > 1)) if on)
+    print(f"{t.name}: {how}, rank {plan.rank} of {plan.world_size} on {args.device}, traced in {seconds:.1f} s")
+    out(planning.report(trace, first, plan, args.gpu, width=width(), steps=_optimizer_and_steps(args)[1]))
+    stages = {r: traced[r] for r in pipeline.stage_ranks(plan, pp)}
+    out("\n".join(["", *pipeline.stage_report(stages, pp, args.gpu)]))
+    for line in wrote:
+        print(line)
+    return 0
 
 
 def _trace_rank(t, plan, args) -> int:

@@ -149,7 +149,8 @@ def _data_error(what: str):
 # Note [Storage-level calls on a MetaTensor]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # ``model.share_memory()`` (every ``torch.multiprocessing`` recipe) and
-# ``t.pin_memory()`` act on a tensor's storage, not on its metadata: they
+# ``t.pin_memory()`` (with no accelerator; Note [Pinned memory on a
+# logical host] in rules/pinned.py) act on a tensor's storage, not on its metadata: they
 # move its bytes into shared or page-locked memory.  A MetaTensor's storage
 # is torch's ``meta`` one, which holds no bytes, and torch refused with a raw
 # "_share_fd_: only available on CPU" or "cannot pin 'MetaFloatType'" from
@@ -431,9 +432,19 @@ class MetaTensor(torch.Tensor):
     share_memory_ = _storage_error(
         "share_memory_", "Call model.share_memory() on the real model before tracing or building under the mode"
     )
-    pin_memory = _storage_error(
+    _refuse_pin = _storage_error(
         "pin_memory", "Pin the real tensors before tracing, or leave pin_memory off while tracing"
     )
+
+    def pin_memory(self, *args, **kwargs):
+        # With an accelerator (a logical GPU answers for one) pinning is
+        # traced as torch dispatches it (Note [Pinned memory on a logical
+        # host] in rules/pinned.py); without one torch refuses to pin.
+        if not (torch.cuda.is_available() or torch.accelerator.is_available()):
+            return self._refuse_pin()
+        if self.is_pinned():  # torch's own pin_memory: is_pinned, then _pin_memory
+            return self
+        return torch.ops.aten._pin_memory.default(self, *args, **kwargs)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a MetaTensor holds no data and cannot be pickled; save a trace instead")

@@ -66,6 +66,8 @@ __all__ = [
     "DEFAULT_LIMIT",
 ]
 
+aten = torch.ops.aten
+
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
 
@@ -81,7 +83,23 @@ _SHAPE_ONLY = {
     "aten.new_full.default",
 }
 _LIFT = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
-SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their first input is not
+# Note [An operand that decides the result]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``known | x`` is all True when the known boolean operand is, whatever
+# ``x`` holds; ``known & x`` is all zeros when the known (bool or integer)
+# operand is.  generate()'s stopping criteria rely on it: the length
+# criterion is a known all-True tensor or'ed with an EOS check of a made-up
+# token, and ``unfinished & ~done`` then zeroes the (long) unfinished flags;
+# without this rule the loop's stop read is made up too (``False``) and
+# md.check on generate() never ends.  Only out-of-place ops: an in-place one
+# keeps today's invalidation, which is always safe.
+_DECIDED_BY = {
+    "aten.bitwise_or.Tensor": True,
+    "aten.logical_or.default": True,
+    "aten.bitwise_and.Tensor": False,
+    "aten.logical_and.default": False,
+}
+SPECIAL = _SHAPE_ONLY | _LIFT | set(_DECIDED_BY)  # ops whose outputs can be known though their first input is not
 
 
 class _Cell:
@@ -148,6 +166,8 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     if reals is None:
         if f.mutates:
             _invalidate(func, args, kwargs)
+        elif f.name in _DECIDED_BY:
+            _decided(f.name, tensors, result, mode)
         return
     real_args, real_kwargs = _substitute(args, kwargs, reals)
     try:
@@ -183,6 +203,31 @@ def answer(func, f, tensors, args, kwargs, device, mode):
         if assumed(tensors):
             _mark_assumed(out)
     return out
+
+
+def _decided(name, tensors, result, mode) -> None:
+    """Note [An operand that decides the result]"""
+    fill = _DECIDED_BY[name]
+    if not isinstance(result, MetaTensor) or not _small(result, mode):
+        return
+    if fill and result.dtype != torch.bool:
+        return  # an integer ``|`` is decided only by all bits set: not worth a rule
+    for t in tensors:
+        v = value_of(t)
+        if v is None or v.numel() == 0 or v.is_floating_point() or v.is_complex():
+            continue
+        if fill and v.dtype != torch.bool:
+            continue
+        # aten ops through run_real: no mode of ours sees these computations
+        decides = run_real(aten.all.default if fill else aten.any.default, (v,), {})
+        with _compat.no_torch_function():
+            decided = bool(decides) == fill
+        if decided:
+            value = run_real(aten.full.default, (list(result.shape), fill), {"dtype": result.dtype})
+            _attach(result, value, None)
+            if assumed([t]):
+                _mark_assumed(result)
+            return
 
 
 def _mark_assumed(result) -> None:

@@ -207,3 +207,17 @@ def test_a_model_built_under_a_logical_gpu_generates():
 def test_a_token_id_is_a_non_negative_int(bad):
     with pytest.raises(TypeError, match="token id"):
         md.GenerateAssumptions(token_id=bad)
+
+
+def test_generate_under_md_check_stops_as_eager_does():
+    # md.check makes up every token; the length criterion, known, still
+    # stops the loop (Note [An operand that decides the result] in known.py):
+    # before, the made-up stop read was False forever and the check never ended.
+    model = _model("llama")
+    run = lambda i: model.generate(i, max_new_tokens=3, do_sample=False, pad_token_id=0)  # noqa: E731
+    report = md.check(run, _IDS)
+    assert report.error is None, str(report)
+    eager = run(_IDS)
+    assert tuple(report.trace.output_meta.shape) == tuple(eager.shape)
+    eager_forwards = sum(c.op == "aten.embedding.default" for c in eager_calls(run, _IDS))
+    assert sum(c.op == "aten.embedding.default" for c in report.trace.calls) == eager_forwards == 3
