@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..analysis.fit import fits
+from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from ..timing.runtime import runtime as step_time
@@ -131,16 +132,20 @@ def run(args) -> int:
         _writable(path)
     _plottable(args.plot)
 
-    def build(batch: int):
+    def build(batch: int, layers: int | None = None):  # layers: md.max_batch's shallow guesses
         if args.hf:
             overrides = targets.parse_overrides(args.config)
+            if layers is not None:
+                overrides["num_hidden_layers"] = layers
             return targets.hf_target(
                 args.hf, overrides, device, not args.forward_only, batch, args.seq, dtype, lazy=distributed, amp=amp
             )
         if args.target:
             return targets.callable_target(args.target, device, not args.forward_only, lazy=distributed, amp=amp)
         seq = args.seq if args.seq is not None else 2048
-        return targets.default_target(device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp)
+        return targets.default_target(
+            device, not args.forward_only, batch, seq, lazy=distributed, dtype=dtype, amp=amp, layers=layers
+        )
 
     optimizer, steps = _optimizer_and_steps(args)
     # Adafactor scales its update by param.norm().item(): a value no shape follows, guessed
@@ -177,6 +182,7 @@ def run(args) -> int:
 
 def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
     """``--max-batch``: md.max_batch over the target's batch (Note [Searching for the largest batch])."""
+    from ..planning.ac import blocks
     from ..planning.batch import max_batch
 
     if args.target or args.world_size is not None or args.batch is not None:
@@ -185,13 +191,22 @@ def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
         raise UsageError(f"--max-batch: asks what fits on a GPU; --device {args.device} is not cuda")
     gpu = gpu_profile(args.gpu or DEFAULT_GPU)
 
-    def make_step(batch: int):
-        t = build(batch)
+    def make_step(batch: int, layers: int | None = None):
+        t = build(batch, layers)
         return with_optimizer(t.step, optimizer), (t.model, *t.inputs)
 
+    first = build(1)
+    try:
+        depth = len(blocks(first.model))
+    except MetaDispatchError:  # no nn.ModuleList: nothing to build shallower
+        depth = 0
+    # a guess from 2 and 4 blocks where that is shallower (Note [Searching for the largest batch])
+    scale = (2, 4) if depth > 4 else None
     with Progress("searching"), stage("the model raised while tracing"):
-        found = max_batch(make_step, gpu, warmup=steps - 1, mode_factory=lambda: make(device=args.device, gpu=gpu))
-    print(f"{build(1).name.split(' (')[0]}: {describe(optimizer, steps)}")
+        found = max_batch(
+            make_step, gpu, warmup=steps - 1, scale=scale, mode_factory=lambda: make(device=args.device, gpu=gpu)
+        )
+    print(f"{first.name.split(' (')[0]}: {describe(optimizer, steps)}")
     out(found)
     return 0
 
