@@ -24,10 +24,35 @@ CONFIG = transformers.LlamaConfig(
     max_position_embeddings=64,
 )
 SEARCH = {"micro_batch": [2], "optimizer": ["foreach"]}
+# Qwen3-MoE: 4 experts, top 2, on transformers' fused experts (3-d parameters, torch._grouped_mm); its
+# attention projections are Linear and split by TP, the experts stay whole on each TP rank
+MOE = transformers.Qwen3MoeConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=64,
+)
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",)
+MLP = ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)
 
 
 def make_model():
     return transformers.LlamaForCausalLM(CONFIG)
+
+
+def make_moe():
+    return transformers.Qwen3MoeForCausalLM(MOE)
+
+
+# what the direct traces split colwise and rowwise under TP, per model (written out, not md.plan's own)
+TP_NAMES = {make_model: (ATTENTION[0] + MLP[0], ATTENTION[1] + MLP[1]), make_moe: ATTENTION}
 
 
 @pytest.fixture(scope="module")
@@ -35,26 +60,25 @@ def table():
     return md.plan(make_model, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=SEARCH)
 
 
-def direct(c: dict, gpu: str = "h100"):
+def direct(c: dict, gpu: str = "h100", make=make_model):
     """Rank 0's second step of ``c`` traced in md.tracer(world_size=4), every micro-batch of it run."""
 
     def run():
-        model = make_model()
+        model = make()
         if c["ac"] == "block":
-            md.apply_ac(model, [f"model.layers.{i}" for i in range(CONFIG.num_hidden_layers)])
+            md.apply_ac(model, [f"model.layers.{i}" for i in range(len(model.model.layers))])
         mesh = init_device_mesh("cuda", (c["replicate"], c["shard"], c["tp"]), mesh_dim_names=("r", "s", "tp"))
         if c["tp"] > 1:
+            cols, rows = TP_NAMES[make]
             for layer in model.model.layers:
-                cols = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-                tp_plan = {n: ColwiseParallel() for n in cols}
-                tp_plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+                tp_plan = {n: ColwiseParallel() for n in cols} | {n: RowwiseParallel() for n in rows}
                 parallelize_module(layer, mesh["tp"], tp_plan)
         dp = mesh["r", "s"] if c["replicate"] > 1 else mesh["s"]
         for layer in model.model.layers:
             fully_shard(layer, mesh=dp)
         fully_shard(model, mesh=dp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=c["optimizer"] == "foreach" or None)
-        ids = torch.randint(0, CONFIG.vocab_size, (c["micro_batch"], SEQ), device="cuda")
+        ids = torch.randint(0, model.config.vocab_size, (c["micro_batch"], SEQ), device="cuda")
         for _ in range(2):
             md.mark("step")
             for _ in range(c["accum"]):
@@ -72,6 +96,20 @@ def test_plan_every_candidates_peak_equals_a_direct_trace_of_its_config(table):
         t = direct(c.config)
         assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
         assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+
+
+def test_plan_every_moe_candidates_peak_equals_a_direct_trace_of_its_config():
+    # a tiny Qwen3-MoE (routing, grouped experts, their FSDP2 shards); EP is not searched (docs/plan.md)
+    table = md.plan(make_moe, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=SEARCH)
+    scored = [c for c in table if c.peak is not None]
+    assert len(scored) == 10 and {c.config["tp"] for c in scored} == {1, 2}
+    for c in scored:
+        t = direct(c.config, make=make_moe)
+        assert md.fits(t, since="step").fits == c.fits, c.config
+        assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
+        assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+    moe = t.calls[next(i for i, call in enumerate(t.calls) if "grouped_mm" in call.op)]
+    assert moe.module.endswith("mlp.experts")  # the experts ran, through torch._grouped_mm
 
 
 def test_plan_accumulation_beyond_two_micro_batches_keeps_the_peak_of_two():
