@@ -41,7 +41,6 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..analysis.fit import fits
-from ..analysis.memory import memory
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from
 from ..ir.text import fmt_bytes, render
@@ -71,6 +70,7 @@ class Candidate:
         self.step_time: float | None = None
         self.tokens_per_s: float | None = None
         self.why: str | None = None
+        self.state: int | None = None  # bytes live as the optimizer step starts (Note [What scaling may reject])
         self.cached = False  # scored from a trace another candidate made
         self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
 
@@ -227,27 +227,46 @@ class _Planner:
         cand.cached = key in self.cache
         if not cand.cached:
             self.cache[key] = self._scaled(c) if self.scale and not full else self._measure(self.trace(c))
-        peak, reserved, capacity, oom, micro_s, other_s = self.cache[key]
+        peak, reserved, capacity, oom, micro_s, other_s, state = self.cache[key]
         cand.scaled = self.scale is not None and not full
         cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
+        cand.state = int(state)
         cand.step_time = other_s + max(c["accum"] - 2, 0) * micro_s
         cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
         if cand.scaled and self.scale:
-            cand.fits = None
-            cand.why = f"not confirmed: memory extrapolated from {self.scale[0]} and {self.scale[1]} layers"
+            a, b = self.scale
+            # Note [What scaling may reject]: the bytes live as the optimizer starts extrapolate exactly
+            cand.fits = False if state > capacity else None
+            cand.why = (
+                f"parameters, gradients and optimizer state hold {fmt_bytes(int(state))} "
+                f"> {fmt_bytes(capacity)} (extrapolated from {a} and {b} layers)"
+                if state > capacity
+                else f"not confirmed: memory extrapolated from {a} and {b} layers"
+            )
         elif not cand.fits:
             at = f": first OOM at call {oom[0]} ({oom[1]})" if oom else ""
             cand.why = f"reserved {fmt_bytes(int(reserved))} > {fmt_bytes(capacity)}{at}"
         return cand
 
     def _measure(self, trace: Trace) -> tuple:
+        """(allocated peak, reserved peak, capacity, first OOM, last micro-batch's seconds, step's seconds,
+        bytes live as the optimizer starts), of the step from mark ``"step"`` on."""
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
-        peak = memory(step_from(trace, s)).peak
-        fit = fits(trace, gpu=self.gpu, capacity=self.capacity, since="step")
+        step = step_from(trace, s)  # one cut, read by the allocator, the timeline and the roofline
+        fit = fits(step, gpu=self.gpu, capacity=self.capacity)
         first = fit.first_oom_call
-        oom = (first.index, first.op) if first is not None else None
-        per_call = runtime(trace, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
-        return peak, fit.reserved_peak, fit.capacity, oom, sum(per_call[m:o]), sum(per_call[s:])
+        oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
+        live = fit.memory.timeline
+        per_call = runtime(step, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
+        return (
+            fit.memory.peak,
+            fit.reserved_peak,
+            fit.capacity,
+            oom,
+            sum(per_call[m - s : o - s]),
+            sum(per_call),
+            live[o - s],
+        )
 
     def _scaled(self, c: dict) -> tuple:
         """Note [Scaling from two depths]
@@ -261,10 +280,21 @@ class _Planner:
         model peaks elsewhere (a 2-layer model's logits outweigh its blocks)
         the extrapolation is wrong, and badly: LLaMA-7B with per-block AC on
         64 GPUs extrapolated 2.45 GiB reserved where the full trace holds
-        32.9 GiB (docs/plan.md).  So the extrapolated memory is never a
+        32.9 GiB (docs/plan.md).  So the extrapolated peak is never a
         verdict: a scaled candidate's ``fits`` is ``None`` until a full trace
         confirms it, and ``md.plan`` confirms the fastest in time order (the
         time extrapolation is exact) until ``confirm`` of them fit.
+
+        Note [What scaling may reject]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        One memory figure does extrapolate exactly: the bytes live as the
+        optimizer step starts -- parameter shards, gradient shards, AdamW's
+        state and what the step keeps (the loss) -- are storages, each block
+        adding the same ones, with no peak to move.  They are at most the
+        allocated peak, itself at most the reserved one, so a candidate
+        whose extrapolated figure exceeds the capacity cannot fit: it is
+        rejected (``fits`` False, ``.why`` says so) and not traced in full.
+        tests/planning/test_plan.py checks the figure against full traces.
         """
         assert self.scale is not None
         a, b = self.scale
@@ -274,7 +304,7 @@ class _Planner:
         def at(i):
             return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
 
-        return at(0), at(1), lo[2], None, at(4), at(5)
+        return at(0), at(1), lo[2], None, at(4), at(5), at(6)
 
     def _depth(self) -> int:
         if self.depth is None:

@@ -167,6 +167,9 @@ def make_deep(layers=6):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": layers}))
 
 
+TP_NAMES[make_deep] = TP_NAMES[make_model]
+
+
 def test_plan_scaled_from_two_depths_times_exactly_and_confirms_memory_by_full_traces():
     # Note [Scaling from two depths]: 2 and 4 layers extrapolated to 6, against 6 traced
     search = {**SEARCH, "tp": [1, 2], "shard": [2]}
@@ -212,3 +215,28 @@ def test_plan_capacity_in_bytes_makes_the_larger_configs_not_fit_as_direct_trace
     assert "67MiB each (capacity=)" in small.assumes
     with pytest.raises(md.MetaDispatchError, match="capacity=0"):
         md.plan(make_model, gpus=GPUS, global_batch=BATCH, seq=SEQ, capacity=0)
+
+
+def state_at_optimizer(trace) -> int:
+    """Bytes live at the step's first optimizer call, read from md.memory of a direct trace."""
+    m = md.memory(trace, since="step")
+    return m.timeline[next(i for i, call in enumerate(m.trace.calls) if call.phase == "optimizer")]
+
+
+def test_plan_scaled_rejects_only_what_its_exact_state_figure_says_cannot_fit():
+    # Note [What scaling may reject]: 69.5 MB holds shard 2's parameters, gradients and AdamW state
+    # (with cuBLAS's workspace) but not shard 1's; some of the rest fit, some do not
+    cap, search = 69_500_000, {**SEARCH, "tp": [1, 2]}
+    table = md.plan(
+        make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4), confirm=2, capacity=cap
+    )
+    by_state = [c for c in table if c.why and c.why.startswith("parameters, gradients and optimizer state")]
+    assert by_state and all(c.fits is False and c.scaled for c in by_state)
+    assert {c.config["shard"] for c in by_state} == {1} and any(c.fits for c in table)
+    for c in table:
+        if c.state is None:
+            continue
+        t = direct(c.config, make=make_deep)
+        assert abs(c.state - state_at_optimizer(t)) <= 1024, c.config
+        verdict = md.fits(t, capacity=cap, since="step").fits
+        assert c.fits is None or c.fits == verdict, c.config  # never fits where a direct trace does not
