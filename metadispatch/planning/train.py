@@ -87,6 +87,7 @@ class PlanTable(list):
 
     seconds: float = 0.0
     traces: int = 0
+    spent: dict = {}  # "full", "k layers", "measuring" -> [count, seconds]: where the search's time went
     assumes: str = ""
 
     @property
@@ -106,7 +107,8 @@ class PlanTable(list):
             )
             for i, c in enumerate(self)
         ]
-        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s; {self.assumes}"
+        where = ", ".join(f"{what} {n} in {sec:.1f} s" for what, (n, sec) in self.spent.items())
+        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s ({where}); {self.assumes}"
         table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
         return "\n".join([head, *table])
 
@@ -160,7 +162,9 @@ def plan(
     while scale and sum(c.fits is True for c in table) < confirm and any(c.fits is None for c in table):
         planner.score(next(c for c in table if c.fits is None), full=True)
         _rank(table)
-    table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
+    table.seconds = time.perf_counter() - start
+    table.spent = {k: list(v) for k, v in planner.spent.items()}
+    table.traces = sum(n for k, (n, _) in table.spent.items() if k != "measuring")
     profile = gpu_profile(gpu)
     each = f"{fmt_bytes(capacity)} each (capacity=)" if capacity else f"{fmt_bytes(profile.memory)} each"
     table.assumes = (
@@ -186,18 +190,27 @@ class _Planner:
         self.scale: tuple | None = None
         self.depth: int | None = None
         self.capacity: int | None = None  # bytes per GPU in place of the profile's memory
+        self.spent: dict = {}  # what -> [count, seconds] (PlanTable.spent)
+        self.optimizers: list = ["foreach"]  # the search's; the first is every mesh's twin (_other_optimizer)
+        self.opt_steps: dict = {}  # (tp, shard, optimizer) -> its scaled figures (Note [One optimizer step per mesh])
+
+    def _spend(self, what: str, since: float) -> None:
+        entry = self.spent.setdefault(what, [0, 0.0])
+        entry[0] += 1
+        entry[1] += time.perf_counter() - since
 
     def configs(self, search: dict) -> list:
         """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
         n = self.gpus
         tps = search.get("tp", [d for d in _divisors(n) if d <= 8])
+        self.optimizers = list(search.get("optimizer", ["foreach", "fused"]))
         out = []
         for tp in tps:
             dp = n // tp if n % tp == 0 else 0
             shards = search.get("shard", _divisors(dp) if dp else [1])
             mbs = search.get("micro_batch", [b for b in (1, 2, 4, 8) if dp and self.global_batch % (dp * b) == 0])
             for shard, ac, mb, opt in itertools.product(
-                shards, search.get("ac", ["none", "block"]), mbs, search.get("optimizer", ["foreach", "fused"])
+                shards, search.get("ac", ["none", "block"]), mbs, self.optimizers
             ):
                 rep = dp // shard if dp and dp % shard == 0 else 0
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
@@ -223,11 +236,16 @@ class _Planner:
         cand.why = self.rule(c)
         if cand.why:
             return cand
-        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+        key = self._key(c, full)
         cand.cached = key in self.cache
         if not cand.cached:
-            self.cache[key] = self._scaled(c) if self.scale and not full else self._measure(self.trace(c))
-        peak, reserved, capacity, oom, micro_s, other_s, state = self.cache[key]
+            if self.scale and not full:
+                twin = self._other_optimizer(c)
+                cand.cached = twin is not None and twin is not self.opt_steps.get((c["tp"], c["shard"], c["optimizer"]))
+                self.cache[key] = twin or self._scaled(c)
+            else:
+                self.cache[key] = self._measure(self.trace(c))
+        peak, reserved, capacity, oom, micro_s, other_s, state, _ = self.cache[key]
         cand.scaled = self.scale is not None and not full
         cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
         cand.state = int(state)
@@ -248,9 +266,45 @@ class _Planner:
             cand.why = f"reserved {fmt_bytes(int(reserved))} > {fmt_bytes(capacity)}{at}"
         return cand
 
+    def _key(self, c: dict, full: bool) -> tuple:
+        # Note [Tracing once per shape class]: accum past 2 repeats the second micro-batch
+        return tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+
+    def _other_optimizer(self, c: dict) -> tuple | None:
+        """Note [One optimizer step per mesh]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The optimizer step sees the same parameter and gradient shards
+        whatever the activation checkpointing and micro-batch: its calls,
+        from mark ``"opt"`` to the step's end, are those of the mesh and the
+        optimizer alone, and so are the bytes live as it starts.  When
+        screening (``scale=``), a configuration whose optimizer is not the
+        search's first is then not traced: its time is its first-optimizer
+        twin's with that optimizer step swapped for the one traced once for
+        the mesh (exact: tests/planning/test_plan.py against full traces),
+        its state figure is that trace's, and its peaks are the twin's
+        moved by the difference in state (an estimate, as every screened
+        peak is; a full trace confirms it).
+        """
+        first = self.optimizers[0]
+        if c["optimizer"] == first:
+            return None
+        mesh = (c["tp"], c["shard"], c["optimizer"])
+        if mesh not in self.opt_steps:  # this one is traced, and stands for its mesh
+            self.opt_steps[mesh] = self._scaled(c)
+            return self.opt_steps[mesh]
+        twin = {**c, "optimizer": first}
+        key = self._key(twin, False)
+        if key not in self.cache:
+            self.cache[key] = self._scaled(twin)
+        peak, reserved, capacity, _, micro_s, other_s, state, opt_s = self.cache[key]
+        ref = self.opt_steps[mesh]
+        moved = ref[6] - state
+        return peak + moved, reserved + moved, capacity, None, micro_s, other_s - opt_s + ref[7], ref[6], ref[7]
+
     def _measure(self, trace: Trace) -> tuple:
         """(allocated peak, reserved peak, capacity, first OOM, last micro-batch's seconds, step's seconds,
-        bytes live as the optimizer starts), of the step from mark ``"step"`` on."""
+        bytes live as the optimizer starts, the optimizer step's seconds), of the step from mark ``"step"`` on."""
+        began = time.perf_counter()
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
         step = step_from(trace, s)  # one cut, read by the allocator, the timeline and the roofline
         fit = fits(step, gpu=self.gpu, capacity=self.capacity)
@@ -258,6 +312,7 @@ class _Planner:
         oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
         live = fit.memory.timeline
         per_call = runtime(step, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
+        self._spend("measuring", began)
         return (
             fit.memory.peak,
             fit.reserved_peak,
@@ -266,6 +321,7 @@ class _Planner:
             sum(per_call[m - s : o - s]),
             sum(per_call),
             live[o - s],
+            sum(per_call[o - s :]),
         )
 
     def _scaled(self, c: dict) -> tuple:
@@ -304,7 +360,7 @@ class _Planner:
         def at(i):
             return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
 
-        return at(0), at(1), lo[2], None, at(4), at(5), at(6)
+        return at(0), at(1), lo[2], None, at(4), at(5), at(6), at(7)
 
     def _depth(self) -> int:
         if self.depth is None:
@@ -313,6 +369,7 @@ class _Planner:
         return self.depth
 
     def trace(self, c: dict, layers: int | None = None) -> Trace:
+        began = time.perf_counter()
         accum = min(c["accum"], 2) if c["accum"] else 1
         opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
         with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
@@ -342,6 +399,7 @@ class _Planner:
                 mark("opt")
                 opt.step()
                 opt.zero_grad()
+        self._spend("full" if layers is None else f"{layers} layers", began)
         return mode.trace
 
     def _vocab(self, model) -> int:

@@ -240,3 +240,19 @@ def test_plan_scaled_rejects_only_what_its_exact_state_figure_says_cannot_fit():
         assert abs(c.state - state_at_optimizer(t)) <= 1024, c.config
         verdict = md.fits(t, capacity=cap, since="step").fits
         assert c.fits is None or c.fits == verdict, c.config  # never fits where a direct trace does not
+
+
+def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh():
+    # Note [One optimizer step per mesh]: fused is traced once for the mesh, its other configs are foreach's twins
+    search = {"tp": [1], "shard": [2], "micro_batch": [1, 2], "optimizer": ["foreach", "fused"]}
+    full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
+    scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4), confirm=1)
+    assert scaled.spent["2 layers"][0] == scaled.spent["4 layers"][0] == 5  # 4 foreach, 1 fused
+    # of the 4 fused: one traced for the mesh, one perhaps confirmed by a full trace, the others twins
+    assert sum(c.cached and c.scaled for c in scaled if c.config["optimizer"] == "fused") >= 2
+    by_config = {str(c.config): c for c in full}
+    for c in scaled:
+        f = by_config[str(c.config)]
+        assert c.step_time == pytest.approx(f.step_time, rel=1e-9), c.config
+        assert abs(c.state - f.state) <= 1024, c.config
+    assert scaled.best.config == full.best.config
