@@ -239,12 +239,21 @@ class _Planner:
         key = self._key(c, full)
         cand.cached = key in self.cache
         if not cand.cached:
-            if self.scale and not full:
-                twin = self._other_optimizer(c)
-                cand.cached = twin is not None and twin is not self.opt_steps.get((c["tp"], c["shard"], c["optimizer"]))
-                self.cache[key] = twin or self._scaled(c)
-            else:
-                self.cache[key] = self._measure(self.trace(c))
+            try:
+                if self.scale and not full:
+                    twin = self._other_optimizer(c)
+                    mesh = (c["tp"], c["shard"], c["optimizer"])
+                    cand.cached = twin is not None and twin is not self.opt_steps.get(mesh)
+                    self.cache[key] = twin or self._scaled(c)
+                else:
+                    self.cache[key] = self._measure(self.trace(c))
+            except (RuntimeError, MetaDispatchError) as e:
+                # torch refusing the wrapping (fused AdamW over TP's DTensors and plain tensors when no FSDP2
+                # makes them all DTensors) or metadispatch refusing an op: a verdict on this configuration
+                self.cache[key] = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if isinstance(self.cache[key], str):
+            cand.why, cand.fits = self.cache[key], False
+            return cand
         peak, reserved, capacity, oom, micro_s, other_s, state, _ = self.cache[key]
         cand.scaled = self.scale is not None and not full
         cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity

@@ -256,3 +256,25 @@ def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh()
         assert c.step_time == pytest.approx(f.step_time, rel=1e-9), c.config
         assert abs(c.state - f.state) <= 1024, c.config
     assert scaled.best.config == full.best.config
+
+
+def test_plan_rejects_a_configuration_torch_refuses_and_says_what_it_raised():
+    # TP on every GPU leaves no FSDP2 to make the norms and embeddings DTensors; fused AdamW refuses the mix
+    search = {"tp": [2], "micro_batch": [1], "ac": ["none"], "optimizer": ["fused", "foreach"]}
+    table = md.plan(make_model, gpus=2, global_batch=2, seq=SEQ, search=search)
+    fused = next(c for c in table if c.config["optimizer"] == "fused")
+    assert fused.fits is False and "mixed torch.Tensor and DTensor" in fused.why
+
+    def tp_only():  # torch itself, written out: TP on both GPUs, no FSDP2, fused AdamW
+        model = make_model()
+        mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("tp",))
+        cols, rows = TP_NAMES[make_model]
+        for layer in model.model.layers:
+            parallelize_module(layer, mesh, {n: ColwiseParallel() for n in cols} | {n: RowwiseParallel() for n in rows})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        ids = torch.randint(0, CONFIG.vocab_size, (1, SEQ), device="cuda")
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+
+    with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+        md.tracer(world_size=2, rank=0, device="cuda")(tp_only)
