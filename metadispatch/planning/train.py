@@ -408,7 +408,7 @@ class _Planner:
                 mark("opt")
                 opt.step()
                 opt.zero_grad()
-        self._spend("full" if layers is None else f"{layers} layers", began)
+        self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
         return mode.trace
 
     def _vocab(self, model) -> int:
