@@ -41,7 +41,6 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..analysis.fit import fits
-from ..analysis.memory import memory
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from
 from ..ir.text import fmt_bytes, render
@@ -71,6 +70,7 @@ class Candidate:
         self.step_time: float | None = None
         self.tokens_per_s: float | None = None
         self.why: str | None = None
+        self.state: int | None = None  # bytes live as the optimizer step starts (Note [What scaling may reject])
         self.cached = False  # scored from a trace another candidate made
         self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
 
@@ -87,6 +87,7 @@ class PlanTable(list):
 
     seconds: float = 0.0
     traces: int = 0
+    spent: dict = {}  # "full", "k layers", "measuring" -> [count, seconds]: where the search's time went
     assumes: str = ""
 
     @property
@@ -106,7 +107,8 @@ class PlanTable(list):
             )
             for i, c in enumerate(self)
         ]
-        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s; {self.assumes}"
+        where = ", ".join(f"{what} {n} in {sec:.1f} s" for what, (n, sec) in self.spent.items())
+        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s ({where}); {self.assumes}"
         table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
         return "\n".join([head, *table])
 
@@ -160,7 +162,9 @@ def plan(
     while scale and sum(c.fits is True for c in table) < confirm and any(c.fits is None for c in table):
         planner.score(next(c for c in table if c.fits is None), full=True)
         _rank(table)
-    table.seconds, table.traces = time.perf_counter() - start, len(planner.cache)
+    table.seconds = time.perf_counter() - start
+    table.spent = {k: list(v) for k, v in planner.spent.items()}
+    table.traces = sum(n for k, (n, _) in table.spent.items() if k != "measuring")
     profile = gpu_profile(gpu)
     each = f"{fmt_bytes(capacity)} each (capacity=)" if capacity else f"{fmt_bytes(profile.memory)} each"
     table.assumes = (
@@ -186,18 +190,27 @@ class _Planner:
         self.scale: tuple | None = None
         self.depth: int | None = None
         self.capacity: int | None = None  # bytes per GPU in place of the profile's memory
+        self.spent: dict = {}  # what -> [count, seconds] (PlanTable.spent)
+        self.optimizers: list = ["foreach"]  # the search's; the first is every mesh's twin (_other_optimizer)
+        self.opt_steps: dict = {}  # (tp, shard, optimizer) -> its scaled figures (Note [One optimizer step per mesh])
+
+    def _spend(self, what: str, since: float) -> None:
+        entry = self.spent.setdefault(what, [0, 0.0])
+        entry[0] += 1
+        entry[1] += time.perf_counter() - since
 
     def configs(self, search: dict) -> list:
         """Every configuration of ``search``, those that break a rule included (their ``why`` says which)."""
         n = self.gpus
         tps = search.get("tp", [d for d in _divisors(n) if d <= 8])
+        self.optimizers = list(search.get("optimizer", ["foreach", "fused"]))
         out = []
         for tp in tps:
             dp = n // tp if n % tp == 0 else 0
             shards = search.get("shard", _divisors(dp) if dp else [1])
             mbs = search.get("micro_batch", [b for b in (1, 2, 4, 8) if dp and self.global_batch % (dp * b) == 0])
             for shard, ac, mb, opt in itertools.product(
-                shards, search.get("ac", ["none", "block"]), mbs, search.get("optimizer", ["foreach", "fused"])
+                shards, search.get("ac", ["none", "block"]), mbs, self.optimizers
             ):
                 rep = dp // shard if dp and dp % shard == 0 else 0
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
@@ -223,31 +236,102 @@ class _Planner:
         cand.why = self.rule(c)
         if cand.why:
             return cand
-        key = tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+        key = self._key(c, full)
         cand.cached = key in self.cache
         if not cand.cached:
-            self.cache[key] = self._scaled(c) if self.scale and not full else self._measure(self.trace(c))
-        peak, reserved, capacity, oom, micro_s, other_s = self.cache[key]
+            try:
+                if self.scale and not full:
+                    twin = self._other_optimizer(c)
+                    mesh = (c["tp"], c["shard"], c["optimizer"])
+                    cand.cached = twin is not None and twin is not self.opt_steps.get(mesh)
+                    self.cache[key] = twin or self._scaled(c)
+                else:
+                    self.cache[key] = self._measure(self.trace(c))
+            except (RuntimeError, MetaDispatchError) as e:
+                # torch refusing the wrapping (fused AdamW over TP's DTensors and plain tensors when no FSDP2
+                # makes them all DTensors) or metadispatch refusing an op: a verdict on this configuration
+                self.cache[key] = f"the step raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if isinstance(self.cache[key], str):
+            cand.why, cand.fits = self.cache[key], False
+            return cand
+        peak, reserved, capacity, oom, micro_s, other_s, state, _ = self.cache[key]
         cand.scaled = self.scale is not None and not full
         cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
+        cand.state = int(state)
         cand.step_time = other_s + max(c["accum"] - 2, 0) * micro_s
         cand.tokens_per_s = self.global_batch * self.seq / cand.step_time if cand.step_time else None
         if cand.scaled and self.scale:
-            cand.fits = None
-            cand.why = f"not confirmed: memory extrapolated from {self.scale[0]} and {self.scale[1]} layers"
+            a, b = self.scale
+            # Note [What scaling may reject]: the bytes live as the optimizer starts extrapolate exactly
+            cand.fits = False if state > capacity else None
+            cand.why = (
+                f"parameters, gradients and optimizer state hold {fmt_bytes(int(state))} "
+                f"> {fmt_bytes(capacity)} (extrapolated from {a} and {b} layers)"
+                if state > capacity
+                else f"not confirmed: memory extrapolated from {a} and {b} layers"
+            )
         elif not cand.fits:
             at = f": first OOM at call {oom[0]} ({oom[1]})" if oom else ""
             cand.why = f"reserved {fmt_bytes(int(reserved))} > {fmt_bytes(capacity)}{at}"
         return cand
 
+    def _key(self, c: dict, full: bool) -> tuple:
+        # Note [Tracing once per shape class]: accum past 2 repeats the second micro-batch
+        return tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+
+    def _other_optimizer(self, c: dict) -> tuple | None:
+        """Note [One optimizer step per mesh]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The optimizer step sees the same parameter and gradient shards
+        whatever the activation checkpointing and micro-batch: its calls,
+        from mark ``"opt"`` to the step's end, are those of the mesh and the
+        optimizer alone, and so are the bytes live as it starts.  When
+        screening (``scale=``), a configuration whose optimizer is not the
+        search's first is then not traced: its time is its first-optimizer
+        twin's with that optimizer step swapped for the one traced once for
+        the mesh (exact: tests/planning/test_plan.py against full traces),
+        its state figure is that trace's, and its peaks are the twin's
+        moved by the difference in state (an estimate, as every screened
+        peak is; a full trace confirms it).
+        """
+        first = self.optimizers[0]
+        if c["optimizer"] == first:
+            return None
+        mesh = (c["tp"], c["shard"], c["optimizer"])
+        if mesh not in self.opt_steps:  # this one is traced, and stands for its mesh
+            self.opt_steps[mesh] = self._scaled(c)
+            return self.opt_steps[mesh]
+        twin = {**c, "optimizer": first}
+        key = self._key(twin, False)
+        if key not in self.cache:
+            self.cache[key] = self._scaled(twin)
+        peak, reserved, capacity, _, micro_s, other_s, state, opt_s = self.cache[key]
+        ref = self.opt_steps[mesh]
+        moved = ref[6] - state
+        return peak + moved, reserved + moved, capacity, None, micro_s, other_s - opt_s + ref[7], ref[6], ref[7]
+
     def _measure(self, trace: Trace) -> tuple:
+        """(allocated peak, reserved peak, capacity, first OOM, last micro-batch's seconds, step's seconds,
+        bytes live as the optimizer starts, the optimizer step's seconds), of the step from mark ``"step"`` on."""
+        began = time.perf_counter()
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
-        peak = memory(step_from(trace, s)).peak
-        fit = fits(trace, gpu=self.gpu, capacity=self.capacity, since="step")
+        step = step_from(trace, s)  # one cut, read by the allocator, the timeline and the roofline
+        fit = fits(step, gpu=self.gpu, capacity=self.capacity)
         first = fit.first_oom_call
-        oom = (first.index, first.op) if first is not None else None
-        per_call = runtime(trace, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
-        return peak, fit.reserved_peak, fit.capacity, oom, sum(per_call[m:o]), sum(per_call[s:])
+        oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
+        live = fit.memory.timeline
+        per_call = runtime(step, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
+        self._spend("measuring", began)
+        return (
+            fit.memory.peak,
+            fit.reserved_peak,
+            fit.capacity,
+            oom,
+            sum(per_call[m - s : o - s]),
+            sum(per_call),
+            live[o - s],
+            sum(per_call[o - s :]),
+        )
 
     def _scaled(self, c: dict) -> tuple:
         """Note [Scaling from two depths]
@@ -261,10 +345,21 @@ class _Planner:
         model peaks elsewhere (a 2-layer model's logits outweigh its blocks)
         the extrapolation is wrong, and badly: LLaMA-7B with per-block AC on
         64 GPUs extrapolated 2.45 GiB reserved where the full trace holds
-        32.9 GiB (docs/plan.md).  So the extrapolated memory is never a
+        32.9 GiB (docs/plan.md).  So the extrapolated peak is never a
         verdict: a scaled candidate's ``fits`` is ``None`` until a full trace
         confirms it, and ``md.plan`` confirms the fastest in time order (the
         time extrapolation is exact) until ``confirm`` of them fit.
+
+        Note [What scaling may reject]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        One memory figure does extrapolate exactly: the bytes live as the
+        optimizer step starts -- parameter shards, gradient shards, AdamW's
+        state and what the step keeps (the loss) -- are storages, each block
+        adding the same ones, with no peak to move.  They are at most the
+        allocated peak, itself at most the reserved one, so a candidate
+        whose extrapolated figure exceeds the capacity cannot fit: it is
+        rejected (``fits`` False, ``.why`` says so) and not traced in full.
+        tests/planning/test_plan.py checks the figure against full traces.
         """
         assert self.scale is not None
         a, b = self.scale
@@ -274,7 +369,7 @@ class _Planner:
         def at(i):
             return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
 
-        return at(0), at(1), lo[2], None, at(4), at(5)
+        return at(0), at(1), lo[2], None, at(4), at(5), at(6), at(7)
 
     def _depth(self) -> int:
         if self.depth is None:
@@ -283,6 +378,7 @@ class _Planner:
         return self.depth
 
     def trace(self, c: dict, layers: int | None = None) -> Trace:
+        began = time.perf_counter()
         accum = min(c["accum"], 2) if c["accum"] else 1
         opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
         with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
@@ -312,6 +408,7 @@ class _Planner:
                 mark("opt")
                 opt.step()
                 opt.zero_grad()
+        self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
         return mode.trace
 
     def _vocab(self, model) -> int:

@@ -24,10 +24,35 @@ CONFIG = transformers.LlamaConfig(
     max_position_embeddings=64,
 )
 SEARCH = {"micro_batch": [2], "optimizer": ["foreach"]}
+# Qwen3-MoE: 4 experts, top 2, on transformers' fused experts (3-d parameters, torch._grouped_mm); its
+# attention projections are Linear and split by TP, the experts stay whole on each TP rank
+MOE = transformers.Qwen3MoeConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    max_position_embeddings=64,
+)
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",)
+MLP = ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)
 
 
 def make_model():
     return transformers.LlamaForCausalLM(CONFIG)
+
+
+def make_moe():
+    return transformers.Qwen3MoeForCausalLM(MOE)
+
+
+# what the direct traces split colwise and rowwise under TP, per model (written out, not md.plan's own)
+TP_NAMES = {make_model: (ATTENTION[0] + MLP[0], ATTENTION[1] + MLP[1]), make_moe: ATTENTION}
 
 
 @pytest.fixture(scope="module")
@@ -35,26 +60,25 @@ def table():
     return md.plan(make_model, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=SEARCH)
 
 
-def direct(c: dict, gpu: str = "h100"):
+def direct(c: dict, gpu: str = "h100", make=make_model):
     """Rank 0's second step of ``c`` traced in md.tracer(world_size=4), every micro-batch of it run."""
 
     def run():
-        model = make_model()
+        model = make()
         if c["ac"] == "block":
-            md.apply_ac(model, [f"model.layers.{i}" for i in range(CONFIG.num_hidden_layers)])
+            md.apply_ac(model, [f"model.layers.{i}" for i in range(len(model.model.layers))])
         mesh = init_device_mesh("cuda", (c["replicate"], c["shard"], c["tp"]), mesh_dim_names=("r", "s", "tp"))
         if c["tp"] > 1:
+            cols, rows = TP_NAMES[make]
             for layer in model.model.layers:
-                cols = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-                tp_plan = {n: ColwiseParallel() for n in cols}
-                tp_plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+                tp_plan = {n: ColwiseParallel() for n in cols} | {n: RowwiseParallel() for n in rows}
                 parallelize_module(layer, mesh["tp"], tp_plan)
         dp = mesh["r", "s"] if c["replicate"] > 1 else mesh["s"]
         for layer in model.model.layers:
             fully_shard(layer, mesh=dp)
         fully_shard(model, mesh=dp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=c["optimizer"] == "foreach" or None)
-        ids = torch.randint(0, CONFIG.vocab_size, (c["micro_batch"], SEQ), device="cuda")
+        ids = torch.randint(0, model.config.vocab_size, (c["micro_batch"], SEQ), device="cuda")
         for _ in range(2):
             md.mark("step")
             for _ in range(c["accum"]):
@@ -72,6 +96,20 @@ def test_plan_every_candidates_peak_equals_a_direct_trace_of_its_config(table):
         t = direct(c.config)
         assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
         assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+
+
+def test_plan_every_moe_candidates_peak_equals_a_direct_trace_of_its_config():
+    # a tiny Qwen3-MoE (routing, grouped experts, their FSDP2 shards); EP is not searched (docs/plan.md)
+    table = md.plan(make_moe, gpus=GPUS, gpu="h100", global_batch=BATCH, seq=SEQ, search=SEARCH)
+    scored = [c for c in table if c.peak is not None]
+    assert len(scored) == 10 and {c.config["tp"] for c in scored} == {1, 2}
+    for c in scored:
+        t = direct(c.config, make=make_moe)
+        assert md.fits(t, since="step").fits == c.fits, c.config
+        assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
+        assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+    moe = t.calls[next(i for i, call in enumerate(t.calls) if "grouped_mm" in call.op)]
+    assert moe.module.endswith("mlp.experts")  # the experts ran, through torch._grouped_mm
 
 
 def test_plan_accumulation_beyond_two_micro_batches_keeps_the_peak_of_two():
@@ -129,6 +167,9 @@ def make_deep(layers=6):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**CONFIG.to_dict(), "num_hidden_layers": layers}))
 
 
+TP_NAMES[make_deep] = TP_NAMES[make_model]
+
+
 def test_plan_scaled_from_two_depths_times_exactly_and_confirms_memory_by_full_traces():
     # Note [Scaling from two depths]: 2 and 4 layers extrapolated to 6, against 6 traced
     search = {**SEARCH, "tp": [1, 2], "shard": [2]}
@@ -174,3 +215,67 @@ def test_plan_capacity_in_bytes_makes_the_larger_configs_not_fit_as_direct_trace
     assert "67MiB each (capacity=)" in small.assumes
     with pytest.raises(md.MetaDispatchError, match="capacity=0"):
         md.plan(make_model, gpus=GPUS, global_batch=BATCH, seq=SEQ, capacity=0)
+
+
+def state_at_optimizer(trace) -> int:
+    """Bytes live at the step's first optimizer call, read from md.memory of a direct trace."""
+    m = md.memory(trace, since="step")
+    return m.timeline[next(i for i, call in enumerate(m.trace.calls) if call.phase == "optimizer")]
+
+
+def test_plan_scaled_rejects_only_what_its_exact_state_figure_says_cannot_fit():
+    # Note [What scaling may reject]: 69.5 MB holds shard 2's parameters, gradients and AdamW state
+    # (with cuBLAS's workspace) but not shard 1's; some of the rest fit, some do not
+    cap, search = 69_500_000, {**SEARCH, "tp": [1, 2]}
+    table = md.plan(
+        make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(2, 4), confirm=2, capacity=cap
+    )
+    by_state = [c for c in table if c.why and c.why.startswith("parameters, gradients and optimizer state")]
+    assert by_state and all(c.fits is False and c.scaled for c in by_state)
+    assert {c.config["shard"] for c in by_state} == {1} and any(c.fits for c in table)
+    for c in table:
+        if c.state is None:
+            continue
+        t = direct(c.config, make=make_deep)
+        assert abs(c.state - state_at_optimizer(t)) <= 1024, c.config
+        verdict = md.fits(t, capacity=cap, since="step").fits
+        assert c.fits is None or c.fits == verdict, c.config  # never fits where a direct trace does not
+
+
+def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh():
+    # Note [One optimizer step per mesh]: fused is traced once for the mesh, its other configs are foreach's twins
+    search = {"tp": [1], "shard": [2], "micro_batch": [1, 2], "optimizer": ["foreach", "fused"]}
+    full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
+    # from 1 and 2 layers (the scaled test above: 2 and 4), the cheapest depths
+    scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(1, 2), confirm=1)
+    assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 5  # 4 foreach, 1 fused
+    # of the 4 fused: one traced for the mesh, one perhaps confirmed by a full trace, the others twins
+    assert sum(c.cached and c.scaled for c in scaled if c.config["optimizer"] == "fused") >= 2
+    by_config = {str(c.config): c for c in full}
+    for c in scaled:
+        f = by_config[str(c.config)]
+        assert c.step_time == pytest.approx(f.step_time, rel=1e-9), c.config
+        assert abs(c.state - f.state) <= 1024, c.config
+    assert scaled.best.config == full.best.config
+
+
+def test_plan_rejects_a_configuration_torch_refuses_and_says_what_it_raised():
+    # TP on every GPU leaves no FSDP2 to make the norms and embeddings DTensors; fused AdamW refuses the mix
+    search = {"tp": [2], "micro_batch": [1], "ac": ["none"], "optimizer": ["fused", "foreach"]}
+    table = md.plan(make_model, gpus=2, global_batch=2, seq=SEQ, search=search)
+    fused = next(c for c in table if c.config["optimizer"] == "fused")
+    assert fused.fits is False and "mixed torch.Tensor and DTensor" in fused.why
+
+    def tp_only():  # torch itself, written out: TP on both GPUs, no FSDP2, fused AdamW
+        model = make_model()
+        mesh = init_device_mesh("cuda", (2,), mesh_dim_names=("tp",))
+        cols, rows = TP_NAMES[make_model]
+        for layer in model.model.layers:
+            parallelize_module(layer, mesh, {n: ColwiseParallel() for n in cols} | {n: RowwiseParallel() for n in rows})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        ids = torch.randint(0, CONFIG.vocab_size, (1, SEQ), device="cuda")
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+
+    with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+        md.tracer(world_size=2, rank=0, device="cuda")(tp_only)
