@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .analysis.flops import flops, register_flops, unregister_flops
     from .analysis.live import LiveStorages
     from .analysis.memory import memory
+    from .analysis.steps import Step, Steps, generation_steps
     from .analysis.tables import module_table, shape_log
     from .core.registry import register_meta, unregister_meta
     from .debug.check import check, checker
@@ -72,6 +73,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .tracing.marks import mark
     from .tracing.tracer import to_meta, trace, tracer
     from .trust.budget import Budget
+    from .values.assume import GenerateAssumptions
 
 # Note [Public names load on first use]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -106,6 +108,9 @@ _LAZY = {
     "unregister_flops": "analysis.flops",
     "LiveStorages": "analysis.live",
     "memory": "analysis.memory",
+    "generation_steps": "analysis.steps",
+    "Step": "analysis.steps",
+    "Steps": "analysis.steps",
     "Efficiency": "timing.runtime",
     "runtime": "timing.runtime",
     "module_table": "analysis.tables",
@@ -138,6 +143,7 @@ _LAZY = {
     "trace": "tracing.tracer",
     "tracer": "tracing.tracer",
     "mark": "tracing.marks",
+    "GenerateAssumptions": "values.assume",
 }
 _SUBPACKAGES = (
     "analysis",
@@ -193,6 +199,10 @@ __all__ = [
     "tracer",
     "to_meta",
     "mark",
+    "GenerateAssumptions",
+    "generation_steps",
+    "Step",
+    "Steps",
     "register_meta",
     "unregister_meta",
     "diff",

@@ -8,14 +8,23 @@ runs; it writes its peak and its collectives where the parent reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -38,13 +47,18 @@ def _step(model: torch.nn.Module, foreach: bool, loss=lambda model, ids: model(i
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
     ids = torch.randint(0, CONFIG.vocab_size, (BATCH, SEQ))
     loss(model, ids).backward()
+    _optimizer_step(model, opt)
+    return model
+
+
+def _optimizer_step(model: torch.nn.Module, opt) -> None:
+    """``opt.step()`` and ``zero_grad()``, the probes called after backward and after the step."""
     for probe in PROBES:
         probe("backward", model, opt)
     opt.step()
     opt.zero_grad()
     for probe in PROBES:
         probe("step", model, opt)
-    return model
 
 
 def _storage_bytes(tensors) -> int:
@@ -69,10 +83,11 @@ def categories(when: str, model: torch.nn.Module, opt) -> dict:
     return {"params": params, "optimizer state": _storage_bytes(state)}
 
 
-def traced_categories(trace) -> dict:
+def traced_categories(trace, device: str | None = None) -> dict:
     """The same figures from a trace: live at its first optimizer call (after
-    backward, gradients in place) and after its last call (the step's end)."""
-    m = md.memory(trace)
+    backward, gradients in place) and after its last call (the step's end);
+    ``device``: on that device only (``md.memory(trace, device=)``)."""
+    m = md.memory(trace, device=device)
     first = next(i for i, c in enumerate(trace.calls) if c.phase == "optimizer")
     return {
         "backward": {c: m.by_category_timeline[c][first] for c in ("params", "grads")},
@@ -123,6 +138,19 @@ def fsdp_tp_step(foreach: bool) -> torch.nn.Module:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     return _step(model, foreach)
+
+
+def fsdp_policy_step(mp: MixedPrecisionPolicy | None = None, offload: CPUOffloadPolicy | None = None):
+    """FSDP2 with a mixed-precision or CPU-offload policy on every unit, one AdamW step."""
+    model = Llama(CONFIG)
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (dist.get_world_size(),))
+    policies: dict = {"mp_policy": mp or MixedPrecisionPolicy()}
+    if offload is not None:
+        policies["offload_policy"] = offload
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, **policies)
+    fully_shard(model, mesh=mesh, **policies)
+    return _step(model, foreach=False)
 
 
 def ddp_step(foreach: bool) -> torch.nn.Module:
@@ -189,22 +217,33 @@ def pipeline_step(schedule: str) -> torch.nn.Module:
         run.step(target=torch.randn(BATCH * MICRO, dim), losses=[])
     else:
         run.step()
-    for probe in PROBES:
-        probe("backward", stage_mod, opt)
-    opt.step()
-    opt.zero_grad()
-    for probe in PROBES:
-        probe("step", stage_mod, opt)
+    _optimizer_step(stage_mod, opt)
     return stage_mod
 
 
-def interleaved_pipeline_step() -> torch.nn.Module:
-    """``ScheduleInterleaved1F1B``: two stages per rank (rank r holds stages r
-    and r + world), ``MICRO`` micro-batches, one AdamW step over both."""
+# Multi-stage schedules: the class, and the stages rank r of p holds (of 2p).
+# Interleaved ones loop (r, r + p); V-shaped ones fold back (r, 2p - 1 - r).
+MULTI = {
+    "interleaved": (ScheduleInterleaved1F1B, lambda r, p: (r, r + p)),
+    "interleaved-zb": (ScheduleInterleavedZeroBubble, lambda r, p: (r, r + p)),
+    "zbv": (ScheduleZBVZeroBubble, lambda r, p: (r, 2 * p - 1 - r)),
+    "dualpipev": (ScheduleDualPipeV, lambda r, p: (r, 2 * p - 1 - r)),
+}
+
+
+def multi_stage_pipeline_step(schedule: str = "interleaved") -> torch.nn.Module:
+    """Two stages per rank under a multi-stage schedule (``MULTI``):
+    ``MICRO`` micro-batches, one AdamW step over both stages.
+
+    Zero-bubble schedules split each backward into its input gradient
+    (sent on at once) and its weight gradient (run later, to fill the
+    bubble): torch's own ``stage_backward_input`` and ``stage_backward_weight``.
+    """
     rank, world = dist.get_rank(), dist.get_world_size()
+    kind, placement = MULTI[schedule]
     dim = CONFIG.dim
     mods, stages = [], []
-    for index in (rank, rank + world):
+    for index in placement(rank, world):
         mod = torch.nn.Sequential(
             torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
         )
@@ -213,24 +252,47 @@ def interleaved_pipeline_step() -> torch.nn.Module:
         stages.append(PipelineStage(mod, index, 2 * world, torch.device("cpu"), input_args=(x,), output_args=(out,)))
         mods.append(mod)
     model = torch.nn.ModuleList(mods)
-    run = ScheduleInterleaved1F1B(
-        stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean()
-    )
+    run = kind(stages, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
-    if rank == 0:
-        run.step(data)
-    elif rank == world - 1:
-        run.step(target=target, losses=[])
-    else:
-        run.step()
-    for probe in PROBES:
-        probe("backward", model, opt)
-    opt.step()
-    opt.zero_grad()
-    for probe in PROBES:
-        probe("step", model, opt)
+    first, last = (s.is_first for s in stages), (s.is_last for s in stages)
+    args = (data,) if any(first) else ()
+    kwargs = {"target": target, "losses": []} if any(last) else {}
+    run.step(*args, **kwargs)
+    _optimizer_step(model, opt)
     return model
+
+
+def three_d_step() -> torch.nn.Module:
+    """3-D: a pipeline of 2 stages, each an MLP split colwise then rowwise
+    over pairs of ranks (TP) and sharded by FSDP2 across the rest (DP), on
+    one ``(pp, dp, tp)`` mesh; ``MICRO`` micro-batches of 1F1B, one AdamW step."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (2, world // 4, 2), mesh_dim_names=("pp", "dp", "tp"))
+    index, dim = mesh.get_local_rank("pp"), CONFIG.dim
+    mod = torch.nn.Sequential(
+        torch.nn.Linear(dim, CONFIG.hidden_dim), torch.nn.GELU(), torch.nn.Linear(CONFIG.hidden_dim, dim)
+    )
+    parallelize_module(mod, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(mod, mesh=mesh["dp"])
+    stage = PipelineStage(
+        mod,
+        index,
+        2,
+        torch.device("cpu"),
+        input_args=(torch.empty(BATCH, dim, requires_grad=index > 0),),
+        output_args=(torch.empty(BATCH, dim, requires_grad=True),),
+        group=mesh["pp"].get_group(),
+    )
+    run = Schedule1F1B(stage, n_microbatches=MICRO, loss_fn=lambda out, target: (out - target).pow(2).mean())
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3, foreach=False)
+    data, target = torch.randn(BATCH * MICRO, dim), torch.randn(BATCH * MICRO, dim)
+    if index == 0:
+        run.step(data)
+    else:
+        run.step(target=target, losses=[])
+    _optimizer_step(mod, opt)
+    return mod
 
 
 class CapacityMoE(torch.nn.Module):
@@ -324,9 +386,29 @@ CASES = {
     "gpt2-fsdp": gpt2_fsdp_step,
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),
-    "pp-interleaved": interleaved_pipeline_step,
+    "pp-interleaved": multi_stage_pipeline_step,
+    "pp-interleaved-zb": lambda: multi_stage_pipeline_step("interleaved-zb"),
+    "pp-zbv": lambda: multi_stage_pipeline_step("zbv"),
+    "pp-dualpipev": lambda: multi_stage_pipeline_step("dualpipev"),
     "ep-moe": moe_step,
+    "3d": three_d_step,
+    "cli-pp": lambda: cli_pipeline_step("1f1b"),
+    "cli-pp-zbv": lambda: cli_pipeline_step("zbv"),
+    "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
+    "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
+
+
+def cli_pipeline_step(schedule: str) -> torch.nn.Module:
+    """The command line's ``--pp 2 --pp-schedule SCHEDULE --steps 1`` on :func:`tiny_llama4`: the same code."""
+    from metadispatch.cli.pipeline import PipelinePlan, run_stages
+    from metadispatch.cli.plan import Plan
+
+    plan = Plan(dist.get_world_size(), dist.get_rank())
+    model = run_stages(plan, PipelinePlan(2, schedule), tiny_llama4, "cpu", steps=1)
+    for probe in PROBES:  # (the CLI's optimizer is made inside its step: categories are not compared)
+        probe("backward", model, None)
+    return model
 
 
 def tiny_llama():
@@ -419,3 +501,10 @@ def replay_rank(rank: int, world_size: int, out_dir: str) -> None:
             json.dump(result, f)
     finally:
         dist.destroy_process_group()
+
+
+def tiny_llama4():
+    """(model, inputs): the tiny LLaMA with four blocks and a batch of four, for ``trace --pp``."""
+    model = Llama(dataclasses.replace(CONFIG, n_layers=4))
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return model, (ids, ids)

@@ -38,7 +38,7 @@ def main(limit: int, paths: list) -> None:
     import torch
 
     import metadispatch as md
-    from metadispatch.cli.main import report
+    from metadispatch.cli.summary import report
     from metadispatch.ir.text import printable
 
     lin, x, y = user_tensors()

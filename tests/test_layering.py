@@ -190,7 +190,25 @@ def test_layering_private_torch_attributes_only_in_compat_and_spec(module):
         return
     tree = ast.parse(MODULES[module].read_text())
     found = [f"{ast.unparse(n)} (line {n.lineno})" for n in ast.walk(tree) if _private_torch(n)]
+    found += [f"import {name} (line {n.lineno})" for n in ast.walk(tree) for name in _private_torch_imports(n)]
     assert not found, f"{module} reads private torch attributes: {found}"
+
+
+def _private_torch_imports(node) -> list:
+    """``from torch._dynamo import x``, ``import torch.utils._pytree``, ``from torch import _C``:
+    every private module, also those ruff's banned list (pyproject.toml) does not name."""
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        return []
+    private = [
+        n
+        for n in names
+        if n.split(".")[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in n.split(".")[1:])
+    ]
+    return private[:1]  # the module once, not each name imported from it
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -235,6 +253,11 @@ _STATE = {
     ("metadispatch.trust.costs", "_COSTS"): "a trace's costs, weakly keyed by the trace",
     ("metadispatch.trust.costs", "_FIXED"): "a trace's fixed costs, weakly keyed by the trace",
     ("metadispatch.binding.devices", "_KEEPS"): "a trace's CPU tensors, weakly keyed by the trace",
+    ("metadispatch._compat.autograd", "_OUTSIDE"): "a thread's backward run outside the engine (thread-local)",
+    (
+        "metadispatch.rules.pinned",
+        "_PINNED",
+    ): "storages pinned while tracing, weakly held (Note [Pinned memory on a logical host])",
     (
         "metadispatch.trust.index_checks",
         "CHECKS",
@@ -372,9 +395,6 @@ _LONG = 450
 _ONE_PIECE = {
     "metadispatch.ir.reader": "One reader per file",
     "metadispatch.tensor.tensor": "MetaTensor in one module",
-    # The command line's parser; commands are being added to it in parallel
-    # (issue 29's renovation left it as it was): split it, or give it its Note.
-    "metadispatch.cli.main": None,
 }
 
 
@@ -385,9 +405,35 @@ def test_layering_a_long_module_has_a_note_saying_why_it_is_one_piece():
     assert not unexplained, f"modules over {_LONG} lines with no Note on why they are one piece: {unexplained}"
     for module, title in _ONE_PIECE.items():
         assert module in long, f"{module} is no longer over {_LONG} lines: take it out of _ONE_PIECE"
-        if title is not None:
-            notes = {_title(m[1]) for m in _NOTE_DEF.finditer(MODULES[module].read_text())}
-            assert title in notes, f"{module} does not define the Note titled {title!r}"
+        notes = {_title(m[1]) for m in _NOTE_DEF.finditer(MODULES[module].read_text())}
+        assert title in notes, f"{module} does not define the Note titled {title!r}"
+
+
+# A room (a subpackage) stays under ~2.5k lines: past it, one of its
+# concerns has grown into a room of its own, or belongs in another.
+_ROOM_LINES = 2500
+_ROOMS = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+
+
+@pytest.mark.parametrize("room", _ROOMS)
+def test_layering_no_room_is_over_2500_lines(room):
+    lines = sum(len(p.read_text().splitlines()) for p in (PACKAGE / room).rglob("*.py"))
+    assert lines <= _ROOM_LINES, (
+        f"metadispatch/{room}/ is {lines} lines: move a concern to its own room or the right one"
+    )
+
+
+# Rooms whose tests are the other rooms' tests, with why.
+_UNTESTED_ROOMS = {"_compat": "every room's tests run through it; a torch upgrade's breakage shows there"}
+
+
+def test_layering_tests_mirror_the_rooms():
+    # tests/<room>/ holds the tests of metadispatch/<room>/, so a module's test is found by its path
+    folders = {p.name for p in (_ROOT / "tests").iterdir() if p.is_dir() and p.name[0] not in "._"}
+    assert not folders - set(_ROOMS), f"test folders that name no room: {sorted(folders - set(_ROOMS))}"
+    missing = set(_ROOMS) - folders - _UNTESTED_ROOMS.keys()
+    assert not missing, f"rooms without a tests/<room>/ folder: {sorted(missing)}"
+    assert not _UNTESTED_ROOMS.keys() & folders, "a room in _UNTESTED_ROOMS has tests now: take it out"
 
 
 def test_layering_test_files_have_unique_names():

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .autograd import (
+    backward_outside_the_engine,
     current_autograd_node,
     engine_backward,
     engine_grad,
@@ -203,6 +204,7 @@ __all__ = [
     "as_at_the_backend",
     "has_implicit_composite",
     "has_meta_kernel",
+    "backward_outside_the_engine",
     "in_backward",
     "in_checkpoint_recompute",
     "is_fake",

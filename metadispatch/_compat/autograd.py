@@ -5,7 +5,9 @@ Part of ``metadispatch._compat`` (its docstring says why private torch APIs live
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 from collections.abc import Mapping
 from types import FrameType
 
@@ -15,9 +17,30 @@ import torch.utils.checkpoint
 from .functions import push_function_mode, remove_function_mode
 
 
+class _Outside(threading.local):
+    depth = 0  # inside backward_outside_the_engine()
+
+
+_OUTSIDE = _Outside()
+
+
 def in_backward() -> bool:
-    """True while the autograd engine is running a backward pass."""
-    return torch._C._current_graph_task_id() != -1
+    """True while the autograd engine is running a backward pass, or while
+    backward's own work runs outside it (:func:`backward_outside_the_engine`)."""
+    return torch._C._current_graph_task_id() != -1 or _OUTSIDE.depth > 0
+
+
+@contextlib.contextmanager
+def backward_outside_the_engine():
+    """Calls that finish a backward pass after the engine has returned are
+    backward's: a pipeline stage's FSDP2 post-backward, its gradients'
+    reduce-scatter and scaling (Note [A pipeline stage reduces its gradients
+    after backward] in world/pipeline.py)."""
+    _OUTSIDE.depth += 1
+    try:
+        yield
+    finally:
+        _OUTSIDE.depth -= 1
 
 
 # Note [Checkpoint recompute]

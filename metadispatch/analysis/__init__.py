@@ -9,7 +9,8 @@ recorded shapes), ``memory`` (live bytes by category and module), ``roles``
 holds), ``fit`` (will the step fit on a GPU), ``cuda_counters``
 (``torch.cuda``'s memory counters for a logical GPU), ``tables`` (printed
 tables), ``export`` (Perfetto JSON, memory plots), ``live``
-(``md.LiveStorages``, the same accounting on a real run).  How long the
+(``md.LiveStorages``, the same accounting on a real run), ``steps`` (the
+prefill and decode steps of a traced ``generate()`` and their cache).  How long the
 step takes is ``timing``, above; the planners that trace again until they
 find an answer are ``planning``.  May import ``execution`` and below.
 """

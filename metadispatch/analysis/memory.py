@@ -207,12 +207,20 @@ class Memory:
     """
 
     def __init__(
-        self, trace: Trace, gpu: str | GPUProfile | None = None, workspaces: bool = True, categories: bool = True
+        self,
+        trace: Trace,
+        gpu: str | GPUProfile | None = None,
+        workspaces: bool = True,
+        categories: bool = True,
+        device: str | None = None,
     ) -> None:
         self.trace = trace
         self.storages = _storages(trace, categories)
         if workspaces:
             self.storages.update(_workspaces(trace, gpu_profile(gpu or trace.gpu)))
+        if device is not None:
+            # One device's memory: a GPU's without the host's, as FSDP2's CPU offload splits them.
+            self.storages = {k: s for k, s in self.storages.items() if s.device.type == device}
         n = len(trace.calls)
         deltas = {c: [0] * (n + 1) for c in CATEGORIES}
         for info in self.storages.values():
@@ -279,6 +287,7 @@ def memory(
     capacity: int | None = None,
     workspaces: bool = True,
     since: str | int | None = None,
+    device: str | None = None,
     **conf,
 ) -> Memory | CudaMemory:
     """The memory timeline of a trace; with ``allocator="cuda"``, as the caching allocator holds it.
@@ -302,15 +311,17 @@ def memory(
     ``since``: a mark's name (``md.mark``) or a call index; the figure is of
     the calls from there on, with what the calls before left alive (a model
     built in the trace) live from its start, not as activations.
+    ``device``: a device type ("cuda", "cpu"); only its storages are
+    counted (FSDP2's ``CPUOffloadPolicy`` keeps the shards on the host).
     """
     if since is not None:
         trace = step_from(trace, mark_index(trace, since))
     if allocator is None and not conf and gpu is None and capacity is None:
-        return Memory(trace, workspaces=workspaces)
+        return Memory(trace, workspaces=workspaces, device=device)
     if allocator not in (None, "cuda"):
         raise ValueError(f"allocator={allocator!r}: only 'cuda' is simulated")
     profile = gpu_profile(gpu or trace.gpu)
-    return CudaMemory(Memory(trace, profile, workspaces), profile, AllocatorConfig(**conf), capacity)
+    return CudaMemory(Memory(trace, profile, workspaces, device=device), profile, AllocatorConfig(**conf), capacity)
 
 
 def _pct(n: int, total: int) -> str:

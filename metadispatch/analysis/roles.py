@@ -111,13 +111,15 @@ def _optimizer_call(trace: Trace, call, out: dict, used: set, consts: set) -> se
 
 def _births(trace: Trace, end: int) -> dict:
     """Storage -> the phase of the call that made it, for the calls before ``end``
-    (not leaves: those have their own kinds; but a ``state`` leaf, made before
-    the trace's first call, by its maker's phase: ir/cut.py)."""
+    (a leaf's: ``"before"``, as those have their own kinds; but a ``state`` leaf,
+    made before the trace's first call, by its maker's phase: ir/cut.py)."""
     born: dict = {}
     for leaf in trace.leaves.values():
-        phase = state_phase(leaf)
-        if phase is not None:
-            born[leaf.meta.storage] = phase
+        # A leaf's storage was made before the trace: a view of it that a
+        # call returns is no birth.  GPT-2's Conv1D reads its weight whole in
+        # forward, and the first view of it is backward's ``weight.t()``:
+        # taken as born there, the weight was counted as a gradient.
+        born[leaf.meta.storage] = state_phase(leaf) or "before"
     for call in trace.calls[:end]:
         for m in call.output_metas:
             born.setdefault(m.storage, call.phase)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "Llama", "example", "build"]
+__all__ = ["LlamaConfig", "Llama", "LlamaStage", "loss", "example", "build"]
 
 
 @dataclass
@@ -137,11 +137,7 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
 
     def rope(self, seq: int, device, dtype):
-        head_dim = self.config.dim // self.config.n_heads
-        inv = 1.0 / self.config.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
-        freqs = torch.outer(torch.arange(seq, device=device).float(), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return _rope(self.config, seq, device, dtype)
 
     def forward(self, ids, labels=None):
         x = self.embed(ids)
@@ -151,7 +147,44 @@ class Llama(nn.Module):
         logits = self.lm_head(self.norm(x))
         if labels is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+        return loss(logits, labels)
+
+
+def loss(logits, labels):
+    """The built-in LLaMA's training loss (also a pipeline's last stage's ``loss_fn``)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def _rope(c: LlamaConfig, seq: int, device, dtype):
+    head_dim = c.dim // c.n_heads
+    inv = 1.0 / c.rope_theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    freqs = torch.outer(torch.arange(seq, device=device).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class LlamaStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a :class:`Llama` as one pipeline stage, as
+    torchtitan splits its models: the first stage embeds the token ids, the
+    last applies the final norm and the head and returns logits; the others
+    take and return hidden states.  It holds only its own modules (the rest
+    of the model can be dropped)."""
+
+    def __init__(self, model: Llama, lo: int, hi: int) -> None:
+        super().__init__()
+        self.config = model.config
+        self.first, self.last = lo == 0, hi == len(model.layers)
+        self.embed = model.embed if self.first else None
+        self.layers = nn.ModuleList(model.layers[lo:hi])
+        self.norm = model.norm if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x):
+        h = self.embed(x) if self.embed is not None else x
+        cos, sin = _rope(self.config, h.shape[1], h.device, h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return self.lm_head(self.norm(h)) if self.lm_head is not None and self.norm is not None else h
 
 
 def example(config: LlamaConfig | None = None, batch: int = 1, seq: int = 2048, dtype=torch.bfloat16, device="cuda"):

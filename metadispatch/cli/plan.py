@@ -18,8 +18,8 @@ analysis/allocator.py) and the step's estimated time with its collectives
 (``md.runtime``: one stream, communication not overlapped with compute).
 
 Limits: tensor parallelism splits LLaMA-style attention and MLPs and
-``fc1``/``fc2`` MLPs only; no pipeline, expert or context parallelism from
-the command line (docs/distributed.md).
+``fc1``/``fc2`` MLPs only; no expert or context parallelism from the
+command line (``--pp`` is cli/pipeline.py's; docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -47,7 +47,17 @@ from .blocks import COLWISE, ROWWISE, find_blocks, tp_layers
 from .steps import with_optimizer
 from .targets import UsageError
 
-__all__ = ["Plan", "plan_step", "check_plan", "report", "param_shapes", "rank_classes", "step_peak"]
+__all__ = [
+    "Plan",
+    "plan_step",
+    "check_plan",
+    "report",
+    "param_shapes",
+    "rank_classes",
+    "step_peak",
+    "shard_blocks",
+    "split_blocks",
+]
 
 _HEAD_COUNTS = ("n_heads", "n_kv")  # the built-in LLaMA's attention; transformers' infers them
 
@@ -82,15 +92,15 @@ def plan_step(
     the report is of the last, with what the others left (the steady
     state), and leaves out the build: marks ``"built"`` and ``"step"``.
     """
-    make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/main.py: Adafactor reads .item())
+    make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/trace_cmd.py: Adafactor reads .item())
     with make(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
         model, inputs = build()
         dp = plan.world_size // plan.tp
         mesh = init_device_mesh(torch.device(device).type, (dp, plan.tp), mesh_dim_names=("dp", "tp"))
         if plan.tp > 1:
-            _tensor_parallel(model, mesh["tp"], plan.blocks)
+            split_blocks(model, mesh["tp"], plan.blocks)
         if plan.fsdp:
-            _fully_shard(model, mesh["dp"], plan.blocks)
+            shard_blocks(model, mesh["dp"], plan.blocks)
         if plan.dp:
             model = nn.parallel.DistributedDataParallel(model)
         stepped = with_optimizer(step, optimizer)
@@ -161,13 +171,15 @@ def step_peak(trace: Trace, start: int) -> int:
     return max(memory(trace).timeline[start:], default=0)
 
 
-def _fully_shard(model: nn.Module, mesh, blocks: str | None) -> None:
+def shard_blocks(model: nn.Module, mesh, blocks: str | None) -> None:
+    """``--fsdp``: ``fully_shard`` each block over ``mesh``, then the root."""
     for _, block in find_blocks(model, blocks):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
 
-def _tensor_parallel(model: nn.Module, mesh, blocks: str | None) -> None:
+def split_blocks(model: nn.Module, mesh, blocks: str | None) -> None:
+    """``--tp``: each block's attention and MLP colwise then rowwise over ``mesh``."""
     tp = mesh.size()
     found = find_blocks(model, blocks)
     if not any(tp_layers(block) for _, block in found):

@@ -13,14 +13,16 @@ import argparse
 import torch
 
 from . import targets
+from .options import at_least, gpu
 from .targets import UsageError
+from .terminal import Progress, stage
 
 __all__ = ["add_parser", "run"]
 
 _DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-def add_parser(sub, kw: dict, gpu, at_least):
+def add_parser(sub, kw: dict):
     """Register ``plan`` on the subcommands ``sub`` and return its parser."""
     s = sub.add_parser(
         "plan",
@@ -47,7 +49,7 @@ def add_parser(sub, kw: dict, gpu, at_least):
     return s
 
 
-def run(args, progress, stage) -> int:
+def run(args) -> int:
     config = targets.hf_config(args.hf, targets.parse_overrides(args.config))
     import transformers
 
@@ -70,7 +72,7 @@ def run(args, progress, stage) -> int:
         c = config if layers is None else type(config)(**{**config.to_dict(), "num_hidden_layers": layers})
         return transformers.AutoModelForCausalLM.from_config(c).to(_DTYPES[args.dtype])
 
-    with progress("planning"), stage("the model raised while tracing"):
+    with Progress("planning"), stage("the model raised while tracing"):
         table = plan(
             make,
             gpus=args.gpus,

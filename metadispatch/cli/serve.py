@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from . import targets
+from .options import DTYPES, at_least, gpu
+from .terminal import Progress, stage
 
-__all__ = ["add_parser"]
-
-_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+__all__ = ["add_parser", "run"]
 
 
-def add_parser(sub, kw: dict, gpu, at_least):
-    """Register ``serve`` on the subcommands ``sub`` and return its parser
-    (``gpu``/``at_least``: the CLI's argument types)."""
+def add_parser(sub, kw: dict):
+    """Register ``serve`` on the subcommands ``sub`` and return its parser."""
     s = sub.add_parser(
         "serve",
         **kw,
@@ -32,7 +29,7 @@ def add_parser(sub, kw: dict, gpu, at_least):
     s.add_argument("--hf", metavar="ARCH", required=True, help="a transformers causal LM type, e.g. llama")
     s.add_argument("--config", metavar="KEY=VALUE", action="append", help="config overrides")
     s.add_argument("--gpu", metavar="NAME", type=gpu, default="h100", help="the GPU (default h100)")
-    s.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="weights and KV dtype (default bf16)")
+    s.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="weights and KV dtype (default bf16)")
     s.add_argument("--tp", type=at_least(1), default=1, help="tensor-parallel GPUs (default 1)")
     s.add_argument("--max-model-len", type=at_least(2), default=4096, help="tokens per sequence (default 4096)")
     s.add_argument(
@@ -48,8 +45,7 @@ def add_parser(sub, kw: dict, gpu, at_least):
     return s
 
 
-def run(args, progress, stage) -> int:
-    """``progress(label)`` and ``stage(doing)``: the CLI's progress line and failure wrapper (cli/main.py)."""
+def run(args) -> int:
     config = targets.hf_config(args.hf, targets.parse_overrides(args.config))  # says how to install transformers
     import transformers
 
@@ -62,10 +58,10 @@ def run(args, progress, stage) -> int:
         ("--max-num-batched-tokens", args.max_num_batched_tokens),
     ):
         targets.check_positions(config, "causal", tokens, option)
-    with progress("building the model"), stage("building the model"):
+    with Progress("building the model"), stage("building the model"):
         with MetaMode(device="cuda", gpu=args.gpu):
-            model = transformers.AutoModelForCausalLM.from_config(config).to(_DTYPES[args.dtype])
-    with progress("tracing"), stage("the model raised while tracing"):
+            model = transformers.AutoModelForCausalLM.from_config(config).to(DTYPES[args.dtype])
+    with Progress("tracing"), stage("the model raised while tracing"):
         plan = serve_plan(
             model,
             args.gpu,

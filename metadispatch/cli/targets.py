@@ -89,14 +89,17 @@ def _first_tensor(out):
     return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()), None)
 
 
-def default_target(device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None, amp=None) -> Target:
+def default_target(
+    device="cuda", backward=True, batch=1, seq=2048, lazy: bool = False, dtype=None, amp=None, layers=None
+) -> Target:
     """LLaMA-7B in ``dtype`` (default bf16; float32 under ``amp``, mixed
-    precision's master weights), a batch of ``batch`` x ``seq`` tokens."""
+    precision's master weights), a batch of ``batch`` x ``seq`` tokens;
+    ``layers`` blocks instead of 32."""
     dtype = dtype or (torch.float32 if amp is not None else torch.bfloat16)
     short = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(dtype, str(dtype))
     return _built(
         f"built-in LLaMA-7B ({short}, batch {batch} x {seq} tokens)",
-        lambda: llama.build(llama.LlamaConfig(), batch, seq, dtype),
+        lambda: llama.build(llama.LlamaConfig(**({} if layers is None else {"n_layers": layers})), batch, seq, dtype),
         _train_step(backward, amp=amp),
         device,
         lazy,

@@ -61,7 +61,14 @@ def dispatch(func, args, kwargs, mode):
         # (Note [Backend keys of a logical CPU]).
         return args[0].device
     f = facts(func)
-    if mode is not None and not kwargs and mode._depth == 0 and mode.record and mode.cache is not None:
+    if (
+        mode is not None
+        and not kwargs
+        and mode._depth == 0
+        and mode.record
+        and mode.cache is not None
+        and (mode.assume is None or f.name not in mode.assume.ops)  # a token call gets its declared value below
+    ):
         fast = _FAST.get(func)
         if fast is None:
             fast = _FAST[func] = hit.eligible(f, _CROSS_DEVICE)
@@ -112,6 +119,15 @@ def dispatch(func, args, kwargs, mode):
             out = known.answer(func, f, tensors, args, kwargs, device, mode)
             if out is not None:
                 stage, note = "real", known.NOTE
+                if mode is not None and mode.assume is not None and not mode._depth and known.assumed(tensors):
+                    note = mode.assume.follows(f.name, out)  # Note [Generating under declared assumptions]
+            elif (
+                mode is not None
+                and not mode._depth
+                and mode.assume is not None
+                and (declared := mode.assume.read(f.name, device))
+            ):
+                (out, note), stage = declared, "real"  # Note [Generating under declared assumptions]
             elif mode is None or mode.fallback is None or mode._depth:
                 raise
             else:
@@ -130,6 +146,8 @@ def dispatch(func, args, kwargs, mode):
         raise
     result = _wrap_outputs(f, out, args, kwargs, device)
     if mode is None or not mode._depth:
+        if mode is not None and mode.assume is not None and f.name in mode.assume.ops and recording:
+            note = mode.assume.tokens(f.name, result)  # Note [Generating under declared assumptions]
         bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
         answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
         if answer is not None and isinstance(result, MetaTensor):  # Note [Bounds that decide a comparison]

@@ -21,7 +21,7 @@ Note [Made-up values under md.check]
 The inputs of such a call are, in order of preference: the values a user
 gave for its site (``values=``, the value policy); known values (Note [Known
 values] in known.py, which under md.check include the user's integer and
-boolean example inputs: ``_know_index_inputs``); made-up data, inside the
+boolean example inputs: ``know_index_inputs`` in assume.py); made-up data, inside the
 bounds of how the tensor was produced (Note [Value bounds] in bounds.py).  A made-up boolean read by
 ``bool(t)``/``.item()`` is False: such reads mostly guard error paths
 (torchvision's ``if degenerate_boxes.any(): raise ...``).  A read outside
@@ -45,16 +45,16 @@ from collections.abc import Callable
 import torch
 
 from .. import _compat
-from .._compat import pytree
 from ..errors import DataDependentError, MaterializeLimitError, UnsupportedOpError, raised_in
 from ..ir.records import type_str
 from ..mode.mode import MetaMode
-from ..mode.reach import find
 from ..source import traceback_frame, user_frame
 from ..spec.schema import facts
 from ..tensor.tensor import MetaTensor
+from ..tracing.reach import find
 from ..tracing.tracer import check_restore, run_traced
 from ..values import known
+from ..values.assume import SCALAR_READ, checked_given, given, is_index, know_index_inputs, site_values
 from ..values.bounds import bounds_of
 from ..values.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from .recheck import recheck
@@ -63,7 +63,6 @@ from .report import Answer, Assumption, Report, Stop
 __all__ = ["check", "checker", "guessing_mode"]
 
 REAL = "real kernel"
-_SCALAR_READ = "aten._local_scalar_dense.default"
 _DYNAMIC = ("data-dependent", "data dependent", "dynamic output shape", "dynamic shape", "unbacked")
 
 
@@ -93,7 +92,7 @@ def checker(
 
     def run(fn: Callable, *args, **kwargs) -> Report:
         mode = MetaMode(device=device, stack=True, known_limit=known_limit, gpu=gpu)
-        state = _State(mode, limit, _policy(values))
+        state = _State(mode, limit, site_values(values, "md.checker"))
         mode.fallback, mode.read_fallback = state.fallback, state.read
         error = None
         # Calls run for real draw from the global and the user's generators.
@@ -102,7 +101,7 @@ def checker(
             (g, g.get_state())
             for g in find({"fn": fn, "args": args, "kwargs": kwargs}, lambda o: isinstance(o, torch.Generator))
         ]
-        _know_index_inputs(mode, args, kwargs)
+        know_index_inputs(mode, args, kwargs)
         try:
             try:
                 run_traced(mode, fn, args, kwargs, restore)
@@ -164,7 +163,7 @@ def guessing_mode(
     ['aten.sum.default', 'aten._local_scalar_dense.default', 'aten.mul.Tensor']
     """
     mode = MetaMode(device=device, gpu=gpu, world_size=world_size, rank=rank)
-    state = _State(mode, limit, _policy(values))
+    state = _State(mode, limit, site_values(values, "md.checker"))
     mode.fallback, mode.read_fallback = state.fallback, state.read
     mode.__dict__["guesses"] = state  # its assumptions, as md.check reports them
     return mode
@@ -187,10 +186,10 @@ class _State:
         module, source = _module(self.mode), user_frame()
         reason = (str(error).strip().splitlines() or [""])[0]
         index = len(self.mode.trace.calls)
-        given = self._given(name, source)
-        if given is not None:
-            out = _checked_given(name, *given)
-            basis = f"given by values[{given[0]!r}]"
+        found = given(self.values, self.used, name, source)
+        if found is not None:
+            out = checked_given(name, *found)
+            basis = f"given by values[{found[0]!r}]"
             made_up: list = []
         else:
             made_up = [t for t in _tensors(args, kwargs) if known.value_of(t) is None]
@@ -201,7 +200,7 @@ class _State:
                 raise
             basis = _basis(made_up, name)
             try:
-                out = _scalar_guess(name, made_up) if made_up and name == _SCALAR_READ else None
+                out = _scalar_guess(name, made_up) if made_up and name == SCALAR_READ else None
                 out = run_real(func, real_args, real_kwargs) if out is None else out
             except Exception as real_error:
                 # The real kernel refuses too: the user's code is wrong, or
@@ -214,7 +213,7 @@ class _State:
         metas = _on_devices(name, out, device)
         self._keep_index_values(metas, out)
         note = REAL
-        if given is not None or _values_matter(kind, made_up):
+        if found is not None or _values_matter(kind, made_up):
             value = _show(out) if _is_scalar(out) else _output_types(metas) or "its outputs"
             assumption = Assumption(index, name, module, source, value, basis)
             self.assumptions.append(assumption)
@@ -226,11 +225,11 @@ class _State:
         """The value of ``t`` for ``Tensor.tolist()``/``.numpy()``: given, or
         made up inside its bounds, and an assumption either way."""
         name, module, source = f"Tensor.{what}", _module(self.mode), user_frame()
-        given = self._given(name, source)
+        found = given(self.values, self.used, name, source)
         # Called from user code with the mode on: real tensors stay real here.
         with _compat.no_torch_function():
-            if given is not None:
-                value, basis = torch.as_tensor(given[1]), f"given by values[{given[0]!r}]"
+            if found is not None:
+                value, basis = torch.as_tensor(found[1]), f"given by values[{found[0]!r}]"
             else:
                 (value,), _ = materialize((t,), {}, limit=self.limit, value_of=known.value_of)
                 basis = _basis([t], name)
@@ -243,58 +242,10 @@ class _State:
         self.assumptions.append(Assumption(len(self.mode.trace.calls), name, module, source, shown, basis))
         return value
 
-    def _given(self, name: str, source: str | None):
-        """(key, value) from the value policy for this site, or None."""
-        keys = [source, source.split(" in ")[0]] if source else []
-        for key in keys + [name]:
-            if key in self.values:
-                self.used.add(key)
-                return key, self.values[key]
-        return None
-
     def _keep_index_values(self, metas, out) -> None:
         for m, r in zip(flat(metas), flat(out)):
-            if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor) and _is_index(r):
+            if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor) and is_index(r):
                 known.know(m, r, self.mode)
-
-
-def _policy(values) -> dict:
-    """``values=`` as a dict keyed by site: a user line or an op name."""
-    values = dict(values or {})
-    for key in values:
-        if not isinstance(key, str):
-            raise TypeError(
-                f"md.checker(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}"
-            )
-    return values
-
-
-def _checked_given(name: str, key: str, value):
-    """The value given for a call, if it can stand for what the op returns."""
-    if name == _SCALAR_READ:
-        if isinstance(value, (bool, int, float, complex)):
-            return value
-        raise TypeError(f"values[{key!r}]: {name} reads a number; give a number, got {type(value).__name__}")
-    if isinstance(value, torch.Tensor) or (
-        isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value)
-    ):
-        return tuple(value) if isinstance(value, list) else value
-    raise TypeError(
-        f"values[{key!r}]: {name} returns tensors; give a tensor or a tuple of them, got {type(value).__name__}"
-    )
-
-
-def _know_index_inputs(mode: MetaMode, args, kwargs) -> None:
-    """The user's integer and boolean example inputs keep their values (a copy).
-
-    Lengths, ids, labels and masks are how the user's data shapes the run:
-    ``pack_padded_sequence(x, lengths)`` packs to the batch sizes of the
-    real ``lengths``, not of made-up ones.  Floating inputs stay data, made
-    up where a call needs them (Note [Made-up values under md.check]).
-    """
-    for t in pytree.tree_leaves((args, kwargs)):  # what md.trace converts: not a module's buffers
-        if type(t) is torch.Tensor and _is_index(t) and not t.requires_grad and t.device.type != "meta":
-            known.know(mode.from_tensor(t), t, mode)
 
 
 def _kind(error) -> str:
@@ -316,7 +267,7 @@ def _scalar_guess(name: str, made_up: list):
 def _values_matter(kind: str, made_up: list) -> bool:
     """Whether made-up inputs may shape the result: a data-dependent op, or
     index-like data (floats fed to a kernel that refused their metadata do not)."""
-    return bool(made_up) and (kind == "data-dependent" or any(_is_index(t) for t in made_up))
+    return bool(made_up) and (kind == "data-dependent" or any(is_index(t) for t in made_up))
 
 
 def _is_scalar(out) -> bool:
@@ -336,10 +287,6 @@ def _on_devices(name: str, out, device):
     return type(out)(to_meta_outputs(o, CPU if i in cpu else device) for i, o in enumerate(out))
 
 
-def _is_index(t) -> bool:
-    return not (t.dtype.is_floating_point or t.dtype.is_complex)
-
-
 def _tensors(args, kwargs) -> list:
     return [x for x in flat(list(args) + list(kwargs.values())) if isinstance(x, MetaTensor)]
 
@@ -347,14 +294,14 @@ def _tensors(args, kwargs) -> list:
 def _basis(made_up: list, name: str) -> str:
     parts = []
     # Sizes follow from index-like data (integers, masks) where there is any.
-    for t in [t for t in made_up if _is_index(t)] or made_up:
+    for t in [t for t in made_up if is_index(t)] or made_up:
         b = bounds_of(t)
         what = f"{_type(t)}: "
         if b is not None:
             parts.append(what + str(b))
         elif t.dtype == torch.bool:
-            parts.append(what + ("(read as False)" if name == _SCALAR_READ else "(all True)"))
-        elif _is_index(t):
+            parts.append(what + ("(read as False)" if name == SCALAR_READ else "(all True)"))
+        elif is_index(t):
             parts.append(what + "(all 1)")
         else:
             parts.append(what + "(standard normal: no bound known)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..core.registry import rule_skeleton
+from ..ir.assumptions import Assumption
 
 __all__ = ["Report", "Answer", "OpIssue", "Assumption", "Stop"]
 
@@ -28,23 +29,6 @@ class Answer(NamedTuple):
     source: str | None
     note: str  # the trace note, or why it was refused
     reason: str = ""  # the first line of what the meta kernel or router raised
-
-
-class Assumption(NamedTuple):
-    """A value ``md.check`` made up (or was given) for one call."""
-
-    index: int  # of the call in the trace (a read outside any op, Tensor.tolist: of the next call)
-    op: str
-    module: str
-    source: str | None
-    value: str  # "3", or the outputs' types, "i64[10, 2]"
-    basis: str  # "a value in [0, 5] from uniform_(0.0, 5.0)", "given by values="
-
-    def __str__(self) -> str:
-        return (
-            f"call #{self.index} {self.op} at {self.source or '?'} ({self.module or '<top>'}): "
-            f"assumed {self.value}, {self.basis}"
-        )
 
 
 class Stop(NamedTuple):

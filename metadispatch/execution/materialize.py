@@ -17,7 +17,7 @@ Note [Materialise all or nothing]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 Materialising is the one documented effect on the user's module, so it must
 be complete and must never invent data.  Before anything is replaced, every
-MetaTensor reachable from the module is found (the walk of ``mode/reach.py``,
+MetaTensor reachable from the module is found (the walk of ``tracing/reach.py``,
 as ``md.testing.snapshot`` does); it raises, naming each, when one sits
 where it cannot be replaced (inside an object that is not a module, list,
 tuple or dict), was not built under a recording mode (``md.to_meta``
@@ -58,8 +58,8 @@ from torch import nn
 from ..binding.leaves import bind_leaves
 from ..checkpoint.stream import plan, stream
 from ..errors import MetaDispatchError
-from ..mode.reach import walk
 from ..tensor.tensor import MetaTensor, normalize_device
+from ..tracing.reach import walk
 from .replay import execute
 from .slicing import SliceError, slice_for
 
@@ -94,23 +94,23 @@ def materialize(module: nn.Module, device="cpu", *, checkpoint=None, strict: boo
             "modules, lists, tuples and dicts are rewritten): " + ", ".join(stuck)
         )
     loads: list = []
-    if checkpoint is None and (plain := list(_plain_metas(module))):
+    if checkpoint is None and (plain := list(_on_meta(module))):
         # accelerate's init_empty_weights, torch.device("meta"): no construction was recorded,
         # so leaving them on meta would return a module that fails at its first real call
         raise MetaDispatchError(
-            f"materialize: {', '.join(plain[:8])} lie on plain 'meta': nothing says their values "
-            "(build the module under md.MetaMode to have them computed as eager construction does, "
-            "or give checkpoint=PATH)"
+            f"materialize: {', '.join(plain[:8])} lie on 'meta': nothing says their values "
+            f"({_WHY_META}; build the module under md.MetaMode alone to have them computed as eager "
+            "construction does, or give checkpoint=PATH)"
         )
     if checkpoint is not None:
         contents, loads = plan(module, checkpoint, strict)
         loaded = {id(t) for _, t in loads}
-        plain = [path for path, t in _plain_metas(module).items() if id(t) not in loaded]
+        plain = [path for path, t in _on_meta(module).items() if id(t) not in loaded]
         if plain:
             raise MetaDispatchError(
-                f"materialize: {', '.join(plain[:8])} lie on plain 'meta' and are not in {contents.path}: "
-                "nothing says their values (build the module under md.MetaMode to have them "
-                "computed as eager construction does)"
+                f"materialize: {', '.join(plain[:8])} lie on 'meta' and are not in {contents.path}: "
+                f"nothing says their values ({_WHY_META}; build the module under md.MetaMode alone to "
+                "have them computed as eager construction does)"
             )
         reachable = {path: t for path, t in reachable.items() if id(t) not in loaded}
     real = construct(reachable, device)  # id(MetaTensor) -> real tensor: tied tensors stay tied
@@ -168,12 +168,22 @@ def _load(loads: list, contents, real: dict, device) -> None:
         del value  # one checkpoint tensor at a time
 
 
-def _plain_metas(module: nn.Module) -> dict:
-    """path -> tensor on plain ``meta`` (not a MetaTensor) among the module's parameters and buffers."""
+_WHY_META = "built on the meta device, or moved there while built, as accelerate's init_empty_weights does"
+
+
+def _on_meta(module: nn.Module) -> dict:
+    """path -> tensor on ``meta`` among the module's parameters and buffers.
+
+    A plain meta tensor (``torch.device("meta")``) has no construction to
+    replay; a MetaTensor whose logical device is meta was moved there while
+    built (``init_empty_weights`` under a MetaMode): replaying its record
+    gives what eager gives, a tensor on meta, with the initialiser's values
+    thrown away.  Either must come from the checkpoint.
+    """
     found: dict = {}
     for kind in (module.named_parameters, module.named_buffers):
         for path, t in kind(remove_duplicate=False):
-            if t.is_meta and not isinstance(t, MetaTensor):
+            if t.is_meta:  # a MetaTensor answers for its logical device
                 found.setdefault(path, t)
     return found
 

@@ -7,21 +7,26 @@
 
 Requirements:
 
-- the step is the one ``fit`` runs with automatic optimisation: the
-  optimizer the strategy built from ``configure_optimizers``,
-  ``training_step`` under the precision plugin's forward context (a
-  mixed-precision one's autocast rebuilt for ``cuda``), backward,
-  ``optimizer.step`` and ``zero_grad``, on the first batch of the train
-  dataloader; traced with ``md.tracer(device="cuda", gpu=gpu, warmup=1)``
-  so the figure is the steady state (optimizer state alive), as
-  ``md.max_batch`` does;
-- the module, its optimizer and the RNG are as they were afterwards
-  (Note [What FitCheck leaves behind]).
+- the step is the one ``fit`` runs for a batch, by Lightning's own loop:
+  automatic optimisation's closure (``training_step``, ``zero_grad``, the
+  strategy's ``backward``) inside ``optimizer_step``, or, with
+  ``automatic_optimization = False``, the ``training_step`` that calls
+  ``manual_backward`` and steps its optimizers itself (a GAN's two); on the
+  first batch of the train dataloader, under the precision plugin with its
+  autocast on ``cuda`` and, for 16-mixed, a GradScaler on the logical GPU
+  (Note [Autocast and GradScaler on the logical GPU]); traced with
+  ``md.tracer(device="cuda", gpu=gpu, warmup=1)`` so the figure is the steady
+  state (optimizer and scaler state alive), as ``md.max_batch`` does;
+- the module, its optimizers, the user's scaler, the Trainer's progress and
+  the RNG are as they were afterwards (Note [What FitCheck leaves behind]);
+- a strategy it does not model is refused by name before anything is built
+  (Note [Strategies FitCheck models]).
 
-Limits: manual optimisation (``automatic_optimization = False``) is refused;
-one optimizer (the first) is stepped; a strategy that shards or wraps the
-module (FSDP, DeepSpeed) is not modelled -- trace those with ``md.tracer``'s
-``world_size`` instead.
+Limits: one batch and one optimizer step (``accumulate_grad_batches`` > 1
+runs several batches a step: the figure is one of them stepped);
+``self.log`` is a no-op in the traced step; a strategy that shards or wraps
+the module (FSDP, DeepSpeed, DDP) is refused -- trace those with
+``md.tracer``'s ``world_size``.
 """
 
 from __future__ import annotations
@@ -34,26 +39,19 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from .._compat import pytree
 from ..analysis.fit import Fit, fits
+from ..debug.check import guessing_mode
 from ..errors import DoesNotFitError, UnsupportedFeatureError
 from ..ir.trace import Trace
+from ..mode.mode import MetaMode
 from ..planning.batch import MaxBatch, max_batch
 from ..timing.bubble import PipelineRuntime
 from ..timing.runtime import Runtime, runtime
 from ..tracing.tracer import tracer
+from .lightning_step import check_strategy, dry_run, scaler_of, step_fn
 
 __all__ = ["FitCheck", "training_step_fn", "resized_batch", "forward_context"]
 
 log = logging.getLogger(__name__)
-
-# Note [What FitCheck leaves behind]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# md.tracer gives back the modules, optimizers and RNG the step reaches
-# (Note [What md.trace gives back]), so the traced step changes nothing.  Two
-# things happen outside the trace: fetching the batch (a shuffling sampler
-# draws from torch's RNG, so the fetch runs under ``fork_rng``), and
-# detaching the Trainer for the trace's length -- ``self.log`` in a step that
-# the Trainer's loop did not start refuses to run, and detached it is a no-op,
-# which is what a dry run wants.  The Trainer is attached again in ``finally``.
 
 
 def _loss(out) -> torch.Tensor:
@@ -67,8 +65,11 @@ def _loss(out) -> torch.Tensor:
 
 
 def training_step_fn(module: L.LightningModule, optimizer: torch.optim.Optimizer, context=None):
-    """The step ``fit`` runs for one batch: ``fn(batch)`` for ``md.tracer``.
+    """Automatic optimisation's step for one batch without a Trainer: ``fn(batch)`` for ``md.tracer``.
 
+    In Lightning's order: ``training_step``, ``zero_grad``, ``backward``,
+    ``optimizer.step`` -- so the previous step's gradients are alive through
+    the forward, as in ``fit`` (``FitCheck`` runs the Trainer's loop itself).
     ``context`` makes the forward's context (the precision plugin's
     ``forward_context``); none by default.
     """
@@ -79,9 +80,9 @@ def training_step_fn(module: L.LightningModule, optimizer: torch.optim.Optimizer
         else:
             with context():
                 out = module.training_step(batch, 0)
+        optimizer.zero_grad()
         _loss(out).backward()
         optimizer.step()
-        optimizer.zero_grad()
 
     return step
 
@@ -106,19 +107,13 @@ def resized_batch(batch, size: int):
     )
 
 
-# Note [Autocast on the logical GPU]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A Trainer planned on a CPU machine has a precision plugin whose autocast is
-# ``torch.autocast("cpu")``, which casts nothing on the logical CUDA device the
-# step is traced on.  The step that would run on the GPU is the one under
-# ``torch.autocast("cuda")`` with the plugin's dtype, so a ``MixedPrecision``
-# plugin's context is rebuilt for ``cuda`` (as the plugin builds it, cache
-# off).  16-mixed's GradScaler is not stepped: its few scalar ops do not move
-# the peak.  Other plugins' contexts are entered as they are.
-
-
 def forward_context(plugin):
-    """The precision plugin's forward context for a step on the logical GPU (Note [Autocast on the logical GPU])."""
+    """The precision plugin's forward context for :func:`training_step_fn` on the logical GPU.
+
+    A ``MixedPrecision`` plugin's autocast rebuilt for ``cuda``, as the
+    plugin builds it (Note [Autocast and GradScaler on the logical GPU] in
+    lightning_step.py); other plugins' contexts as they are.
+    """
     if isinstance(plugin, MixedPrecision):
         dtype = torch.bfloat16 if plugin.precision == "bf16-mixed" else torch.half
         return lambda: torch.autocast("cuda", dtype=dtype, cache_enabled=False)
@@ -140,7 +135,10 @@ class FitCheck(L.Callback):
     ``raise_if_not_fits=True`` a step that does not fit raises
     :class:`~metadispatch.errors.DoesNotFitError` before training begins.
     ``find_max_batch=True`` also searches the largest batch that fits
-    (``md.max_batch`` over :func:`resized_batch`), in ``.max_batch``.
+    (``md.max_batch`` over :func:`resized_batch`), in ``.max_batch``.  A
+    strategy other than a single device's raises
+    :class:`~metadispatch.errors.UnsupportedFeatureError` at ``setup``
+    (Note [Strategies FitCheck models] in lightning_step.py).
     """
 
     def __init__(
@@ -160,27 +158,31 @@ class FitCheck(L.Callback):
         self.fit: Fit | None = None
         self.runtime: Runtime | PipelineRuntime | None = None
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            check_strategy(trainer.strategy)  # before the strategy wraps or shards the module
+
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not pl_module.automatic_optimization:
-            raise UnsupportedFeatureError(
-                "FitCheck: manual optimisation (automatic_optimization=False) is not modelled; "
-                "trace your step with md.tracer(device='cuda', warmup=1)"
-            )
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        if optimizer is None:
+        check_strategy(trainer.strategy)
+        if pl_module.automatic_optimization and not trainer.optimizers:
             raise UnsupportedFeatureError("FitCheck: configure_optimizers gave no optimizer to step")
         batch = _first_batch(trainer, pl_module)
-        step = training_step_fn(pl_module, optimizer, forward_context(trainer.precision_plugin))
-        attached = pl_module._trainer
-        pl_module._trainer = None  # Note [What FitCheck leaves behind]
-        try:
-            self.trace = tracer(device="cuda", gpu=self.gpu, warmup=1)(step, batch)
+        step = step_fn(trainer, pl_module)
+        # a GradScaler's step reads found_inf (Note [Autocast and GradScaler on the logical GPU])
+        make = guessing_mode if scaler_of(trainer) is not None else MetaMode
+
+        def mode():
+            return make(device="cuda", gpu=self.gpu)
+
+        with dry_run(trainer, pl_module):
+            self.trace = tracer(mode_factory=mode, warmup=1)(step, batch)
             if self.find_max_batch:
                 self.max_batch = max_batch(
-                    lambda size: (step, (resized_batch(batch, size),)), self.gpu, capacity=self.capacity
+                    lambda size: (step_fn(trainer, pl_module), (resized_batch(batch, size),)),
+                    self.gpu,
+                    capacity=self.capacity,
+                    mode_factory=mode,
                 )
-        finally:
-            pl_module._trainer = attached
         self.fit = fits(self.trace, self.gpu, self.capacity)
         self.runtime = took = runtime(self.trace, self.gpu)
         log.info("FitCheck: %s; step %.3g ms", self.fit.line(), took.total * 1e3)

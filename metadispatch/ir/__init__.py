@@ -1,7 +1,8 @@
 """The trace as data: records, the :class:`Trace`, its file form, repro snippets.
 
 ``records`` (tensor records and leaves), ``calls`` (one call, ``OpCall``),
-``rng`` (random streams as data), ``text`` (plain text and tables),
+``rng`` (random streams as data), ``assumptions`` (a value a trace
+assumed, ``Assumption``), ``text`` (plain text and tables),
 ``trace`` (the trace and its printed form), ``cut`` (a trace from one of
 its calls on: the steady-state step, the step after a mark), ``liveness`` (where each id is last used), ``compare`` (recorded metadata
 against a real tensor: the one ``Mismatch``), ``serialize`` (versioned

@@ -46,6 +46,7 @@ import torch
 
 from ..errors import TraceFormatError
 from ..spec.schema import schema_of
+from .assumptions import Assumption
 from .calls import OpCall
 from .decode import RETURN_TYPES, TAGS, decode_device, is_marker, refusal, resolve_op
 from .records import Group, Leaf, TensorMeta, tensor_metas
@@ -170,11 +171,25 @@ class Reader:
             if type(v) is not int or not 0 <= v <= len(t.calls):
                 self.fail(("marks", k), f"expected a call index, got {_short(v)}")
             t.marks[self.text(k, "marks")] = v
+        self.assumptions(doc, t)
         if doc.get("start_bytes") is not None:
             storages, sizes = self.columns(doc, "start_bytes", ("storage", "bytes"))
             self.counts(storages, "start_bytes.storage")
             self.counts(sizes, "start_bytes.bytes")
             t.start_bytes = dict(zip(storages, sizes))
+
+    def assumptions(self, doc: dict, t: Trace) -> None:
+        """What the trace assumed (ir/assumptions.py): [call, op, module, user line or null, value, why] each."""
+        rows = doc.get("assumptions") or []
+        if not isinstance(rows, list):
+            self.fail("assumptions", f"expected a list, got {_short(rows)}")
+        for i, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 6 and type(row[0]) is int and 0 <= row[0] <= len(t.calls)):
+                self.fail(("assumptions", i), f"expected [call, op, module, source, value, basis], got {_short(row)}")
+            index, op, module, source, value, basis = row
+            texts = [self.text(v, ("assumptions", i)) for v in (op, module, value, basis)]
+            where = None if source is None else self.text(source, ("assumptions", i))
+            t.assumptions.append(Assumption(index, texts[0], texts[1], where, texts[2], texts[3]))
 
     def streams(self, doc: dict, t: Trace) -> None:
         """The random streams of format 4 (ir/rng.py); absent from older files."""

@@ -127,6 +127,7 @@ class _Writer:
             "aliases": trace.aliases,
             "warmup": trace.warmup,
             "marks": dict(trace.marks),
+            "assumptions": [list(a) for a in trace.assumptions],
             "start_bytes": {"storage": list(trace.start_bytes), "bytes": list(trace.start_bytes.values())},
         }
 

@@ -108,6 +108,9 @@ class Trace:
         # calls wrote, while recording; what a cut needs of the state it carries
         # (Note [Known state across a cut] in ir/cut.py).  Not saved.
         self.known_writes: dict[int, list] = {}
+        # Every value the trace assumed instead of computing (ir/assumptions.py):
+        # declared by ``md.tracer(assume=...)`` (values/assume.py).
+        self.assumptions: list = []
 
     # -- sequence protocol
     def __len__(self) -> int:

@@ -69,6 +69,9 @@ class MetaMode(_compat.TorchDispatchMode):
     (default ``"h100"``, :func:`metadispatch.gpu_profile`) where torch's
     answer depends on the hardware: ``F.scaled_dot_product_attention``
     records the backend that GPU runs with the installed torch.
+    ``assume`` declares values the trace cannot compute, as
+    ``md.GenerateAssumptions(token_id=0)`` does for ``model.generate()``
+    (Note [Generating under declared assumptions] in values/assume.py).
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class MetaMode(_compat.TorchDispatchMode):
         gpu: str | GPUProfile | None = None,
         world_size: int | None = None,
         rank: int = 0,
+        assume=None,
         **fake_options,
     ) -> None:
         check_mode_options(fake_options)  # FakeTensorMode's options; see fakecompat.py
@@ -99,6 +103,9 @@ class MetaMode(_compat.TorchDispatchMode):
         self.fallback: Callable | None = None  # set by md.check: answers ops no stage can
         # Set by md.check: the value of a tensor read outside any op (``tolist``).
         self.read_fallback: Callable | None = None
+        # A declared assumption policy's state (``md.tracer(assume=...)``,
+        # values/assume.py): answers token ops and the reads it names.
+        self.assume = assume.start(self) if assume is not None else None
         self._mode_key = _compat.mode_key  # Note [Logical CUDA without CUDA]
         # Constants up to this many elements carry their real value (known.py).
         self.known_limit = known_limit

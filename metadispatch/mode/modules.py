@@ -52,9 +52,35 @@ class ModuleStack(ModuleTracker):
             self._handles[-1].remove(); self._handles.pop()  # noqa: E702 (one line: see above)
             # fmt: on
 
-    def _opt_pre(self, *args):
-        if self._mine():
-            self.in_optimizer = True
+    def _opt_pre(self, opt, args, kwargs):
+        """Note [A closure passed to optimizer.step]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        ``optimizer.step(closure)`` runs the closure -- the forward and the
+        backward -- inside ``step`` (LBFGS needs it; Lightning's automatic
+        optimisation does it with every optimizer).  Marked by the step's
+        hooks alone, the whole training step came out as ``optimizer``
+        calls: no activations, and the backward's workspace missing.  So the
+        closure is handed on wrapped (a global pre-hook may replace the
+        arguments), and its calls keep the phase they would have outside.
+        """
+        if not self._mine():
+            return None
+        self.in_optimizer = True
+        if "closure" in kwargs and callable(kwargs["closure"]):
+            return args, dict(kwargs, closure=self._outside_step(kwargs["closure"]))
+        if len(args) > 1 and callable(args[1]):  # args[0] is the optimizer itself
+            return (args[0], self._outside_step(args[1]), *args[2:]), kwargs
+        return None
+
+    def _outside_step(self, closure):
+        def run(*a, **k):
+            inside, self.in_optimizer = self.in_optimizer, False
+            try:
+                return closure(*a, **k)
+            finally:
+                self.in_optimizer = inside
+
+        return run
 
     def _opt_post(self, *args):
         if self._mine():

@@ -45,7 +45,7 @@ class ModuleState:
     (Note [Other threads see the real model]), are left alone.
     """
 
-    def __init__(self, mod) -> None:
+    def __init__(self, mod, token=None) -> None:
         self.mod = mod
         self.cls = type(mod)
         # Shallow copies, one object each: this runs for every module of
@@ -58,6 +58,7 @@ class ModuleState:
             (t, t.grad, type(t), t.data if uninitialized(t) else None, dict(t.__dict__))
             for t in _tensors(self.containers)
         ]
+        self.records = _foreign_records(self.containers, token)
 
     def restore(self) -> None:
         mod = self.mod
@@ -80,6 +81,36 @@ class ModuleState:
                 t.grad = grad
             if not _same(t.__dict__, own):
                 _refill(t.__dict__, own)
+        for t, grad, record in self.records:
+            st = t._md
+            st.recorder, st.meta, st.call, st.name = record
+            if t.is_leaf and t.grad is not grad:
+                t.grad = grad
+
+
+def _foreign_records(containers, token) -> list:
+    """Note [A MetaTensor from an earlier mode keeps its record]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A module built under one MetaMode (alone, or with accelerate's
+    ``init_empty_weights``) and then traced by another (``md.tracer``)
+    reaches the second with MetaTensors numbered by the first.  The second
+    numbers and names them as its own leaves (core/record.py), which
+    overwrote their record: ``md.materialize`` afterwards looked for their
+    construction in the step's trace and refused, the step's input being
+    data it holds no value for; and the step's gradients stayed on them.  So
+    the record and ``.grad`` of each MetaTensor the tracing mode did not
+    number are saved with the module and put back with it, as a real
+    tensor's ``.grad`` is; one the tracing mode numbered itself (built, then
+    stepped, in one mode) keeps what the step made of it.
+    """
+    records, seen = [], set()
+    for _, copy in containers:
+        for v in copy.values() if isinstance(copy, dict) else copy:
+            st = v._md if isinstance(v, MetaTensor) else None
+            if st is not None and st.recorder is not token and id(v) not in seen:
+                seen.add(id(v))
+                records.append((v, v.grad if v.is_leaf else None, (st.recorder, st.meta, st.call, st.name)))
+    return records
 
 
 _MISSING = object()

@@ -160,7 +160,7 @@ class StandIns:
         scaler, the user's own), restored on exit."""
         if id(obj) not in self._swapped:
             self._swapped.add(id(obj))
-            self._states.append(ModuleState(obj))
+            self._states.append(ModuleState(obj, self.mode._recorder.token))
 
     def save_container(self, container) -> None:
         """Note [The user's containers]
@@ -235,7 +235,7 @@ class StandIns:
         for mod in root.modules():
             if id(mod) not in self._swapped:
                 self._swapped.add(id(mod))
-                self._states.append(ModuleState(mod))
+                self._states.append(ModuleState(mod, self.mode._recorder.token))
                 self._swap(mod, names)
 
     def _swap(self, mod: nn.Module, names: dict) -> None:

@@ -3,7 +3,8 @@
 Each planner traces the user's step (``tracing``) under a candidate -- a
 batch size, a set of modules to checkpoint, a prompt length -- and reads
 the traces with ``analysis``: ``batch`` (``md.max_batch``: the largest
-batch that fits a GPU), ``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
+batch that fits a GPU, guessed first by ``affine`` from small traces),
+``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
 to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
 model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and

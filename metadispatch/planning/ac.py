@@ -6,7 +6,9 @@ Requirements: module-level activation checkpointing as users write it
 the checkpointed step re-traced, never above the budget; a lower budget
 never gives a higher peak (torch's ``activation_memory_budget`` is not
 monotone in its budget); the least recomputation among the plans
-considered, reported in FLOPs.
+considered, reported in FLOPs; optionally selective checkpointing, which
+saves the outputs of chosen ops (matmuls, attention) and recomputes the
+rest, as torchtitan's "selective op" AC does.
 
 Note [Checkpointing plans nested by construction]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -15,13 +17,29 @@ The candidates (default: the blocks of the model's largest
 forward FLOP recomputed first, from a trace without checkpointing; plan
 ``k`` checkpoints the first ``k``.  Each plan ``k = 0..n`` is applied to a
 fresh model and traced, so its peak is a traced figure, not an estimate.
-Only the plans whose peak is below every smaller plan's are kept: along
-that chain the peak falls strictly as ``k`` grows, and the plan for a
-budget is the smallest ``k`` of the chain that fits.  A lower budget can
-only move to a larger ``k`` of the chain, so its peak is lower or equal:
-monotone by construction, whatever the model does.  Limits: nested prefixes
-of one order, not every subset (``2**n`` plans); selective checkpointing of
-single ops is not planned.
+The chain is the traced plans' frontier: by recomputation, least first
+(FLOPs, then calls: selective checkpointing recomputes calls of no FLOPs),
+each kept only where its peak is below that of every plan recomputing no
+more (a tie in both keeps the lower peak).  Along the chain the
+peak falls strictly as the recomputation grows, and the plan for a budget
+is the first of the chain that fits: the least recomputation of any traced
+plan that fits, since a plan left out is matched or beaten on both by one
+kept.  It is monotone by construction, whatever the model does: a lower
+budget fits fewer plans; if the plan it had fits still, it stays, and if
+not, its new plan is under the new budget, which is below the old plan's
+peak.  Limits: nested prefixes of one order, not every subset (``2**n``
+plans).
+
+With ``selective=True`` (or rungs of op lists of one's own) each block
+also climbs a ladder: checkpointed saving the outputs of matmuls and
+attention (``SAVE_MATMULS_AND_ATTENTION``: recomputing only the pointwise
+ops between them, no FLOPs as ``FlopCounterMode`` counts them), then saving
+attention only (``SAVE_ATTENTION``), then fully; every block at the first
+rung in the order above, then every block at the second, and so on, each
+step a traced plan.  Those plans join the prefixes above in one frontier,
+so selective checkpointing never recomputes more than whole blocks for a
+budget (the ViT of the tests peaks lowest with three whole blocks; the
+ladder's plans that low checkpoint all four).
 """
 
 from __future__ import annotations
@@ -31,38 +49,69 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from .._compat import OpOverload, OpOverloadPacket
 from ..analysis.flops import call_flops, flops
 from ..analysis.memory import memory
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..tracing.tracer import tracer
 
-__all__ = ["ACPlan", "plan_ac", "apply_ac", "blocks"]
+__all__ = ["ACPlan", "plan_ac", "apply_ac", "blocks", "SAVE_MATMULS_AND_ATTENTION", "SAVE_ATTENTION"]
+
+# Ops whose outputs selective checkpointing keeps (packet names): the FLOPs-heavy ones
+SAVE_ATTENTION = (
+    "aten._scaled_dot_product_flash_attention",
+    "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
+    "aten._flash_attention_forward",
+    "aten._efficient_attention_forward",
+)
+SAVE_MATMULS_AND_ATTENTION = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", *SAVE_ATTENTION)
 
 
 class ACPlan:
-    """Which modules to checkpoint (``modules``, qualified names), the step's
-    ``peak`` with them (bytes, ``md.memory``'s, re-traced), the ``recompute``
-    FLOPs the checkpointed forwards cost again in backward, the ``budget``
-    and whether the plan meets it (``fits``); ``chain`` is every plan of the
-    search as ``(modules, peak, recompute)``."""
+    """Which modules to checkpoint (``modules``, qualified names) and how
+    (``save``: the ops whose outputs each keeps under selective
+    checkpointing, packet names; a module not in it is checkpointed fully),
+    the step's ``peak`` with them (bytes, ``md.memory``'s, re-traced), the
+    ``recompute`` FLOPs the checkpointed forwards cost again in backward,
+    the ``budget`` and whether the plan meets it (``fits``);
+    ``recompute_calls`` counts the calls recomputed, FLOPs or not; ``chain``
+    is the search's frontier of plans as ``(modules, peak, recompute, save,
+    recompute_calls)``."""
 
-    def __init__(self, modules: tuple, peak: int, recompute: int, budget: int, chain: list) -> None:
+    def __init__(
+        self, modules: tuple, peak: int, recompute: int, save: dict, calls: int, *, budget: int, chain: list
+    ) -> None:
         self.modules, self.peak, self.recompute, self.budget = modules, peak, recompute, budget
+        self.save, self.recompute_calls = dict(save), calls
         self.fits = peak <= budget
         self.chain = chain
+
+    def at(self, budget: int) -> ACPlan:
+        """The plan of the same search for another budget (a sweep of budgets costs one search)."""
+        return ACPlan(*next((p for p in self.chain if p[1] <= budget), self.chain[-1]), budget=budget, chain=self.chain)
 
     def __repr__(self) -> str:
         return f"<ACPlan {len(self.modules)} modules, peak {fmt_bytes(self.peak)}>"
 
     def __str__(self) -> str:
         verdict = "fits" if self.fits else "does NOT fit"
-        names = ", ".join(self.modules) or "nothing"
+        names = ", ".join(f"{n} ({_saving(self.save[n])})" if n in self.save else n for n in self.modules)
+        names = names or "nothing"
         return (
             f"checkpoint {names}: peak {fmt_bytes(self.peak)} ({self.peak:,} B), {verdict} the budget "
-            f"{fmt_bytes(self.budget)}; recomputes {self.recompute:.3g} FLOPs"
+            f"{fmt_bytes(self.budget)}; recomputes {self.recompute:.3g} FLOPs in {self.recompute_calls} calls"
         )
+
+
+def _saving(save: tuple) -> str:
+    """How a selectively checkpointed module is printed: its rung by name where it is one of ours."""
+    named = {frozenset(SAVE_MATMULS_AND_ATTENTION): "matmuls and attention", frozenset(SAVE_ATTENTION): "attention"}
+    return "selective, saving " + named.get(frozenset(save), ", ".join(save))
 
 
 def blocks(model: nn.Module) -> list[str]:
@@ -75,31 +124,77 @@ def blocks(model: nn.Module) -> list[str]:
 
 
 def apply_ac(model: nn.Module, plan) -> nn.Module:
-    """Checkpoint the modules ``plan`` names (an :class:`ACPlan` or names) in place; returns ``model``.
+    """Checkpoint the modules ``plan`` names in place; returns ``model``.
 
-    Each module's forward runs under ``torch.utils.checkpoint.checkpoint(...,
-    use_reentrant=False)``, as ``checkpoint_wrapper`` runs it; its name,
+    ``plan`` is an :class:`ACPlan`, names, or a dict of names to the ops
+    (packet names such as ``"aten.mm"``, or ops) whose outputs selective
+    checkpointing keeps (empty: checkpointed fully).  Each module's forward
+    runs under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``,
+    as ``checkpoint_wrapper`` runs it, with ``context_fn`` from
+    ``create_selective_checkpoint_contexts`` where ops are saved; its name,
     parameters and ``state_dict`` keys stay as they were.
     """
-    names = plan.modules if isinstance(plan, ACPlan) else tuple(plan)
-    for name in names:
+    if isinstance(plan, ACPlan):
+        how = {name: plan.save.get(name, ()) for name in plan.modules}
+    elif isinstance(plan, dict):
+        how = plan
+    else:
+        how = {name: () for name in plan}
+    for name, save in how.items():
         m = model.get_submodule(name)
         if "forward" not in m.__dict__:  # once
-            m.forward = functools.partial(_checkpointed, m.forward)
+            m.forward = functools.partial(_checkpointed, m.forward, _op_names(save))
     return model
 
 
-def _checkpointed(forward, *args, **kwargs):
+def _checkpointed(forward, save: frozenset, *args, **kwargs):
+    if save:  # Note [Selective checkpointing under the mode]
+        context = functools.partial(create_selective_checkpoint_contexts, functools.partial(_policy, save))
+        kwargs["context_fn"] = context
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def plan_ac(make_model_and_step: Callable, budget: int, *, candidates=None, **options) -> ACPlan:
+def _policy(save: frozenset, ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Note [Selective checkpointing under the mode]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    torch's selective checkpointing runs the checkpointed forward under a
+    ``TorchDispatchMode`` of its own that stores the outputs of the ops the
+    policy saves, and the recompute under another that hands them back in
+    place of running the op.  Both sit above ``MetaMode`` on the mode stack,
+    so every op still reaches the mode once in forward, and in backward only
+    those recomputed do: a saved op is neither recorded nor counted again.
+    The stored outputs are the mode's tensors, live until backward consumes
+    them -- the memory selective checkpointing costs, which the trace counts
+    as a real run does (tests/planning/test_plan_ac.py, against
+    ``md.LiveStorages`` on the CPU).  A model that changes state between
+    forward and backward (a KV cache filled in forward) fails in torch's
+    recompute, as it would without the mode: ``use_cache=False``.
+    """
+    return CheckpointPolicy.MUST_SAVE if str(op.overloadpacket) in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _op_names(ops) -> frozenset:
+    """Packet names (``"aten.mm"``) of ops given as names, ``OpOverload`` or ``OpOverloadPacket``."""
+    names = set()
+    for op in ops:
+        if isinstance(op, OpOverload):
+            op = op.overloadpacket
+        if not isinstance(op, (str, OpOverloadPacket)):
+            raise MetaDispatchError(f"apply_ac: {op!r} is not an op (give a name such as 'aten.mm', or the op)")
+        names.add(str(op))
+    return frozenset(names)
+
+
+def plan_ac(make_model_and_step: Callable, budget: int, *, candidates=None, selective=False, **options) -> ACPlan:
     """The plan that fits ``budget`` bytes with the least recomputation (Note [Checkpointing plans nested by construction]).
 
     ``make_model_and_step()`` returns ``(model, step, args)``: a fresh
     model and a step that runs it (``step(*args)``); ``options`` go to
-    ``md.tracer`` (``device``, ``gpu``, ``warmup``, ...).  A budget no plan
-    meets gives the lowest-peak plan, with ``fits`` False.
+    ``md.tracer`` (``device``, ``gpu``, ``warmup``, ...).  ``selective=True``
+    plans selective checkpointing before full checkpointing of a block
+    (saving ``SAVE_MATMULS_AND_ATTENTION``, then ``SAVE_ATTENTION``), or
+    give the rungs: a sequence of op lists, each saving fewer.  A budget no
+    plan meets gives the lowest-peak plan, with ``fits`` False.
 
     >>> import torch, metadispatch as md
     >>> def make():
@@ -115,41 +210,58 @@ def plan_ac(make_model_and_step: Callable, budget: int, *, candidates=None, **op
     >>> plan.modules, plan.fits, plan.recompute > 0
     (('layers.0', 'layers.1', 'layers.2'), True, True)
     """
-    chain = _chain(make_model_and_step, candidates, options)
-    for modules, peak, recompute in chain:
-        if peak <= budget:
-            return ACPlan(modules, peak, recompute, budget, chain)
-    modules, peak, recompute = chain[-1]
-    return ACPlan(modules, peak, recompute, budget, chain)
+    chain = _chain(make_model_and_step, candidates, _ladder(selective), options)
+    return ACPlan(*chain[0], budget=1 << 62, chain=chain).at(budget)
 
 
-def _traced(make: Callable, modules: tuple, options: dict):
+def _ladder(selective) -> list:
+    """The rungs of selective checkpointing, as op-name sets, before the last: checkpointed fully."""
+    if selective is False or selective is None:
+        return []
+    rungs = (SAVE_MATMULS_AND_ATTENTION, SAVE_ATTENTION) if selective is True else selective
+    if isinstance(rungs, str) or not all(isinstance(r, (list, tuple, set, frozenset)) and r for r in rungs):
+        raise MetaDispatchError(f"plan_ac: selective={selective!r}: True, or a sequence of non-empty op lists")
+    return [_op_names(r) for r in rungs]
+
+
+def _traced(make: Callable, how: dict, options: dict):
     model, step, args = make()
-    apply_ac(model, modules)
+    apply_ac(model, how)
     trace = tracer(**options)(step, *args)
     return memory(trace).peak, flops(trace).total, trace, model
 
 
-def _chain(make: Callable, candidates, options: dict) -> list:
-    """The chain of plans, each ``(modules, peak, recomputed FLOPs)``.
+def _chain(make: Callable, candidates, ladder: list, options: dict) -> list:
+    """The frontier of the traced plans, each ``(modules, peak, recomputed FLOPs, save)``.
 
     Note [Recomputed FLOPs]
     ~~~~~~~~~~~~~~~~~~~~~~~
     What a plan's step costs more than the step without checkpointing, in
     FLOPs of the two traces: the forwards run again in backward, up to what
-    backward needs (non-reentrant checkpoint stops early).  Not the calls
-    the recorder notes ``recompute``: its test of the stack misses some, as
-    it missed the first of two checkpointed LLaMA blocks.
+    backward needs (non-reentrant checkpoint stops early), less what
+    selective checkpointing hands back saved.  Not the calls the recorder
+    notes ``recompute``: its test of the stack misses some, as it missed the
+    first of two checkpointed LLaMA blocks.
     """
-    peak, base, trace, model = _traced(make, (), options)
+    peak, base, trace, model = _traced(make, {}, options)
+    calls = len(trace.calls)
     names = list(candidates) if candidates is not None else blocks(model)
     order = sorted(names, key=lambda n: -_saved_per_flop(trace, n))  # stable: forward order on ties
-    chain: list[tuple[tuple, int, int]] = [((), peak, 0)]
-    for k in range(1, len(order) + 1):
-        modules = tuple(order[:k])
-        peak, total, _, _ = _traced(make, modules, options)
-        if peak < chain[-1][1]:  # only plans that lower the peak (the Note)
-            chain.append((modules, peak, total - base))
+    plans: list[tuple[tuple, int, int, dict, int]] = [((), peak, 0, {}, 0)]
+    steps: list[list] = [[(name, frozenset()) for name in order[:k]] for k in range(1, len(order) + 1)]  # whole blocks
+    how: dict = {}  # module -> the ops it saves (empty: fully), in the order they were first checkpointed
+    for rung in [*ladder, frozenset()] if ladder else []:
+        for name in order:
+            how[name] = rung
+            steps.append(list(how.items()))
+    for step in steps:
+        peak, total, again, _ = _traced(make, dict(step), options)
+        save = {n: tuple(sorted(r)) for n, r in step if r}
+        plans.append((tuple(n for n, _ in step), peak, total - base, save, len(again.calls) - calls))
+    chain: list = []
+    for plan in sorted(plans, key=lambda p: (p[2], p[4], p[1])):  # the frontier (the Note)
+        if not chain or plan[1] < chain[-1][1]:
+            chain.append(plan)
     return chain
 
 

@@ -5,19 +5,33 @@ Requirements: no GPU and no out-of-memory error on purpose (Lightning's
 real device until it stops failing); the figure is the one ``md.fits``
 gives -- reserved memory through the simulated caching allocator, against
 the profile's memory -- for the step a training loop repeats (``warmup=1``
-by default: an optimizer's state is live from the start); O(log n) traces;
-one answer for every rank of a logical world (the worst).
+by default: an optimizer's state is live from the start); two full traces
+where a guess from small ones is right, O(log n) where it is not; one
+answer for every rank of a logical world (the worst).
 
 Note [Searching for the largest batch]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Batches double from ``start`` until one does not fit, then a binary search
-between the last that fit and the first that did not: about ``2 log2(n)``
-traces for an answer ``n``.  It takes the reserved peak to grow with the
-batch, which holds for the steps we know of up to the allocator's rounding
-(a batch one larger can land in the same 2 MiB segments); the result's
-``next`` is the traced figure of ``batch + 1``, so that the answer is
-checked where it matters.  A world is answered by its worst rank: a batch
-fits when every rank traced (``ranks``, default all) fits.
+A guess first, then full traces around it.  The guess is the largest batch
+under which every call's live bytes stay within the capacity, each call's
+bytes a line through two small traces (Note [Live bytes affine in batch and
+depth] in ``affine.py``): batches ``2 * start`` and ``3 * start`` of the
+full model, or, with ``scale=(a, c)``, of the model built ``a`` and ``c``
+blocks deep (``make_step(batch, layers=k)``), which trace in a fraction of
+the time.  Not batch 1: its size-1 dimensions take other ops (GPT-2 clones
+its position ids and sums their gradient over the batch only from 2 on),
+so its calls do not line up with a larger batch's.  The guess is only where to look: the answer is always a full
+steady-state trace that fits, and ``next`` the full trace of ``batch + 1``
+that does not.  From the guess ``g`` the search gallops (``g + 1, g + 2,
+g + 4, ...`` while they fit, or ``g - 1, g - 2, g - 4, ...`` while they do
+not) and bisects the last step: two full traces where the guess is right,
+``O(log e)`` for a guess ``e`` off.  Without a guess (the small traces do
+not line up call for call) it is the plain search: doubling from ``start``
+until a batch does not fit, then bisecting, about ``2 log2(n)`` traces.
+Both take the reserved peak to grow with the batch, which holds for the
+steps we know of up to the allocator's rounding (a batch one larger can
+land in the same 2 MiB segments).  A world is answered by its worst rank:
+a batch fits when every rank traced (``ranks``, default all) fits, and the
+guess is the smallest of the ranks' guesses.
 """
 
 from __future__ import annotations
@@ -25,10 +39,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from torch import nn
+
 from ..analysis.fit import Fit, fits
 from ..errors import MetaDispatchError
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..tracing.tracer import tracer
+from .ac import blocks
+from .affine import aligned, largest, peak
 
 __all__ = ["MaxBatch", "max_batch"]
 
@@ -38,11 +56,16 @@ class MaxBatch:
     (a :class:`~metadispatch.analysis.fit.Fit`, the worst rank's; None when
     ``batch`` is 0) and ``next``, the figure of the first batch that does
     not fit, ``batch + 1`` (``start`` when ``batch`` is 0; None where
-    ``limit`` fits); ``tried`` maps each
-    batch traced to whether it fit; ``seconds`` the search's time."""
+    ``limit`` fits); ``tried`` maps each batch traced in full to whether it
+    fit; ``guess`` the batch the small traces pointed at (None: no guess),
+    ``small`` how many small traces made it (``scale=``'s shallow ones;
+    those of the full model are in ``tried``); ``seconds`` the search's
+    time."""
 
-    def __init__(self, batch: int, figures: dict, failed: int | None, seconds: float, gpu: GPUProfile) -> None:
-        self.batch, self.gpu, self.seconds = batch, gpu, seconds
+    def __init__(
+        self, batch: int, figures: dict, failed: int | None, seconds: float, gpu: GPUProfile, guess, small: int
+    ) -> None:
+        self.batch, self.gpu, self.seconds, self.guess, self.small = batch, gpu, seconds, guess, small
         self.fits: Fit | None = figures.get(batch)
         self.failed = failed  # the batch ``next`` is of: batch + 1, or ``start`` when that fails
         self.next: Fit | None = figures.get(failed) if failed is not None else None
@@ -53,7 +76,9 @@ class MaxBatch:
 
     def __str__(self) -> str:
         head = f"largest batch that fits on {self.gpu.title}: {self.batch}"
-        head += f" ({len(self.tried)} traces, {self.seconds:.1f} s)"
+        small = f" and {self.small} shallow" if self.small else ""
+        guess = f", guessed {self.guess}" if self.guess is not None else ", no guess"
+        head += f" ({len(self.tried)} full traces{small}{guess}, {self.seconds:.1f} s)"
         lines = [head]
         if self.fits is not None:
             lines.append(f"  batch {self.batch}: {self.fits}")
@@ -71,6 +96,7 @@ def max_batch(
     limit: int = 1 << 24,
     warmup: int = 1,
     ranks=None,
+    scale: tuple | None = None,
     **options,
 ) -> MaxBatch:
     """The largest batch whose steady-state step fits on ``gpu`` (Note [Searching for the largest batch]).
@@ -81,52 +107,135 @@ def max_batch(
     (``device`` defaults to ``"cuda"``) and judged by ``md.fits``
     (``capacity`` bytes instead of the profile's memory).  With
     ``world_size=N`` in ``options`` every rank in ``ranks`` (default: all)
-    is traced and the worst decides.
+    is traced and the worst decides.  ``scale=(a, c)``: the guess comes
+    from the model built ``a`` and ``c`` blocks deep, ``make_step(batch,
+    layers=k)`` (``2 <= a < c``); the full depth is counted in the model
+    among the step's arguments (the children of its largest
+    ``nn.ModuleList``).
 
     >>> import torch, metadispatch as md
     >>> def make_step(batch):
     ...     return (lambda: torch.empty(batch, 2 ** 18).sum()), ()  # 1 MiB a sample
     >>> found = md.max_batch(make_step, "l4", capacity=100 * 2 ** 20)
-    >>> found.batch, found.fits.fits, found.next.fits
-    (98, True, False)
+    >>> found.batch, found.fits.fits, found.next.fits, sorted(found.tried)
+    (98, True, False, [2, 3, 97, 98, 99])
     """
     if type(start) is not int or start < 1 or type(limit) is not int or limit < start:
         raise MetaDispatchError(f"max_batch: start={start!r}, limit={limit!r}: batches 1 <= start <= limit")
+    if scale is not None and not (
+        isinstance(scale, tuple) and len(scale) == 2 and all(type(k) is int for k in scale) and 2 <= scale[0] < scale[1]
+    ):
+        raise MetaDispatchError(f"max_batch: scale={scale!r}, two depths (a, c) with 2 <= a < c, e.g. (2, 4)")
     profile = gpu_profile(gpu)
     options.setdefault("device", "cuda")
     world = options.get("world_size")
     chosen = list(range(world)) if world is not None and ranks is None else list(ranks or [options.get("rank", 0)])
-    figures: dict = {}
+    figures: dict = {}  # batch -> the worst rank's Fit, full depth
+    points: dict = {}  # (batch, layers) -> each rank's aligned live bytes (affine.py)
+    # the small traces the guess is from: not batch 1, where size-1 dimensions take other ops (a clone, a sum)
+    keys = [(b, k) for k in scale or (None,) for b in (2 * start, 3 * start)]
     began = time.perf_counter()
 
-    def fit(batch: int) -> bool:
+    def run(batch: int, layers: int | None = None) -> Fit:
         worst = None
         for rank in chosen:
-            made = make_step(batch)
+            made = make_step(batch) if layers is None else make_step(batch, layers=layers)
             fn, args, kwargs = (*made, {}) if len(made) == 2 else made
             rank_options = dict(options, rank=rank) if world is not None else options
             trace = tracer(warmup=warmup, gpu=profile, **rank_options)(fn, *args, **kwargs)
             f = fits(trace, profile, capacity)
+            if (batch, layers) in keys:
+                points.setdefault((batch, layers), []).append(aligned(trace.calls, f.memory.memory.timeline, layers))
             if worst is None or f.reserved_peak > worst.reserved_peak:
                 worst = f
-        figures[batch] = worst
-        return bool(worst)
+        assert worst is not None
+        return worst
 
-    lo, hi = 0, None  # the largest that fit, the smallest that did not
-    b = start
-    while hi is None:
-        if fit(b):
-            lo = b
-            if b == limit:
-                break
-            b = min(2 * b, limit)
-        else:
-            hi = b
-    if hi is not None and lo:  # not when even ``start`` does not fit: nothing below it was asked for
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fit(mid):
-                lo = mid
+    def fit(batch: int) -> bool:
+        if batch not in figures:
+            figures[batch] = run(batch)
+        return bool(figures[batch])
+
+    depth = _depth(make_step, start) if scale is not None else None
+    small = keys if scale is not None else []
+    for b, k in small:
+        run(b, k)
+    if scale is None and 3 * start <= limit and fit(2 * start):
+        fit(3 * start)
+
+    def guess(missed: int | None = None) -> int | None:
+        """The guess; after batch ``missed`` did not fit, the guess less what the lines missed of its reserved peak."""
+        if not all(key in points for key in keys):
+            return None
+        bytes_ = profile.memory if capacity is None else capacity
+        each: list[int | None] = []
+        for r in range(len(chosen)):
+            at = {key: points[key][r] for key in keys}
+            line = peak(at, missed, depth) if missed is not None else None
+            spare = figures[missed].reserved_peak - line if missed is not None and line is not None else 0
+            each.append(largest(at, int(bytes_ - spare), depth))
+        known = [e for e in each if e is not None]
+        return min(known) if len(known) == len(each) else None
+
+    first = guess()
+    lo, hi = _search(fit, start, limit, first, figures, guess)
+    batch = lo if lo >= start else 0
+    return MaxBatch(
+        batch, figures, hi if hi <= limit else None, time.perf_counter() - began, profile, first, len(small)
+    )
+
+
+def _search(fit: Callable, start: int, limit: int, guess: int | None, figures: dict, again: Callable) -> tuple:
+    """``(lo, hi)``, adjacent: the largest batch that fits (``start - 1``: none) and the smallest that does not
+    (``limit + 1``: none up to ``limit``), from ``guess`` when there is one (Note [Searching for the largest batch]);
+    ``again(batch)`` guesses anew after ``batch`` did not fit."""
+    lo = max([b for b, f in figures.items() if f], default=start - 1)
+    hi = min([b for b, f in figures.items() if not f], default=limit + 1)
+    g = None if guess is None or hi - lo <= 1 else min(max(guess, lo, start), hi - 1)
+    for _ in range(_AGAIN):  # the guess is of allocated bytes: take off what the allocator kept over it
+        if g is None or fit(g):
+            break
+        hi, better = g, again(g)
+        if better is None or better >= g - 1:  # no nearer guess: gallop down from here
+            break
+        g = max(better, lo + 1, start)
+    if g is not None and hi - lo > 1:
+        d = 1
+        if fit(g):  # up, doubling the step, while they fit
+            lo = g
+            while g + d < hi and fit(g + d):
+                lo, d = g + d, 2 * d
+            hi = min(hi, g + d)
+        else:  # down, doubling the step, while they do not
+            hi = g
+            while g - d > lo and not fit(g - d):
+                hi, d = g - d, 2 * d
+            lo = max(lo, g - d)
+    elif hi - lo > 1:  # no guess: double from what fits
+        b = start if lo < start else min(2 * lo, hi - 1)
+        while lo < b < hi:
+            if fit(b):
+                lo, b = b, min(2 * b, hi - 1)
             else:
-                hi = mid
-    return MaxBatch(lo, figures, hi, time.perf_counter() - began, profile)
+                hi = b
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fit(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+_AGAIN = 3  # guesses anew after a full trace that did not fit, before galloping down
+
+
+def _depth(make_step: Callable, start: int) -> int:
+    """How many blocks the full model has: the children of the largest ``nn.ModuleList`` of the step's model."""
+    made = make_step(start)
+    found = [a for a in (*made[1], *(made[2].values() if len(made) > 2 else ())) if isinstance(a, nn.Module)]
+    if not found:
+        raise MetaDispatchError(
+            "max_batch: scale= counts the full model's blocks; pass the model among the step's args"
+        )
+    return len(blocks(found[0]))

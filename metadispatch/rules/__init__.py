@@ -9,7 +9,8 @@ its backend choice, ``attention_math`` its math body with dropout,
 ``collectives``, ``convolution``, ``cudnn_branch`` and ``cudnn_rnn`` (RNNs
 on a logical GPU), ``data_dependent``, ``device_hinted`` (torch's meta
 functions asked for the logical device), ``embedding``, ``grouped_mm``,
-``histogram``, ``linalg``, ``normalization``, ``pooling``, ``random_fill``,
+``histogram``, ``linalg``, ``normalization``, ``pinned`` (page-locked host
+memory), ``pooling``, ``random_fill``,
 ``scaled_mm``.
 """
 
@@ -29,6 +30,7 @@ from . import (  # noqa: F401
     histogram,
     linalg,
     normalization,
+    pinned,
     pooling,
     random_fill,
     scaled_mm,

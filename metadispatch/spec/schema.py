@@ -172,6 +172,10 @@ def _writes_and_aliases(func) -> tuple:
 # resizes its argument's storage yet marks nothing written.  Their answers
 # are never served from the cache.
 _ACTS_BEYOND_SCHEMA = {"c10d", "_c10d_functional", "inductor"}
+# Ops that read or mark a storage's state, which the metadata does not hold:
+# ``_pin_memory`` pins its new storage, ``is_pinned`` asks (Note [Pinned
+# memory on a logical host] in rules/pinned.py).
+_STORAGE_STATE = {"aten::is_pinned", "aten::_pin_memory"}
 
 
 def facts(func) -> OpFacts:
@@ -226,7 +230,10 @@ def _compute(func) -> OpFacts:
     )
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in args)
     cacheable = (
-        not data_dependent and torch.Tag.inplace_view not in tags and name.partition("::")[0] not in _ACTS_BEYOND_SCHEMA
+        not data_dependent
+        and torch.Tag.inplace_view not in tags
+        and name.partition("::")[0] not in _ACTS_BEYOND_SCHEMA
+        and name not in _STORAGE_STATE
     )
     writes, aliases, joins = _writes_and_aliases(func)
     return OpFacts(

@@ -149,7 +149,8 @@ def _data_error(what: str):
 # Note [Storage-level calls on a MetaTensor]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # ``model.share_memory()`` (every ``torch.multiprocessing`` recipe) and
-# ``t.pin_memory()`` act on a tensor's storage, not on its metadata: they
+# ``t.pin_memory()`` (with no accelerator; Note [Pinned memory on a
+# logical host] in rules/pinned.py) act on a tensor's storage, not on its metadata: they
 # move its bytes into shared or page-locked memory.  A MetaTensor's storage
 # is torch's ``meta`` one, which holds no bytes, and torch refused with a raw
 # "_share_fd_: only available on CPU" or "cannot pin 'MetaFloatType'" from
@@ -287,6 +288,36 @@ class MetaTensor(torch.Tensor):
     """
 
     _md: TensorState  # Note [A MetaTensor's state] in state.py
+
+    def __new__(cls, data=None, requires_grad: bool = True, **state):
+        """Note [Rebuilding a parameter by its type]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        Libraries rebuild a parameter as ``type(p)(data, **p.__dict__)`` so
+        that a Parameter subclass keeps its class: accelerate's
+        ``init_empty_weights`` does it for every parameter it moves to meta.
+        Under a mode ``nn.Parameter(x)`` is a MetaTensor flagged ``_is_param``
+        (Parameter's own ``__new__`` for a tensor subclass), so ``type(p)`` is
+        this class and ``p.__dict__`` holds our state (``_is_param``,
+        ``_md``), and torch's constructor refused it.  It is taken as the
+        ``nn.Parameter(data, requires_grad)`` it stands for: ``data`` detached
+        as ``Parameter.__new__`` does it (so the mode records what
+        ``nn.Parameter`` records), flagged a parameter, with its own record.
+        Any other keyword is refused as ``nn.Parameter`` refuses it, and a
+        real ``data`` too: only a mode knows the device and the trace to
+        convert it for.
+        """
+        extra = sorted(k for k in state if k != "_is_param" and not k.startswith("_md"))
+        if extra:
+            raise TypeError(f"MetaTensor.__new__() got an unexpected keyword argument {extra[0]!r}")
+        if not isinstance(data, MetaTensor):
+            raise TypeError(
+                "MetaTensor(data, requires_grad) rebuilds a parameter from a MetaTensor "
+                "(Note [Rebuilding a parameter by its type]); "
+                f"got {type(data).__name__}: use md.to_meta or a MetaMode to make one"
+            )
+        out = data.detach().requires_grad_(requires_grad)
+        out._is_param = True
+        return out
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -431,9 +462,19 @@ class MetaTensor(torch.Tensor):
     share_memory_ = _storage_error(
         "share_memory_", "Call model.share_memory() on the real model before tracing or building under the mode"
     )
-    pin_memory = _storage_error(
+    _refuse_pin = _storage_error(
         "pin_memory", "Pin the real tensors before tracing, or leave pin_memory off while tracing"
     )
+
+    def pin_memory(self, *args, **kwargs):
+        # With an accelerator (a logical GPU answers for one) pinning is
+        # traced as torch dispatches it (Note [Pinned memory on a logical
+        # host] in rules/pinned.py); without one torch refuses to pin.
+        if not (torch.cuda.is_available() or torch.accelerator.is_available()):
+            return self._refuse_pin()
+        if self.is_pinned():  # torch's own pin_memory: is_pinned, then _pin_memory
+            return self
+        return torch.ops.aten._pin_memory.default(self, *args, **kwargs)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a MetaTensor holds no data and cannot be pickled; save a trace instead")

@@ -41,9 +41,9 @@ from .._compat import pytree
 from ..debug.diff import canonical, diff
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
-from ..mode.reach import walk
 from ..spec.schema import facts
 from ..tensor.tensor import MetaTensor
+from ..tracing.reach import walk
 from ..tracing.tracer import tracer
 from .collectives import CollectiveLog
 
@@ -272,7 +272,7 @@ class Snapshot:
 
 
 def snapshot(*roots: Any, rng: bool = True, **named: Any) -> Snapshot:
-    """Snapshot what ``roots`` reach (see ``metadispatch/mode/reach.py``), and the RNG states.
+    """Snapshot what ``roots`` reach (see ``metadispatch/tracing/reach.py``), and the RNG states.
 
     Roots are modules, optimizers, schedulers, tensors, containers,
     generators, functions (their closures and the globals they name).  Take

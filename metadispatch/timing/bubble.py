@@ -54,6 +54,7 @@ class PipelineRuntime:
     busy: list
     bubble: list
     in_flight: list
+    ranks: list | None = None  # each trace's rank in its world (None: 0, 1, ...)
 
     @property
     def bubble_fraction(self) -> float:
@@ -63,7 +64,8 @@ class PipelineRuntime:
         lines = [
             f"pipeline of {len(self.busy)} stages: step {self.total * 1e3:.2f} ms, bubble {self.bubble_fraction:.1%}"
         ]
-        for r, (b, idle, n) in enumerate(zip(self.busy, self.bubble, self.in_flight)):
+        ranks = self.ranks or range(len(self.busy))
+        for r, b, idle, n in zip(ranks, self.busy, self.bubble, self.in_flight):
             lines.append(f"  rank {r}: busy {b * 1e3:.2f} ms, idle {idle * 1e3:.2f} ms, {n} micro-batches in flight")
         return "\n".join(lines)
 
@@ -99,7 +101,12 @@ def _in_flight(events: list) -> int:
 
 def pipeline_runtime(traces: list, runtimes: list) -> PipelineRuntime:
     """Run the ranks' priced traces against each other (Note [A pipeline's bubble from its stages' traces])."""
-    events = [_events(t, r.per_call) for t, r in zip(traces, runtimes)]
+    # A trace's peers are ranks of its world; the traces of one pipeline
+    # (its first stage's rank 0, the next's rank 8 under --fsdp) are found
+    # by the rank each was traced as, else by their place in the list.
+    ranks = [t.world[1] for t in traces if t.world is not None]
+    place = {r: i for i, r in enumerate(ranks)} if len(set(ranks)) == len(traces) else {}
+    events = [[_placed(e, place) for e in _events(t, r.per_call)] for t, r in zip(traces, runtimes)]
     clock = [0.0] * len(events)
     busy = [0.0] * len(events)
     at = [0] * len(events)
@@ -129,8 +136,16 @@ def pipeline_runtime(traces: list, runtimes: list) -> PipelineRuntime:
         if not moved:
             stuck = [r for r, (i, e) in enumerate(zip(at, events)) if i < len(e)]
             raise MetaDispatchError(
-                f"md.runtime over a pipeline: rank {stuck[0]} waits for a send no rank's trace makes; "
-                "give one trace per rank, in rank order, of the same step"
+                f"md.runtime over a pipeline: rank {ranks[stuck[0]] if place else stuck[0]} waits for a send no "
+                "rank's trace makes; give one trace per rank of the pipeline, in rank order, of the same step"
             )
     total = max(clock, default=0.0)
-    return PipelineRuntime(total, busy, [total - b for b in busy], [_in_flight(e) for e in events])
+    in_flight = [_in_flight(e) for e in events]
+    return PipelineRuntime(total, busy, [total - b for b in busy], in_flight, ranks if place else None)
+
+
+def _placed(event: tuple, place: dict) -> tuple:
+    """A send's or receive's peer as the index of its trace."""
+    if event[0] == "run" or not place:
+        return event
+    return (event[0], place.get(event[1], -1), *event[2:])

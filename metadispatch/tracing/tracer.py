@@ -15,11 +15,11 @@ from ..ir.cut import step_from
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
-from ..mode.reach import find, holds_state, is_container, is_machinery
 from ..mode.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
+from .reach import find, holds_state, is_container, is_machinery
 
 __all__ = ["to_meta", "trace", "tracer"]
 
@@ -79,6 +79,7 @@ def tracer(
     restore: str = "machinery",
     mode_factory=None,
     warmup: int = 0,
+    assume=None,
 ) -> Callable[..., Trace]:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
@@ -99,6 +100,12 @@ def tracer(
     [What the calls before a cut leave alive] in ir/cut.py); the
     trace's ``warmup`` says so.
 
+    ``assume`` declares what the trace cannot compute: with
+    ``md.GenerateAssumptions(token_id=0)``, ``model.generate(ids,
+    max_new_tokens=4)`` traces its prefill and decode steps, every next
+    token being 0 and every assumption in ``trace.assumptions`` (Note
+    [Generating under declared assumptions] in values/assume.py).
+
     >>> import torch, metadispatch as md
     >>> model = torch.nn.Linear(256, 256)
     >>> opt = torch.optim.AdamW(model.parameters())
@@ -117,12 +124,17 @@ def tracer(
     check_restore(restore)
     if type(warmup) is not int or warmup < 0:
         raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
+    if assume is not None and (mode_factory is not None or warmup):
+        raise MetaDispatchError(
+            "assume= traces one call of the function, with no warmup= and no mode_factory= "
+            "(a factory gives it to the mode it makes: MetaMode(assume=...))"
+        )
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
         mode = (
             mode_factory()
             if mode_factory is not None
-            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank)
+            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
         )
         return run_traced(mode, fn, args, kwargs, restore, warmup)
 
@@ -172,6 +184,8 @@ def run_traced(
     """
     standins = StandIns(mode)
     kept = _saved_kind if restore == "all" else is_machinery
+    if mode.assume is not None:  # Note [Generating under declared assumptions] in values/assume.py
+        mode.assume.inputs(args, kwargs)
     try:
         with standins:
             reached = find({"fn": fn, "args": args, "kwargs": kwargs}, kept, empty=True)
@@ -211,6 +225,8 @@ def run_traced(
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
+    if mode.assume is not None and not warmup:
+        mode.assume.finish(tr)  # its steps' marks
     if warmup:
         tr.warmup = warmup
         tr = step_from(tr, start)

@@ -3,8 +3,8 @@
 A trace is a program, and a file anyone wrote can aim one at the machine
 (docs/trace-format.md, "Threat model").  ``positions`` classes every op a
 file may name by what its values become (data, a position its kernel
-checks, one replay checks, or refused), with ``position_data`` (the
-families whose values are data).  Before anything runs: ``budget`` (the
+checks, one replay checks, or refused), reading ``spec/position_data.py``
+(the families whose values are data).  Before anything runs: ``budget`` (the
 limits), ``costs`` (the walk that sizes each call), ``work`` and
 ``sizes`` (one call's work and scratch, list and data-dependent sizes).
 While a loaded trace runs: ``fences`` around each call, with

@@ -17,7 +17,7 @@ deny:
 
 - ``data``: its tensors' values are computed on, never followed as
   positions (elementwise ops by ``torch.Tag.pointwise``, reductions, copies,
-  views, factories, products, convolutions, norms: ``position_data.py``);
+  views, factories, products, convolutions, norms: ``spec/position_data.py``);
   integer scalars it uses as sizes or positions its kernel checks (dims,
   ``select``'s index, ``as_strided``'s offset: the view fence checks views);
 - ``kernel``: its CPU kernel bounds-checks the named arguments itself,
@@ -56,8 +56,8 @@ import torch
 
 from ..ir.decode import refusal
 from ..spec.ownops import OWN_OPS
+from ..spec.position_data import DATA_FAMILIES
 from ..spec.schema import schema_of
-from .position_data import DATA_FAMILIES
 
 __all__ = [
     "Position",

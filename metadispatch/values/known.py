@@ -28,7 +28,11 @@ its real CPU value, ``t._md.known = (value, cell)``, while it has at most
   labels) keep their values: a check reports on the run of those inputs;
 * a data-dependent op (``item``, ``nonzero``, ``bool(t)``) on known inputs is
   answered by the real kernel (the dispatcher calls :func:`answer`), and the
-  trace marks the call with ``<known value>``.
+  trace marks the call with ``<known value>``;
+* a value a policy declares (:func:`declare`: the next token under
+  ``md.GenerateAssumptions``, values/assume.py) is known too, and its cell
+  says it is assumed; everything computed from it carries that mark, so a
+  read of it is listed as the assumption's consequence.
 
 The metadata cache may serve a call on known inputs, but never an answer
 whose computation read a value (``value_reads`` in tensor.py; Note [What
@@ -49,7 +53,20 @@ from ..spec.schema import schema_of
 from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
 
-__all__ = ["value_of", "know", "concerns", "propagate", "answer", "from_numbers", "NOTE", "DEFAULT_LIMIT"]
+__all__ = [
+    "value_of",
+    "know",
+    "declare",
+    "assumed",
+    "concerns",
+    "propagate",
+    "answer",
+    "from_numbers",
+    "NOTE",
+    "DEFAULT_LIMIT",
+]
+
+aten = torch.ops.aten
 
 NOTE = "known value"
 DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, small enough to stay cheap
@@ -66,16 +83,50 @@ _SHAPE_ONLY = {
     "aten.new_full.default",
 }
 _LIFT = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default"}
-SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though their first input is not
+# Note [An operand that decides the result]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``known | x`` is all True when the known boolean operand is, whatever
+# ``x`` holds; ``known & x`` is all zeros when the known (bool or integer)
+# operand is.  generate()'s stopping criteria rely on it: the length
+# criterion is a known all-True tensor or'ed with an EOS check of a made-up
+# token, and ``unfinished & ~done`` then zeroes the (long) unfinished flags;
+# without this rule the loop's stop read is made up too (``False``) and
+# md.check on generate() never ends.  Only out-of-place ops: an in-place one
+# keeps today's invalidation, which is always safe.
+_DECIDED_BY = {
+    "aten.bitwise_or.Tensor": True,
+    "aten.logical_or.default": True,
+    "aten.bitwise_and.Tensor": False,
+    "aten.logical_and.default": False,
+}
+SPECIAL = _SHAPE_ONLY | _LIFT | set(_DECIDED_BY)  # ops whose outputs can be known though their first input is not
 
 
 class _Cell:
-    """Shared by a value and its views; cleared when one of them is overwritten."""
+    """Shared by a value and its views; cleared when one of them is overwritten.
 
-    __slots__ = ("valid",)
+    ``assumed``: the value follows from a declared one (a policy's next
+    token, values/assume.py), so a read of it is a consequence of that
+    assumption, which the trace lists (:func:`assumed`).
+    """
+
+    __slots__ = ("valid", "assumed")
 
     def __init__(self) -> None:
         self.valid = True
+        self.assumed = False
+
+
+def declare(t: MetaTensor, real: torch.Tensor, mode) -> None:
+    """Give ``t`` the declared value ``real``, marked as an assumption (:func:`assumed`)."""
+    know(t, real, mode)
+    if t._md.known is not None:
+        t._md.known[1].assumed = True
+
+
+def assumed(tensors) -> bool:
+    """Whether the known value of one of ``tensors`` follows from a declared one."""
+    return any(isinstance(t, MetaTensor) and t._md.known is not None and t._md.known[1].assumed for t in tensors)
 
 
 def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
@@ -115,6 +166,8 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     if reals is None:
         if f.mutates:
             _invalidate(func, args, kwargs)
+        elif f.name in _DECIDED_BY:
+            _decided(f.name, tensors, result, mode)
         return
     real_args, real_kwargs = _substitute(args, kwargs, reals)
     try:
@@ -130,6 +183,8 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
     cell = base._md.known[1] if isinstance(base, MetaTensor) and value_of(base) is not None else None
     _attach(result, real_out, cell)
+    if assumed(tensors):  # what is computed from a declared value is an assumption too
+        _mark_assumed(result)
 
 
 def answer(func, f, tensors, args, kwargs, device, mode):
@@ -145,7 +200,40 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     out = to_meta_outputs(real_out, device)
     if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
         _attach(out, real_out, None)
+        if assumed(tensors):
+            _mark_assumed(out)
     return out
+
+
+def _decided(name, tensors, result, mode) -> None:
+    """Note [An operand that decides the result]"""
+    fill = _DECIDED_BY[name]
+    if not isinstance(result, MetaTensor) or not _small(result, mode):
+        return
+    if fill and result.dtype != torch.bool:
+        return  # an integer ``|`` is decided only by all bits set: not worth a rule
+    for t in tensors:
+        v = value_of(t)
+        if v is None or v.numel() == 0 or v.is_floating_point() or v.is_complex():
+            continue
+        if fill and v.dtype != torch.bool:
+            continue
+        # aten ops through run_real: no mode of ours sees these computations
+        decides = run_real(aten.all.default if fill else aten.any.default, (v,), {})
+        with _compat.no_torch_function():
+            decided = bool(decides) == fill
+        if decided:
+            value = run_real(aten.full.default, (list(result.shape), fill), {"dtype": result.dtype})
+            _attach(result, value, None)
+            if assumed([t]):
+                _mark_assumed(result)
+            return
+
+
+def _mark_assumed(result) -> None:
+    for m in flat(result):
+        if isinstance(m, MetaTensor) and m._md.known is not None:
+            m._md.known[1].assumed = True
 
 
 def from_numbers(func, args, kwargs):

@@ -159,6 +159,11 @@ def flat(out) -> list:
 def run_real(func, args, kwargs):
     """Call ``func`` on real CPU arguments; device arguments are moved to CPU."""
     args, kwargs = map_args(_cpu, args, kwargs)
+    if func is torch.ops.aten._pin_memory.default:
+        # Its value is a copy, and the host may have no accelerator to pin
+        # with (Note [Pinned memory on a logical host] in rules/pinned.py).
+        x = args[0]
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(x)
     if kwargs.get("pin_memory"):
         kwargs = dict(kwargs, pin_memory=False)
     with torch.no_grad(), _compat.no_python_dispatch():

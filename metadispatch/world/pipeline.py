@@ -56,6 +56,22 @@ def _warmup(below, schedule, stages, has_backward: bool, p2p_done: bool):
         below(schedule, stages, has_backward, p2p_done)
 
 
+def _reduce_grad(below, stage, *args, **kwargs):
+    """Note [A pipeline stage reduces its gradients after backward]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    After a stage's last backward a schedule calls ``perform_reduce_grad``
+    itself: for an FSDP2 stage, FSDP's post-backward (the gradients'
+    reduce-scatter, which makes the sharded gradients) and then the
+    gradients' scaling, outside the autograd engine.  Its calls are
+    backward's all the same -- a plain FSDP2 step makes them inside the
+    engine -- so they are recorded as backward, and ``md.memory`` finds
+    the sharded gradients where a real run holds them (``grads``, not
+    activations made in forward).
+    """
+    with _compat.backward_outside_the_engine():
+        return below(stage, *args, **kwargs)
+
+
 def _method(replacement, below):
     def method(self, *args, **kwargs):
         return replacement(below, self, *args, **kwargs)
@@ -65,6 +81,12 @@ def _method(replacement, below):
 
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
 PATCHES = [
+    (
+        _compat.pipeline_stage_class,
+        "perform_reduce_grad",
+        lambda below: _method(_reduce_grad, below),
+        "a stage's gradient reduction is backward's (Note [A pipeline stage reduces its gradients after backward])",
+    ),
     (
         _compat.pipeline_schedule_class,
         "_warmup_p2p",

@@ -52,6 +52,20 @@ def test_memory_adamw_step_shows_optimizer_state():
     assert m.peak == pytest.approx(_real_peak(_adamw_step, model, inputs).peak, rel=0.05)
 
 
+def test_memory_weight_first_viewed_in_backward_is_a_param_not_a_grad():
+    # GPT-2's Conv1D reads its weight whole in forward (addmm(b, x, w)); the
+    # first view of it is backward's w.t(), which is no birth of its storage
+    transformers = pytest.importorskip("transformers")
+    conv1d = transformers.pytorch_utils.Conv1D
+    model = torch.nn.Sequential(conv1d(8, 4), conv1d(2, 8))  # the second's input wants a gradient
+    x = torch.randn(3, 4)
+    t = md.trace(_adamw_step, model, x)
+    m = md.memory(t)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert m.by_category["params"] == m.by_category["grads"] == params
+    assert m.peak == pytest.approx(_real_peak(_adamw_step, model, (x,)).peak, rel=0.05)
+
+
 def test_memory_counts_tied_weights_once():
     model, inputs = MODELS["hf_llama"]()
     lm = model.lm
@@ -261,3 +275,34 @@ def test_memory_says_what_cudnn_sizes_at_run_time_is_left_out():
     assert "not sized" in str(md.fits(md.tracer(device="cuda")(step, conv, torch.randn(2, 3, 16, 16))))
     cpu = md.memory(md.trace(step, conv, torch.randn(2, 3, 16, 16)))
     assert not cpu.unsized and "not sized" not in str(cpu)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_memory_closure_passed_to_optimizer_step_keeps_forward_and_backward_phases(optimizer):
+    # Note [A closure passed to optimizer.step]: Lightning's automatic
+    # optimisation, and LBFGS, run the forward and backward inside step(); by
+    # position (AdamW here) or by keyword (SGD)
+    model, inputs = MODELS["mlp"]()
+    make = {"adamw": lambda p: torch.optim.AdamW(p, foreach=True), "sgd": lambda p: torch.optim.SGD(p, lr=0.1)}
+    opt = make[optimizer](model.parameters())
+
+    def closure():
+        opt.zero_grad()
+        return train_step(model, *inputs)
+
+    t = md.trace(lambda: opt.step(closure) if optimizer == "adamw" else opt.step(closure=closure))
+    phases = [c.phase for c in t.calls]
+    inside = phases.index("optimizer")
+    assert phases[0] == "forward" and set(phases[:inside]) == {"forward", "backward"}
+    if optimizer == "adamw":  # the same step written without a closure
+
+        def plain():
+            closure()
+            opt.step()
+
+        reference = md.trace(plain)
+
+        def ops(trace):  # the profiler's record_function calls nest differently
+            return [(c.op, c.phase) for c in trace.calls if not c.op.startswith("profiler.")]
+
+        assert ops(t) == ops(reference)

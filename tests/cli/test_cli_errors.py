@@ -57,7 +57,7 @@ def _assert_one_line(err: str, message: str):
         (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
         (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
         (["trace", "--world-size", "2", "--rank", "2", "--fsdp"], "--rank 2: not a rank of a world of 2"),
-        (["trace", "--fsdp"], "--fsdp, --tp, --dp, --rank, --worst-rank and --blocks need --world-size"),
+        (["trace", "--fsdp"], "--fsdp, --tp, --pp, --dp, --rank, --worst-rank and --blocks need --world-size"),
         (["trace", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
         (["check", "m:f", "--gpu", "bogus"], "argument --gpu: unknown GPU 'bogus'"),
         (["check", "m:f", "--device", "cuda"], "--device cuda: check re-runs every call on the CPU"),

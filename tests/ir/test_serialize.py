@@ -98,6 +98,14 @@ def _edit_string(doc, path, text):
 # are the records of ids $0..$3; strings hold "float32" and "cpu".
 _BAD_DOCS = {
     "unknown version": (lambda d: _edit(d, ["version"], 99), "unknown format version 99"),
+    "assumption past the calls": (
+        lambda d: _edit(d, ["assumptions"], [[9, "aten.argmax.default", "", None, "tokens = 0", "x"]]),
+        "assumptions[0]: expected [call, op, module, source, value, basis]",
+    ),
+    "assumption not text": (
+        lambda d: _edit(d, ["assumptions"], [[0, "aten.argmax.default", "", 3, "tokens = 0", "x"]]),
+        "assumptions[0]",
+    ),
     "version 1": (lambda d: _edit(d, ["version"], 1), "unknown format version 1"),
     "not a trace": (lambda d: {"hello": "world"}, "not a trace"),
     "a JSON list": (lambda d: [1, 2, 3], "not a trace"),

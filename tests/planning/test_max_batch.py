@@ -6,6 +6,7 @@ from torch import nn
 
 import metadispatch as md
 from metadispatch.cli.llama import Llama, LlamaConfig
+from metadispatch.cli.llama import build as llama_build
 from tests.tracing.test_steady_state import _Block
 
 
@@ -62,6 +63,52 @@ def test_max_batch_fits_and_one_more_does_not(model, gpu):
     assert found.batch > 1 and found.fits.fits and not found.next.fits
     assert len(found.tried) <= 2 * found.batch.bit_length() + 2  # O(log n) traces
     assert _fits(make_step, found.batch, gpu) and not _fits(make_step, found.batch + 1, gpu)  # traced anew
+
+
+def _deep_llama(batch, layers=None):
+    """make_step(batch, layers=k): a LLaMA 8 blocks deep (or k), built on the meta device, with AdamW."""
+    config = LlamaConfig(vocab_size=512, dim=256, n_layers=layers or 8, n_heads=4, n_kv_heads=4, hidden_dim=512)
+    with md.MetaMode(device="cuda", record=False):
+        model, (ids, labels) = llama_build(config, batch, 256)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(model, ids, labels):
+        model(ids, labels).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step, (model, ids, labels)
+
+
+@pytest.mark.slow
+def test_max_batch_guesses_from_shallow_traces_and_confirms_with_two_full_ones():
+    capacity = 3 * 2**30
+    found = md.max_batch(_deep_llama, "l4", capacity=capacity, scale=(2, 4))
+    # the guess bounds the allocated peak; the allocator's rounding, 3-7% here, takes one guess more
+    assert found.small == 4 and found.guess >= found.batch > 1 and len(found.tried) <= 4
+    assert found.fits.fits and not found.next.fits
+    plain = md.max_batch(_deep_llama, "l4", capacity=capacity)
+    assert plain.batch == found.batch  # traced anew: the answer fits, one more does not
+    for batch, expected in ((found.batch, True), (found.batch + 1, False)):
+        fn, args = _deep_llama(batch)
+        assert md.fits(md.tracer(device="cuda", gpu="l4", warmup=1)(fn, *args), "l4", capacity).fits is expected
+
+
+def test_max_batch_finds_the_answer_where_the_guess_is_wrong():
+    # b * b MiB: the line through batches 2 and 3 guesses far too high; the search gallops back down
+    def make_step(batch):
+        return (lambda: torch.empty(batch * batch, 2**18).sum()), ()
+
+    found = md.max_batch(make_step, "l4", capacity=100 * 2**20)
+    assert found.guess > 2 * found.batch and found.batch == 9 and found.fits.fits and not found.next.fits
+    assert found.failed == 10 and len(found.tried) <= 2 * found.guess.bit_length() + 2  # O(log n) traces
+
+
+def test_max_batch_refuses_a_scale_it_cannot_use():
+    with pytest.raises(md.MetaDispatchError, match="scale=.*2 <= a < c"):
+        md.max_batch(_deep_llama, "l4", scale=(1, 4))
+    with pytest.raises(md.MetaDispatchError, match="the model among the step's args"):
+        md.max_batch(lambda b, layers=None: ((lambda: None), ()), "l4", scale=(2, 4))
 
 
 def test_max_batch_on_a_world_answers_for_the_worst_rank():

@@ -418,6 +418,8 @@ def test_rules_masked_select_with_a_known_mask_matches_real(x, mask):
 # compares them with one where CUDA exists; the test below holds the rest of
 # their outputs to torch's meta kernel.
 _ON_A_GPU = {aten._scaled_dot_product_efficient_attention.default, aten._efficient_attention_forward.default}
+# Pinning needs an accelerator, which this host lacks: tests/rules/test_pinned.py.
+_ON_A_GPU |= {aten._pin_memory.default, aten.is_pinned.default}
 
 
 def test_rules_efficient_attention_seed_and_offset_are_cpu_scalars_on_a_logical_gpu():

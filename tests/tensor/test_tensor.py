@@ -244,3 +244,38 @@ def test_tensor_share_memory_runs_eagerly_outside_a_mode():
     model = torch.nn.Linear(4, 2)
     _share(model, torch.randn(3, 4))
     assert all(p.is_shared() for p in model.parameters())
+
+
+def test_tensor_rebuilt_by_its_type_is_the_parameter_it_stands_for():
+    # accelerate's init_empty_weights rebuilds each parameter as
+    # type(p)(data, **p.__dict__); under a mode type(p) is MetaTensor
+    real = torch.nn.Parameter(torch.ones(2, 3), requires_grad=False)
+    eager = type(real)(real.to("meta"), **real.__dict__)
+    with md.MetaMode() as mode:
+        p = torch.nn.Parameter(torch.ones(2, 3), requires_grad=False)
+        before = len(mode.trace.calls)
+        rebuilt = type(p)(p.to("meta"), **p.__dict__)
+        made = [c.op for c in mode.trace.calls[before:]]
+        reference = len(mode.trace.calls)
+        torch.nn.Parameter(p.to("meta"), requires_grad=False)
+    assert isinstance(rebuilt, md.MetaTensor) and isinstance(rebuilt, torch.nn.Parameter)
+    assert (rebuilt.shape, rebuilt.dtype, rebuilt.requires_grad, rebuilt.device) == (
+        eager.shape,
+        eager.dtype,
+        eager.requires_grad,
+        eager.device,
+    )
+    assert rebuilt._md is not p._md and rebuilt._md.meta.id != p._md.meta.id  # its own record
+    assert made == [c.op for c in mode.trace.calls[reference:]]  # what nn.Parameter records
+
+
+def test_tensor_rebuilt_by_its_type_refuses_what_parameter_refuses():
+    real = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_parallel'"):
+        torch.nn.Parameter(real, sequence_parallel=True)
+    with md.MetaMode():
+        p = torch.nn.Parameter(torch.ones(2))
+        with pytest.raises(TypeError, match="unexpected keyword argument 'sequence_parallel'"):
+            type(p)(p, sequence_parallel=True)
+    with pytest.raises(TypeError, match="from a MetaTensor.*got Tensor: use md.to_meta"):
+        md.MetaTensor(torch.ones(2))

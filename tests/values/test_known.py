@@ -267,3 +267,41 @@ def test_known_a_decided_comparison_of_a_large_draw_allocates_nothing_large():
     # limit is not kept (known.py), and the comparison stays a MetaTensor.
     trace = md.trace(lambda x: (torch.rand(4000, 4000) < 2).sum() + x, torch.randn(1))
     assert trace.calls[-1].op == "aten.add.Tensor"
+
+
+# Note [An operand that decides the result]: a known operand that decides
+# ``|``/``&`` makes the result known, whatever the unknown operand holds;
+# the value is eager's for every draw of the unknown one.
+@pytest.mark.parametrize(
+    "make, decided",
+    [
+        (lambda x: torch.ones(3, dtype=torch.bool) | (x > 0), True),
+        (lambda x: (x > 0) | torch.ones(1, dtype=torch.bool), True),
+        (lambda x: torch.logical_or(torch.ones(3, dtype=torch.bool), x > 0), True),
+        (lambda x: torch.ones(3, dtype=torch.long) & ~torch.ones(3, dtype=torch.bool), True),  # all known
+        (lambda x: (x > 0).long() & torch.zeros(3, dtype=torch.long), True),
+        (lambda x: torch.zeros(3, dtype=torch.bool) & (x > 0), True),
+        (lambda x: torch.logical_and(x > 0, torch.zeros(3, dtype=torch.bool)), True),
+        (lambda x: torch.zeros(3, dtype=torch.bool) | (x > 0), False),  # or with all False decides nothing
+        (lambda x: torch.tensor([True, False, True]) & (x > 0), False),
+        (lambda x: (x > 0).long() | torch.ones(3, dtype=torch.long), False),  # integer or: not decided by 1s
+    ],
+)
+def test_known_an_operand_that_decides_or_and_and(make, decided):
+    x = torch.randn(3)
+    with md.MetaMode() as mode:
+        out = make(mode.from_tensor(x))
+    got = value_of(out)
+    assert (got is not None) == decided
+    if decided:
+        for draw in (x, -x.abs(), x.abs() + 1):  # eager, whatever the unknown operand holds
+            want = make(draw)
+            assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_known_a_decided_operand_written_in_place_is_not_known():
+    with md.MetaMode() as mode:
+        x = mode.from_tensor(torch.randn(3))
+        done = torch.ones(3, dtype=torch.bool)
+        done |= x > 0  # in place: today's invalidation, never a guess
+    assert value_of(done) is None

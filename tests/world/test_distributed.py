@@ -297,6 +297,11 @@ def test_distributed_cli_plans_the_step_a_real_run_takes(tmp_path_factory, capsy
         (["--fsdp"], "need --world-size"),
         (["--world-size", "4", "--rank", "4", "--fsdp"], "not a rank"),
         (["--world-size", "4", "--dp", "--fsdp"], "--dp combines"),
+        (["--pp", "2"], "need --world-size"),
+        (["--world-size", "3", "--pp", "2"], "does not divide --world-size 3"),
+        (["--world-size", "2", "--pp", "2", "--dp"], "not with --dp"),
+        (["--world-size", "4", "--pp", "4"], "the model has 2 blocks"),  # one block a stage at least
+        (["--world-size", "2", "--pp", "2", "--microbatches", "3"], "does not divide the batch of 2"),
     ],
 )
 def test_distributed_cli_refuses_plans_that_cannot_work(argv, message, capsys):

@@ -1,5 +1,7 @@
 """More patterns of one rank against real ``gloo`` runs: FSDP2 on its
-default mesh (none given), tensor parallelism with AdamW ``foreach``, HSDP
+default mesh (none given), with a mixed-precision policy (bf16 parameters,
+fp32 reductions) and with CPU offload, tensor parallelism with AdamW ``foreach``, the
+zero-bubble pipeline schedules (interleaved, ZBV, DualPipeV), HSDP
 (a 2-D mesh, replicated x sharded), and the command line's plans on a
 transformers GPT-2 (its blocks found in ``transformer.h``).
 
@@ -31,9 +33,16 @@ RUNS = [
     ("pp-gpipe", 2),
     ("pp-1f1b", 2),
     ("pp-interleaved", 2),
+    ("pp-interleaved-zb", 2),
+    ("pp-zbv", 2),
+    ("pp-dualpipev", 2),
     ("ep-moe", 2),
+    ("fsdp-bf16", 2),
+    ("fsdp-offload", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
+    ("pp-interleaved-zb", 4),
+    ("pp-zbv", 4),
 ]
 _REAL: dict = {}
 
@@ -91,6 +100,7 @@ def test_distributed_cli_fsdp_finds_gpt2_blocks(tmp_path_factory, capsys):
     [
         (["--tp", "2"], "no linear in GPT2LMHeadModel's blocks"),
         (["--fsdp", "--blocks", "transformer.nope"], "has no module 'transformer.nope'"),
+        (["--pp", "2"], "--pp splits the built-in LLaMA; this target builds a GPT2LMHeadModel"),
     ],
 )
 def test_distributed_cli_refuses_blocks_it_cannot_wrap(argv, message, capsys):
@@ -125,3 +135,35 @@ def test_distributed_dropless_expert_dispatch_is_refused_as_data_dependent():
         received = all_to_all_single(counts, None, None, dist.group.WORLD)
         with pytest.raises(md.DataDependentError):
             received.view(2, -1).sum(dim=1).tolist()
+
+
+_PP: dict = {}
+
+
+def _real_pp(tmp_path_factory) -> dict:
+    if not _PP:
+        _PP.update(_spawn(["cli-pp", "cli-pp-zbv"], 2, tmp_path_factory))
+    return _PP
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])
+def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_path_factory, capsys):
+    # --pp runs cli/pipeline.py's run_stages in the logical world; the real
+    # run is the same code over gloo: per rank the same shards, collectives
+    # (the stages' sends and receives) and peak within 1 KiB.
+    case = "cli-pp" if schedule == "1f1b" else "cli-pp-zbv"
+    real = _real_pp(tmp_path_factory)[case]
+    for rank in range(2):
+        trace, shards = traced_rank(rank, 2, case, device="cpu")
+        assert shards == real[rank]["shards"]
+        assert json.loads(json.dumps(comparable(md.comms(trace).calls))) == real[rank]["collectives"]
+        assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
+    argv = ["trace", "tests.distributed_cases:tiny_llama4", "--device", "cpu", "--world-size", "2", "--pp", "2"]
+    assert main([*argv, "--pp-schedule", schedule, "--steps", "1", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    stages = "4 stages on 2 ranks" if schedule == "zbv" else "2 stages on 2 ranks"
+    assert f"pipeline: {stages}, {schedule}, per-stage peak during the step:" in out
+    assert f"{len(real[0]['collectives'])} collectives in the step" in out
+    assert re.search(r"^  rank 1 \(stages? [\d, ]+\): \S+ \([\d,]+ B\)$", out, re.M)
+    assert re.search(r"^pipeline of 2 stages: step [\d.]+ ms, bubble [\d.]+%$", out, re.M)

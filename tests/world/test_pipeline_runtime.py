@@ -2,6 +2,8 @@
 pipeline's bubble from its stages' traces]): the schedules' micro-batches
 in flight, and the step as the ranks' traces run against each other."""
 
+from collections import Counter
+
 import pytest
 
 import metadispatch as md
@@ -36,3 +38,30 @@ def test_pipeline_runtime_refuses_ranks_that_do_not_pair():
     traces = _ranks("pp-gpipe", 2)
     with pytest.raises(md.MetaDispatchError, match="waits for a send no rank's trace makes"):
         md.runtime(traces[1:], gpu="h100")  # rank 1 alone: its receives have no sender
+
+
+@pytest.mark.parametrize("case", ["pp-interleaved-zb", "pp-zbv", "pp-dualpipev"])
+def test_pipeline_runtime_zero_bubble_schedules_pair_their_sends_and_fill_the_bubble(case):
+    # Two stages a rank (their collectives held to real gloo runs in
+    # test_distributed_ground_truth.py).  Every receive is matched to a send
+    # of the other rank, and splitting backward into input and weight
+    # gradients leaves less idle time than interleaved 1F1B on the same stages.
+    traces = _ranks(case, 2)
+    for r, trace in enumerate(traces):
+        kinds = Counter(c.kind for c in md.comms(trace).calls)
+        other = Counter(c.kind for c in md.comms(traces[1 - r]).calls)
+        assert kinds["send"] == other["recv"] > 0
+    p = md.runtime(traces, gpu="h100")
+    assert p.busy == pytest.approx([md.runtime(t, gpu="h100").total for t in traces])
+    assert 0 < p.bubble_fraction < md.runtime(_ranks("pp-interleaved", 2), gpu="h100").bubble_fraction
+
+
+def test_pipeline_runtime_pairs_stages_by_the_rank_each_was_traced_as():
+    # 3-D on 8 ranks: the stages of one pipeline are ranks 0 and 4 (the
+    # others shard and split them); their sends name those ranks.
+    traces = [traced_rank(r, 8, "3d", device="cpu")[0] for r in (0, 4)]
+    p = md.runtime(traces, gpu="h100")
+    assert p.ranks == [0, 4] and p.in_flight == [2, 1]
+    assert "  rank 4: busy" in str(p)
+    with pytest.raises(md.MetaDispatchError, match="rank 4 waits for a send"):
+        md.runtime(traces[1:], gpu="h100")

@@ -1,6 +1,6 @@
 """The ops whose tensors' values are data, never positions, by family (Note [Values that become positions]).
 
-Read by positions.py after its tables of ops that follow values and the
+Read by trust/positions.py after its tables of ops that follow values and the
 families it refuses, and after two rules that need no list (ops tagged
 ``torch.Tag.pointwise``, ops that read no tensor).  An op here computes on
 its inputs' values -- adds them, reduces them, copies, multiplies,

@@ -1,0 +1,220 @@
+"""Declared values: a policy that answers the value reads of a generation loop.
+
+Note [Generating under declared assumptions]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+``model.generate()`` reads values a MetaTensor does not hold: the stopping
+criteria (``bool(unfinished_sequences.max() == 0)``) read the tokens the
+loop chose, which come from the model's logits.  Every tool refuses it as
+data-dependent.  A serving plan does not need the tokens, only a loop that
+does not stop early; so ``md.tracer(assume=md.GenerateAssumptions(token_id=0))``
+declares them, and the trace lists each declaration:
+
+* every ``argmax``/``multinomial`` result -- the next token, greedy or
+  sampled -- is the declared ``token_id``: a known value (Note [Known
+  values] in known.py) from that call on, noted on the call
+  (``<assumed tokens = 0: ...>``) and one ``Assumption`` in
+  ``trace.assumptions``.  Everything generate computes from the tokens
+  and the prompt -- the EOS check, ``unfinished_sequences``, the stop read
+  -- is then computed from known values, as eager computes it: a token
+  that is not an EOS id stops no sequence, so the loop runs until
+  ``max_new_tokens`` (``MaxLengthCriteria``, a shape check), as a real run
+  whose sampler returns that id does;
+* the integer and boolean arguments of the traced function (the prompt's
+  ids, an attention mask) keep their values, as under ``md.check``: the
+  attention mask's all-ones check and the pad-token check read them, and
+  the trace is the run of that prompt -- one assumption per argument;
+* any other read is answered only where ``values=`` names its site (a user
+  line or an op, as ``md.checker(values=...)``), listed too; a read the
+  policy does not answer stops with the usual ``DataDependentError``.
+
+Each token call ends a step: ``trace.marks["prefill"]`` is the first call
+of the model's forward, ``trace.marks["decode k"]`` the first after the
+k-th token was chosen (none after the last token: no forward follows), so ``md.memory(trace,
+since="decode 1")`` and ``md.generation_steps`` read the prefill and the
+decode steps apart.  An ``argmax`` the model itself calls (not generate) is
+assumed too; its line in the trace says so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from .._compat import pytree
+from ..ir.assumptions import Assumption
+from ..ir.records import arg_name
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
+from . import known
+from .realrun import to_meta_outputs
+
+__all__ = ["GenerateAssumptions", "TOKEN_OPS", "site_values", "given", "checked_given", "know_index_inputs"]
+
+# The ops that choose the next token: greedy (argmax) and sampled (multinomial).
+TOKEN_OPS = frozenset({"aten.argmax.default", "aten.multinomial.default"})
+SCALAR_READ = "aten._local_scalar_dense.default"
+
+
+class GenerateAssumptions:
+    """What ``md.tracer(assume=...)`` declares about a generation loop (Note [Generating under declared assumptions]).
+
+    ``token_id``: the value of every next token (``argmax``, ``multinomial``);
+    ``values``: answers for other reads, by site, as ``md.checker(values=...)``.
+
+    >>> import torch, metadispatch as md
+    >>> def pick(logits):
+    ...     token = logits.argmax(-1)
+    ...     return token if bool(token == 3) else None
+    >>> t = md.tracer(assume=md.GenerateAssumptions(token_id=3))(pick, torch.ones(1, 8))
+    >>> [a.value for a in t.assumptions], t.output is not None
+    (['tokens = 3', 'True'], True)
+    """
+
+    def __init__(self, token_id: int = 0, *, values: dict | None = None) -> None:
+        if type(token_id) is not int or token_id < 0:
+            raise TypeError(f"GenerateAssumptions(token_id={token_id!r}): a token id, an int >= 0")
+        self.token_id = token_id
+        self.values = site_values(values, "GenerateAssumptions")
+
+    def __repr__(self) -> str:
+        extra = f", values={self.values!r}" if self.values else ""
+        return f"GenerateAssumptions(token_id={self.token_id}{extra})"
+
+    def start(self, mode) -> Assuming:
+        """The policy's state for one recording ``mode``: it writes into ``mode.trace``."""
+        return Assuming(self, mode)
+
+
+class Assuming:
+    """One trace's answers under a :class:`GenerateAssumptions` (the mode's ``assume``)."""
+
+    ops = TOKEN_OPS
+
+    def __init__(self, policy: GenerateAssumptions, mode) -> None:
+        self.policy, self.mode = policy, mode
+        self.used: set = set()  # keys of ``values`` that named a site
+        self.steps = 0
+        self.tokens_at: list[int] = []  # the token calls, in order
+
+    def tokens(self, name: str, result) -> str:
+        """Give a token call's output the declared id; the call's note."""
+        trace = self.mode.trace
+        index = len(trace.calls)  # the call being recorded
+        outs = [o for o in (result if isinstance(result, (tuple, list)) else (result,)) if isinstance(o, MetaTensor)]
+        with _compat.no_python_dispatch():
+            for o in outs:
+                known.declare(o, torch.full(tuple(o.shape), self.policy.token_id, dtype=o.dtype), self.mode)
+        value = f"tokens = {self.policy.token_id}"
+        basis = repr(self.policy)
+        trace.assumptions.append(Assumption(index, name, _module(self.mode), user_frame(), value, basis))
+        self.steps += 1
+        self.tokens_at.append(index)
+        return f"assumed {value}: {basis}"
+
+    def finish(self, trace) -> None:
+        """Mark each step where the model's forward starts: the first call in a module
+        after the previous token (``"prefill"`` before the first), if there is one."""
+        calls, start = trace.calls, 0
+        for k, end in enumerate([*self.tokens_at, len(calls)]):
+            first = next((i for i in range(start, end) if calls[i].module), None)
+            if first is not None:
+                trace.marks.setdefault("prefill" if k == 0 else f"decode {k}", first)
+            start = end + 1
+
+    def follows(self, name: str, out) -> str:
+        """A read answered from values computed from the declared tokens (the stop
+        check): listed as what the tokens imply; the call's note."""
+        shown = str(out) if not isinstance(out, (torch.Tensor, tuple)) else "its outputs"
+        basis = f"computed from {self.policy!r}'s tokens"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
+        return f"assumed {shown}: {basis}"
+
+    def read(self, name: str, device):
+        """The outputs ``values=`` gives a data-dependent call at this site, and its note; None if it gives none."""
+        source = user_frame()
+        found = given(self.policy.values, self.used, name, source)
+        if found is None:
+            return None
+        key, value = found
+        out = checked_given(name, key, value)
+        shown = str(out) if not isinstance(out, (torch.Tensor, tuple)) else "its outputs"
+        basis = f"given by values[{key!r}]"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), source, shown, basis))
+        if not isinstance(out, (torch.Tensor, tuple)):
+            return out, f"assumed {shown}: {basis}"
+        return to_meta_outputs(out, device), f"assumed {shown}: {basis}"
+
+    def inputs(self, args, kwargs) -> None:
+        """The traced function's integer and boolean arguments keep their values, each an assumption."""
+        for path, t in pytree.tree_flatten_with_path((args, kwargs))[0]:
+            if know_index_input(self.mode, t):
+                self.mode.trace.assumptions.append(
+                    Assumption(0, f"arg {arg_name(path)}", "", None, "its values", f"{self.policy!r}: the prompt's")
+                )
+
+
+def site_values(values, who: str) -> dict:
+    """``values=`` as a dict keyed by site: a user line or an op name."""
+    values = dict(values or {})
+    for key in values:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"{who}(values=...): a key names a site, 'model.py:12' or 'aten.nonzero.default'; got {key!r}"
+            )
+    return values
+
+
+def given(values: dict, used: set, name: str, source: str | None):
+    """(key, value) from a value policy for this site -- its user line, with or
+    without ``in fn``, or its op -- or None; the key goes into ``used``."""
+    keys = [source, source.split(" in ")[0]] if source else []
+    for key in keys + [name]:
+        if key in values:
+            used.add(key)
+            return key, values[key]
+    return None
+
+
+def checked_given(name: str, key: str, value):
+    """The value given for a call, if it can stand for what the op returns."""
+    if name == SCALAR_READ:
+        if isinstance(value, (bool, int, float, complex)):
+            return value
+        raise TypeError(f"values[{key!r}]: {name} reads a number; give a number, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor) or (
+        isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value)
+    ):
+        return tuple(value) if isinstance(value, list) else value
+    raise TypeError(
+        f"values[{key!r}]: {name} returns tensors; give a tensor or a tuple of them, got {type(value).__name__}"
+    )
+
+
+def know_index_inputs(mode, args, kwargs) -> None:
+    """The user's integer and boolean example inputs keep their values (a copy).
+
+    Lengths, ids, labels and masks are how the user's data shapes the run:
+    ``pack_padded_sequence(x, lengths)`` packs to the batch sizes of the
+    real ``lengths``, not of made-up ones.  Floating inputs stay data.
+    """
+    for t in pytree.tree_leaves((args, kwargs)):  # what md.trace converts: not a module's buffers
+        know_index_input(mode, t)
+
+
+def know_index_input(mode, t) -> bool:
+    """Give one argument's stand-in its value if it is an integer or boolean tensor; whether it did."""
+    if type(t) is torch.Tensor and is_index(t) and not t.requires_grad and t.device.type != "meta":
+        known.know(mode.from_tensor(t), t, mode)
+        return True
+    return False
+
+
+def is_index(t) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex)
+
+
+def _module(mode) -> str:
+    modules = mode._recorder.modules
+    return modules.current() if modules is not None else ""
