@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .autograd import (
+    OUTSIDE_THE_ENGINE,
     backward_outside_the_engine,
     current_autograd_node,
     engine_backward,
@@ -209,6 +210,7 @@ __all__ = [
     "has_meta_kernel",
     "backward_outside_the_engine",
     "graph_task_id",
+    "OUTSIDE_THE_ENGINE",
     "in_backward",
     "in_checkpoint_recompute",
     "is_fake",

@@ -43,9 +43,11 @@ def backward_outside_the_engine():
         _OUTSIDE.depth -= 1
 
 
-# ``in_backward()`` is ``graph_task_id() != -1``; the recorder asks it of every
-# call and calls the C function itself (one Python frame fewer).
+# ``in_backward()`` is ``graph_task_id() != -1 or OUTSIDE_THE_ENGINE.depth``;
+# the recorder asks it of every call and reads both itself (one Python frame
+# fewer).
 graph_task_id = torch._C._current_graph_task_id
+OUTSIDE_THE_ENGINE = _OUTSIDE
 
 
 # Note [Checkpoint recompute]

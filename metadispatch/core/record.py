@@ -408,7 +408,7 @@ class Recorder:
             module = modules.current()
             if modules.in_optimizer:
                 phase = "optimizer"
-        if _GRAPH_TASK_ID() != -1:  # in backward (_compat.in_backward)
+        if _GRAPH_TASK_ID() != -1 or _OUTSIDE_THE_ENGINE.depth:  # in backward (_compat.in_backward)
             # an optimizer stepped from a post-accumulate-grad hook is the optimizer's
             phase = "optimizer" if phase == "optimizer" else "backward"
             if _compat.in_checkpoint_recompute():
@@ -434,6 +434,7 @@ class Recorder:
 
 _AS_STRIDED = torch.ops.aten.as_strided.default
 _GRAPH_TASK_ID = _compat.graph_task_id
+_OUTSIDE_THE_ENGINE = _compat.OUTSIDE_THE_ENGINE
 _KNOWN_KEPT = 64  # elements: step counters, small flags; larger known values are not state a cut carries
 _TUPLE_NEW = tuple.__new__
 # Argument types encode() passes through untouched.
