@@ -9,7 +9,8 @@ to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
 model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and
 decode), ``train`` (``md.plan``: the fastest training configuration that
-fits on N logical GPUs).  The
+fits on N logical GPUs, which it returns as ``table``'s ranked
+``PlanTable`` of ``Candidate``).  The
 analyses themselves stay pure functions of a trace.  May import
 ``analysis`` and below.
 """

@@ -43,74 +43,16 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from ..analysis.fit import fits
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from
-from ..ir.text import fmt_bytes, render
+from ..ir.text import fmt_bytes
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
 from ..timing.runtime import runtime
 from ..tracing.marks import mark
 from .ac import apply_ac, blocks
+from .table import KEYS, Candidate, PlanTable, rank_candidates
 
 __all__ = ["plan", "Candidate", "PlanTable", "trace_config"]
-
-_KEYS = ("shard", "replicate", "tp", "ac", "micro_batch", "accum", "optimizer")
-
-
-class Candidate:
-    """One configuration: ``config`` (a dict of ``_KEYS``), ``fits``, the
-    steady-state ``peak`` (allocated) and ``reserved_peak`` bytes,
-    ``step_time`` seconds and ``tokens_per_s`` (the whole job's), ``why``
-    it was rejected (``None`` if it fits) and ``retrace()``."""
-
-    def __init__(self, config: dict, planner: _Planner) -> None:
-        self.config, self._planner = config, planner
-        self.fits: bool | None = False  # None: scaled, not confirmed by a full trace
-        self.peak: int | None = None
-        self.reserved_peak: int | None = None
-        self.step_time: float | None = None
-        self.tokens_per_s: float | None = None
-        self.why: str | None = None
-        self.state: int | None = None  # bytes live as the optimizer step starts (Note [What scaling may reject])
-        self.cached = False  # scored from a trace another candidate made
-        self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
-
-    def retrace(self) -> Trace:
-        """This configuration's rank-0 step traced afresh (build, two steps; marks ``"step"``, ``"micro"``, ``"opt"``)."""
-        return self._planner.trace(self.config)
-
-    def __repr__(self) -> str:
-        return f"<Candidate {_short(self.config)} {'fits' if self.fits else 'rejected: ' + str(self.why)}>"
-
-
-class PlanTable(list):
-    """Candidates, best first: those that fit by step time, then the rejected. Print it for a table."""
-
-    seconds: float = 0.0
-    traces: int = 0
-    spent: dict = {}  # "full", "k layers", "measuring" -> [count, seconds]: where the search's time went
-    assumes: str = ""
-
-    @property
-    def best(self) -> Candidate | None:
-        return self[0] if self and self[0].fits else None
-
-    def __str__(self) -> str:
-        rows = [
-            (
-                str(i + 1),
-                _short(c.config),
-                "yes" if c.fits else "?" if c.fits is None else "no",
-                fmt_bytes(c.reserved_peak) if c.reserved_peak is not None else "-",
-                f"{c.step_time * 1e3:.1f}" if c.step_time is not None else "-",
-                f"{c.tokens_per_s:,.0f}" if c.tokens_per_s is not None else "-",
-                c.why or "",
-            )
-            for i, c in enumerate(self)
-        ]
-        where = ", ".join(f"{what} {n} in {sec:.1f} s" for what, (n, sec) in self.spent.items())
-        head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s ({where}); {self.assumes}"
-        table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
-        return "\n".join([head, *table])
 
 
 def plan(
@@ -157,11 +99,11 @@ def plan(
     start = time.perf_counter()
     planner.scale = _check_scale(scale)
     table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
-    _rank(table)
+    rank_candidates(table)
     # scaled memory is not a verdict: the fastest are confirmed by full traces, in time order
     while scale and sum(c.fits is True for c in table) < confirm and any(c.fits is None for c in table):
         planner.score(next(c for c in table if c.fits is None), full=True)
-        _rank(table)
+        rank_candidates(table)
     table.seconds = time.perf_counter() - start
     table.spent = {k: list(v) for k, v in planner.spent.items()}
     table.traces = sum(n for k, (n, _) in table.spent.items() if k != "measuring")
@@ -214,7 +156,7 @@ class _Planner:
             ):
                 rep = dp // shard if dp and dp % shard == 0 else 0
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
-                out.append(dict(zip(_KEYS, (shard, rep, tp, ac, mb, accum, opt))))
+                out.append(dict(zip(KEYS, (shard, rep, tp, ac, mb, accum, opt))))
         return out
 
     def rule(self, c: dict) -> str | None:
@@ -277,7 +219,7 @@ class _Planner:
 
     def _key(self, c: dict, full: bool) -> tuple:
         # Note [Tracing once per shape class]: accum past 2 repeats the second micro-batch
-        return tuple(c[k] for k in _KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
+        return tuple(c[k] for k in KEYS if k != "accum") + (min(c["accum"], 2), self.scale and not full)
 
     def _other_optimizer(self, c: dict) -> tuple | None:
         """Note [One optimizer step per mesh]
@@ -452,12 +394,6 @@ def _tp_plan(layer: torch.nn.Module) -> dict:
     return plan
 
 
-def _rank(table: list) -> None:
-    # confirmed fits by time, then the unconfirmed (fits None) by time, then the rejected
-    order = {True: 0, None: 1, False: 2}
-    table.sort(key=lambda c: (order[c.fits], c.step_time if c.step_time is not None else float("inf")))
-
-
 def _check_scale(scale) -> tuple | None:
     if scale is None:
         return None
@@ -480,10 +416,3 @@ def _loss(out):
 
 def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _short(c: dict) -> str:
-    return (
-        f"shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
-        f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
-    )
