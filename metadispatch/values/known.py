@@ -99,7 +99,7 @@ _DECIDED_BY = {
     "aten.bitwise_and.Tensor": False,
     "aten.logical_and.default": False,
 }
-SPECIAL = _SHAPE_ONLY | _LIFT | set(_DECIDED_BY)  # ops whose outputs can be known though their first input is not
+SPECIAL = _SHAPE_ONLY | _LIFT  # ops whose outputs can be known though no input is (kept off the hit path)
 
 
 class _Cell:
@@ -153,7 +153,13 @@ def concerns(f, tensors) -> bool:
     No, for the common case -- an op whose first input has no known value and
     which neither makes values from shapes alone nor writes in place.
     """
-    return not tensors or f.mutates or tensors[0]._md.known is not None or f.name in SPECIAL
+    return (
+        not tensors
+        or f.mutates
+        or tensors[0]._md.known is not None
+        or f.name in SPECIAL
+        or f.name in _DECIDED_BY  # a later operand may decide it; the hit path misses on a known one anyway
+    )
 
 
 def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
