@@ -21,13 +21,13 @@ class _Outside(threading.local):
     depth = 0  # inside backward_outside_the_engine()
 
 
-_OUTSIDE = _Outside()
+OUTSIDE_THE_ENGINE = _Outside()
 
 
 def in_backward() -> bool:
     """True while the autograd engine is running a backward pass, or while
     backward's own work runs outside it (:func:`backward_outside_the_engine`)."""
-    return torch._C._current_graph_task_id() != -1 or _OUTSIDE.depth > 0
+    return torch._C._current_graph_task_id() != -1 or OUTSIDE_THE_ENGINE.depth > 0
 
 
 @contextlib.contextmanager
@@ -36,18 +36,17 @@ def backward_outside_the_engine():
     backward's: a pipeline stage's FSDP2 post-backward, its gradients'
     reduce-scatter and scaling (Note [A pipeline stage reduces its gradients
     after backward] in world/pipeline.py)."""
-    _OUTSIDE.depth += 1
+    OUTSIDE_THE_ENGINE.depth += 1
     try:
         yield
     finally:
-        _OUTSIDE.depth -= 1
+        OUTSIDE_THE_ENGINE.depth -= 1
 
 
 # ``in_backward()`` is ``graph_task_id() != -1 or OUTSIDE_THE_ENGINE.depth``;
 # the recorder asks it of every call and reads both itself (one Python frame
 # fewer).
 graph_task_id = torch._C._current_graph_task_id
-OUTSIDE_THE_ENGINE = _OUTSIDE
 
 
 # Note [Checkpoint recompute]

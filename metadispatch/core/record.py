@@ -292,10 +292,8 @@ class Recorder:
             return hit[0]
         n = self._next_storage
         self._next_storage += 1
-        trace = self._recording
-        (trace if trace is not None else self._trace()).storage_bytes[n] = (
-            storage.nbytes()
-        )  # Note [Storages larger than their tensors]
+        trace = self._recording if self._recording is not None else self._trace()
+        trace.storage_bytes[n] = storage.nbytes()  # Note [Storages larger than their tensors]
         ref = weakref.ref(storage, self._died)
         self._live[key] = (n, ref)
         self._refs[ref] = (key, n)

@@ -188,9 +188,7 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
         real_out = real_out.clone()  # never alias the user's tensor
     base = args[f.view_of] if f.is_view and f.view_of is not None and f.view_of < len(args) else None
     cell = base._md.known[1] if isinstance(base, MetaTensor) and value_of(base) is not None else None
-    _attach(result, real_out, cell)
-    if assumed(tensors):  # what is computed from a declared value is an assumption too
-        _mark_assumed(result)
+    _attach(result, real_out, cell, assumed(tensors))  # what is computed from a declared value is assumed too
 
 
 def answer(func, f, tensors, args, kwargs, device, mode):
@@ -205,9 +203,7 @@ def answer(func, f, tensors, args, kwargs, device, mode):
     real_out = run_real(func, real_args, real_kwargs)
     out = to_meta_outputs(real_out, device)
     if all(o.numel() <= _limit(mode) for o in flat(real_out) if isinstance(o, torch.Tensor)):
-        _attach(out, real_out, None)
-        if assumed(tensors):
-            _mark_assumed(out)
+        _attach(out, real_out, None, assumed(tensors))
     return out
 
 
@@ -230,16 +226,8 @@ def _decided(name, tensors, result, mode) -> None:
             decided = bool(decides) == fill
         if decided:
             value = run_real(aten.full.default, (list(result.shape), fill), {"dtype": result.dtype})
-            _attach(result, value, None)
-            if assumed([t]):
-                _mark_assumed(result)
+            _attach(result, value, None, assumed([t]))
             return
-
-
-def _mark_assumed(result) -> None:
-    for m in flat(result):
-        if isinstance(m, MetaTensor) and m._md.known is not None:
-            m._md.known[1].assumed = True
 
 
 def from_numbers(func, args, kwargs):
@@ -309,16 +297,20 @@ def _substitute(args, kwargs, reals):
     return map_args(lambda x: reals.get(id(x), x) if isinstance(x, MetaTensor) else x, args, kwargs)
 
 
-def _attach(result, real_out, cell) -> None:
+def _attach(result, real_out, cell, from_assumed: bool = False) -> None:
+    """Give each output its value; ``from_assumed``: computed from a declared one (``_Cell.assumed``)."""
     metas = flat(result)
     reals = flat(real_out)
-    if len(metas) != len(reals):
-        return
-    for m, r in zip(metas, reals):
-        if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor):
-            if m._md.known is not None and m._md.known[0] is r:
-                continue  # an in-place op updated the value where it lives
-            m._md.known = (r, cell or _Cell())
+    if len(metas) == len(reals):
+        for m, r in zip(metas, reals):
+            if isinstance(m, MetaTensor) and isinstance(r, torch.Tensor):
+                # (an in-place op updated the value where it lives: keep it)
+                if m._md.known is None or m._md.known[0] is not r:
+                    m._md.known = (r, cell or _Cell())
+    if from_assumed:
+        for m in metas:
+            if isinstance(m, MetaTensor) and m._md.known is not None:
+                m._md.known[1].assumed = True
 
 
 _MUTATED: dict = {}  # OpOverload -> positions/names of the arguments it writes
