@@ -253,7 +253,10 @@ _STATE = {
     ("metadispatch.trust.costs", "_COSTS"): "a trace's costs, weakly keyed by the trace",
     ("metadispatch.trust.costs", "_FIXED"): "a trace's fixed costs, weakly keyed by the trace",
     ("metadispatch.binding.devices", "_KEEPS"): "a trace's CPU tensors, weakly keyed by the trace",
-    ("metadispatch._compat.autograd", "OUTSIDE_THE_ENGINE"): "a thread's backward run outside the engine (thread-local)",
+    (
+        "metadispatch._compat.autograd",
+        "OUTSIDE_THE_ENGINE",
+    ): "a thread's backward run outside the engine (thread-local)",
     (
         "metadispatch.rules.pinned",
         "_PINNED",
