@@ -214,11 +214,62 @@ def _cov(input, *, correction=1, fweights=None, aweights=None):
     return torch.true_divide(c, norm_factor).squeeze()
 
 
+# Note [one_hot's checks]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# ``one_hot``'s C++ body (Onehot.cpp) has two branches.  On a tensor with
+# the Python key (a MetaTensor, a FakeTensor) it answers
+# ``eq(self.unsqueeze(-1), arange(n))``, which gives a row of zeros for a
+# class outside ``[0, n)`` and checks nothing; on a real tensor it checks
+# the classes and scatters ones into zeros.  The first branch made a trace
+# in which an out-of-range class passed, and replay of that trace said ok
+# where eager raises.  The real branch runs here instead, op for op, with
+# the two value reads eager makes on the CPU (``aminmax`` and ``item()`` of
+# each end) recorded as ``_assert_async`` of the same comparison with
+# eager's message: replay then raises as eager does, and a known input
+# raises while tracing.  On any other device eager checks nothing itself
+# and relies on ``scatter_``'s device assert; replay's own check of
+# ``scatter_``'s index (trust/value_checks.py) stops such a call before the
+# kernel.
+
+
+def _one_hot(self, num_classes=-1):
+    """``at::native::one_hot``'s real-tensor branch on the program's device (Note [one_hot's checks])."""
+    torch._check(self.dtype == torch.long, lambda: "one_hot is only applicable to index tensor of type LongTensor.")
+    shape = tuple(self.shape)
+    if self.numel() == 0:
+        torch._check(num_classes > 0, lambda: "Can not infer total number of classes from empty tensor.")
+        return _zeros_or_empty(self, shape + (num_classes,), torch.empty, self.new_empty)
+    if self.device.type == "cpu":
+        low, high = torch.aminmax(self)
+        torch._assert_async(low >= 0, "Class values must be non-negative.")
+        if num_classes == -1:
+            num_classes = high.item() + 1
+        else:
+            torch._assert_async(high < num_classes, "Class values must be smaller than num_classes.")
+    elif num_classes == -1:
+        num_classes = self.max().item() + 1
+    else:
+        torch._check(num_classes >= 1, lambda: "num_classes should be positive")
+    out = _zeros_or_empty(self, shape + (num_classes,), torch.zeros, self.new_zeros)
+    return out.scatter_(-1, self.unsqueeze(-1), 1)
+
+
+def _zeros_or_empty(like, shape, factory, method):
+    """Eager's ``at::zeros``/``at::empty`` of ``like``'s options: inside a mode
+    the factory reaches the mode as eager's does; without one a factory would
+    make a real tensor (Note [Composite overrides without a mode]), so the
+    tensor method makes it from ``like``."""
+    if _compat.dispatch_mode_stack():
+        return factory(shape, dtype=like.dtype, device=like.device)
+    return method(shape)
+
+
 def _outside_a_mode(args, kwargs) -> bool:
     return bool(args) and not _compat.dispatch_mode_stack()
 
 
 OVERRIDES = {
+    "one_hot": _one_hot,
     "cov": _cov,
     "linalg_matrix_rank": _matrix_rank,
     "_pad_packed_sequence": _pad_packed_sequence,
@@ -247,6 +298,7 @@ _BY_FUNCTION: dict = {
     _VF._pad_packed_sequence: [(OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs)],
     torch.linalg.matrix_rank: [(OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args))],
     torch.cov: [(OVERRIDES["cov"], _outside_a_mode)],
+    torch.nn.functional.one_hot: [(OVERRIDES["one_hot"], lambda args, kwargs: bool(args))],
     torch.Tensor.cov: [(OVERRIDES["cov"], _outside_a_mode)],
 }
 
