@@ -168,7 +168,8 @@ class FitCheck(L.Callback):
             raise UnsupportedFeatureError("FitCheck: configure_optimizers gave no optimizer to step")
         batch = _first_batch(trainer, pl_module)
         step = step_fn(trainer, pl_module)
-        # a GradScaler's step reads found_inf (Note [Autocast and GradScaler on the logical GPU])
+        # a GradScaler's step reads found_inf: declared, and listed in trace.assumptions with anything
+        # else made up (Note [Autocast and GradScaler on the logical GPU])
         make = guessing_mode if scaler_of(trainer) is not None else MetaMode
 
         def mode():

@@ -82,9 +82,10 @@ def scaler_of(trainer: L.Trainer):
 # scale and growth tracker are the steady state's and its ``scale``,
 # unscale-and-check and ``update`` calls are in the trace.  The step then
 # asks ``found_inf.item()``, whether to skip ``optimizer.step``; the
-# tracing mode answers it as md.check does, finite gradients (Note
-# [GradScaler's found_inf] in values/bounds.py).  The user's scaler is never
-# called.
+# tracing mode declares it as md.check does -- no inf/nan found, the step is
+# taken -- one assumption per unscale-and-check in ``trace.assumptions``
+# (Note [GradScaler's found_inf] in values/assume.py).  The user's scaler is
+# never called.
 
 
 def step_fn(trainer: L.Trainer, module: L.LightningModule):

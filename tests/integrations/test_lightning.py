@@ -225,6 +225,9 @@ def test_fitcheck_traces_what_eager_lightning_dispatches_for_a_step(module, fp16
         steps = 2 if module is not Quiet else 1
         assert traced.count("aten._amp_foreach_non_finite_check_and_unscale_.default") == steps
         assert traced.count("aten._amp_update_scale_.default") == steps
+        assert len(check.trace.assumptions) == 2 * steps  # found_inf = 0, the warmup's and the step's
+    else:
+        assert check.trace.assumptions == []  # nothing made up or declared
     assert traced == eager.ops
 
 
@@ -272,6 +275,11 @@ def test_fitcheck_16_mixed_traces_a_cuda_grad_scaler_and_leaves_the_users_alone(
         < ops.index("aten._foreach_addcdiv_.ScalarList")
         < ops.index("aten._amp_update_scale_.default")
     )
+    # the step is traced as taken: "no inf/nan found" is listed, at the unscale-and-check, for the warmup and the step
+    warm, taken = check.trace.assumptions
+    assert check.trace.calls[taken.index].op == taken.op == "aten._amp_foreach_non_finite_check_and_unscale_.default"
+    assert taken.value == "found_inf = 0" and taken.basis.startswith("no inf/nan found") and taken.source
+    assert (warm.index, warm.op) == (0, taken.op) and "before the cut" in warm.basis
     # the scale and growth tracker are the steady state's: state on the logical GPU, from before the step
     state = [leaf for leaf in check.trace.leaves.values() if leaf.meta.shape == () and leaf.meta.device.type == "cuda"]
     assert {leaf.meta.dtype for leaf in state} >= {torch.float32, torch.int32}
