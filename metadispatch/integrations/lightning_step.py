@@ -127,8 +127,14 @@ def dry_run(trainer: L.Trainer, module: L.LightningModule):
     Note [What FitCheck leaves behind]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     md.tracer gives back the modules, optimizers, grad scalers and RNG the
-    step reaches (Note [What md.trace gives back]), so the traced step
-    changes none of them.  What Lightning's loop changes besides is put back
+    step reaches (Note [What md.trace gives back]), and with
+    ``restore="all"`` every object, list and dict it reaches through the
+    Trainer -- the callbacks, whose hooks the loop calls (``on_after_backward``,
+    ``on_before_optimizer_step``: a counter, a list of gradient norms,
+    ``ModelCheckpoint``'s and ``EarlyStopping``'s records), the loops'
+    records (Note [The integrations' steps are the user's] in
+    tracing/reach.py) -- so the traced step changes none of them.  What
+    Lightning's loop changes besides is put back
     here: the optimisation progress it counts (``global_step`` reads it) and,
     for the run's length, the plugin's autocast device (Note [Autocast and
     GradScaler on the logical GPU]).  ``self.log`` is a no-op in the run: at
