@@ -154,7 +154,7 @@ def dispatch(func, args, kwargs, mode):
                 known.know(result, torch.full((), answer).expand(result.shape), mode)
         if note is None and known.concerns(f, tensors):
             known.propagate(func, f, tensors, args, kwargs, result, mode)
-        if f.name == assume.FINITE_CHECK and recording and (mode.fallback is not None or mode.assume is not None):
+        if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
             note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py
     if recording:
         try:

@@ -168,9 +168,9 @@ class Assuming:
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # ``GradScaler.step`` asks ``found_inf.item()`` whether the unscaled
 # gradients had an inf or a NaN, and skips ``optimizer.step`` when they did.
-# A MetaTensor holds no gradients to check.  A mode that answers reads
-# (``md.check``, a ``guessing_mode`` -- FitCheck's -- or one with
-# ``assume=``) declares the common step's answer where the flag is written:
+# A MetaTensor holds no gradients to check.  A mode that makes up what it
+# cannot compute (``md.check``, a ``guessing_mode`` -- FitCheck's) declares
+# the common step's answer instead, where the flag is written:
 # after ``_amp_foreach_non_finite_check_and_unscale_`` the flag is the known
 # value 0 -- no inf/nan found, the step is taken -- so the ``.item()`` read
 # and ``_amp_update_scale_`` compute from it as eager does for a finite step,
@@ -179,8 +179,11 @@ class Assuming:
 # [0, 0] and a guessing mode made its read up from them, listed nowhere a
 # traced step shows (FitCheck's trace had no assumption); made up from a
 # standard normal it said "found" and dropped the optimizer step, its state
-# and the peak.  A plain ``md.trace`` still stops at the read with a
-# DataDependentError: it assumes nothing it was not told to.
+# and the peak.  A plain ``md.trace`` (and one with ``assume=``, whose
+# policy is about generation) still stops at the read with a
+# DataDependentError: it assumes nothing it was not told to.  Limit: the
+# read is answered from the known flag before ``values=`` is asked, so
+# ``md.checker(values=...)`` cannot make this step skip its optimizer step.
 FINITE_CHECK = "aten._amp_foreach_non_finite_check_and_unscale_.default"
 _NO_INF = "no inf/nan found in the unscaled gradients: GradScaler takes the optimizer step"
 
