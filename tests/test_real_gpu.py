@@ -69,6 +69,31 @@ def test_real_gpu_adamw_keeps_step_counters_on_the_cpu():
     _assert_same_calls(step, lin, torch.randn(4, 8, device="cuda"))
 
 
+def _offloading(counters: list) -> None:
+    # elementwise ops only: no cuBLAS workspace, which a process allocates once
+    x = torch.ones(1000, device="cuda")
+    host = x.cpu()  # offloaded
+    back = (x * 2).cpu() + host  # a GPU temporary, freed at once; two host tensors
+    big = torch.empty(300_000, device="cuda")
+    del x
+    counters.append((torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()))
+    big.add_(back.sum().cuda())
+    counters.append((torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()))
+
+
+def test_real_gpu_memory_counters_leave_the_hosts_storages_out():
+    # Note [Memory counters from the trace so far] in analysis/cuda_counters.py:
+    # the allocator counts its own blocks, not the host's tensors
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base, real = torch.cuda.memory_allocated(), []
+    _offloading(real)
+    logical: list = []
+    with md.MetaMode(device="cuda", gpu=this_gpu_profile()):
+        _offloading(logical)
+    assert logical == [(now - base, peak - base) for now, peak in real]
+
+
 def test_real_gpu_known_values_of_cuda_constants_answer_data_dependent_ops():
     # A small real CUDA tensor the step reads from its scope is known by
     # value, kept on the CPU (values/known.py): a bool of it is answered, not

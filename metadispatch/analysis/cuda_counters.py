@@ -8,9 +8,13 @@ the prediction.  Every figure is :func:`~.memory.memory`'s for the trace
 recorded so far -- the calls made and the storage deaths seen up to the
 question -- so a figure asked mid-step is ``md.memory`` of that prefix:
 
-- ``memory_allocated``: the bytes of the storages alive now (made by a call
-  and not freed since, leaves, the persistent cuBLAS workspace), each
-  rounded to the allocator's 512-byte blocks as ``md.memory`` rounds them;
+- ``memory_allocated``: the bytes of the logical GPU's storages alive now
+  (made by a call and not freed since, leaves, the persistent cuBLAS
+  workspace), each rounded to the allocator's 512-byte blocks as
+  ``md.memory`` rounds them -- ``md.memory(trace, device="cuda")``: as the
+  CUDA allocator counts only its device's blocks, the host's storages (CPU
+  offload's optimizer state and shards, a batch not yet moved) are not in
+  any figure here, where they had been;
 - ``max_memory_allocated``: the peak of ``md.memory``'s timeline since the
   last reset, and at least what was allocated at the reset and now (torch
   resets the peak to the current figure);
@@ -48,11 +52,12 @@ class Counters:
     >>> import torch, metadispatch as md
     >>> with md.MetaMode(device="cuda", gpu="h100") as mode:
     ...     x = torch.ones(1024, device="cuda")
+    ...     host = x.cpu()  # offloaded: the host's, not the GPU allocator's
     ...     y = x * 2
     ...     del x
     ...     now, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-    >>> now, peak, peak == md.memory(mode.trace).peak
-    (4096, 8192, True)
+    >>> now, peak, peak == md.memory(mode.trace, device="cuda").peak, md.memory(mode.trace).peak
+    (4096, 8192, True, 12288)
     """
 
     def __init__(self, trace, profile: GPUProfile) -> None:
@@ -67,7 +72,8 @@ class Counters:
         t = self.trace
         state = (len(t.calls), len(t.deaths or ()), len(t.leaves))
         if self._memory is None or state != self._state:
-            self._memory, self._reserved, self._state = Memory(t, self.profile, categories=False), None, state
+            m = Memory(t, self.profile, categories=False, device="cuda")  # the GPU's storages alone
+            self._memory, self._reserved, self._state = m, None, state
             self._allocated = sum(s.allocated for s in self._memory.storages.values() if s.died is None)
         return self._memory
 

@@ -15,7 +15,7 @@ from ..source import user_frame
 from ..spec.schema import facts
 from ..tensor.convert import Converter
 from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
-from ..values import bounds, known
+from ..values import assume, bounds, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
@@ -154,6 +154,8 @@ def dispatch(func, args, kwargs, mode):
                 known.know(result, torch.full((), answer).expand(result.shape), mode)
         if note is None and known.concerns(f, tensors):
             known.propagate(func, f, tensors, args, kwargs, result, mode)
+        if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
+            note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py
     if recording:
         try:
             mode._recorder.record(func, f, pending, result, stage, note)

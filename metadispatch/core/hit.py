@@ -31,7 +31,7 @@ from ..errors import MetaDispatchError, mark_call
 from ..ir.records import PLAIN_TYPES
 from ..source import user_frame
 from ..tensor.tensor import STATE, MetaTensor
-from ..values import bounds, known
+from ..values import assume, bounds, known
 from .cache import UNCACHABLE, context, view_bits
 
 __all__ = ["MISS", "eligible", "answer_hit"]
@@ -55,6 +55,7 @@ def eligible(f, cross_device) -> int:
         and f.name not in cross_device
         and f.name not in known.SPECIAL
         and not f.implicit_composite  # decomposed as the backend runs it (Note [Composites that reach the mode])
+        and f.name != assume.FINITE_CHECK  # declares its flag (Note [GradScaler's found_inf] in values/assume.py)
     ):
         return 0
     return 2 if bounds.bounds_without_inputs(f.name) else 1

@@ -176,7 +176,9 @@ class _State:
         self.mode, self.limit, self.values = mode, limit, values
         self.answers: dict = {}  # call index -> Answer
         self.refused: list = []  # Answers refused above the limit
-        self.assumptions: list = []
+        # the trace's own list: a guessing mode's made-up values are listed in
+        # every trace it records (md.tracer(mode_factory=guessing_mode), FitCheck)
+        self.assumptions: list = mode.trace.assumptions
         self.read_notes: dict = {}  # call index -> notes of reads of its outputs (``read``)
         self.used: set = set()  # keys of ``values`` that named a site
 

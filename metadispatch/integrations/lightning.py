@@ -17,8 +17,9 @@ Requirements:
   (Note [Autocast and GradScaler on the logical GPU]); traced with
   ``md.tracer(device="cuda", gpu=gpu, warmup=1)`` so the figure is the steady
   state (optimizer and scaler state alive), as ``md.max_batch`` does;
-- the module, its optimizers, the user's scaler, the Trainer's progress and
-  the RNG are as they were afterwards (Note [What FitCheck leaves behind]);
+- the module, its optimizers, the user's scaler, the callbacks, the
+  Trainer's progress and the RNG are as they were afterwards (Note [What
+  FitCheck leaves behind]);
 - a strategy it does not model is refused by name before anything is built
   (Note [Strategies FitCheck models]).
 
@@ -168,20 +169,23 @@ class FitCheck(L.Callback):
             raise UnsupportedFeatureError("FitCheck: configure_optimizers gave no optimizer to step")
         batch = _first_batch(trainer, pl_module)
         step = step_fn(trainer, pl_module)
-        # a GradScaler's step reads found_inf (Note [Autocast and GradScaler on the logical GPU])
+        # a GradScaler's step reads found_inf: declared, and listed in trace.assumptions with anything
+        # else made up (Note [Autocast and GradScaler on the logical GPU])
         make = guessing_mode if scaler_of(trainer) is not None else MetaMode
 
         def mode():
             return make(device="cuda", gpu=self.gpu)
 
         with dry_run(trainer, pl_module):
-            self.trace = tracer(mode_factory=mode, warmup=1)(step, batch)
+            # restore="all": the callbacks the loop's hooks write come back too (Note [What FitCheck leaves behind])
+            self.trace = tracer(mode_factory=mode, warmup=1, restore="all")(step, batch)
             if self.find_max_batch:
                 self.max_batch = max_batch(
                     lambda size: (step_fn(trainer, pl_module), (resized_batch(batch, size),)),
                     self.gpu,
                     capacity=self.capacity,
                     mode_factory=mode,
+                    restore="all",
                 )
         self.fit = fits(self.trace, self.gpu, self.capacity)
         self.runtime = took = runtime(self.trace, self.gpu)

@@ -82,9 +82,10 @@ def scaler_of(trainer: L.Trainer):
 # scale and growth tracker are the steady state's and its ``scale``,
 # unscale-and-check and ``update`` calls are in the trace.  The step then
 # asks ``found_inf.item()``, whether to skip ``optimizer.step``; the
-# tracing mode answers it as md.check does, finite gradients (Note
-# [GradScaler's found_inf] in values/bounds.py).  The user's scaler is never
-# called.
+# tracing mode declares it as md.check does -- no inf/nan found, the step is
+# taken -- one assumption per unscale-and-check in ``trace.assumptions``
+# (Note [GradScaler's found_inf] in values/assume.py).  The user's scaler is
+# never called.
 
 
 def step_fn(trainer: L.Trainer, module: L.LightningModule):
@@ -126,8 +127,14 @@ def dry_run(trainer: L.Trainer, module: L.LightningModule):
     Note [What FitCheck leaves behind]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     md.tracer gives back the modules, optimizers, grad scalers and RNG the
-    step reaches (Note [What md.trace gives back]), so the traced step
-    changes none of them.  What Lightning's loop changes besides is put back
+    step reaches (Note [What md.trace gives back]), and with
+    ``restore="all"`` every object, list and dict it reaches through the
+    Trainer -- the callbacks, whose hooks the loop calls (``on_after_backward``,
+    ``on_before_optimizer_step``: a counter, a list of gradient norms,
+    ``ModelCheckpoint``'s and ``EarlyStopping``'s records), the loops'
+    records (Note [The integrations' steps are the user's] in
+    tracing/reach.py) -- so the traced step changes none of them.  What
+    Lightning's loop changes besides is put back
     here: the optimisation progress it counts (``global_step`` reads it) and,
     for the run's length, the plugin's autocast device (Note [Autocast and
     GradScaler on the logical GPU]).  ``self.log`` is a no-op in the run: at

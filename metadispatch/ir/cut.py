@@ -64,7 +64,9 @@ def step_from(trace: Trace, start: int) -> Trace:
     recorded death.  A storage FSDP2 resized before the cut starts at the
     size the last resize gave it (``trace.start_bytes``), not at the size
     of its tensors.  Deaths, marks and random-state events move with the
-    calls; those before the cut go.
+    calls; those before the cut go.  Assumptions move too, and those before
+    the cut stay, at call 0, marked as the warmup's: the state the step
+    starts from holds only while they do.
     """
     if not 0 <= start <= len(trace.calls):
         raise ValueError(f"step_from: start {start} is not a call of a trace of {len(trace.calls)}")
@@ -114,6 +116,7 @@ def step_from(trace: Trace, start: int) -> Trace:
             out.start_bytes[call.args[0].storage] = call.args[1]
     out.marks = {k: i - start for k, i in trace.marks.items() if i >= start}
     out.rng_events = [e._replace(at=e.at - start) for e in trace.rng_events if e.at >= start]
+    out.assumptions = [_assumed_at(a, start) for a in trace.assumptions]
     out.warmup = trace.warmup
     return out
 
@@ -125,6 +128,12 @@ def state_phase(leaf: Leaf) -> str | None:
 
 def _maker(index: int, call: OpCall) -> str:
     return f"{call.phase} #{index} {call.op}"
+
+
+def _assumed_at(a, start: int):
+    if a.index >= start:
+        return a._replace(index=a.index - start)
+    return a._replace(index=0, basis=f"{a.basis} (before the cut, at call #{a.index})")
 
 
 def _shifted(call: OpCall, start: int) -> OpCall:

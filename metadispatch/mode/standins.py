@@ -384,16 +384,45 @@ def _group_by_device_and_dtype(original):
     real parameters among them (Note [Other threads see the real model] in
     standins.py) -- and it would group them with their stand-ins' gradients
     and state on other devices.  In the tracing thread it is given the
-    stand-ins, as ``_SwapReal`` (mode.py) gives every torch function."""
+    stand-ins, as ``_SwapReal`` (mode.py) gives every torch function.
+
+    Note [Foreach groups on a logical GPU]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    C++ groups by the C++ tensor's device, and a logical GPU's MetaTensor is
+    a plain meta tensor there (Note [Logical device] in tensor.py): every
+    group came back keyed ``meta``, which has no foreach kernels, so
+    ``clip_grad_norm_`` took its per-tensor path where a real GPU takes
+    foreach.  In a thread under a mode each meta group is split by its
+    tensors' logical devices (the first list's, which C++ requires to be
+    set), keeping C++'s order, so the keys are those a real run gets; an
+    empty list stays empty."""
 
     def group(tensorlistlist, with_indices):
         standins = _ACTIVE.standins
         if standins is not None:
             stand_in = standins.mode.stand_in
             tensorlistlist = [[stand_in(t) if t is not None else t for t in ts] for ts in tensorlistlist]
-        return original(tensorlistlist, with_indices)
+        return _logical_keys(original(tensorlistlist, with_indices), with_indices)
 
     return group
+
+
+def _logical_keys(groups: dict, with_indices: bool) -> dict:
+    if all(device.type != "meta" for device, _ in groups):
+        return groups
+    out: dict = {}
+    for (device, dtype), (lists, indices) in groups.items():
+        if device.type != "meta":
+            out[(device, dtype)] = (lists, indices)
+            continue
+        for i, t in enumerate(lists[0]):
+            sub, where = out.setdefault((t.device, dtype), ([[] for _ in lists], []))
+            for kept, ts in zip(sub, lists):
+                if ts:  # an empty list stays empty, as C++ keeps it (AdamW's max_exp_avg_sqs)
+                    kept.append(ts[i])
+            if with_indices:
+                where.append(indices[i])
+    return out
 
 
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py, claimed in patches.py).

@@ -163,8 +163,22 @@ def _children(obj) -> Iterator[tuple[str, Any, Any]]:
             yield _ATTR, k, v
 
 
+# Note [The integrations' steps are the user's]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A function from torch or metadispatch closes over nothing of the user's,
+# so its closure and globals are not walked -- except the steps
+# metadispatch.integrations builds for the user (FitCheck's Trainer loop
+# for one batch, ``training_step_fn``): they close over the Trainer, the
+# module and its optimizers, and through the Trainer over the callbacks.
+# Unwalked, ``md.tracer(restore="all")`` of such a step saved nothing it
+# reached that way, and a callback's counters and lists came out of
+# FitCheck's dry run changed, holding MetaTensors.
+_INTEGRATIONS = "metadispatch.integrations."
+
+
 def _function_children(fn: types.FunctionType) -> Iterator[tuple[str, Any, Any]]:
-    if _module_of(fn).startswith(("torch", "metadispatch")):
+    module = _module_of(fn)
+    if module.startswith(("torch", "metadispatch")) and not module.startswith(_INTEGRATIONS):
         return
     for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
         try:

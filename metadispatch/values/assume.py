@@ -48,7 +48,16 @@ from ..tensor.tensor import MetaTensor
 from . import known
 from .realrun import to_meta_outputs
 
-__all__ = ["GenerateAssumptions", "TOKEN_OPS", "site_values", "given", "checked_given", "know_index_inputs"]
+__all__ = [
+    "GenerateAssumptions",
+    "TOKEN_OPS",
+    "FINITE_CHECK",
+    "finite_gradients",
+    "site_values",
+    "given",
+    "checked_given",
+    "know_index_inputs",
+]
 
 # The ops that choose the next token: greedy (argmax) and sampled (multinomial).
 TOKEN_OPS = frozenset({"aten.argmax.default", "aten.multinomial.default"})
@@ -153,6 +162,43 @@ class Assuming:
                 self.mode.trace.assumptions.append(
                     Assumption(0, f"arg {arg_name(path)}", "", None, "its values", f"{self.policy!r}: the prompt's")
                 )
+
+
+# Note [GradScaler's found_inf]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``GradScaler.step`` asks ``found_inf.item()`` whether the unscaled
+# gradients had an inf or a NaN, and skips ``optimizer.step`` when they did.
+# A MetaTensor holds no gradients to check.  A mode that makes up what it
+# cannot compute (``md.check``, a ``guessing_mode`` -- FitCheck's) declares
+# the common step's answer instead, where the flag is written:
+# after ``_amp_foreach_non_finite_check_and_unscale_`` the flag is the known
+# value 0 -- no inf/nan found, the step is taken -- so the ``.item()`` read
+# and ``_amp_update_scale_`` compute from it as eager does for a finite step,
+# and the call lists one :class:`Assumption` in ``trace.assumptions`` (the
+# op, the user's line) and is noted so.  Before, the flag only got the bounds
+# [0, 0] and a guessing mode made its read up from them, listed nowhere a
+# traced step shows (FitCheck's trace had no assumption); made up from a
+# standard normal it said "found" and dropped the optimizer step, its state
+# and the peak.  A plain ``md.trace`` (and one with ``assume=``, whose
+# policy is about generation) still stops at the read with a
+# DataDependentError: it assumes nothing it was not told to.  Limit: the
+# read is answered from the known flag before ``values=`` is asked, so
+# ``md.checker(values=...)`` cannot make this step skip its optimizer step.
+FINITE_CHECK = "aten._amp_foreach_non_finite_check_and_unscale_.default"
+_NO_INF = "no inf/nan found in the unscaled gradients: GradScaler takes the optimizer step"
+
+
+def finite_gradients(mode, args: tuple, kwargs: dict) -> str | None:
+    """Declare the flag a :data:`FINITE_CHECK` call wrote 0 and list it (Note [GradScaler's found_inf]); the call's note."""
+    found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
+    if not isinstance(found_inf, MetaTensor):
+        return None
+    with _compat.no_python_dispatch():
+        known.declare(found_inf, torch.zeros(tuple(found_inf.shape), dtype=found_inf.dtype), mode)
+    value = "found_inf = 0"
+    trace = mode.trace
+    trace.assumptions.append(Assumption(len(trace.calls), FINITE_CHECK, _module(mode), user_frame(), value, _NO_INF))
+    return f"assumed {value}: {_NO_INF}"
 
 
 def site_values(values, who: str) -> dict:

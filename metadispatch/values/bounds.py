@@ -86,39 +86,18 @@ def _int_within(ints: int, lo: float, hi: float) -> int:
     return value if high is None else min(value, high)
 
 
-# Note [GradScaler's found_inf]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# ``GradScaler.step`` asks ``found_inf.item()`` whether the unscaled
-# gradients had an inf or a NaN, and skips ``optimizer.step`` when they did.
-# A made-up value from a standard normal said "found" (any non-zero does), so
-# md.check's trace of a mixed-precision step had no optimizer step -- no
-# optimizer state, a peak far too low.  The flag that
-# ``_amp_foreach_non_finite_check_and_unscale_`` writes is given the bounds
-# [0, 0], finite gradients, the common step's answer; md.check lists the
-# value among its assumptions.
-_FINITE = Bounds(0.0, 0.0, "_amp_foreach_non_finite_check_and_unscale_ (finite gradients assumed)")
-
-
 def bounds_without_inputs(name: str) -> bool:
     """Whether a call of op ``name`` may give its outputs bounds though no
     input has any (``sigmoid``'s [0, 1], ``clamp``'s constants, a random
     source's range; core/hit.py asks).  Rules that only carry an input's
     bounds along (views, copies, ``x + 1``) give none then, and a comparison
     is decided only by its input's bounds."""
-    return (name in _RULES and name not in _CARRIED) or name == _AMP_UNSCALE
-
-
-_AMP_UNSCALE = "aten._amp_foreach_non_finite_check_and_unscale_.default"
+    return name in _RULES and name not in _CARRIED
 
 
 def propagate(name: str, mutates: bool, args: tuple, kwargs: dict, result) -> None:
     """Give the outputs of a top-level call ``name`` their bounds, if it has a
     rule here; an in-place op without one drops the bounds of what it wrote."""
-    if name == _AMP_UNSCALE:
-        found_inf = args[1] if len(args) > 1 else kwargs.get("found_inf")
-        if isinstance(found_inf, MetaTensor):
-            found_inf._md.bounds = _FINITE
-        return
     rule = _RULES.get(name)
     if rule is None:
         if mutates:
@@ -393,9 +372,7 @@ _CARRIED = frozenset(
 # ``if`` on it is answered, where it raised a DataDependentError.  Only a
 # source's own output decides, and only while nothing wrote it (its version
 # counter, which a write through a view bumps too): bounds carried through
-# arithmetic ignore integer wraparound and float overflow, and bounds that
-# are an assumption (GradScaler's finite gradients) decide nothing -- they
-# only shape made-up data.
+# arithmetic ignore integer wraparound and float overflow.
 _SOURCES = frozenset(
     name for name in _RULES if name.split(".")[1].startswith(("rand", "uniform_", "bernoulli", "random_"))
 )

@@ -390,7 +390,7 @@ def test_inert_composites_are_ones_cuda_autocast_leaves_alone():
 
 
 def test_grad_scaler_step_under_check_assumes_finite_gradients_and_steps_the_optimizer():
-    # Note [GradScaler's found_inf]: a made-up "found inf" skipped the
+    # Note [GradScaler's found_inf] (values/assume.py): a made-up "found inf" skipped the
     # optimizer step, and with it the optimizer state a GPU holds.
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     opt = torch.optim.AdamW(model.parameters())
@@ -410,8 +410,17 @@ def test_grad_scaler_step_under_check_assumes_finite_gradients_and_steps_the_opt
     assert "aten._amp_update_scale_.default" in ops
     stepped = [c for c in report.trace.calls if c.phase == "optimizer" and c.op.startswith("aten._foreach_addcdiv")]
     assert stepped, "the optimizer did not step"
+    # the one assumption: declared at the unscale-and-check, with the user's line, and listed in the trace
     (assumed,) = report.assumptions
-    assert float(assumed.value) == 0.0 and "finite gradients assumed" in assumed.basis
+    assert assumed.op == "aten._amp_foreach_non_finite_check_and_unscale_.default"
+    assert (assumed.value, assumed.basis) == (
+        "found_inf = 0",
+        "no inf/nan found in the unscaled gradients: GradScaler takes the optimizer step",
+    )
+    assert assumed.source.startswith("test_autocast_cuda.py:") and assumed.source.endswith(" in step")
+    assert report.trace.calls[assumed.index].op == assumed.op and report.trace.assumptions == [assumed]
+    read = report.trace.calls[assumed.index + 1]
+    assert (read.op, read.outputs[0]) == ("aten._local_scalar_dense.default", 0.0)  # the .item() reads it
     assert not opt.state  # the user's optimizer is untouched
 
 

@@ -168,7 +168,7 @@ def test_cuda_answers_memory_counters_are_md_memory_of_the_trace_so_far():
     gpu = md.gpu_profile("h100")
     for when in ("built", "forward", "backward"):
         s = seen[when]
-        m = md.memory(_prefix(trace, s), allocator="cuda", gpu=gpu)
+        m = md.memory(_prefix(trace, s), allocator="cuda", gpu=gpu, device="cuda")
         live = sum(info.allocated for info in m.memory.storages.values() if info.died is None)
         assert (s["allocated"], s["peak"]) == (live, m.memory.peak) == (live, m.peak), when
         assert (s["reserved"], s["reserved_peak"]) == (m.reserved_timeline[-1], m.reserved_peak), when
@@ -185,12 +185,58 @@ def test_cuda_answers_max_memory_after_a_reset_is_the_peak_since():
     assert (reset["peak"], reset["reserved_peak"]) == (reset["allocated"], reset["reserved"])
     for when in ("small", "step"):
         s = seen[when]
-        m = md.memory(_prefix(trace, s), allocator="cuda", gpu="h100")
+        # AdamW's step counters are host tensors, as on a GPU: not counted
+        m = md.memory(_prefix(trace, s), allocator="cuda", gpu="h100", device="cuda")
         since = m.memory.timeline[reset["calls"] :]
         assert s["peak"] == max(reset["allocated"], s["allocated"], *since), when
         assert s["reserved_peak"] == max(reset["reserved"], *m.reserved_timeline[reset["calls"] :]), when
     # a small forward after the reset: below the backward's peak, which the reset forgot
     assert reset["allocated"] < seen["small"]["peak"] < seen["backward"]["peak"]
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // 512) * 512  # the CUDA caching allocator's 512-byte blocks
+
+
+def _offloaded_step():
+    """A training step whose fp32 master weights, gradients' copies and AdamW
+    state live on the host, as ZeRO-Offload keeps them: the GPU holds the
+    parameters, the batch, the activations and the gradients."""
+    with md.MetaMode(device="cuda", gpu="h100") as mode:
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)).cuda()
+        master = [p.detach().cpu().requires_grad_() for p in model.parameters()]
+        opt = torch.optim.AdamW(master)
+        x = torch.randn(64, 256, device="cuda")
+        built = torch.cuda.memory_allocated()
+        model(x).square().mean().backward()
+        for m, p in zip(master, model.parameters()):
+            m.grad = p.grad.cpu()
+        opt.step()
+        with torch.no_grad():
+            for m, p in zip(master, model.parameters()):
+                p.copy_(m)
+        seen = {"built": built, "now": torch.cuda.memory_allocated(), "peak": torch.cuda.max_memory_allocated()}
+        seen["stats"] = torch.cuda.memory_stats()
+    return mode.trace, model, x, seen
+
+
+def test_cuda_answers_memory_counters_count_the_gpus_storages_alone():
+    # The CUDA allocator counts its own device's blocks: the host's master
+    # weights, gradient copies and AdamW state are in the trace, not in
+    # memory_allocated, max_memory_allocated or memory_stats.
+    trace, model, x, seen = _offloaded_step()
+    gpu = md.memory(trace, device="cuda")
+    host = md.memory(trace, device="cpu")
+    params = sum(_blocks(p.nbytes) for p in model.parameters())
+    workspaces = sum(s.allocated for s in gpu.storages.values() if s.category == "workspaces")
+    assert seen["built"] == params + _blocks(x.nbytes)
+    # at the end: the built state, each parameter's gradient, the cuBLAS workspaces
+    assert seen["now"] == seen["built"] + params + workspaces
+    assert (seen["now"], seen["peak"]) == (gpu.timeline[-1], gpu.peak)
+    assert seen["stats"]["allocated_bytes.all.peak"] == seen["peak"]
+    # the host's bytes: master weights, their gradients and AdamW's two moments, at least
+    assert host.timeline[-1] >= 4 * sum(p.nbytes for p in model.parameters())
+    assert md.memory(trace).peak > seen["peak"]
 
 
 def test_cuda_answers_asking_records_nothing():

@@ -154,3 +154,26 @@ def test_steady_state_replay_reads_the_step_count_the_warmup_left(tmp_path):
     trace.save(path)
     for t in (trace, md.Trace.load(path)):
         assert md.replay(t, (x,), module=model).mismatches == []
+
+
+def test_steady_state_lists_a_guessing_modes_made_up_values_for_the_warmup_and_the_step():
+    # Adafactor reads param.norm().item(): each read made up is one assumption
+    # in the trace md.tracer returns, its index that of the read in the step,
+    # the warmup's kept at call 0 (the state the step starts from follows them)
+    model, inputs = MODELS["mlp"]()
+    opt = torch.optim.Adafactor(model.parameters())
+
+    def step(x):
+        train_step(model, x)
+        opt.step()
+        opt.zero_grad()
+
+    one = md.tracer(mode_factory=guessing_mode)(step, *inputs)
+    two = md.tracer(warmup=1, mode_factory=guessing_mode)(step, *inputs)
+    n = len(one.assumptions)
+    assert n >= len(list(model.parameters())) and len(two.assumptions) == 2 * n
+    assert all(one.calls[a.index].op == a.op == "aten._local_scalar_dense.default" for a in one.assumptions)
+    warm, taken = two.assumptions[:n], two.assumptions[n:]
+    assert [a.index for a in warm] == [0] * n and all("before the cut, at call #" in a.basis for a in warm)
+    assert [(a.op, a.value) for a in taken] == [(a.op, a.value) for a in one.assumptions]
+    assert all(two.calls[a.index].op == a.op for a in taken)
