@@ -15,10 +15,9 @@ one rank of every stage traced, the stages' memory differs -- and, with
 ``--gpu``, ``md.runtime`` over those traces: the step with its bubble
 (Note [A pipeline's bubble from its stages' traces] in timing/bubble.py).
 
-Limits: only the families stages.py writes out are split (what other
-models do around their blocks is in their ``forward``: build
-``PipelineStage`` yourself, docs/distributed.md); blocks are split evenly, the first stages
-taking one more where they do not divide.
+Limits: only the families stages.py writes out are split (others: build
+``PipelineStage`` yourself, docs/distributed.md); blocks are split evenly,
+the first stages taking one more where they do not divide.
 """
 
 from __future__ import annotations

@@ -2,33 +2,23 @@
 
 Note [Splitting a model into pipeline stages]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-torchtitan splits a model as its author would by hand: the repeated blocks
-are cut into contiguous runs, the first stage also embeds the token ids and
-the last also applies the final norm and the head; what the model does
-around each block (rotary embeddings, the causal mask) every stage does for
-itself.  A stage holds only its own modules, so the rest of the model can be
-dropped and a rank holds only its stage's parameters.
+torchtitan cuts the repeated blocks into contiguous runs, the first stage
+also embedding the token ids and the last also applying the final norm and
+the head; what the model does around each block (rotary embeddings, the
+causal mask) every stage does for itself.  A stage holds only its own
+modules: the rest of the model can be dropped.  What a model does before
+its first block and after its last is in its ``forward``, which cannot be
+cut, so each family is written out: the built-in LLaMA
+(``llama.LlamaStage``), transformers LLaMA (``LlamaForCausalLM``) and
+GPT-2 (``GPT2LMHeadModel``).
 
-What a model does before its first block and after its last is in its
-``forward``, which cannot be cut, so each family is written out here:
+Each stage calls its blocks as the model's own ``forward`` does (no
+cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
+shifted by one).  Others are refused, naming these.
 
-- the built-in LLaMA (``llama.LlamaStage``);
-- transformers LLaMA (``LlamaForCausalLM``: ``model.embed_tokens``,
-  ``model.layers``, ``model.norm``, ``lm_head``; the mask from
-  ``create_causal_mask``, the rotary embeddings from ``model.rotary_emb``);
-- transformers GPT-2 (``GPT2LMHeadModel``: ``transformer.wte`` + ``wpe``,
-  dropout, ``transformer.h``, ``ln_f``, ``lm_head``).
-
-Each stage calls its blocks with the arguments the model's own ``forward``
-passes them (no cache); the last stage's loss is the model's shifted
-cross-entropy (``ForCausalLMLoss``: labels shifted by one, the last
-position ignored), so the logits are held as the model's own loss holds
-them.  Others are refused, naming these.
-
-Limits: tied input and output embeddings (GPT-2's) are held by both end
-stages as one parameter where one rank holds both, and as two copies, not
-synchronised, where they are on different ranks (torchtitan refuses tied
-embeddings under pipelining; a real job must tie them by hand).
+Limits: tied embeddings (GPT-2's) are one parameter where one rank holds
+both end stages, two unsynchronised copies where two ranks do (torchtitan
+refuses them under pipelining).
 """
 
 from __future__ import annotations
@@ -50,9 +40,8 @@ SPLITS = "the built-in LLaMA, transformers LLaMA (LlamaForCausalLM) and GPT-2 (G
 
 
 class Split(NamedTuple):
-    """How one model is cut: its blocks' count, the stage of blocks
-    ``[lo, hi)``, the hidden and vocabulary sizes a stage sends and the
-    last returns, and the last stage's ``loss_fn(logits, labels)``."""
+    """A model's blocks' count, its stage of blocks ``[lo, hi)``, the sizes
+    a stage sends (hidden) and the last returns (vocab), the last's loss."""
 
     blocks: int
     stage: Callable[[int, int], nn.Module]
@@ -63,8 +52,8 @@ class Split(NamedTuple):
 
 def split(model: nn.Module, blocks: str | None = None) -> Split:
     """The :class:`Split` of ``model`` (Note [Splitting a model into pipeline stages])."""
+    c = getattr(model, "config", None)
     if isinstance(model, llama.Llama):
-        c = model.config
         _check_blocks(blocks, "layers", model)
         return Split(len(model.layers), lambda lo, hi: llama.LlamaStage(model, lo, hi), c.dim, c.vocab_size, llama.loss)
     kind = _FAMILIES.get(type(model).__name__)
@@ -72,9 +61,9 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
         raise UsageError(f"--pp: cannot split a {type(model).__name__} into stages; --pp splits {SPLITS}")
     path, stage = kind
     _check_blocks(blocks, path, model)
-    c = model.config
-    n = len(model.get_submodule(path))
-    return Split(n, lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss)
+    return Split(
+        len(model.get_submodule(path)), lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss
+    )
 
 
 def _check_blocks(blocks: str | None, path: str, model: nn.Module) -> None:
@@ -88,14 +77,17 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), shifted.flatten(), ignore_index=-100)
 
 
-def _causal_mask(config, h: torch.Tensor, pos: torch.Tensor):
-    """The mask the model's own forward makes (None where SDPA's is_causal does it)."""
-    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
-    return masking.create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
-
-
 def _positions(h: torch.Tensor) -> torch.Tensor:
     return torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+
+
+def _mask_and_positions(config, h: torch.Tensor) -> tuple:
+    """The causal mask the model's own forward makes (None where SDPA's is_causal does it), and the positions."""
+    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+    pos = _positions(h)
+    return masking.create_causal_mask(
+        config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
+    ), pos
 
 
 class HFLlamaStage(nn.Module):
@@ -114,8 +106,7 @@ class HFLlamaStage(nn.Module):
 
     def forward(self, x):
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        pos = _positions(h)
-        mask = _causal_mask(self.config, h, pos)
+        mask, pos = _mask_and_positions(self.config, h)
         rope = self.rotary_emb(h, position_ids=pos)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
@@ -136,13 +127,10 @@ class GPT2Stage(nn.Module):
         self.lm_head = model.lm_head if self.last else None
 
     def forward(self, x):
-        if self.wte is not None and self.wpe is not None and self.drop is not None:
-            h = self.wte(x)
+        h = x if self.wte is None or self.wpe is None or self.drop is None else self.wte(x)
+        if self.wpe is not None and self.drop is not None:
             h = self.drop(h + self.wpe(_positions(h)))
-        else:
-            h = x
-        pos = _positions(h)
-        mask = _causal_mask(self.config, h, pos)
+        mask, pos = _mask_and_positions(self.config, h)
         for block in self.layers:
             h = block(h, None, mask, None, position_ids=pos)
         return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
