@@ -166,7 +166,7 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
     assert f"pipeline: {stages}, {schedule}, per-stage peak during the step:" in out
     assert f"{len(real[0]['collectives'])} collectives in the step" in out
     assert re.search(r"^  rank 1 \(stages? [\d, ]+\): \S+ \([\d,]+ B\)$", out, re.M)
-    assert re.search(r"^pipeline of 2 stages: step [\d.]+ ms, bubble [\d.]+%$", out, re.M)
+    assert re.search(r"^pipeline over 2 ranks: step [\d.]+ ms, bubble [\d.]+%$", out, re.M)
 
 
 @pytest.mark.slow
