@@ -1,143 +1,28 @@
-"""A model split into pipeline stages for ``metadispatch trace --pp``.
-
-Note [Splitting a model into pipeline stages]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-torchtitan cuts the repeated blocks into contiguous runs, the first stage
-also embedding the token ids and the last also applying the final norm and
-the head; what the model does around each block (rotary embeddings, the
-causal mask) every stage does for itself.  A stage holds only its own
-modules: the rest of the model can be dropped.  What a model does before
-its first block and after its last is in its ``forward``, which cannot be
-cut, so each family is written out: the built-in LLaMA
-(``llama.LlamaStage``), transformers LLaMA (``LlamaForCausalLM``) and
-GPT-2 (``GPT2LMHeadModel``).
-
-Each stage calls its blocks as the model's own ``forward`` does (no
-cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
-shifted by one).  Others are refused, naming these.
-
-Limits: tied embeddings (GPT-2's) are one parameter where one rank holds
-both end stages, two unsynchronised copies where two ranks do (torchtitan
-refuses them under pipelining).
-"""
+"""The models ``metadispatch trace --pp`` splits into stages: the built-in
+LLaMA (``llama.LlamaStage``) and those planning/pipeline_split.py writes
+out (Note [Splitting a model into pipeline stages] there)."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import NamedTuple
-
-import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedFeatureError
+from ..planning import pipeline_split
+from ..planning.pipeline_split import Split
 from . import llama
 from .targets import UsageError
 
-__all__ = ["Split", "split", "SPLITS"]
-
-SPLITS = "the built-in LLaMA, transformers LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel)"
-
-
-class Split(NamedTuple):
-    """A model's blocks' count, its stage of blocks ``[lo, hi)``, the sizes
-    a stage sends (hidden) and the last returns (vocab), the last's loss."""
-
-    blocks: int
-    stage: Callable[[int, int], nn.Module]
-    hidden: int
-    vocab: int
-    loss: Callable
+__all__ = ["split"]
 
 
 def split(model: nn.Module, blocks: str | None = None) -> Split:
-    """The :class:`Split` of ``model`` (Note [Splitting a model into pipeline stages])."""
-    c = getattr(model, "config", None)
+    """The :class:`Split` of ``model``; a model no family covers is a usage error."""
     if isinstance(model, llama.Llama):
-        _check_blocks(blocks, "layers", model)
+        if blocks is not None and blocks != "layers":
+            raise UsageError(f"--blocks {blocks}: the built-in LLaMA is split at its blocks in layers")
+        c = model.config
         return Split(len(model.layers), lambda lo, hi: llama.LlamaStage(model, lo, hi), c.dim, c.vocab_size, llama.loss)
-    kind = _FAMILIES.get(type(model).__name__)
-    if kind is None:
-        raise UsageError(f"--pp: cannot split a {type(model).__name__} into stages; --pp splits {SPLITS}")
-    path, stage = kind
-    _check_blocks(blocks, path, model)
-    return Split(
-        len(model.get_submodule(path)), lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss
-    )
-
-
-def _check_blocks(blocks: str | None, path: str, model: nn.Module) -> None:
-    if blocks is not None and blocks != path:
-        raise UsageError(f"--blocks {blocks}: a {type(model).__name__} is split at its blocks in {path}")
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """transformers' ``ForCausalLMLoss``: each position predicts the next token, the last one nothing."""
-    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
-    return F.cross_entropy(logits.float().flatten(0, 1), shifted.flatten(), ignore_index=-100)
-
-
-def _positions(h: torch.Tensor) -> torch.Tensor:
-    return torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-
-
-def _mask_and_positions(config, h: torch.Tensor) -> tuple:
-    """The causal mask the model's own forward makes (None where SDPA's is_causal does it), and the positions."""
-    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
-    pos = _positions(h)
-    return masking.create_causal_mask(
-        config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
-    ), pos
-
-
-class HFLlamaStage(nn.Module):
-    """Blocks ``[lo, hi)`` of a transformers ``LlamaForCausalLM`` (``LlamaModel.forward``, cut)."""
-
-    def __init__(self, model: nn.Module, lo: int, hi: int) -> None:
-        super().__init__()
-        base = model.model
-        self.config = model.config
-        self.first, self.last = lo == 0, hi == len(base.layers)
-        self.embed_tokens = base.embed_tokens if self.first else None
-        self.rotary_emb = base.rotary_emb
-        self.layers = nn.ModuleList(base.layers[lo:hi])
-        self.norm = base.norm if self.last else None
-        self.lm_head = model.lm_head if self.last else None
-
-    def forward(self, x):
-        h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        mask, pos = _mask_and_positions(self.config, h)
-        rope = self.rotary_emb(h, position_ids=pos)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
-        return self.lm_head(self.norm(h)) if self.lm_head is not None and self.norm is not None else h
-
-
-class GPT2Stage(nn.Module):
-    """Blocks ``[lo, hi)`` of a transformers ``GPT2LMHeadModel`` (``GPT2Model.forward``, cut)."""
-
-    def __init__(self, model: nn.Module, lo: int, hi: int) -> None:
-        super().__init__()
-        base = model.transformer
-        self.config = model.config
-        self.first, self.last = lo == 0, hi == len(base.h)
-        self.wte, self.wpe, self.drop = (base.wte, base.wpe, base.drop) if self.first else (None, None, None)
-        self.layers = nn.ModuleList(base.h[lo:hi])
-        self.ln_f = base.ln_f if self.last else None
-        self.lm_head = model.lm_head if self.last else None
-
-    def forward(self, x):
-        h = x if self.wte is None or self.wpe is None or self.drop is None else self.wte(x)
-        if self.wpe is not None and self.drop is not None:
-            h = self.drop(h + self.wpe(_positions(h)))
-        mask, pos = _mask_and_positions(self.config, h)
-        for block in self.layers:
-            h = block(h, None, mask, None, position_ids=pos)
-        return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
-
-
-# A model's class name -> where its blocks are and its stage (Note [Splitting a model into pipeline stages]).
-_FAMILIES: dict[str, tuple[str, Callable]] = {
-    "LlamaForCausalLM": ("model.layers", HFLlamaStage),
-    "GPT2LMHeadModel": ("transformer.h", GPT2Stage),
-}
+    try:
+        return pipeline_split.split(model, blocks)
+    except UnsupportedFeatureError as e:
+        raise UsageError(f"--pp: {e}; --pp splits the built-in LLaMA and {pipeline_split.SPLITS}") from None

@@ -100,7 +100,7 @@ def test_distributed_cli_fsdp_finds_gpt2_blocks(tmp_path_factory, capsys):
     [
         (["--tp", "2"], "no linear in GPT2LMHeadModel's blocks"),
         (["--fsdp", "--blocks", "transformer.nope"], "has no module 'transformer.nope'"),
-        (["--pp", "2", "--blocks", "h"], "--blocks h: a GPT2LMHeadModel is split at its blocks in transformer.h"),
+        (["--pp", "2", "--blocks", "h"], "--pp: blocks h: a GPT2LMHeadModel is split at its blocks in transformer.h"),
     ],
 )
 def test_distributed_cli_refuses_blocks_it_cannot_wrap(argv, message, capsys):
@@ -172,7 +172,7 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
 @pytest.mark.slow
 @pytest.mark.parametrize("case,target", [("cli-pp-hf-llama", "tiny_hf_llama4"), ("cli-pp-gpt2", "tiny_gpt2_4")])
 def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, target, tmp_path_factory, capsys):
-    # --pp on transformers LLaMA (1F1B) and GPT-2 (GPipe): cli/stages.py cuts
+    # --pp on transformers LLaMA (1F1B) and GPT-2 (GPipe): planning/pipeline_split.py cuts
     # the model's blocks into stages, the embedding on the first, norm and
     # head on the last; the real run is the same code over gloo.
     real = _real_pp(tmp_path_factory)[case]
@@ -192,5 +192,5 @@ def test_distributed_cli_pp_refuses_a_model_it_cannot_split():
     from metadispatch.cli.stages import split
     from metadispatch.cli.targets import UsageError
 
-    with pytest.raises(UsageError, match="cannot split a Sequential into stages; --pp splits the built-in"):
+    with pytest.raises(UsageError, match="cannot split a Sequential into pipeline stages"):
         split(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
