@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -187,7 +188,7 @@ def trace(planner, c: dict, tp_plan: Callable, rank: int | None = None) -> Trace
     return mode.trace
 
 
-def _wrap(mod: torch.nn.Module, c: dict, mesh, tp_plan: Callable) -> None:
+def _wrap(mod: Any, c: dict, mesh, tp_plan: Callable) -> None:  # a stage: .layers, a ModuleList
     """Per-block AC, TP on each block, FSDP2 on each block and the stage, as train.py wraps a model."""
     if c["ac"] == "block":
         apply_ac(mod, [f"layers.{i}" for i in range(len(mod.layers))])

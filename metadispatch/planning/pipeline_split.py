@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -57,10 +57,9 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
     path, stage = kind
     if blocks is not None and blocks != path:
         raise UnsupportedFeatureError(f"blocks {blocks}: a {type(model).__name__} is split at its blocks in {path}")
-    c = model.config
-    return Split(
-        len(model.get_submodule(path)), lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss
-    )
+    c: Any = model.config  # a transformers config
+    n = len(list(model.get_submodule(path).children()))
+    return Split(n, lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -85,7 +84,7 @@ def _mask_and_positions(config, h: torch.Tensor) -> tuple:
 class HFLlamaStage(nn.Module):
     """Blocks ``[lo, hi)`` of a transformers ``LlamaForCausalLM`` (``LlamaModel.forward``, cut)."""
 
-    def __init__(self, model: nn.Module, lo: int, hi: int) -> None:
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
         super().__init__()
         base = model.model
         self.config = model.config
@@ -108,12 +107,14 @@ class HFLlamaStage(nn.Module):
 class GPT2Stage(nn.Module):
     """Blocks ``[lo, hi)`` of a transformers ``GPT2LMHeadModel`` (``GPT2Model.forward``, cut)."""
 
-    def __init__(self, model: nn.Module, lo: int, hi: int) -> None:
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
         super().__init__()
         base = model.transformer
         self.config = model.config
         self.first, self.last = lo == 0, hi == len(base.h)
-        self.wte, self.wpe, self.drop = (base.wte, base.wpe, base.drop) if self.first else (None, None, None)
+        self.wte: nn.Module | None = base.wte if self.first else None
+        self.wpe: nn.Module | None = base.wpe if self.first else None
+        self.drop: nn.Module | None = base.drop if self.first else None
         self.layers = nn.ModuleList(base.h[lo:hi])
         self.ln_f = base.ln_f if self.last else None
         self.lm_head = model.lm_head if self.last else None
