@@ -394,18 +394,20 @@ CASES = {
     "3d": three_d_step,
     "cli-pp": lambda: cli_pipeline_step("1f1b"),
     "cli-pp-zbv": lambda: cli_pipeline_step("zbv"),
+    "cli-pp-hf-llama": lambda: cli_pipeline_step("1f1b", tiny_hf_llama4),
+    "cli-pp-gpt2": lambda: cli_pipeline_step("gpipe", tiny_gpt2_4),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
 
 
-def cli_pipeline_step(schedule: str) -> torch.nn.Module:
-    """The command line's ``--pp 2 --pp-schedule SCHEDULE --steps 1`` on :func:`tiny_llama4`: the same code."""
+def cli_pipeline_step(schedule: str, build=None) -> torch.nn.Module:
+    """The command line's ``--pp 2 --pp-schedule SCHEDULE --steps 1`` on ``build`` (:func:`tiny_llama4`): the same code."""
     from metadispatch.cli.pipeline import PipelinePlan, run_stages
     from metadispatch.cli.plan import Plan
 
     plan = Plan(dist.get_world_size(), dist.get_rank())
-    model = run_stages(plan, PipelinePlan(2, schedule), tiny_llama4, "cpu", steps=1)
+    model = run_stages(plan, PipelinePlan(2, schedule), build or tiny_llama4, "cpu", steps=1)
     for probe in PROBES:  # (the CLI's optimizer is made inside its step: categories are not compared)
         probe("backward", model, None)
     return model
@@ -508,3 +510,30 @@ def tiny_llama4():
     model = Llama(dataclasses.replace(CONFIG, n_layers=4))
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return model, (ids, ids)
+
+
+def tiny_hf_llama4():
+    """(model, inputs): a transformers LLaMA of four blocks (uneven GQA heads) and a batch of four, for ``trace --pp``."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        intermediate_size=CONFIG.hidden_dim,
+        num_hidden_layers=4,
+        num_attention_heads=CONFIG.n_heads,
+        num_key_value_heads=CONFIG.n_kv_heads,
+        max_position_embeddings=SEQ,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.LlamaForCausalLM(config), (ids, ids)
+
+
+def tiny_gpt2_4():
+    """(model, inputs): a transformers GPT-2 of four blocks (tied embeddings) and a batch of four, for ``trace --pp``."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        vocab_size=CONFIG.vocab_size, n_positions=SEQ, n_embd=32, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
+    )
+    return transformers.GPT2LMHeadModel(config), (torch.randint(0, CONFIG.vocab_size, (4, SEQ)),)

@@ -298,6 +298,7 @@ _STATE = {
     ("metadispatch.values.known", "_MUTATED"): "ops that write their arguments, computed once each",
     ("metadispatch.world.world", "_CURRENT"): "a thread's logical world (thread-local)",
     ("metadispatch.world.world", "_LIVE"): "the logical world entered, one per process",
+    ("metadispatch.world.pipeline", "_GRADIENT_MESSAGES"): "a stage's gradient messages, held weakly until issued",
 }
 _MUTATORS = {
     "append",

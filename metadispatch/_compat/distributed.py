@@ -133,6 +133,11 @@ def pipeline_needs_dynamic(stage, has_backward: bool) -> bool:
     return InferenceMode.needs_dynamic(stage._user_meta, has_backward)
 
 
+def pipeline_schedules_module():
+    """``torch.distributed.pipelining.schedules`` (whose ``_batch_p2p`` issues a schedule's messages), if loaded."""
+    return sys.modules.get("torch.distributed.pipelining.schedules")
+
+
 def pipeline_schedule_class():
     """``torch.distributed.pipelining``'s schedule base class, if loaded, else None."""
     module = sys.modules.get("torch.distributed.pipelining.schedules")

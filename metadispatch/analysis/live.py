@@ -91,6 +91,10 @@ class LiveStorages(_compat.TorchDispatchMode):
     def _see(self, t: torch.Tensor) -> None:
         if _compat.is_fake(t):  # DTensor's sharding propagation: no memory
             return
+        if is_wrapper_subclass(t):  # Note [A wrapper an op returns holds no storage]
+            for name in t.__tensor_flatten__()[0]:  # type: ignore[attr-defined]
+                self._see(getattr(t, name))
+            return
         st = t.untyped_storage()
         key = _compat.storage_id(st)
         if key in self._refs or key in self._ignored:
@@ -98,6 +102,16 @@ class LiveStorages(_compat.TorchDispatchMode):
         n = self._sizes[key] = allocated_bytes(st.nbytes(), t.device)
         self._refs[key] = weakref.ref(st, partial(self._freed, key))
         self.live += n
+
+    # Note [A wrapper an op returns holds no storage]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A plain op can return a wrapper subclass: ``_c10d_functional.
+    # _wrap_tensor_autograd`` returns its input wrapped in an
+    # ``AsyncCollectiveTensor``.  The wrapper's storage reports the bytes of
+    # its shape but has no data (``_make_wrapper_subclass``); its inner
+    # tensors hold the memory, so they are what is counted -- counting the
+    # wrapper too made each functional collective's output twice (the 3-D
+    # pipeline's last stage, 4 x 320 B over the trace, test_distributed_3d).
 
     def _freed(self, key, _ref) -> None:
         self._refs.pop(key, None)

@@ -5,7 +5,7 @@ turns what a command raised into its exit code.  The commands:
 ``trace_cmd`` traces a model's step and prints its report (``--world-size``:
 ``plan`` traces one rank of an N-GPU training step, wrapping the blocks
 ``blocks`` finds in the model or ``--blocks`` names; ``--pp``: ``pipeline``
-splits the built-in LLaMA into stages); ``summary`` prints a
+steps the stages ``stages`` cuts the model into); ``summary`` prints a
 saved trace's report (and reads files for ``replay``, which runs one);
 ``check`` runs ``md.check``; ``serve`` prints ``md.serve_plan`` for a
 transformers causal LM, ``planner`` ``md.plan``'s ranked training

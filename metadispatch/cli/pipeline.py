@@ -1,8 +1,9 @@
 """``metadispatch trace --world-size N --pp P``: a pipeline-parallel step, one rank of each stage.
 
-The built-in LLaMA (or a ``MODULE:CALLABLE`` whose model is one) is split
-into contiguous runs of blocks (``LlamaStage``: the first stage embeds, the
-last applies the head), one ``PipelineStage`` per stage, and stepped by the
+The model (the built-in LLaMA, ``--hf llama``, ``--hf gpt2`` or a
+``MODULE:CALLABLE`` building one) is split into contiguous runs of blocks
+as torchtitan splits it (stages.py: the first stage embeds, the last
+applies the final norm and the head), one ``PipelineStage`` per stage, and stepped by the
 schedule ``--pp-schedule`` names over ``--microbatches`` micro-batches, on a
 ``(pp, dp, tp)`` mesh: ``--tp K`` splits each stage's blocks, ``--fsdp``
 shards each stage over the remaining ``N / (P K)`` ranks.  Multi-stage
@@ -14,10 +15,9 @@ one rank of every stage traced, the stages' memory differs -- and, with
 ``--gpu``, ``md.runtime`` over those traces: the step with its bubble
 (Note [A pipeline's bubble from its stages' traces] in timing/bubble.py).
 
-Limits: only the built-in LLaMA is split (where a model's blocks begin and
-what it does around them is not known for others: build ``PipelineStage``
-yourself, docs/distributed.md); blocks are split evenly, the first stages
-taking one more where they do not divide.
+Limits: only the families stages.py writes out are split (others: build
+``PipelineStage`` yourself, docs/distributed.md); blocks are split evenly,
+the first stages taking one more where they do not divide.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..ir.cut import step_from
 from ..ir.text import fmt_bytes
 from ..mode.mode import MetaMode
 from ..tracing.marks import mark
-from . import llama
+from . import stages
 from .options import at_least
 from .plan import Plan, shard_blocks, split_blocks, step_peak
 from .steps import with_optimizer
@@ -107,8 +107,8 @@ def check(plan: Plan, pp: PipelinePlan, args) -> None:
         raise UsageError(f"--pp {pp.pp} x --tp {plan.tp} does not divide --world-size {plan.world_size}")
     if plan.dp or args.worst_rank:
         raise UsageError("--pp combines with --fsdp and --tp; not with --dp or --worst-rank (every stage is reported)")
-    if args.hf or args.forward_only:
-        raise UsageError("--pp splits the built-in LLaMA (or a MODULE:CALLABLE building one) for training only")
+    if args.forward_only:
+        raise UsageError("--pp: a pipeline schedule steps training; --forward-only has no backward to schedule")
     if args.batch is not None and args.batch % pp.micro:
         raise UsageError(f"--microbatches {pp.micro} does not divide --batch {args.batch}")
 
@@ -143,29 +143,29 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     from torch.distributed.device_mesh import init_device_mesh
 
     model, inputs = build()
-    if not isinstance(model, llama.Llama):
-        raise UsageError(f"--pp splits the built-in LLaMA; this target builds a {type(model).__name__}")
-    ids, labels = inputs
-    if len(model.layers) < pp.stages:
-        raise UsageError(f"--pp {pp.pp} ({pp.stages} stages): the model has {len(model.layers)} blocks")
+    cut = stages.split(model, plan.blocks)
+    ids, labels = inputs[0], inputs[1] if len(inputs) > 1 else inputs[0]
+    if cut.blocks < pp.stages:
+        raise UsageError(f"--pp {pp.pp} ({pp.stages} stages): the model has {cut.blocks} blocks")
     if ids.shape[0] % pp.micro:
         raise UsageError(f"--microbatches {pp.micro} does not divide the batch of {ids.shape[0]}")
     dp = plan.world_size // (pp.pp * plan.tp)
     mesh = init_device_mesh(torch.device(device).type, (pp.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
-    spans = _spans(len(model.layers), pp.stages)
-    mods, stages = [], []
+    spans = _spans(cut.blocks, pp.stages)
+    mods, held = [], []
     for index in pp.stages_of(mesh.get_local_rank("pp")):
-        mod = llama.LlamaStage(model, *spans[index])
+        mod = cut.stage(*spans[index])
         if plan.tp > 1:
             split_blocks(mod, mesh["tp"], "layers")
         if plan.fsdp:
             shard_blocks(mod, mesh["dp"], "layers")
-        stages.append(_stage(pipelining, mod, index, pp.stages, ids, pp.micro, device, mesh))
+        held.append(_stage(pipelining, mod, cut, index, pp.stages, ids, pp.micro, device, mesh))
         mods.append(mod)
-    del model  # the other stages' blocks: a real rank never holds them
+    loss = cut.loss
+    del model, cut  # the other stages' blocks (cut.stage holds the model): a real rank never holds them
     kind = getattr(pipelining, SCHEDULES[pp.schedule][0])
-    run = kind(stages if len(stages) > 1 else stages[0], n_microbatches=pp.micro, loss_fn=llama.loss)
-    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    run = kind(held if len(held) > 1 else held[0], n_microbatches=pp.micro, loss_fn=loss)
+    first, last = any(s.is_first for s in held), any(s.is_last for s in held)
 
     def step(_model, ids, labels):
         run.step(*((ids,) if first else ()), **({"target": labels, "losses": []} if last else {}))
@@ -179,13 +179,12 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     return whole
 
 
-def _stage(pipelining, mod: llama.LlamaStage, index: int, n: int, ids, micro: int, device, mesh):
+def _stage(pipelining, mod: nn.Module, cut: stages.Split, index: int, n: int, ids, micro: int, device, mesh):
     """The ``PipelineStage`` of ``mod``, its activations declared (Note [A pipeline stage's vote])."""
-    c = mod.config
     b, seq = ids.shape[0] // micro, ids.shape[1]
     dtype = next(mod.parameters()).dtype
-    x = torch.empty(b, seq, dtype=torch.long) if index == 0 else torch.empty(b, seq, c.dim, dtype=dtype)
-    out = torch.empty(b, seq, c.vocab_size if index == n - 1 else c.dim, dtype=dtype, requires_grad=True)
+    x = torch.empty(b, seq, dtype=torch.long) if index == 0 else torch.empty(b, seq, cut.hidden, dtype=dtype)
+    out = torch.empty(b, seq, cut.vocab if index == n - 1 else cut.hidden, dtype=dtype, requires_grad=True)
     return pipelining.PipelineStage(
         mod,
         index,

@@ -33,6 +33,7 @@ class Candidate:
         self.state: int | None = None  # bytes live as the optimizer step starts (Note [What scaling may reject])
         self.cached = False  # scored from a trace another candidate made
         self.scaled = False  # extrapolated from two shallower traces (Note [Scaling from two depths])
+        self.ranks: dict | None = None  # a pipeline's traced ranks -> peak (Note [Scoring a pipeline configuration])
 
     def retrace(self) -> Trace:
         """This configuration's rank-0 step traced afresh (build, two steps; marks ``"step"``, ``"micro"``, ``"opt"``)."""
@@ -80,7 +81,8 @@ def rank_candidates(table: list) -> None:
 
 
 def short(c: dict) -> str:
+    pp = f"pp {c['pp']} {c['pp_schedule']} " if c.get("pp", 1) > 1 else ""
     return (
-        f"shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
+        f"{pp}shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
         f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
     )

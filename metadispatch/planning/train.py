@@ -49,6 +49,7 @@ from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
 from ..timing.runtime import runtime
 from ..tracing.marks import mark
+from . import pipeline_candidates
 from .ac import apply_ac, blocks
 from .table import KEYS, Candidate, PlanTable, rank_candidates
 
@@ -157,7 +158,7 @@ class _Planner:
                 rep = dp // shard if dp and dp % shard == 0 else 0
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
                 out.append(dict(zip(KEYS, (shard, rep, tp, ac, mb, accum, opt))))
-        return out
+        return out + pipeline_candidates.configs(n, self.global_batch, search, KEYS)  # search's "pp"
 
     def rule(self, c: dict) -> str | None:
         """The divisibility rule ``c`` breaks, if any."""
@@ -175,6 +176,9 @@ class _Planner:
 
     def score(self, cand: Candidate, full: bool = False) -> Candidate:
         c = cand.config
+        if c.get("pp", 1) > 1:  # Note [Scoring a pipeline configuration] in pipeline_candidates.py
+            pipeline_candidates.score(self, cand, _tp_plan, custom_step=self.step is not _default_step)
+            return cand
         cand.why = self.rule(c)
         if cand.why:
             return cand
@@ -320,6 +324,8 @@ class _Planner:
         return self.depth
 
     def trace(self, c: dict, layers: int | None = None) -> Trace:
+        if c.get("pp", 1) > 1:
+            return pipeline_candidates.trace(self, c, _tp_plan)
         began = time.perf_counter()
         accum = min(c["accum"], 2) if c["accum"] else 1
         opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}

@@ -3,7 +3,12 @@
 ``_c10d_functional.wait_tensor`` returns its input, the same tensor (it
 waits for the collective that produced it), while torch's meta kernel
 returns a new one -- a storage-level memory model built on it would count
-every functional collective's output twice.
+every functional collective's output twice.  ``_wrap_tensor_autograd``
+(torch >= 2.13: how a functional collective hands its output to autograd)
+returns its input wrapped in an ``AsyncCollectiveTensor``, a wrapper with
+no data of its own that keeps the collective's output alive as long as it
+lives; its fake kernel returns a new tensor, which would free the output
+at once and count a copy.  In the trace it is its input, as ``wait_tensor``.
 
 The c10d ops (``torch.distributed``'s eager API, FSDP, DDP) write into the
 tensors they are given and return them with a Work.  torch's meta kernels
@@ -23,11 +28,20 @@ from ..core.registry import builtin_rule
 from ..errors import UnsupportedFeatureError
 from ..spec.schema import schema_of
 
-__all__ = ["wait_tensor"]
+__all__ = ["wait_tensor", "wrap_tensor_autograd"]
 
 
 @builtin_rule(torch.ops._c10d_functional.wait_tensor.default)
 def wait_tensor(tensor):
+    return tensor
+
+
+# _wrap_tensor_autograd is a custom op its module defines on import (~20 ms; it imports no DTensor).
+_compat.functional_collectives_module()
+
+
+@builtin_rule(torch.ops._c10d_functional._wrap_tensor_autograd.default)
+def wrap_tensor_autograd(tensor):
     return tensor
 
 

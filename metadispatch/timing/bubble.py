@@ -62,7 +62,7 @@ class PipelineRuntime:
 
     def __str__(self) -> str:
         lines = [
-            f"pipeline of {len(self.busy)} stages: step {self.total * 1e3:.2f} ms, bubble {self.bubble_fraction:.1%}"
+            f"pipeline over {len(self.busy)} ranks: step {self.total * 1e3:.2f} ms, bubble {self.bubble_fraction:.1%}"
         ]
         ranks = self.ranks or range(len(self.busy))
         for r, b, idle, n in zip(ranks, self.busy, self.bubble, self.in_flight):

@@ -29,6 +29,11 @@ mode is entered (importing it costs seconds, so a world does not).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
+import weakref
+
 import torch
 
 from .. import _compat
@@ -72,6 +77,33 @@ def _reduce_grad(below, stage, *args, **kwargs):
         return below(stage, *args, **kwargs)
 
 
+# Note [A pipeline's gradient messages are backward's]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A schedule sends a stage's input gradients and receives its output
+# gradients outside the autograd engine, between backward chunks, so they
+# would be recorded as forward's.  The messages a stage makes for its
+# gradients (``get_bwd_send_ops``, ``get_bwd_recv_ops``) are marked, and a
+# batch of them is issued as backward's; a batch mixing both (1F1B's
+# steady state) is issued in runs of one kind, in its order, as the real
+# run issues them one by one off CUDA (on CUDA a real run coalesces the
+# mixed batch into one launch).
+_GRADIENT_MESSAGES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _gradient_ops(below, stage, *args, **kwargs):
+    ops = below(stage, *args, **kwargs)
+    _GRADIENT_MESSAGES.update(ops)
+    return ops
+
+
+def _batch_p2p(below, p2p_ops, desc=None):
+    works: list = []
+    for backward, run in itertools.groupby(p2p_ops, key=_GRADIENT_MESSAGES.__contains__):
+        with _compat.backward_outside_the_engine() if backward else contextlib.nullcontext():
+            works += below(list(run), desc)
+    return works
+
+
 def _method(replacement, below):
     def method(self, *args, **kwargs):
         return replacement(below, self, *args, **kwargs)
@@ -81,6 +113,21 @@ def _method(replacement, below):
 
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
 PATCHES = [
+    *(
+        (
+            _compat.pipeline_stage_class,
+            name,
+            lambda below: _method(_gradient_ops, below),
+            "a stage's gradient messages (Note [A pipeline's gradient messages are backward's])",
+        )
+        for name in ("get_bwd_send_ops", "get_bwd_recv_ops")
+    ),
+    (
+        _compat.pipeline_schedules_module,
+        "_batch_p2p",
+        lambda below: functools.partial(_batch_p2p, below),
+        "a schedule's gradient messages are backward's (Note [A pipeline's gradient messages are backward's])",
+    ),
     (
         _compat.pipeline_stage_class,
         "perform_reduce_grad",

@@ -173,8 +173,8 @@ def _dtensor_device(self) -> torch.device:
 # compiling, and it believes so whenever the FAKE dispatch-mode slot is
 # taken -- where MetaMode sits (Note [Logical CUDA without CUDA] in
 # _compat/dispatch.py).  Compiling, a result is waited on at once; eager, it is
-# wrapped by ``_c10d_functional._wrap_tensor_autograd``, which copies it
-# (the real run's memory).  A MetaMode traces eager code, so the question is
+# wrapped by ``_c10d_functional._wrap_tensor_autograd`` in an
+# ``AsyncCollectiveTensor`` that holds it (the real run's memory).  A MetaMode traces eager code, so the question is
 # answered as an eager run would answer it.
 def _are_we_tracing(original) -> bool:
     mode = _compat.get_infra_mode(_compat.mode_key)

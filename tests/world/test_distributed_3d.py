@@ -41,15 +41,8 @@ def test_distributed_3d_rank_matches_real_gloo_run(rank, tmp_path_factory):
     assert traced_categories(trace) == real["categories"]
 
 
-_UNWAITED = pytest.mark.xfail(
-    strict=True,
-    reason="the real run keeps the last stage's backward all-reduce outputs (one per micro-batch, "
-    "sent on and never waited on) alive in c10d's work registry; the trace frees them (docs/distributed.md)",
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("rank", [0, 1, pytest.param(2, marks=_UNWAITED), pytest.param(3, marks=_UNWAITED)])
+@pytest.mark.parametrize("rank", range(4))
 def test_distributed_3d_peak_matches_real_gloo_run(rank, tmp_path_factory):
     peak = md.memory(traced_rank(rank, 4, "3d", device="cpu")[0]).peak
     assert abs(peak - _real(tmp_path_factory)[rank]["peak"]) <= 1024

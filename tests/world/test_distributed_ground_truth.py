@@ -100,7 +100,7 @@ def test_distributed_cli_fsdp_finds_gpt2_blocks(tmp_path_factory, capsys):
     [
         (["--tp", "2"], "no linear in GPT2LMHeadModel's blocks"),
         (["--fsdp", "--blocks", "transformer.nope"], "has no module 'transformer.nope'"),
-        (["--pp", "2"], "--pp splits the built-in LLaMA; this target builds a GPT2LMHeadModel"),
+        (["--pp", "2", "--blocks", "h"], "--pp: blocks h: a GPT2LMHeadModel is split at its blocks in transformer.h"),
     ],
 )
 def test_distributed_cli_refuses_blocks_it_cannot_wrap(argv, message, capsys):
@@ -142,7 +142,7 @@ _PP: dict = {}
 
 def _real_pp(tmp_path_factory) -> dict:
     if not _PP:
-        _PP.update(_spawn(["cli-pp", "cli-pp-zbv"], 2, tmp_path_factory))
+        _PP.update(_spawn(["cli-pp", "cli-pp-zbv", "cli-pp-hf-llama", "cli-pp-gpt2"], 2, tmp_path_factory))
     return _PP
 
 
@@ -166,4 +166,31 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
     assert f"pipeline: {stages}, {schedule}, per-stage peak during the step:" in out
     assert f"{len(real[0]['collectives'])} collectives in the step" in out
     assert re.search(r"^  rank 1 \(stages? [\d, ]+\): \S+ \([\d,]+ B\)$", out, re.M)
-    assert re.search(r"^pipeline of 2 stages: step [\d.]+ ms, bubble [\d.]+%$", out, re.M)
+    assert re.search(r"^pipeline over 2 ranks: step [\d.]+ ms, bubble [\d.]+%$", out, re.M)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,target", [("cli-pp-hf-llama", "tiny_hf_llama4"), ("cli-pp-gpt2", "tiny_gpt2_4")])
+def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, target, tmp_path_factory, capsys):
+    # --pp on transformers LLaMA (1F1B) and GPT-2 (GPipe): planning/pipeline_split.py cuts
+    # the model's blocks into stages, the embedding on the first, norm and
+    # head on the last; the real run is the same code over gloo.
+    real = _real_pp(tmp_path_factory)[case]
+    for rank in range(2):
+        trace, shards = traced_rank(rank, 2, case, device="cpu")
+        assert shards == real[rank]["shards"]
+        assert json.loads(json.dumps(comparable(md.comms(trace).calls))) == real[rank]["collectives"]
+        assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
+    argv = ["trace", f"tests.distributed_cases:{target}", "--device", "cpu", "--world-size", "2", "--pp", "2"]
+    assert main([*argv, "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(real[0]['collectives'])} collectives in the step" in out
+    assert re.search(r"^  rank 1 \(stage 1\): \S+ \([\d,]+ B\)$", out, re.M)
+
+
+def test_distributed_cli_pp_refuses_a_model_it_cannot_split():
+    from metadispatch.cli.stages import split
+    from metadispatch.cli.targets import UsageError
+
+    with pytest.raises(UsageError, match="cannot split a Sequential into pipeline stages"):
+        split(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))

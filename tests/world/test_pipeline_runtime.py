@@ -65,3 +65,18 @@ def test_pipeline_runtime_pairs_stages_by_the_rank_each_was_traced_as():
     assert "  rank 4: busy" in str(p)
     with pytest.raises(md.MetaDispatchError, match="rank 4 waits for a send"):
         md.runtime(traces[1:], gpu="h100")
+
+
+@pytest.mark.parametrize("schedule", ["pp-gpipe", "pp-1f1b"])
+def test_pipeline_gradient_messages_are_recorded_as_backward(schedule):
+    # Note [A pipeline's gradient messages are backward's]: the first stage
+    # sends activations and receives gradients, the last the other way
+    # round; the schedule issues both outside the autograd engine.  (Each
+    # rank's first send and receive are the stages' vote, before the step.)
+    first, last = _ranks(schedule, 2)
+    phases = {
+        rank: {kind: [c.phase for c in md.comms(t).calls if c.kind == kind][1:] for kind in ("send", "recv")}
+        for rank, t in enumerate((first, last))
+    }
+    assert phases[0] == {"send": ["forward"] * MICRO, "recv": ["backward"] * MICRO}
+    assert phases[1] == {"send": ["backward"] * MICRO, "recv": ["forward"] * MICRO}

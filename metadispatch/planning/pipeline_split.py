@@ -1,0 +1,136 @@
+"""A model split into pipeline stages (``metadispatch trace --pp``, ``md.plan``'s ``pp``).
+
+Note [Splitting a model into pipeline stages]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+torchtitan cuts the repeated blocks into contiguous runs, the first stage
+also embedding the token ids and the last also applying the final norm and
+the head; what the model does around each block (rotary embeddings, the
+causal mask) every stage does for itself.  A stage holds only its own
+modules: the rest of the model can be dropped.  What a model does before
+its first block and after its last is in its ``forward``, which cannot be
+cut, so each family is written out: transformers LLaMA
+(``LlamaForCausalLM``) and GPT-2 (``GPT2LMHeadModel``) here, the built-in
+LLaMA in cli/llama.py (``LlamaStage``, which cli/stages.py adds).
+
+Each stage calls its blocks as the model's own ``forward`` does (no
+cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
+shifted by one).  Others are refused, naming these.
+
+Limits: tied embeddings (GPT-2's) are one parameter where one rank holds
+both end stages, two unsynchronised copies where two ranks do (torchtitan
+refuses them under pipelining).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UnsupportedFeatureError
+
+__all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
+
+SPLITS = "transformers LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel)"
+
+
+class Split(NamedTuple):
+    """A model's blocks' count, its stage of blocks ``[lo, hi)``, the sizes
+    a stage sends (hidden) and the last returns (vocab), the last's loss."""
+
+    blocks: int
+    stage: Callable[[int, int], nn.Module]
+    hidden: int
+    vocab: int
+    loss: Callable
+
+
+def split(model: nn.Module, blocks: str | None = None) -> Split:
+    """The :class:`Split` of ``model`` (Note [Splitting a model into pipeline stages])."""
+    kind = _FAMILIES.get(type(model).__name__)
+    if kind is None:
+        raise UnsupportedFeatureError(f"cannot split a {type(model).__name__} into pipeline stages; {SPLITS} split")
+    path, stage = kind
+    if blocks is not None and blocks != path:
+        raise UnsupportedFeatureError(f"blocks {blocks}: a {type(model).__name__} is split at its blocks in {path}")
+    c: Any = model.config  # a transformers config
+    n = len(list(model.get_submodule(path).children()))
+    return Split(n, lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss``: each position predicts the next token, the last one nothing."""
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:]
+    return F.cross_entropy(logits.float().flatten(0, 1), shifted.flatten(), ignore_index=-100)
+
+
+def _positions(h: torch.Tensor) -> torch.Tensor:
+    return torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+
+
+def _mask_and_positions(config, h: torch.Tensor) -> tuple:
+    """The causal mask the model's own forward makes (None where SDPA's is_causal does it), and the positions."""
+    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+    pos = _positions(h)
+    return masking.create_causal_mask(
+        config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
+    ), pos
+
+
+class HFLlamaStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a transformers ``LlamaForCausalLM`` (``LlamaModel.forward``, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
+        super().__init__()
+        base = model.model
+        self.config = model.config
+        self.first, self.last = lo == 0, hi == len(base.layers)
+        self.embed_tokens = base.embed_tokens if self.first else None
+        self.rotary_emb = base.rotary_emb
+        self.layers = nn.ModuleList(base.layers[lo:hi])
+        self.norm = base.norm if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x):
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        mask, pos = _mask_and_positions(self.config, h)
+        rope = self.rotary_emb(h, position_ids=pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+        return self.lm_head(self.norm(h)) if self.lm_head is not None and self.norm is not None else h
+
+
+class GPT2Stage(nn.Module):
+    """Blocks ``[lo, hi)`` of a transformers ``GPT2LMHeadModel`` (``GPT2Model.forward``, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
+        super().__init__()
+        base = model.transformer
+        self.config = model.config
+        self.first, self.last = lo == 0, hi == len(base.h)
+        self.wte: nn.Module | None = base.wte if self.first else None
+        self.wpe: nn.Module | None = base.wpe if self.first else None
+        self.drop: nn.Module | None = base.drop if self.first else None
+        self.layers = nn.ModuleList(base.h[lo:hi])
+        self.ln_f = base.ln_f if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x):
+        h = x if self.wte is None or self.wpe is None or self.drop is None else self.wte(x)
+        if self.wpe is not None and self.drop is not None:
+            h = self.drop(h + self.wpe(_positions(h)))
+        mask, pos = _mask_and_positions(self.config, h)
+        for block in self.layers:
+            h = block(h, None, mask, None, position_ids=pos)
+        return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
+
+
+# A model's class name -> where its blocks are and its stage (Note [Splitting a model into pipeline stages]).
+_FAMILIES: dict[str, tuple[str, Callable]] = {
+    "LlamaForCausalLM": ("model.layers", HFLlamaStage),
+    "GPT2LMHeadModel": ("transformer.h", GPT2Stage),
+}
