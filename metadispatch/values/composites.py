@@ -241,11 +241,11 @@ def _one_hot(self, num_classes=-1):
         return _zeros_or_empty(self, shape + (num_classes,), torch.empty, self.new_empty)
     if self.device.type == "cpu":
         low, high = torch.aminmax(self)
-        torch._assert_async(low >= 0, "Class values must be non-negative.")
+        aten._assert_async.msg(low >= 0, "Class values must be non-negative.")
         if num_classes == -1:
             num_classes = high.item() + 1
         else:
-            torch._assert_async(high < num_classes, "Class values must be smaller than num_classes.")
+            aten._assert_async.msg(high < num_classes, "Class values must be smaller than num_classes.")
     elif num_classes == -1:
         num_classes = self.max().item() + 1
     else:
