@@ -105,3 +105,14 @@ def test_context_parallel_unchecked_rotate_method_is_refused():
 def test_context_parallel_without_load_balancing_is_refused():
     # 30 tokens over 2 ranks: not divisible into 4 head-tail chunks, so torch shards them plainly.
     _cp_refused(30, "no load balancing")
+
+
+def test_context_parallel_on_a_logical_cpu_fails_as_a_cpu_job_does():
+    # torch's CPU attention kernel has no CP rule: a real gloo job raises this too.
+    with md.MetaMode(device="cpu", world_size=2):
+        mesh = init_device_mesh("cpu", (2,))
+        model = cp_cases.Attention().bfloat16()
+        x = torch.randn(1, 32, cp_cases.DIM, dtype=torch.bfloat16)
+        with context_parallel(mesh, buffers=[x], buffer_seq_dims=[1]):
+            with pytest.raises(NotImplementedError, match="_scaled_dot_product_flash_attention_for_cpu"):
+                model(x)
