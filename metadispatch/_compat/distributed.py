@@ -174,3 +174,10 @@ def tensor_experimental_module():
     from torch.distributed.tensor import experimental
 
     return experimental
+
+
+def context_parallel_module():
+    """``context_parallel``'s ring attention module, whose entry points world/context_parallel.py guards."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    return _attention

@@ -165,7 +165,9 @@ def _native_dropout(attn, p):
 
 def _on_logical_cuda(args, kwargs) -> bool:
     query = args[0] if args else kwargs.get("query")
-    return isinstance(query, MetaTensor) and query.device.type == "cuda"
+    # A DTensor of logical-CUDA shards (context parallelism's SDPA) takes the
+    # same choice: C++ asks the stub for the DTensor's device and shapes.
+    return isinstance(_compat.local_shard(query), MetaTensor) and query.device.type == "cuda"
 
 
 composites.register_override(_sdpa, scaled_dot_product_attention, _on_logical_cuda)

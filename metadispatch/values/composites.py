@@ -315,6 +315,8 @@ def register_override(function, impl, applies) -> None:
 def override_for(func, args, kwargs):
     """The override to call instead of ``func(*args, **kwargs)``, or None."""
     entries = _BY_FUNCTION.get(func)
-    if entries is None or not any(isinstance(a, MetaTensor) for a in args[:2]):
+    # A DTensor over MetaTensor shards counts as one: its composite's C++ body
+    # would read the shards' meta device as a real one would read CUDA.
+    if entries is None or not any(isinstance(_compat.local_shard(a), MetaTensor) for a in args[:2]):
         return None
     return next((impl for impl, applies in entries if applies(args, kwargs)), None)

@@ -4,6 +4,7 @@
 ``ddp_setup`` (DDP's C++ setup helpers as the collectives they run),
 ``fsdp_chunks`` (the chunks of a parameter a rank reads), ``fsdp_storage``
 (FSDP2's storage frees, made visible to dispatch), ``pipeline`` (a pipeline
-stage's warm-up vote, answered for a stage traced alone).  May import ``gpu`` and
-below.
+stage's warm-up vote, answered for a stage traced alone), ``context_parallel``
+(ring attention's variants checked against a real run; the rest refused).
+May import ``gpu`` and below.
 """

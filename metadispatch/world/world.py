@@ -30,9 +30,9 @@ import threading
 import torch
 
 from .. import _compat
-from ..errors import MetaDispatchError, UnsupportedFeatureError
+from ..errors import MetaDispatchError
 from ..ir.records import Group
-from . import ddp_setup, fsdp_chunks, fsdp_storage, pipeline
+from . import context_parallel, ddp_setup, fsdp_chunks, fsdp_storage, pipeline
 
 __all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
 
@@ -192,13 +192,6 @@ def _are_we_tracing(original) -> bool:
 # group names.  A real run has one world per process; tracing rank after
 # rank does not, so the caches are emptied when a world is made and when it
 # goes.
-def _refuse_context_parallel(*args, **kwargs):
-    raise UnsupportedFeatureError(
-        "context parallelism (context_parallel) is not traced in a logical world: its ring "
-        "attention exchanges key/value shards between ranks; see docs/distributed.md"
-    )
-
-
 def _destroy_all() -> None:
     if _compat.dist.is_initialized():
         _compat.dist.destroy_process_group()
@@ -283,14 +276,9 @@ PATCHES = [
         lambda below: functools.partial(_are_we_tracing, below),
         "functional collectives run eagerly (Note [Eager, not compiling])",
     ),
-    (
-        _compat.tensor_experimental_module,
-        "context_parallel",
-        _patched(_refuse_context_parallel),
-        "context parallelism, refused",
-    ),
     *fsdp_storage.PATCHES,
     *fsdp_chunks.PATCHES,
     *ddp_setup.PATCHES,
     *pipeline.PATCHES,
+    *context_parallel.PATCHES,
 ]

@@ -234,16 +234,6 @@ def test_distributed_point_to_point_is_traced_and_any_source_refused():
     assert [(c.kind, c.bytes) for c in md.comms(mode.trace).calls] == [("send", 8), ("recv", 12)]
 
 
-def test_distributed_context_parallel_is_refused():
-    from torch.distributed.tensor import experimental
-
-    with md.MetaMode(world_size=2):
-        mesh = init_device_mesh("cpu", (2,))
-        with pytest.raises(md.UnsupportedFeatureError, match="context parallelism"):
-            experimental.context_parallel(mesh)
-    assert experimental.context_parallel.__module__.startswith("torch")
-
-
 def test_distributed_tracer_traces_the_rank_asked_for():
     def step(x):
         dist.all_reduce(x)
