@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["aligned", "largest", "peak"]
+__all__ = ["aligned", "deep_peak", "largest", "peak"]
 
 
 def aligned(calls: Sequence, timeline: Sequence[int], depth: int | None = None) -> tuple | None:
@@ -109,6 +109,20 @@ def peak(points: dict, batch: int, depth: int | None = None) -> float | None:
     """The allocated peak :func:`largest`'s lines give at ``batch`` (None where the points do not line up)."""
     lines = _lines(points, depth)
     return None if lines is None else max(base + slope * batch for base, slope in zip(*lines))
+
+
+def deep_peak(shallow: tuple | None, deeper: tuple | None, depths: tuple, depth: int) -> float | None:
+    """The allocated peak at ``depth`` blocks from :func:`aligned` of one step at two ``depths`` ``(a, c)``.
+
+    Each call's live bytes on its line through the two depths, the largest
+    at ``depth`` (Note [Live bytes affine in batch and depth]); None where
+    the calls do not line up, or ``a < 2`` (one block is first and last).
+    """
+    (a, c), none = depths, shallow is None or deeper is None
+    if none or a < 2 or shallow[0] != deeper[0]:  # type: ignore[index]
+        return None
+    t = (depth - a) / (c - a)
+    return max(x + (y - x) * t for x, y in zip(shallow[1], deeper[1]))  # type: ignore[index]
 
 
 def _lines(points: dict, depth: int | None) -> tuple | None:

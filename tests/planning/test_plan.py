@@ -248,7 +248,8 @@ def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh()
     full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
     # from 1 and 2 layers (the scaled test above: 2 and 4), the cheapest depths
     scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(1, 2), confirm=1)
-    assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 5  # 4 foreach, 1 fused
+    # Note [One build for the micro-batch sizes of a mesh]: micro-batches 1 and 2 share a trace
+    assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 3  # 2 foreach (ac none, block), 1 fused
     # of the 4 fused: one traced for the mesh, one perhaps confirmed by a full trace, the others twins
     assert sum(c.cached and c.scaled for c in scaled if c.config["optimizer"] == "fused") >= 2
     by_config = {str(c.config): c for c in full}
