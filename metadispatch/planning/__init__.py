@@ -10,7 +10,8 @@ model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and
 decode), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked
-``PlanTable`` of ``Candidate``).  The
+``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
+``programs``).  The
 analyses themselves stay pure functions of a trace.  May import
 ``analysis`` and below.
 """

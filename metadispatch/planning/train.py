@@ -263,7 +263,7 @@ class _Planner:
         live = fit.memory.timeline
         per_call = runtime(step, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
         # each call's live bytes, for the peak at full depth (Note [Scaling from two depths])
-        lines = aligned(step.calls, live, layers) if layers is not None else None
+        lines = aligned(step.calls, live, layers, ends=2) if layers is not None else None
         self._spend("measuring", began)
         return (
             fit.memory.peak,
@@ -291,9 +291,10 @@ class _Planner:
         left out (Note [Live bytes affine in batch and depth] in affine.py):
         each call's line through depths ``a`` and ``b``, the largest at full
         depth, is the allocated peak (within 1 KiB of a full trace,
-        tests/planning/test_plan.py).  That needs ``a >= 2`` (a first and a
-        last block that differ) and the calls to line up; otherwise it is the
-        peaks' own line.  The reserved peak adds the deeper trace's allocator
+        tests/planning/test_plan.py).  Two blocks are kept at each end (Note
+        [Blocks unlike their neighbours] in affine.py: FSDP2's prefetch), so
+        that needs ``a >= 4`` and the calls to line up; otherwise it is the
+        peaks' own line, an estimate.  The reserved peak adds the deeper trace's allocator
         rounding, an estimate either way.  So a scaled peak is never a
         verdict: a scaled candidate's ``fits`` is ``None`` until a full trace
         confirms it, and ``md.plan`` confirms the fastest in time order until
@@ -318,7 +319,7 @@ class _Planner:
         def at(i):
             return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
 
-        peak = deep_peak(lo[8], hi[8], (a, b), depth)
+        peak = deep_peak(lo[8], hi[8], (a, b), depth, ends=2)
         if peak is None:  # the calls do not line up: the peaks' own line, an estimate
             return at(0), at(1), lo[2], None, at(4), at(5), at(6), at(7)
         # the reserved peak: the deeper trace's allocator rounding on top, an estimate (only a full trace says)
