@@ -19,7 +19,7 @@ from .calls import OpCall
 from .records import Leaf
 from .trace import Trace
 
-__all__ = ["step_from", "STATE", "state_phase"]
+__all__ = ["step_from", "step_until", "STATE", "state_phase"]
 
 STATE = "state"  # the leaf kind of what the calls before the cut left alive
 _RESIZE = "inductor.resize_storage_bytes_.default"  # world/fsdp_storage.RESIZE_OP (a room above)
@@ -118,6 +118,30 @@ def step_from(trace: Trace, start: int) -> Trace:
     out.rng_events = [e._replace(at=e.at - start) for e in trace.rng_events if e.at >= start]
     out.assumptions = [_assumed_at(a, start) for a in trace.assumptions]
     out.warmup = trace.warmup
+    return out
+
+
+def step_until(trace: Trace, end: int) -> Trace:
+    """The calls ``trace[:end]`` as a trace of their own: what is alive at ``end`` lives to its end.
+
+    The other side of :func:`step_from`, for a trace of several steps one
+    after another (``md.plan`` traces the micro-batch sizes of one mesh
+    after one warmup, Note [One build for the micro-batch sizes of a mesh]
+    in planning/programs.py): a storage that dies after ``end`` is live to the
+    cut trace's end, as a trace's persistent state is live to its end;
+    marks and random-state events after ``end`` go.
+    """
+    if not 0 <= end <= len(trace.calls):
+        raise ValueError(f"step_until: end {end} is not a call of a trace of {len(trace.calls)}")
+    if end == len(trace.calls):
+        return trace
+    out = copy.copy(trace)
+    out.calls = trace.calls[:end]
+    if trace.deaths is not None:
+        out.deaths = {s: d for s, d in trace.deaths.items() if d <= end}
+    out.marks = {k: i for k, i in trace.marks.items() if i <= end}
+    out.rng_events = [e for e in trace.rng_events if e.at < end]
+    out.known_writes = {t: [(b, v) for b, v in w if b < end] for t, w in getattr(trace, "known_writes", {}).items()}
     return out
 
 

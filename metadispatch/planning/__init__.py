@@ -10,9 +10,9 @@ model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and
 decode), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked
-``PlanTable`` of ``Candidate``; ``pipeline_split`` cuts a model into
-pipeline stages, ``pipeline_candidates`` makes and scores its pipeline
-configurations).  The
+``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
+``programs``; ``pipeline_split`` cuts a model into pipeline stages,
+``pipeline_candidates`` makes and scores its pipeline configurations).  The
 analyses themselves stay pure functions of a trace.  May import
 ``analysis`` and below.
 """

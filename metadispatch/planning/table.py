@@ -70,6 +70,8 @@ class PlanTable(list):
         ]
         where = ", ".join(f"{what} {n} in {sec:.1f} s" for what, (n, sec) in self.spent.items())
         head = f"{len(self)} candidates, {self.traces} traces, {self.seconds:.1f} s ({where}); {self.assumes}"
+        if any(c.scaled for c in self):  # Note [Scaling from two depths] in train.py
+            head += "; fits yes/no: a full trace's verdict, ?: scaled from shallow traces, not confirmed"
         table = render(("#", "config", "fits", "reserved", "step ms", "tokens/s", "why not"), rows, align="<<<>>><")
         return "\n".join([head, *table])
 

@@ -35,11 +35,6 @@ import itertools
 import time
 from collections.abc import Callable
 
-import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
 from ..analysis.fit import fits
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from
@@ -48,9 +43,10 @@ from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
 from ..timing.runtime import runtime
-from ..tracing.marks import mark
 from . import pipeline_candidates
-from .ac import apply_ac, blocks
+from .ac import blocks
+from .affine import aligned, deep_peak
+from .programs import default_step, tp_plan, trace_programs
 from .table import KEYS, Candidate, PlanTable, rank_candidates
 
 __all__ = ["plan", "Candidate", "PlanTable", "trace_config"]
@@ -95,11 +91,12 @@ def plan(
         raise MetaDispatchError(f"plan: global_batch={global_batch!r}, seq={seq!r}: positive integers")
     if capacity is not None and (type(capacity) is not int or capacity < 1):
         raise MetaDispatchError(f"plan: capacity={capacity!r}, a positive number of bytes")
-    planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or _default_step, vocab)
+    planner = _Planner(make_model, gpus, gpu, global_batch, seq, step or default_step, vocab)
     planner.capacity = capacity
     start = time.perf_counter()
     planner.scale = _check_scale(scale)
-    table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.configs(search or {}))
+    planner.pool = planner.configs(search or {})
+    table = PlanTable(planner.score(Candidate(c, planner)) for c in planner.pool)
     rank_candidates(table)
     # scaled memory is not a verdict: the fastest are confirmed by full traces, in time order
     while scale and sum(c.fits is True for c in table) < confirm and any(c.fits is None for c in table):
@@ -119,7 +116,7 @@ def plan(
 
 def trace_config(make_model: Callable, config: dict, *, gpus: int, gpu: str, seq: int, **options) -> Trace:
     """Rank 0's step for ``config`` (a ``Candidate.config``), as ``md.plan`` traces it."""
-    return _Planner(make_model, gpus, gpu, 0, seq, options.get("step") or _default_step, options.get("vocab")).trace(
+    return _Planner(make_model, gpus, gpu, 0, seq, options.get("step") or default_step, options.get("vocab")).trace(
         config
     )
 
@@ -136,6 +133,8 @@ class _Planner:
         self.spent: dict = {}  # what -> [count, seconds] (PlanTable.spent)
         self.optimizers: list = ["foreach"]  # the search's; the first is every mesh's twin (_other_optimizer)
         self.opt_steps: dict = {}  # (tp, shard, optimizer) -> its scaled figures (Note [One optimizer step per mesh])
+        self.pool: list = []  # the search's configurations, for traces shared by a mesh's micro-batches
+        self.shallow: dict = {}  # (key, layers) -> _measure of a shallow trace
 
     def _spend(self, what: str, since: float) -> None:
         entry = self.spent.setdefault(what, [0, 0.0])
@@ -177,7 +176,7 @@ class _Planner:
     def score(self, cand: Candidate, full: bool = False) -> Candidate:
         c = cand.config
         if c.get("pp", 1) > 1:  # Note [Scoring a pipeline configuration] in pipeline_candidates.py
-            pipeline_candidates.score(self, cand, _tp_plan, custom_step=self.step is not _default_step)
+            pipeline_candidates.score(self, cand, tp_plan, custom_step=self.step is not default_step)
             return cand
         cand.why = self.rule(c)
         if cand.why:
@@ -200,7 +199,7 @@ class _Planner:
         if isinstance(self.cache[key], str):
             cand.why, cand.fits = self.cache[key], False
             return cand
-        peak, reserved, capacity, oom, micro_s, other_s, state, _ = self.cache[key]
+        peak, reserved, capacity, oom, micro_s, other_s, state, _ = self.cache[key][:8]
         cand.scaled = self.scale is not None and not full
         cand.peak, cand.reserved_peak, cand.fits = int(peak), int(reserved), reserved <= capacity
         cand.state = int(state)
@@ -251,12 +250,12 @@ class _Planner:
         key = self._key(twin, False)
         if key not in self.cache:
             self.cache[key] = self._scaled(twin)
-        peak, reserved, capacity, _, micro_s, other_s, state, opt_s = self.cache[key]
-        ref = self.opt_steps[mesh]
+        peak, reserved, capacity, _, micro_s, other_s, state, opt_s = self.cache[key][:8]
+        ref = self.opt_steps[mesh][:8]
         moved = ref[6] - state
         return peak + moved, reserved + moved, capacity, None, micro_s, other_s - opt_s + ref[7], ref[6], ref[7]
 
-    def _measure(self, trace: Trace) -> tuple:
+    def _measure(self, trace: Trace, layers: int | None = None) -> tuple:
         """(allocated peak, reserved peak, capacity, first OOM, last micro-batch's seconds, step's seconds,
         bytes live as the optimizer starts, the optimizer step's seconds), of the step from mark ``"step"`` on."""
         began = time.perf_counter()
@@ -267,6 +266,8 @@ class _Planner:
         oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
         live = fit.memory.timeline
         per_call = runtime(step, self.gpu).per_call  # type: ignore[union-attr]  # one trace: a Runtime
+        # each call's live bytes, for the peak at full depth (Note [Scaling from two depths])
+        lines = aligned(step.calls, live, layers, ends=2) if layers is not None else None
         self._spend("measuring", began)
         return (
             fit.memory.peak,
@@ -277,6 +278,7 @@ class _Planner:
             sum(per_call),
             live[o - s],
             sum(per_call[o - s :]),
+            lines,
         )
 
     def _scaled(self, c: dict) -> tuple:
@@ -284,17 +286,23 @@ class _Planner:
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
         With FSDP2 per block, every block adds the same parameters, gradients,
         optimizer state, saved activations and calls: the step time is affine
-        in the number of blocks, and so is the allocated peak *where it falls
-        at the same call at both depths* (the start of backward, the optimizer
-        step).  Two depths ``a < b`` then give the full depth's exactly
-        (tests/planning/test_plan.py, against a full trace).  Where a shallow
-        model peaks elsewhere (a 2-layer model's logits outweigh its blocks)
-        the extrapolation is wrong, and badly: LLaMA-7B with per-block AC on
-        64 GPUs extrapolated 2.45 GiB reserved where the full trace holds
-        32.9 GiB (docs/plan.md).  So the extrapolated peak is never a
+        in the number of blocks (exact: tests/planning/test_plan.py against
+        full traces).  The allocated peak is not -- which call holds it moves
+        with the depth (a 2-layer model's logits outweigh its blocks; LLaMA-7B
+        with per-block AC on 64 GPUs: the peaks' line through 2 and 4 layers
+        gave 2.45 GiB where the full trace holds 32.9 GiB) -- but each call's
+        live bytes are, once the blocks between the first and the last are
+        left out (Note [Live bytes affine in batch and depth] in affine.py):
+        each call's line through depths ``a`` and ``b``, the largest at full
+        depth, is the allocated peak (within 1 KiB of a full trace,
+        tests/planning/test_plan.py).  Two blocks are kept at each end (Note
+        [Blocks unlike their neighbours] in affine.py: FSDP2's prefetch), so
+        that needs ``a >= 4`` and the calls to line up; otherwise it is the
+        peaks' own line, an estimate.  The reserved peak adds the deeper trace's allocator
+        rounding, an estimate either way.  So a scaled peak is never a
         verdict: a scaled candidate's ``fits`` is ``None`` until a full trace
-        confirms it, and ``md.plan`` confirms the fastest in time order (the
-        time extrapolation is exact) until ``confirm`` of them fit.
+        confirms it, and ``md.plan`` confirms the fastest in time order until
+        ``confirm`` of them fit.
 
         Note [What scaling may reject]
         ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -309,13 +317,38 @@ class _Planner:
         """
         assert self.scale is not None
         a, b = self.scale
-        lo, hi = (self._measure(self.trace(c, layers=k)) for k in (a, b))
+        lo, hi = (self._shallow(c, k) for k in (a, b))
         depth = self._depth()
 
         def at(i):
             return lo[i] + (hi[i] - lo[i]) * (depth - a) / (b - a)
 
-        return at(0), at(1), lo[2], None, at(4), at(5), at(6), at(7)
+        peak = deep_peak(lo[8], hi[8], (a, b), depth, ends=2)
+        if peak is None:  # the calls do not line up: the peaks' own line, an estimate
+            return at(0), at(1), lo[2], None, at(4), at(5), at(6), at(7)
+        # the reserved peak: the deeper trace's allocator rounding on top, an estimate (only a full trace says)
+        return peak, peak + hi[1] - hi[0], lo[2], None, at(4), at(5), at(6), at(7)
+
+    def _shallow(self, c: dict, layers: int) -> tuple:
+        """``_measure`` of ``c`` at ``layers`` blocks, traced with the other micro-batches of its mesh
+        (Note [One build for the micro-batch sizes of a mesh])."""
+        key = (self._key(c, False), layers)
+        if key not in self.shallow:
+            group = [c] + [
+                d
+                for d in self.pool
+                if d is not c
+                and all(d[k] == c[k] for k in KEYS if k not in ("micro_batch", "accum"))
+                and self.rule(d) is None
+                and (self._key(d, False), layers) not in self.shallow
+            ]
+            seen: dict = {}
+            for d in group:  # one step a program: accumulation past 2 repeats one (Note [Tracing once per shape class])
+                seen.setdefault(self._key(d, False), d)
+            group = list(seen.values())
+            for d, t in zip(group, self.traces(group, layers)):
+                self.shallow[(self._key(d, False), layers)] = self._measure(t, layers)
+        return self.shallow[key]
 
     def _depth(self) -> int:
         if self.depth is None:
@@ -324,51 +357,18 @@ class _Planner:
         return self.depth
 
     def trace(self, c: dict, layers: int | None = None) -> Trace:
+        """Rank 0's step for ``c``: built, one warmup step, the step scored (marks ``step``, ``micro``, ``opt``)."""
         if c.get("pp", 1) > 1:
-            return pipeline_candidates.trace(self, c, _tp_plan)
-        began = time.perf_counter()
-        accum = min(c["accum"], 2) if c["accum"] else 1
-        opt_kw: dict = {"fused": True} if c["optimizer"] == "fused" else {"foreach": True}
-        with MetaMode(device="cuda", gpu=self.gpu, world_size=self.gpus, rank=0) as mode:
-            model = self.make_model() if layers is None else self.make_model(layers=layers)
-            if c["ac"] == "block":
-                apply_ac(model, blocks(model))
-            dims = {"replicate": c["replicate"], "shard": c["shard"], "tp": c["tp"]}
-            mesh = init_device_mesh("cuda", tuple(dims.values()), mesh_dim_names=tuple(dims))
-            units = [model.get_submodule(name) for name in blocks(model)]
-            if c["tp"] > 1:
-                for layer in units:
-                    parallelize_module(layer, mesh["tp"], _tp_plan(layer))
-            if c["replicate"] * c["shard"] > 1:
-                dp = mesh["replicate", "shard"] if c["replicate"] > 1 else mesh["shard"]
-                for layer in units:
-                    fully_shard(layer, mesh=dp)
-                fully_shard(model, mesh=dp)
-            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
-            ids = torch.randint(0, self._vocab(model), (c["micro_batch"], self.seq), device="cuda")
-            mark("built")
-            for _ in range(2):
-                mark("step")
-                for i in range(accum):
-                    if i == accum - 1:
-                        mark("micro")
-                    self.step(model, ids)
-                mark("opt")
-                opt.step()
-                opt.zero_grad()
-        self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
-        return mode.trace
+            return pipeline_candidates.trace(self, c, tp_plan)
+        return self.traces([c], layers)[0]
 
-    def _vocab(self, model) -> int:
-        if self.vocab is not None:
-            return self.vocab
-        size = getattr(getattr(model, "config", None), "vocab_size", None)
-        if size is None:
-            emb = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
-            if emb is None:
-                raise MetaDispatchError("plan: the model has no config.vocab_size nor nn.Embedding; pass vocab=")
-            size = emb.num_embeddings
-        return int(size)
+    def traces(self, cs: list, layers: int | None = None) -> list:
+        """Rank 0's steps of ``cs`` (one mesh, AC and optimizer), one mode (Note [One build for the micro-batch
+        sizes of a mesh] in programs.py)."""
+        began = time.perf_counter()
+        out = trace_programs(self.make_model, cs, self.gpus, self.gpu, self.seq, self.step, self.vocab, layers)
+        self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
+        return out
 
     def _heads(self) -> dict:
         """The model's head counts TP must divide (HF config names), read once from a meta build."""
@@ -380,26 +380,6 @@ class _Planner:
         return self.heads
 
 
-# LLaMA-style names, as the command line's ``--tp`` splits them (cli/blocks.py)
-_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROWWISE = ("o_proj", "down_proj")
-
-
-def _tp_plan(layer: torch.nn.Module) -> dict:
-    """Attention and MLP projections colwise then rowwise; a block with none of them is refused."""
-    plan: dict = {}
-    for name, m in layer.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if isinstance(m, torch.nn.Linear) and leaf in _COLWISE + _ROWWISE:
-            plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
-    if not plan:
-        raise MetaDispatchError(
-            f"plan: tp > 1 splits {', '.join(_COLWISE)} colwise and {', '.join(_ROWWISE)} rowwise; "
-            f"{type(layer).__name__} has none of them"
-        )
-    return plan
-
-
 def _check_scale(scale) -> tuple | None:
     if scale is None:
         return None
@@ -408,16 +388,6 @@ def _check_scale(scale) -> tuple | None:
     ):
         raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
     return scale
-
-
-def _default_step(model, ids) -> None:
-    # The output (the logits) is not kept through backward, as ``model(...).loss.backward()`` keeps it not.
-    _loss(model(ids, labels=ids)).backward()
-
-
-def _loss(out):
-    loss = getattr(out, "loss", out)
-    return loss[0] if isinstance(loss, tuple) else loss
 
 
 def _divisors(n: int) -> list:
