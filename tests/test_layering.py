@@ -282,6 +282,7 @@ _STATE = {
     ("metadispatch.ir.serialize", "_DTYPE_NAMES"): "dtype names, read once from torch",
     ("metadispatch.mode.ledger", "_DECLARED"): "the ledger's patches by group (Note [The ledger])",
     ("metadispatch.mode.ledger", "_ORDER"): "the ledger's patches in answering order",
+    ("metadispatch.mode.ledger", "_RANK"): "each patch's place in the answering order",
     ("metadispatch.mode.ledger", "_SLOTS"): "what the ledger installed, process-wide as torch's attributes are",
     ("metadispatch.mode.ledger", "_USERS"): "claims per group, in every thread",
     ("metadispatch.mode.mode", "_SCRATCH"): "a thread's non-recording mode for rules outside a mode (thread-local)",

@@ -15,7 +15,7 @@ from ..source import user_frame
 from ..spec.schema import facts
 from ..tensor.convert import Converter
 from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
-from ..values import assume, bounds, known
+from ..values import assume, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
@@ -147,13 +147,7 @@ def dispatch(func, args, kwargs, mode):
     if mode is None or not mode._depth:
         if mode is not None and mode.assume is not None and f.name in mode.assume.ops and recording:
             note = mode.assume.tokens(f.name, result)  # Note [Generating under declared assumptions]
-        bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
-        answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
-        if answer is not None and isinstance(result, MetaTensor):  # Note [Bounds that decide a comparison]
-            with _compat.no_python_dispatch():  # a 0-dim value expanded: know() copies it only if small
-                known.know(result, torch.full((), answer).expand(result.shape), mode)
-        if note is None and known.concerns(f, tensors):
-            known.propagate(func, f, tensors, args, kwargs, result, mode)
+        hit.value_rules(func, f, args, kwargs, result, tensors, mode, note)  # bounds, known values
         if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
             note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py
     if recording:

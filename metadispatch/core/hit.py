@@ -7,7 +7,7 @@ layer 0's shapes), and a hit needs less than the full path gives every call:
 no real tensor to convert, no device argument to resolve, no value knowledge
 or bounds to carry, no schema work.  So for an op that can be served this
 way (:func:`eligible`, decided once per op) and a call whose tensors are all
-MetaTensors with no known value or bounds, one
+MetaTensors, one
 pass over the arguments does what the full path spreads over four: it
 encodes each argument as the recorder would (its TensorMeta, numbering a
 leaf on its first read as ``encode`` does), builds the
@@ -19,6 +19,15 @@ two devices that would raise -- it answers :data:`MISS` and the full path
 runs from the start, having changed nothing (a tensor whose record lacked
 its ``requires_grad`` has it corrected, which the full path would do too).
 
+A known value or bounds among the inputs (a zero bias, a dropout mask's
+[0, 1] that GPT-2's ``div_`` scales: 37 calls a step) cannot change the
+outputs' metadata -- an entry computed from a value is UNCACHABLE
+(``value_reads``), and the key holds no values -- so such a call hits too,
+and then runs what the full path runs after answering (:func:`value_rules`:
+bounds, decided comparisons, known values), which give its outputs theirs.
+Under ``md.tracer(warmup=)`` (``keep_known``) such a call misses: the
+full path notes each known input as it encodes it.
+
 The key must be the one the full path builds, or the two paths would fill
 the cache with entries the other never finds:
 ``tests/core/test_cache_differential.py`` holds them equal (cache off, on, and
@@ -27,6 +36,9 @@ interleaved), and ``test_hit_path_key_is_the_full_path_key`` compares keys.
 
 from __future__ import annotations
 
+import torch
+
+from .. import _compat
 from ..errors import MetaDispatchError, mark_call
 from ..ir.records import PLAIN_TYPES
 from ..source import user_frame
@@ -34,7 +46,7 @@ from ..tensor.tensor import STATE, MetaTensor
 from ..values import assume, bounds, known
 from .cache import UNCACHABLE, context, view_bits
 
-__all__ = ["MISS", "eligible", "answer_hit"]
+__all__ = ["MISS", "eligible", "answer_hit", "value_rules"]
 
 MISS = object()
 _PLAIN = frozenset(PLAIN_TYPES) - {int}
@@ -68,7 +80,8 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     storages: list = []
     parts: list = [func, None, None]
     enc: list = []
-    devices: list = [None, None, None]  # the first device, a CPU scalar's, a loose meta's (_common_device)
+    # the first device, a CPU scalar's, a loose meta's (_common_device); whether an input has a value or bounds
+    devices: list = [None, None, None, False]
     for a in args:
         t = type(a)
         if t is list or t is tuple:
@@ -98,7 +111,7 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
                 return MISS
             enc_kwargs[name] = kw_enc.pop()
     device = devices[0] or devices[1] or devices[2]
-    if not tensors or device is None:
+    if not tensors or device is None or (devices[3] and rec.keep_known):
         return MISS
     parts[1] = device
     parts[2] = context(mode, f)
@@ -116,7 +129,9 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     STATE.ambient = device  # as _device() leaves it (Note [Meta from options] in dispatch.py)
     recipe = hit[0]
     result = cache.replay(recipe, tensors, device)
-    if with_bounds:  # no input has bounds, so no comparison is decided by them (bounds.decided)
+    if devices[3]:
+        value_rules(func, f, args, kwargs, result, tensors, mode)
+    elif with_bounds:  # no input has bounds, so no comparison is decided by them (bounds.decided)
         bounds.propagate(f.name, f.mutates, args, kwargs, result)
     try:
         rec.record_hit(func, f, tuple(enc), enc_kwargs, result, recipe, hit[1])
@@ -126,10 +141,26 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     return result
 
 
+def value_rules(func, f, args, kwargs, result, tensors, mode, note=None) -> None:
+    """What a top-level call's outputs get after it is answered, on either
+    path (dispatch.py): bounds (Note [Value bounds]), a comparison its
+    input's bounds decide (Note [Bounds that decide a comparison]), and
+    known values (Note [Known values]) unless ``note`` says the answer came
+    from them."""
+    bounds.propagate(f.name, f.mutates, args, kwargs, result)
+    answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
+    if answer is not None and isinstance(result, MetaTensor):
+        with _compat.no_python_dispatch():  # a 0-dim value expanded: know() copies it only if small
+            known.know(result, torch.full((), answer).expand(result.shape), mode)
+    if note is None and known.concerns(f, tensors):
+        known.propagate(func, f, tensors, args, kwargs, result, mode)
+
+
 def _take(x, rec, devices: list, tensors: list, storages: list, key: list, enc: list) -> bool:
     """Append ``x``'s key part and record (as ``_call_key`` and ``encode`` make
     them) and note its device as ``_common_device`` does; False where the full
-    path must answer: a tensor that carries a value or bounds, two devices (the full path raises), another type."""
+    path must answer: two devices (the full path raises), another type.  A
+    tensor with a known value or bounds sets ``devices[3]`` (Note [The cache-hit path])."""
     t = type(x)
     if t is int:
         key.append(x)  # untagged (Note [What an entry weighs] in cache.py)
@@ -138,7 +169,7 @@ def _take(x, rec, devices: list, tensors: list, storages: list, key: list, enc: 
     if t is MetaTensor:
         st = x._md
         if st.known is not None or st.bounds is not None:
-            return False
+            devices[3] = True  # value_rules after the hit
         if st.recorder is not rec.token:
             # A leaf's first read (a parameter in each trace): numbered as
             # encode() numbers it; a full path after a MISS finds it numbered.

@@ -86,6 +86,7 @@ class Patch:
 
 _DECLARED: dict[str, list[Patch]] = {}
 _ORDER: list[Patch] = []  # every patch, in declaration order
+_RANK: dict[Patch, int] = {}  # each patch's place in _ORDER (sorting a slot's few, not scanning every patch)
 _LOCK = threading.Lock()
 _USERS: dict[str, int] = {}  # group -> claims held, all threads
 _SLOTS: dict[tuple[int, str], _Slot] = {}  # (id(owner), name) -> what is installed there
@@ -103,6 +104,7 @@ def declare(group: str, owner, name: str, make: Callable[[Any], Any], why: str, 
     """Declare that claiming ``group`` replaces ``owner.name`` (nothing changes yet)."""
     patch = Patch(group, owner, name, make, why, per_thread)
     _DECLARED.setdefault(group, []).append(patch)
+    _RANK[patch] = len(_ORDER)
     _ORDER.append(patch)
     return patch
 
@@ -215,7 +217,7 @@ def _install(patch: Patch) -> None:
         slot = _SLOTS[key] = _Slot(owner, patch.name)
     if patch not in slot.patches:
         # fmt: off
-        slot.patches = tuple(p for p in _ORDER if p in slot.patches or p is patch); slot.rebuild()  # noqa: E702
+        slot.patches = tuple(sorted((*slot.patches, patch), key=_RANK.__getitem__)); slot.rebuild()  # noqa: E702
         # fmt: on
 
 

@@ -80,7 +80,7 @@ def test_hit_path_keeps_bounds_rules(monkeypatch):
     assert engine._FAST[torch.ops.aten.sigmoid.default] == 2
 
 
-def test_hit_path_leaves_bounded_inputs_to_the_full_path():
+def test_hit_path_carries_bounds_through_a_cached_answer():
     # rand's output has bounds [0, 1]; x + 1 on it must carry them to [1, 2]
     # on the second trace too, where add's answer is in the cache.
     def step():
