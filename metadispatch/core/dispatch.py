@@ -146,7 +146,7 @@ def dispatch(func, args, kwargs, mode):
     result = _wrap_outputs(f, out, args, kwargs, device)
     if mode is None or not mode._depth:
         if mode is not None and mode.assume is not None and f.name in mode.assume.ops and recording:
-            note = mode.assume.tokens(f.name, result)  # Note [Generating under declared assumptions]
+            note = mode.assume.tokens(f.name, result, args)  # Note [Generating under declared assumptions]
         bounds.propagate(f.name, f.mutates, args, kwargs, result)  # Note [Value bounds]
         answer = bounds.decided(f.name, args) if f.name in bounds.COMPARISONS else None
         if answer is not None and isinstance(result, MetaTensor):  # Note [Bounds that decide a comparison]
