@@ -154,6 +154,13 @@ class Routing:
         trace.assumptions.append(entry)
         return f"assumed {shown}: {self.policy!r}"
 
+    def value_read(self, name: str, value: torch.Tensor) -> None:
+        """A ``.tolist()``/``.item()`` of declared counts (the split sizes): listed."""
+        shown = str(value.tolist()) if value.numel() <= 16 else f"{value.dtype} {list(value.shape)}"
+        basis = f"computed from {self.policy!r}'s counts"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
+
     def follows(self, name: str, out) -> str:
         """A read computed from declared counts: listed as what the routing implies."""
         shown = str(out) if not isinstance(out, (torch.Tensor, tuple)) else "its outputs"

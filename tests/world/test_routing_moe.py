@@ -40,11 +40,18 @@ def test_routing_dropless_moe_matches_real_gloo_run(routing, world, tmp_path_fac
         assert abs(peak - real[rank]["peak"]) <= 1024, f"rank {rank}: traced {peak}, real {real[rank]['peak']}"
 
 
-def test_routing_assumptions_are_listed_and_worst_case_sizes_rank_0():
+def test_routing_assumptions_are_listed_and_worst_case_sizes_rank_0(tmp_path):
     world = 2
     trace = traced_rank("worst", 0, world)
     ops = [a.op for a in trace.assumptions]
-    assert ops == ["aten.histc.default", "_c10d_functional.all_to_all_single.default"]
+    assert ops == ["aten.histc.default", "_c10d_functional.all_to_all_single.default"] + ["Tensor.tolist"] * 3
+    # The split sizes read: rank 0 keeps all 32 tokens and receives 32 from rank 1.
+    assert [a.value for a in trace.assumptions[2:4]] == ["[32, 0]", "[32, 32]"]
+    path = tmp_path / "moe.json.gz"
+    trace.save(path)
+    assert [str(a) for a in md.Trace.load(path, allow_ops=sorted({c.op for c in trace.calls})).assumptions] == [
+        str(a) for a in trace.assumptions
+    ]
     assert all("RoutingAssumption('worst')" in a.basis for a in trace.assumptions)
     # Rank 0 receives every token of every rank; rank 1 none.
     sizes = [c.bytes for c in md.comms(trace).calls]
