@@ -126,11 +126,11 @@ class Routing:
         if name in PASS:
             if not isinstance(src, MetaTensor) or not known.assumed([src]) or not isinstance(result, MetaTensor):
                 return None
-            value = known.value_of(src)
-            if value is None:
+            held = known.value_of(src)
+            if held is None:
                 return None
             with _compat.no_python_dispatch():
-                known.declare(result, value.clone(), self.mode)
+                known.declare(result, held.clone(), self.mode)
             return f"the declared counts, waited on: {self.policy!r}"
         if name in COUNT_OPS:
             if not isinstance(result, MetaTensor) or result.dim() != 1 or not isinstance(src, torch.Tensor):
