@@ -54,25 +54,40 @@ class DroplessMoE(torch.nn.Module):
         return torch.zeros_like(x).index_add(0, order, back * weight.view(-1)[order, None])
 
 
-def forced_input(routing: str, rank: int, world: int) -> torch.Tensor:
-    """Tokens the identity router sends as ``routing`` says (``"uniform"``, ``"worst"``)."""
-    experts = LOCAL * world if routing == "uniform" else LOCAL  # worst: rank 0's experts only
+# name -> the routing declared for a world of ``world`` ranks (and forced in its real run).
+ROUTINGS = {
+    "uniform": lambda world: "uniform",
+    "worst": lambda world: "worst",
+    "fractions": lambda world: {0: 0.5, 1: 0.25, LOCAL * world - 1: 0.25},
+    # Recorded counts, a different row per rank: rank s sends 4 + 2s tokens to its last expert.
+    "recorded": lambda world: [
+        [TOKENS - 4 - 2 * s if e == 0 else (4 + 2 * s if e == LOCAL * world - 1 else 0) for e in range(LOCAL * world)]
+        for s in range(world)
+    ],
+}
+
+
+def forced_input(name: str, rank: int, world: int) -> torch.Tensor:
+    """Tokens the identity router sends as routing ``name`` says, on this rank."""
+    counts = md.RoutingAssumption(ROUTINGS[name](world)).counts(rank, world, LOCAL * world, TOKENS)
+    experts = torch.repeat_interleave(torch.arange(LOCAL * world), torch.tensor(counts))
     x = torch.zeros(TOKENS, DIM)
-    x[torch.arange(TOKENS), torch.arange(TOKENS) % experts] = 8.0
+    x[torch.arange(TOKENS), experts] = 8.0
     return x
 
 
-def moe_step(routing: str, rank: int, world: int) -> torch.nn.Module:
+def moe_step(name: str, rank: int, world: int) -> torch.nn.Module:
     """Forward and backward of the layer on forced tokens."""
     model = DroplessMoE(world)
-    model(forced_input(routing, rank, world)).pow(2).mean().backward()
+    model(forced_input(name, rank, world)).pow(2).mean().backward()
     return model
 
 
-def traced_rank(routing: str, rank: int, world: int):
+def traced_rank(name: str, rank: int, world: int):
     torch.manual_seed(0)
-    with md.MetaMode(device="cpu", world_size=world, rank=rank, assume=md.RoutingAssumption(routing)) as mode:
-        moe_step(routing, rank, world)
+    policy = md.RoutingAssumption(ROUTINGS[name](world))
+    with md.MetaMode(device="cpu", world_size=world, rank=rank, assume=policy) as mode:
+        moe_step(name, rank, world)
     return mode.trace
 
 

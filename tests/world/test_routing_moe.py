@@ -12,9 +12,8 @@ import torch.multiprocessing as mp
 
 import metadispatch as md
 from tests.distributed_cases import comparable
-from tests.moe_cases import TOKENS, real_rank, traced_rank
+from tests.moe_cases import ROUTINGS, TOKENS, real_rank, traced_rank
 
-ROUTINGS = ["uniform", "worst"]
 _REAL: dict = {}
 
 
@@ -22,7 +21,7 @@ def _real(world: int, tmp_path_factory) -> dict:
     if world not in _REAL:
         out = tmp_path_factory.mktemp(f"moe{world}")
         mp.set_forkserver_preload(["tests.moe_cases"])
-        mp.start_processes(real_rank, args=(world, ROUTINGS, str(out)), nprocs=world, start_method="forkserver")
+        mp.start_processes(real_rank, args=(world, list(ROUTINGS), str(out)), nprocs=world, start_method="forkserver")
         _REAL[world] = {r: [json.loads((out / r / f"{k}.json").read_text()) for k in range(world)] for r in ROUTINGS}
     return _REAL[world]
 
