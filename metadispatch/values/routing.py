@@ -3,8 +3,8 @@
 Note [Dispatching under a declared routing]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A dropless MoE layer (torchtitan, DeepSpeed-MoE without capacity) counts
-the tokens routed to each expert (``torch.histc``/``torch.bincount`` of
-the top-k indices), sends the counts by ``all_to_all_single`` and reads
+the tokens routed to each expert (``torch.histc`` of
+the top-k indices, as torchtitan does), sends the counts by ``all_to_all_single`` and reads
 them back (``.tolist()``) as the split sizes of the all-to-all of the
 tokens.  The counts are data and the received ones are what other ranks
 route: one traced rank cannot know them, so a plain trace stops with
@@ -28,9 +28,11 @@ Every count op's result is declared (a known value marked assumed, Note
 receives, from each rank ``s``, rank ``s``'s counts for this rank's
 experts under the same routing, declared and listed too.  The ``.tolist()``
 and the splits then compute from known values, as eager does.  ``picks``
-is the count op's input size (``bincount``'s length, ``histc``'s
-elements): a ``histc`` whose ``min``/``max`` leave out some inputs is
-counted as if it did not.  Every rank is assumed to route as many picks.
+is the count op's input size: a ``histc`` whose ``min``/``max`` leave out
+some inputs is counted as if it did not.  Every rank is assumed to route
+as many picks.  ``torch.bincount`` is not answered: its output's length
+depends on the indices' maximum, and the op is refused before the policy
+sees it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from . import known
 
 __all__ = ["RoutingAssumption"]
 
-COUNT_OPS = frozenset({"aten.histc.default", "aten.bincount.default"})
+COUNT_OPS = frozenset({"aten.histc.default"})
 ALL_TO_ALL = frozenset({"_c10d_functional.all_to_all_single.default", "c10d.alltoall_base_.default"})
 # A functional collective's result passes through these (their input, as
 # rules/collectives.py says); run for real on a known value they would wait
@@ -89,8 +91,10 @@ class RoutingAssumption:
         """The picks rank ``rank`` routes to each of ``experts`` experts."""
         r = self.routing
         if isinstance(r, list):
-            if len(r) != world or len(r[0]) != experts:
-                raise ValueError(f"{self!r}: counts for {world} ranks of {experts} experts needed")
+            if len(r) != world or len(r[0]) != experts or sum(r[rank]) != picks:
+                raise ValueError(
+                    f"{self!r}: counts for {world} ranks of {experts} experts, {picks} picks a rank, needed"
+                )
             return list(r[rank])
         if r == "uniform":
             shares = {e: 1 / experts for e in range(experts)}

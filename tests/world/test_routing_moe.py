@@ -76,5 +76,26 @@ def test_routing_fractions_and_recorded_counts():
     policy = md.RoutingAssumption({0: 0.5, 3: 0.5})
     assert policy.counts(0, 2, 4, 10) == [5, 0, 0, 5]
     recorded = md.RoutingAssumption([[1, 2, 3, 4], [4, 3, 2, 1]])
+    with pytest.raises(ValueError, match="12 picks"):
+        recorded.counts(1, 2, 4, 12)
     assert recorded.counts(1, 2, 4, 10) == [4, 3, 2, 1]
     assert torch.tensor(recorded.counts(0, 2, 4, 10)).sum() == 10
+
+
+def test_routing_eager_all_to_all_single_receives_each_ranks_recorded_counts():
+    # dist.all_to_all_single (c10d.alltoall_base_) writes the counts into a buffer.
+    import torch.distributed as dist
+
+    def layer(top):
+        counts = torch.histc(top.float(), bins=4, min=0, max=3)
+        got = torch.empty_like(counts)
+        dist.all_to_all_single(got, counts)
+        return got.tolist()
+
+    recorded = [[1, 2, 3, 4], [4, 3, 2, 1]]
+    for rank in range(2):
+        policy = md.RoutingAssumption(recorded)
+        t = md.tracer(assume=policy, world_size=2, rank=rank, device="cpu")(layer, torch.zeros(10, dtype=torch.long))
+        mine = slice(2 * rank, 2 * rank + 2)
+        assert t.output == [float(c) for row in recorded for c in row[mine]]
+        assert [a.op for a in t.assumptions][-1] == "Tensor.tolist"
