@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .tracing.tracer import to_meta, trace, tracer
     from .trust.budget import Budget
     from .values.assume import GenerateAssumptions
+    from .values.routing import RoutingAssumption
 
 # Note [Public names load on first use]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -144,6 +145,7 @@ _LAZY = {
     "tracer": "tracing.tracer",
     "mark": "tracing.marks",
     "GenerateAssumptions": "values.assume",
+    "RoutingAssumption": "values.routing",
 }
 _SUBPACKAGES = (
     "analysis",
@@ -200,6 +202,7 @@ __all__ = [
     "to_meta",
     "mark",
     "GenerateAssumptions",
+    "RoutingAssumption",
     "generation_steps",
     "Step",
     "Steps",

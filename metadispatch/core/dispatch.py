@@ -146,7 +146,7 @@ def dispatch(func, args, kwargs, mode):
     result = _wrap_outputs(f, out, args, kwargs, device)
     if mode is None or not mode._depth:
         if mode is not None and mode.assume is not None and f.name in mode.assume.ops and recording:
-            note = mode.assume.tokens(f.name, result)  # Note [Generating under declared assumptions]
+            note = mode.assume.tokens(f.name, result, args)  # Note [Generating under declared assumptions]
         hit.value_rules(func, f, args, kwargs, result, tensors, mode, note)  # bounds, known values
         if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
             note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py

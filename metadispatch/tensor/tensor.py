@@ -129,6 +129,8 @@ def wrap(elem: torch.Tensor, device: torch.device, requires_grad: bool = False) 
 def _data_error(what: str):
     def method(self, *args, **kwargs):
         value = read_value(self)  # Note [Known values] in known.py
+        if value is not None and self._md.known[1].assumed:
+            _assumed_read(self, what, value)
         if value is None:
             value = _made_up_value(self, what)
         if value is not None:
@@ -178,6 +180,18 @@ def _made_up_value(t, what: str) -> torch.Tensor | None:
         if read is not None:
             return read(t, what)
     return None
+
+
+def _assumed_read(t, what: str, value) -> None:
+    """Tell a declared policy that lists such reads (``md.RoutingAssumption``:
+    Note [Dispatching under a declared routing] in values/routing.py) that
+    ``Tensor.<what>()`` read a value that follows from its declaration."""
+    for mode in reversed(_compat.dispatch_mode_stack()):
+        listed = getattr(getattr(mode, "assume", None), "value_read", None)
+        if listed is not None:
+            with _compat.no_torch_function(), _compat.no_python_dispatch():
+                listed(f"Tensor.{what}", value)
+            return
 
 
 def _describe(t: torch.Tensor) -> str:

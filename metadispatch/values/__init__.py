@@ -6,5 +6,6 @@ kernel on made-up inputs, the reference), ``literals`` (``torch.tensor(data,
 device=D)`` as C++ builds it), ``initializers`` (data-dependent initialisers
 recorded as one call), ``composites`` (C++ composites that read values
 through a data pointer, in Python), ``assume`` (a declared policy's answers
-for the value reads of a generation loop: ``md.GenerateAssumptions``).  May import ``tensor`` and below.
+for the value reads of a generation loop: ``md.GenerateAssumptions``),
+``routing`` (a declared MoE routing's token counts: ``md.RoutingAssumption``).  May import ``tensor`` and below.
 """

@@ -105,7 +105,7 @@ class Assuming:
         self.steps = 0
         self.tokens_at: list[int] = []  # the token calls, in order
 
-    def tokens(self, name: str, result) -> str:
+    def tokens(self, name: str, result, args: tuple = ()) -> str:
         """Give a token call's output the declared id; the call's note."""
         trace = self.mode.trace
         index = len(trace.calls)  # the call being recorded

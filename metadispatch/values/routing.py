@@ -1,0 +1,191 @@
+"""Declared routing: the token counts a dropless expert-parallel MoE layer reads.
+
+Note [Dispatching under a declared routing]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A dropless MoE layer (torchtitan, DeepSpeed-MoE without capacity) counts
+the tokens routed to each expert (``torch.histc`` of
+the top-k indices, as torchtitan does), sends the counts by ``all_to_all_single`` and reads
+them back (``.tolist()``) as the split sizes of the all-to-all of the
+tokens.  The counts are data and the received ones are what other ranks
+route: one traced rank cannot know them, so a plain trace stops with
+``DataDependentError``.  The buffer sizes only need a routing, so
+``md.tracer(assume=md.RoutingAssumption(...), world_size=N, rank=r)``
+declares one, the same on every rank:
+
+* ``"uniform"``: each expert gets ``picks // experts`` of a rank's
+  ``picks`` top-k choices (the remainder to the first experts);
+* ``"worst"``: every rank sends all its picks to the experts of rank 0
+  (spread evenly over them): rank 0 receives every token of every rank;
+* ``{expert: fraction}``: each expert's share of the picks (fractions
+  that sum to 1; an expert not named gets 0), rounded down, the
+  remainder to the largest shares;
+* a list of per-rank count lists (recorded from a real run): rank ``s``
+  routes ``counts[s][e]`` picks to expert ``e``.
+
+Every count op's result is declared (a known value marked assumed, Note
+[Known values] in known.py) and listed in ``trace.assumptions``; an
+``all_to_all_single`` (functional or ``dist.``) of a declared count vector
+receives, from each rank ``s``, rank ``s``'s counts for this rank's
+experts under the same routing, declared and listed too.  The ``.tolist()``
+and the splits then compute from known values, as eager does.  ``picks``
+is the count op's input size: a ``histc`` whose ``min``/``max`` leave out
+some inputs is counted as if it did not.  Every rank is assumed to route
+as many picks.  ``torch.bincount`` is not answered: its output's length
+depends on the indices' maximum, and the op is refused before the policy
+sees it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _compat
+from ..ir.assumptions import Assumption
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
+from . import known
+
+__all__ = ["RoutingAssumption"]
+
+COUNT_OPS = frozenset({"aten.histc.default"})
+ALL_TO_ALL = frozenset({"_c10d_functional.all_to_all_single.default", "c10d.alltoall_base_.default"})
+# A functional collective's result passes through these (their input, as
+# rules/collectives.py says); run for real on a known value they would wait
+# on no collective (a crash) or wrap it in an AsyncCollectiveTensor.
+PASS = frozenset({"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"})
+
+
+class RoutingAssumption:
+    """What ``md.tracer(assume=...)`` declares about an MoE layer's routing (Note [Dispatching under a declared routing]).
+
+    ``routing``: ``"uniform"``, ``"worst"``, ``{expert: fraction}`` or a
+    list of per-rank count lists recorded from a run.
+    """
+
+    def __init__(self, routing="uniform") -> None:
+        if isinstance(routing, str):
+            if routing not in ("uniform", "worst"):
+                raise ValueError(f"RoutingAssumption({routing!r}): 'uniform', 'worst', {{expert: fraction}} or counts")
+        elif isinstance(routing, dict):
+            bad = [k for k, v in routing.items() if type(k) is not int or k < 0 or not 0 <= float(v) <= 1]
+            if bad or abs(sum(float(v) for v in routing.values()) - 1) > 1e-6:
+                raise ValueError(f"RoutingAssumption({routing!r}): expert ids >= 0 to fractions in [0, 1] summing to 1")
+        elif isinstance(routing, (list, tuple)) and routing and all(isinstance(r, (list, tuple)) for r in routing):
+            if any(type(c) is not int or c < 0 for r in routing for c in r) or len({len(r) for r in routing}) != 1:
+                raise ValueError("RoutingAssumption(counts): one list of int counts >= 0 per rank, all as long")
+            routing = [list(r) for r in routing]
+        else:
+            raise TypeError(
+                f"RoutingAssumption({routing!r}): 'uniform', 'worst', {{expert: fraction}} or per-rank count lists"
+            )
+        self.routing = routing
+
+    def __repr__(self) -> str:
+        return f"RoutingAssumption({self.routing!r})"
+
+    def start(self, mode) -> Routing:
+        """The policy's state for one recording ``mode``: it writes into ``mode.trace``."""
+        return Routing(self, mode)
+
+    def counts(self, rank: int, world: int, experts: int, picks: int) -> list[int]:
+        """The picks rank ``rank`` routes to each of ``experts`` experts."""
+        r = self.routing
+        if isinstance(r, list):
+            if len(r) != world or len(r[0]) != experts or sum(r[rank]) != picks:
+                raise ValueError(
+                    f"{self!r}: counts for {world} ranks of {experts} experts, {picks} picks a rank, needed"
+                )
+            return list(r[rank])
+        if r == "uniform":
+            shares = {e: 1 / experts for e in range(experts)}
+        elif r == "worst":
+            local = max(experts // world, 1)
+            shares = {e: 1 / local for e in range(local)}
+        else:
+            if max(r, default=0) >= experts:
+                raise ValueError(f"{self!r}: expert {max(r)} of a layer with {experts}")
+            shares = {e: float(v) for e, v in r.items()}
+        out = [int(picks * shares.get(e, 0.0)) for e in range(experts)]
+        order = sorted(range(experts), key=lambda e: (-shares.get(e, 0.0), e))
+        for k in range(picks - sum(out)):
+            out[order[k % len(order)]] += 1
+        return out
+
+
+class Routing:
+    """One trace's answers under a :class:`RoutingAssumption` (the mode's ``assume``)."""
+
+    ops = COUNT_OPS | ALL_TO_ALL | PASS
+
+    def __init__(self, policy: RoutingAssumption, mode) -> None:
+        self.policy, self.mode = policy, mode
+        self.picks: dict[int, int] = {}  # experts -> picks of the last count op of that size
+
+    def tokens(self, name: str, result, args: tuple = ()) -> str | None:
+        """Declare a count op's or a count all-to-all's output; the call's note (None if not one)."""
+        world = self.mode.world
+        if world is None:
+            raise ValueError(f"{self.policy!r} declares the routing of a world: trace with world_size= and rank=")
+        src = args[1] if name == "c10d.alltoall_base_.default" and len(args) > 1 else (args[0] if args else None)
+        if name in PASS:
+            if not isinstance(src, MetaTensor) or not known.assumed([src]) or not isinstance(result, MetaTensor):
+                return None
+            held = known.value_of(src)
+            if held is None:
+                return None
+            with _compat.no_python_dispatch():
+                known.declare(result, held.clone(), self.mode)
+            return f"the declared counts, waited on: {self.policy!r}"
+        if name in COUNT_OPS:
+            if not isinstance(result, MetaTensor) or result.dim() != 1 or not isinstance(src, torch.Tensor):
+                return None
+            experts = result.shape[0]
+            self.picks[experts] = src.numel()
+            value = self.policy.counts(world.rank, world.world_size, experts, src.numel())
+        else:
+            out = args[0] if name == "c10d.alltoall_base_.default" else result
+            if not isinstance(out, MetaTensor) or not isinstance(src, MetaTensor) or not known.assumed([src]):
+                return None
+            experts, n = src.shape[0], world.world_size
+            if experts not in self.picks or experts % n:
+                return None
+            local = experts // n
+            every = [self.policy.counts(s, n, experts, self.picks[experts]) for s in range(n)]
+            value = [c for s in range(n) for c in every[s][world.rank * local : (world.rank + 1) * local]]
+            result = out
+        with _compat.no_python_dispatch():
+            known.declare(result, torch.tensor(value, dtype=result.dtype), self.mode)
+        shown = f"counts = {value}"
+        trace = self.mode.trace
+        entry = Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, repr(self.policy))
+        trace.assumptions.append(entry)
+        return f"assumed {shown}: {self.policy!r}"
+
+    def value_read(self, name: str, value: torch.Tensor) -> None:
+        """A ``.tolist()``/``.item()`` of declared counts (the split sizes): listed."""
+        shown = str(value.tolist()) if value.numel() <= 16 else f"{value.dtype} {list(value.shape)}"
+        basis = f"computed from {self.policy!r}'s counts"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
+
+    def follows(self, name: str, out) -> str:
+        """A read computed from declared counts: listed as what the routing implies."""
+        shown = str(out) if not isinstance(out, (torch.Tensor, tuple)) else "its outputs"
+        basis = f"computed from {self.policy!r}'s counts"
+        trace = self.mode.trace
+        trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
+        return f"assumed {shown}: {basis}"
+
+    def read(self, name: str, device):
+        return None
+
+    def inputs(self, args, kwargs) -> None:
+        return None
+
+    def finish(self, trace) -> None:
+        return None
+
+
+def _module(mode) -> str:
+    modules = mode._recorder.modules
+    return modules.current() if modules is not None else ""
