@@ -8,7 +8,7 @@ batch that fits a GPU, guessed first by ``affine`` from small traces),
 to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
 model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
 weights, KV cache, concurrency and latency from traced prefill and
-decode), ``train`` (``md.plan``: the fastest training configuration that
+decode; ``tp``: one rank of it split over tensor-parallel GPUs), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked
 ``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
 ``programs``; ``pipeline_split`` cuts a model into pipeline stages,

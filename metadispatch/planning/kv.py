@@ -102,8 +102,14 @@ class KVLayout:
         return lines
 
 
-def kv_layout(model: nn.Module, gpu: str, lengths: tuple[int, int] | None = None) -> KVLayout:
-    """Measure the cache ``model`` writes on a logical ``gpu`` (Note [KV layout from three prompt lengths])."""
+def kv_layout(
+    model: nn.Module, gpu: str, lengths: tuple[int, int] | None = None, *, world_size: int | None = None
+) -> KVLayout:
+    """Measure the cache ``model`` writes on a logical ``gpu`` (Note [KV layout from three prompt lengths]).
+
+    ``world_size``: ``model`` is rank 0 of a tensor-parallel world of that
+    many ranks (planning/tp.py), and the layout is that rank's cache.
+    """
     config = getattr(model, "config", None)
     window = _largest_window(config)
     smallest = _smallest_window(config)
@@ -117,7 +123,7 @@ def kv_layout(model: nn.Module, gpu: str, lengths: tuple[int, int] | None = None
         )
     c = (window or 0) + 2 * b
     vocab = int(getattr(config, "vocab_size", 32000))
-    held = [_per_layer(model, gpu, n, vocab) for n in (a, b, c)]
+    held = [_per_layer(model, gpu, n, vocab, world_size) for n in (a, b, c)]
     latent = getattr(config, "kv_lora_rank", None)
     layers = []
     for (cls, ba), (_, bb), (_, bc) in zip(*held, strict=True):
@@ -152,14 +158,21 @@ def cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
-def _per_layer(model, gpu: str, n: int, vocab: int) -> list[tuple[str, int]]:
-    with MetaMode(device="cuda", gpu=gpu), torch.inference_mode():
+def _per_layer(model, gpu: str, n: int, vocab: int, world_size: int | None) -> list[tuple[str, int]]:
+    with MetaMode(device="cuda", gpu=gpu, world_size=world_size), no_grad_for(world_size):
         cache = decoded_cache(model, torch.randint(0, vocab, (1, n)))
     seen: set = set()  # a storage two layers hold counts for the first
     return [
         (type(layer).__name__, storage_bytes(_tensors(layer), seen))
         for layer in getattr(cache, "layers", None) or [cache]
     ]
+
+
+def no_grad_for(world_size: int | None):
+    """``inference_mode``, or ``no_grad`` for a tensor-parallel rank: a DTensor's
+    linear decomposes under the mode and sets a version counter, which an
+    inference tensor refuses ("Cannot set version_counter for inference tensor")."""
+    return torch.no_grad() if world_size else torch.inference_mode()
 
 
 def storage_bytes(tensors, seen: set | None = None) -> int:

@@ -21,10 +21,12 @@ above the weights (``md.memory``) and the time to first token
 ``max_model_len - 1`` tokens gives the time per output token as the
 difference of the two traces' times, one row per batch size asked for.
 ``md.runtime`` prices each call by the profile's roofline, so no figure is
-faster than it.  With ``tp > 1`` weights and KV are divided by ``tp`` -- the
-heads and the linear layers split evenly, as vLLM's tensor parallelism does
--- which the plan states as an assumption; the activation peak and the times
-are the unsplit ones (upper bounds).  Not counted: CUDA graphs' memory,
+faster than it.  With ``tp > 1`` every trace is of rank 0 of a logical
+world of ``tp`` GPUs whose attention and MLP are split as vLLM splits them
+(tp.py, Note [Serving one rank of a tensor-parallel model]): the weights,
+the KV layout, the activation peak and the times are that rank's, and the
+times include the all-reduces of the hidden state, priced on the
+profile's links (``md.runtime``, ``md.comms``).  Not counted: CUDA graphs' memory,
 NCCL's buffers, the CUDA context and the serving runtime's own allocations
 (vLLM's ``gpu_memory_utilization`` leaves them in the remainder).
 """
@@ -37,11 +39,14 @@ import torch
 from torch import nn
 
 from ..analysis.memory import memory
+from ..errors import MetaDispatchError
 from ..mode.mode import MetaMode
 from ..spec.profiles import GPUProfile, gpu_profile
+from ..timing.comms import comms
 from ..timing.runtime import runtime
 from ..tracing.tracer import tracer
-from .kv import KVLayout, cache_kwarg, cache_of, kv_layout, storage_bytes
+from .kv import KVLayout, cache_kwarg, cache_of, kv_layout, no_grad_for, storage_bytes
+from .tp import COLWISE, ROWWISE, local_tensors, shard
 
 __all__ = ["serve_plan", "ServePlan", "DecodeRow"]
 
@@ -60,7 +65,7 @@ class DecodeRow:
 
 @dataclasses.dataclass(frozen=True)
 class ServePlan:
-    """What serving ``model`` on one GPU holds and how fast it answers (Note [Serving figures from the cache the model writes])."""
+    """What serving ``model`` on one GPU (one rank of ``tp``) holds and how fast it answers (Note [Serving figures from the cache the model writes])."""
 
     gpu: str
     tp: int
@@ -75,7 +80,9 @@ class ServePlan:
     ttft: float  # seconds, prefill of max_num_batched_tokens
     tpot: float  # seconds per output token at max_model_len context, batch 1
     assumptions: tuple
-    layout: KVLayout | None = None  # per cache layer, unsplit by tp
+    layout: KVLayout | None = None  # per cache layer, of one rank
+    collectives: tuple[int, int] = (0, 0)  # calls in one rank's prefill and in its decode step (batch 1)
+    collective_s: tuple[float, float] = (0.0, 0.0)  # their seconds on the profile's links, within ttft and tpot
     decode: tuple[DecodeRow, ...] = ()  # one row per batch size asked for
 
     def __str__(self) -> str:
@@ -92,6 +99,11 @@ class ServePlan:
             f"  concurrency    {self.max_concurrency:,} sequences at max_model_len; longest {self.longest:,} tokens",
             f"  TTFT {self.ttft * 1e3:.2f} ms, TPOT {self.tpot * 1e3:.3f} ms",
         ]
+        if self.tp > 1:
+            lines.append(
+                f"  collectives    {self.collectives[0]} in a prefill ({self.collective_s[0] * 1e3:.3f} ms), "
+                f"{self.collectives[1]} in a decode step ({self.collective_s[1] * 1e3:.3f} ms), within TTFT and TPOT"
+            )
         if self.decode:
             lines.append("  batch      TPOT ms   tokens/s  fits")
             lines += [
@@ -124,61 +136,81 @@ def serve_plan(
     figures from the cache the model writes]).
     """
     profile = gpu_profile(gpu)
+    if type(tp) is not int or tp < 1:
+        raise MetaDispatchError(f"serve_plan: tp={tp!r}, a number of GPUs >= 1")
     if not isinstance(model, nn.Module):
         model = _build(model, profile)
     config = getattr(model, "config", None)
     vocab = int(getattr(config, "vocab_size", 32000))
-    layout = kv_layout(model, profile.name, lengths)
-    weights = storage_bytes([*model.parameters(), *model.buffers()])
+    world = tp if tp > 1 else None
+    if world:
+        model = shard(model, tp, profile.name)
+    layout = kv_layout(model, profile.name, lengths, world_size=world)
+    weights = storage_bytes(local_tensors([*model.parameters(), *model.buffers()]))
 
     def prefill(ids):
-        with torch.inference_mode():
+        with no_grad_for(world):
             return model(ids, use_cache=True).logits
 
     def prefill_and_decode(ids, nxt):
-        with torch.inference_mode():
+        with no_grad_for(world):
             out = model(ids, use_cache=True)
             return model(nxt, **{cache_kwarg(model): cache_of(out)}, use_cache=True).logits
 
-    trace = tracer(device="cuda", gpu=profile.name)
+    trace = tracer(device="cuda", gpu=profile.name, world_size=world)
     t_prefill = trace(prefill, torch.randint(0, vocab, (1, max_num_batched_tokens)))
     peak = memory(t_prefill).peak - weights
-    usable = int(profile.memory * gpu_memory_utilization) - weights // tp - peak
-    per_sequence = layout.bytes_at(max_model_len) / tp
-    rows = []
+    usable = int(profile.memory * gpu_memory_utilization) - weights - peak
+    per_sequence = layout.bytes_at(max_model_len)
+    rows, decode = [], []
     for batch in batches:
         ctx = torch.randint(0, vocab, (batch, max_model_len - 1))
         t_pd = trace(prefill_and_decode, ctx, torch.randint(0, vocab, (batch, 1)))
         t_ctx = trace(prefill, ctx)
         tpot = max(runtime(t_pd).total - runtime(t_ctx).total, 0.0)
         rows.append(DecodeRow(batch, tpot, batch / tpot if tpot else 0.0, batch * per_sequence <= usable))
-    kv = layout.per_token / tp
+        decode.append(_collectives(t_pd, profile, since=_collectives(t_ctx, profile)))
+    kv = layout.per_token
     tokens = max(int(usable // kv), 0) if kv > 0 else 0
     limit = int(getattr(config, "max_position_embeddings", 0) or 2**31)
     assumptions = [
         f"KV layout measured at prompts of {', '.join(map(str, layout.lengths))} tokens",
-        "activation peak of one sequence's prefill, unsplit by tp",
+        "activation peak of one sequence's prefill",
         f"longest: at most max_position_embeddings ({limit:,})",
     ]
-    if tp > 1:
-        assumptions.append(f"weights and KV split evenly over {tp} GPUs; times unsplit")
+    if world:
+        assumptions += [
+            f"rank 0 of {tp}: {', '.join(COLWISE)} colwise, {', '.join(ROWWISE)} rowwise (as vLLM splits them)",
+            "embedding and LM head whole on every rank (vLLM splits their vocabulary: an upper bound)",
+        ]
     return ServePlan(
         gpu=profile.name,
         tp=tp,
-        weights=weights // tp,
+        weights=weights,
         prefill_peak=peak,
         kv_per_token=kv,
-        kv_fixed=layout.fixed // tp,
+        kv_fixed=layout.fixed,
         kv_tokens=tokens,
         blocks=tokens // block_size,
         max_concurrency=max(int(usable // per_sequence), 0) if per_sequence > 0 else 0,
-        longest=layout.longest(usable * tp, limit),
+        longest=layout.longest(usable, limit),
         ttft=runtime(t_prefill).total,
         tpot=rows[0].tpot if rows else 0.0,
         assumptions=tuple(assumptions),
         layout=layout,
         decode=tuple(rows),
+        **_collective_fields(_collectives(t_prefill, profile), decode[0] if decode else (0, 0.0)),
     )
+
+
+def _collectives(trace, profile: GPUProfile, since: tuple[int, float] = (0, 0.0)) -> tuple[int, float]:
+    """The collectives of ``trace``, less those of ``since`` (a prefix trace): their count and seconds."""
+    c = comms(trace, gpu=profile)
+    return len(c.calls) - since[0], (c.seconds or 0.0) - since[1]
+
+
+def _collective_fields(prefill: tuple[int, float], decode: tuple[int, float]) -> dict:
+    return {"collectives": (prefill[0], decode[0]), "collective_s": (prefill[1], decode[1])}
 
 
 def _build(config, profile: GPUProfile) -> nn.Module:

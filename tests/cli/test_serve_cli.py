@@ -54,3 +54,20 @@ def test_serve_without_transformers_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
     assert main(["serve", "--hf", "llama"]) == 2
     assert "transformers" in capsys.readouterr().err
+
+
+def test_serve_tp_prints_one_ranks_plan(capsys):
+    argv = ["serve", "--hf", "llama", "--tp", "2", "--max-model-len", "128", "--max-num-batched-tokens", "64"]
+    assert main(argv + [a for kv in SMALL for a in ("--config", kv)]) == 0
+    out = capsys.readouterr().out
+    config = transformers.LlamaConfig(**{k: int(v) for k, v in (kv.split("=") for kv in SMALL)})
+    with md.MetaMode(device="cuda", gpu="h100"):
+        model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    plan = md.serve_plan(model, "h100", tp=2, max_model_len=128, max_num_batched_tokens=64)
+    assert out.strip() == str(plan).strip()
+    assert plan.kv_per_token == 2 * 2 * 1 * 16 * 2 and "collectives    4 in a prefill" in out  # one KV head a rank
+
+
+def test_serve_tp_that_does_not_split_the_heads_is_refused(capsys):
+    assert main(["serve", "--hf", "llama", "--tp", "3", *[a for kv in SMALL for a in ("--config", kv)]]) != 0
+    assert "tp=3 does not split num_attention_heads=4" in capsys.readouterr().err

@@ -44,13 +44,6 @@ def test_serve_plan_kv_and_weights_are_the_real_models(name):
     assert "not counted" in str(plan)
 
 
-def test_serve_plan_tp_divides_weights_and_kv():
-    cfg = _CONFIGS["llama"]()
-    one, two = (md.serve_plan(cfg, gpu="h100", tp=tp, max_model_len=64, max_num_batched_tokens=32) for tp in (1, 2))
-    assert two.weights == one.weights // 2 and two.kv_per_token == one.kv_per_token / 2
-    assert any("split evenly" in a for a in two.assumptions)
-
-
 def test_a_sliding_window_model_holds_a_sequence_of_any_length():
     cfg = KV_CONFIGS["mistral_sliding"]()
     cfg.sliding_window = 16
