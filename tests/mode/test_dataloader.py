@@ -3,11 +3,11 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from torch.utils.data.dataloader import default_collate
 
 import metadispatch as md
+from tests.eager_ops import EagerOps
 
 # The loader's own ops (its seed, the sampler's permutation): run for real, outside the trace.
 _BOOKKEEPING = {
@@ -17,18 +17,6 @@ _BOOKKEEPING = {
     "aten.randperm.generator",
     "aten.randperm.default",
 }
-
-
-class _RealOps(TorchDispatchMode):
-    """Logs the aten ops a real run dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _dataset():
@@ -68,7 +56,7 @@ def test_dataloader_epoch_traces_the_batches_eager_sees(name):
     g = torch.Generator().manual_seed(7)
     loader = LOADERS[name](ds, g)
     g_state, cpu_state = g.get_state(), torch.get_rng_state()
-    with _RealOps() as real:
+    with EagerOps() as real:
         expected = _epoch(model, loader)()
     assert not torch.equal(g.get_state(), g_state) or name in ("sequential", "drop-last-collate", "shuffle-global-rng")
     model.zero_grad(set_to_none=True)

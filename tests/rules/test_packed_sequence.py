@@ -4,21 +4,9 @@ import pytest
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
-
-
-class _RealOps(TorchDispatchMode):
-    """Logs the aten ops a real run dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from tests.eager_ops import EagerOps
 
 
 def _layout(t):
@@ -34,7 +22,7 @@ def test_packed_sequence_packing_dispatches_eagers_ops(enforce_sorted):
         return packed.data * 2, packed.batch_sizes
 
     x = torch.randn(3, 6, 4)
-    with _RealOps() as real:
+    with EagerOps() as real:
         expected = step(x)
     t = md.trace(step, x)
     assert [c.op for c in t.calls] == real.ops

@@ -9,24 +9,14 @@ or a view of one returning it.
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
-
-
-class _Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from tests.eager_ops import EagerOps
 
 
 def _dispatched_by_torch() -> list:
     # torch's pin_memory on a tensor it cannot pin still dispatches its first steps.
-    with _Ops() as log, pytest.raises(RuntimeError):
+    with EagerOps() as log, pytest.raises(RuntimeError):
         torch.empty(3, device="meta").pin_memory()
     return log.ops[1:]  # after the empty tensor itself
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
+from tests.eager_ops import EagerOps
 
 
 def _plain_meta_split():
@@ -84,18 +84,6 @@ def test_composites_without_a_mode_answer_as_inside_one(case):
 # -- scaled_dot_product_attention on a logical CPU (Note [SDPA backend choice]) -----
 
 
-class _RealOps(TorchDispatchMode):
-    """Logs the aten ops a real run dispatches."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _t(*shape, dtype=torch.float32, grad=True):
     return torch.randn(*shape, dtype=dtype).requires_grad_(grad)
 
@@ -133,7 +121,7 @@ def _layout(t):
 @pytest.mark.parametrize("case", sorted(_SDPA_CASES))
 def test_composites_sdpa_on_logical_cpu_matches_real_ops(case):
     args, kwargs = _SDPA_CASES[case]
-    with _RealOps() as real:
+    with EagerOps() as real:
         expected = _sdpa_step(*args, **kwargs)
     t = md.trace(_sdpa_step, *args, **kwargs)
     assert [c.op for c in t.calls] == real.ops
@@ -143,7 +131,7 @@ def test_composites_sdpa_on_logical_cpu_matches_real_ops(case):
 def test_composites_sdpa_flash_disabled_takes_math_like_real():
     args, kwargs = _SDPA_CASES["plain"]
     with sdpa_kernel(SDPBackend.MATH):
-        with _RealOps() as real:
+        with EagerOps() as real:
             _sdpa_step(*args, **kwargs)
         t = md.trace(_sdpa_step, *args, **kwargs)
     assert "aten._safe_softmax.default" in real.ops
@@ -182,7 +170,7 @@ def test_composites_sdpa_on_logical_cuda_without_a_mode_chooses_as_inside_one():
     q = torch.randn(2, 4, 8, 16, dtype=torch.bfloat16)
     with md.MetaMode(device="cuda") as mode:  # the default profile, as without a mode
         F.scaled_dot_product_attention(*(mode.from_tensor(q),) * 3)
-    with _RealOps() as log:  # sees each op before MetaTensor answers it
+    with EagerOps() as log:  # sees each op before MetaTensor answers it
         alone = F.scaled_dot_product_attention(*(md.to_meta(q, device="cuda"),) * 3)
     assert isinstance(alone, md.MetaTensor) and alone.device == torch.device("cuda", 0)
     assert log.ops == [c.op for c in mode.trace.calls]

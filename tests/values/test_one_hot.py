@@ -3,21 +3,11 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import metadispatch as md
+from tests.eager_ops import EagerOps
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a real CUDA device")
-
-
-class _EagerOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _one_hot(x, n):
@@ -26,7 +16,7 @@ def _one_hot(x, n):
 
 def _eager(x, n):
     """(ops, output or the error eager raises)."""
-    with _EagerOps() as log:
+    with EagerOps() as log:
         try:
             out = _one_hot(x, n)
         except RuntimeError as e:
