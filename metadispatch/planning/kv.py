@@ -169,9 +169,12 @@ def _per_layer(model, gpu: str, n: int, vocab: int, world_size: int | None) -> l
 
 
 def no_grad_for(world_size: int | None):
-    """``inference_mode``, or ``no_grad`` for a tensor-parallel rank: a DTensor's
-    linear decomposes under the mode and sets a version counter, which an
-    inference tensor refuses ("Cannot set version_counter for inference tensor")."""
+    """``inference_mode``, or ``no_grad`` for a tensor-parallel rank: under
+    MetaMode a DTensor's linear decomposes and sets a version counter, which an
+    inference tensor refuses ("Cannot set version_counter for inference
+    tensor"); a real CPU run of the same DTensor linear does not.  The cache
+    and the weights are the same under either; the workaround stays here
+    until the dispatch is fixed."""
     return torch.no_grad() if world_size else torch.inference_mode()
 
 

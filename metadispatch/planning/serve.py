@@ -81,7 +81,7 @@ class ServePlan:
     tpot: float  # seconds per output token at max_model_len context, batch 1
     assumptions: tuple
     layout: KVLayout | None = None  # per cache layer, of one rank
-    collectives: tuple[int, int] = (0, 0)  # calls in one rank's prefill and in its decode step (batch 1)
+    collectives: tuple[int, int] = (0, 0)  # calls in one rank's prefill and its decode step (the first batch size)
     collective_s: tuple[float, float] = (0.0, 0.0)  # their seconds on the profile's links, within ttft and tpot
     decode: tuple[DecodeRow, ...] = ()  # one row per batch size asked for
 

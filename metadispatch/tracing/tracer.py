@@ -105,7 +105,8 @@ def tracer(
     ``md.GenerateAssumptions(token_id=0)``, ``model.generate(ids,
     max_new_tokens=4)`` traces its prefill and decode steps, every next
     token being 0 and every assumption in ``trace.assumptions`` (Note
-    [Generating under declared assumptions] in values/assume.py).
+    [Generating under declared assumptions] in values/assume.py); with
+    ``warmup=N`` too, the trace and its assumptions are of the last call.
 
     >>> import torch, metadispatch as md
     >>> model = torch.nn.Linear(256, 256)
@@ -125,10 +126,9 @@ def tracer(
     check_restore(restore)
     if type(warmup) is not int or warmup < 0:
         raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
-    if assume is not None and (mode_factory is not None or warmup):
+    if assume is not None and mode_factory is not None:
         raise MetaDispatchError(
-            "assume= traces one call of the function, with no warmup= and no mode_factory= "
-            "(a factory gives it to the mode it makes: MetaMode(assume=...))"
+            "assume= with no mode_factory= (a factory gives it to the mode it makes: MetaMode(assume=...))"
         )
 
     def run(fn: Callable, *args, **kwargs) -> Trace:
@@ -228,11 +228,11 @@ def run_traced(
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
-    if mode.assume is not None and not warmup:
-        mode.assume.finish(tr)  # its steps' marks
     if warmup:
         tr.warmup = warmup
         tr = step_from(tr, start)
+    if mode.assume is not None:
+        mode.assume.finish(tr, start)  # its steps' marks; the warm-up runs' assumptions dropped
     return tr
 
 

@@ -120,11 +120,21 @@ class Assuming:
         self.tokens_at.append(index)
         return f"assumed {value}: {basis}"
 
-    def finish(self, trace) -> None:
+    def finish(self, trace, cut: int = 0) -> None:
         """Mark each step where the model's forward starts: the first call in a module
-        after the previous token (``"prefill"`` before the first), if there is one."""
+        after the previous token (``"prefill"`` before the first), if there is one.
+
+        ``cut``: ``trace`` is the calls from ``cut`` on (``warmup=``): what the
+        warm-up runs assumed is dropped, the rest renumbered; the arguments'
+        assumptions (call 0) hold for every run and stay."""
+        if cut:
+            trace.assumptions = [
+                a._replace(index=max(a.index - cut, 0))
+                for a in trace.assumptions
+                if a.index >= cut or a.op.startswith("arg ")
+            ]
         calls, start = trace.calls, 0
-        for k, end in enumerate([*self.tokens_at, len(calls)]):
+        for k, end in enumerate([*(i - cut for i in self.tokens_at if i >= cut), len(calls)]):
             first = next((i for i in range(start, end) if calls[i].module), None)
             if first is not None:
                 trace.marks.setdefault("prefill" if k == 0 else f"decode {k}", first)

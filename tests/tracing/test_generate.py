@@ -184,8 +184,22 @@ def test_a_mode_factory_carries_the_policy():
     made = md.tracer(mode_factory=lambda: md.MetaMode(assume=_POLICY))(fn)
     direct = md.tracer(assume=_POLICY)(fn)
     assert made.marks == direct.marks and made.assumptions == direct.assumptions
-    with pytest.raises(md.MetaDispatchError, match="assume="):
-        md.tracer(assume=_POLICY, warmup=1)
+    with pytest.raises(md.MetaDispatchError, match="assume= with no mode_factory="):
+        md.tracer(assume=_POLICY, mode_factory=lambda: md.MetaMode())
+
+
+@pytest.mark.parametrize("cache", [None, "static"], ids=lambda v: v or "dynamic")
+def test_generate_after_a_warmup_is_eagers_second_run(cache):
+    model = _model("llama")
+    fn = _generate(model, _IDS, **({"cache_implementation": cache} if cache else {}))
+    fn()  # eager's first run: what a second one finds (a static cache is built once)
+    trace = md.tracer(assume=_POLICY, warmup=1)(fn)
+    assert trace.warmup == 1 and trace_calls(trace) == eager_calls(fn)
+    once = md.tracer(assume=_POLICY)(fn)
+    assert [(a.op, a.value) for a in trace.assumptions] == [(a.op, a.value) for a in once.assumptions]
+    tokens = [a.index for a in trace.assumptions if a.value == f"tokens = {TOKEN}"]
+    assert len(tokens) == 4 and {trace.calls[i].op for i in tokens} == {"aten.argmax.default"}
+    assert [s.name for s in md.generation_steps(trace)] == ["prefill", "decode 1", "decode 2", "decode 3"]
 
 
 def test_a_model_built_under_a_logical_gpu_generates():
