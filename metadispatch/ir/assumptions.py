@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Assumption"]
+__all__ = ["Assumption", "after_warmup"]
 
 
 class Assumption(NamedTuple):
@@ -29,3 +29,10 @@ class Assumption(NamedTuple):
             f"call #{self.index} {self.op} at {self.source or '?'} ({self.module or '<top>'}): "
             f"assumed {self.value}, {self.basis}"
         )
+
+
+def after_warmup(assumptions: list, cut: int) -> list:
+    """What holds for the traced call once ``warmup=`` runs went before it
+    (the trace is cut at ``cut``): the warm-up runs' own assumptions go, the
+    arguments' (call 0, ``arg ...``) hold for every run and stay."""
+    return [a for a in assumptions if a.index >= cut or a.op.startswith("arg ")]

@@ -230,9 +230,11 @@ def run_traced(
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
     if warmup:
         tr.warmup = warmup
+        if mode.assume is not None:
+            mode.assume.forget_warmup(tr, start)
         tr = step_from(tr, start)
     if mode.assume is not None:
-        mode.assume.finish(tr, start)  # its steps' marks; the warm-up runs' assumptions dropped
+        mode.assume.finish(tr, start)  # its steps' marks
     return tr
 
 

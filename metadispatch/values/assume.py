@@ -41,7 +41,7 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..ir.assumptions import Assumption
+from ..ir.assumptions import Assumption, after_warmup
 from ..ir.records import arg_name
 from ..source import user_frame
 from ..tensor.tensor import MetaTensor
@@ -124,21 +124,20 @@ class Assuming:
         """Mark each step where the model's forward starts: the first call in a module
         after the previous token (``"prefill"`` before the first), if there is one.
 
-        ``cut``: ``trace`` is the calls from ``cut`` on (``warmup=``): what the
-        warm-up runs assumed is dropped, the rest renumbered; the arguments'
-        assumptions (call 0) hold for every run and stay."""
-        if cut:
-            trace.assumptions = [
-                a._replace(index=max(a.index - cut, 0))
-                for a in trace.assumptions
-                if a.index >= cut or a.op.startswith("arg ")
-            ]
+        ``cut``: ``trace`` is the calls from ``cut`` on (``warmup=``; its
+        assumptions were cut with it, after :meth:`forget_warmup`)."""
         calls, start = trace.calls, 0
         for k, end in enumerate([*(i - cut for i in self.tokens_at if i >= cut), len(calls)]):
             first = next((i for i in range(start, end) if calls[i].module), None)
             if first is not None:
                 trace.marks.setdefault("prefill" if k == 0 else f"decode {k}", first)
             start = end + 1
+
+    def forget_warmup(self, trace, cut: int) -> None:
+        """Before ``trace`` is cut at ``cut`` (``warmup=``): what the warm-up
+        runs assumed goes; the arguments' assumptions (call 0) hold for every
+        run and stay.  (``step_from`` then renumbers the rest.)"""
+        trace.assumptions = after_warmup(trace.assumptions, cut)
 
     def follows(self, name: str, out) -> str:
         """A read answered from values computed from the declared tokens (the stop

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..ir.assumptions import Assumption
+from ..ir.assumptions import Assumption, after_warmup
 from ..source import user_frame
 from ..tensor.tensor import MetaTensor
 from . import known
@@ -182,7 +182,11 @@ class Routing:
     def inputs(self, args, kwargs) -> None:
         return None
 
-    def finish(self, trace) -> None:
+    def forget_warmup(self, trace, cut: int) -> None:
+        """As ``GenerateAssumptions``': a warm-up run's routing is not the traced call's."""
+        trace.assumptions = after_warmup(trace.assumptions, cut)
+
+    def finish(self, trace, cut: int = 0) -> None:
         return None
 
 
