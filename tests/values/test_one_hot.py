@@ -1,5 +1,7 @@
 """``F.one_hot`` runs its real-tensor branch, checks included (Note [one_hot's checks])."""
 
+import gzip
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +118,29 @@ def test_one_hot_on_a_logical_gpu_records_what_real_cuda_dispatches():
     assert [c.op for c in trace.calls] == eager_ops
     result = md.replay(trace, (x.cuda(), 4))
     assert result.ok and torch.equal(result.output, expected)
+
+
+@pytest.mark.parametrize("case", ["in_range", "too_large"])
+def test_one_hot_trace_saved_and_loaded_replays_as_eager(case, tmp_path):
+    x, n = _CASES[case]
+    _, expected = _eager(x, n)
+    path = tmp_path / "one_hot.json.gz"
+    md.trace(_one_hot, x, n).save(path)
+    loaded = md.Trace.load(path)  # Note [Checks a trace records]: eager's messages load
+    if isinstance(expected, str):
+        with pytest.raises(md.ReplayError, match=expected):
+            md.replay(loaded, (x, n))
+    else:
+        assert torch.equal(md.replay(loaded, (x, n)).output, expected)
+
+
+def test_one_hot_a_file_cannot_choose_the_asserts_message(tmp_path):
+    path = tmp_path / "one_hot.json.gz"
+    md.trace(_one_hot, torch.tensor([0, 1]), 4).save(path)
+    with gzip.open(path, "rt") as f:
+        text = f.read()
+    assert "Class values must be non-negative." in text
+    with gzip.open(path, "wt") as f:
+        f.write(text.replace("Class values must be non-negative.", "\\u001b[2Jboom"))
+    with pytest.raises(md.TraceFormatError, match="_assert_async.msg with these arguments"):
+        md.Trace.load(path)
