@@ -133,14 +133,13 @@ def step_until(trace: Trace, end: int) -> Trace:
     """
     if not 0 <= end <= len(trace.calls):
         raise ValueError(f"step_until: end {end} is not a call of a trace of {len(trace.calls)}")
-    if end == len(trace.calls):
-        return trace
-    out = copy.copy(trace)
+    out = copy.copy(trace)  # a copy also at the end: md.plan sets each cut's marks (planning/programs.py)
     out.calls = trace.calls[:end]
     if trace.deaths is not None:
         out.deaths = {s: d for s, d in trace.deaths.items() if d <= end}
     out.marks = {k: i for k, i in trace.marks.items() if i <= end}
     out.rng_events = [e for e in trace.rng_events if e.at < end]
+    out.assumptions = [a for a in trace.assumptions if a.index < end]
     out.known_writes = {t: [(b, v) for b, v in w if b < end] for t, w in getattr(trace, "known_writes", {}).items()}
     return out
 

@@ -340,6 +340,7 @@ class _Planner:
                 if d is not c
                 and all(d[k] == c[k] for k in KEYS if k not in ("micro_batch", "accum"))
                 and self.rule(d) is None
+                and d.get("pp", 1) == 1  # a pipeline configuration is traced by its stages (pipeline_candidates.py)
                 and (self._key(d, False), layers) not in self.shallow
             ]
             seen: dict = {}
