@@ -217,12 +217,10 @@ _TOKEN_ARG = "dep_token"
 
 # Note [Checks a trace records]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# One assert is a trace's own: ``F.one_hot`` records eager's CPU class
-# checks as ``aten._assert_async.msg`` (Note [one_hot's checks] in
-# values/composites.py), so that replay raises where eager does.  A file may
-# name it with one of these messages only, each the one eager's check
-# raises: the op raises its message, which a file must not choose (a
-# terminal escape, a misleading text: tests/hostile_traces.py).
+# ``F.one_hot`` records eager's CPU class checks as ``aten._assert_async.msg``
+# (Note [one_hot's checks] in values/composites.py), so that replay raises
+# where eager does.  A file may name it with eager's messages only: the op
+# raises its message, which a file must not choose (tests/hostile_traces.py).
 RECORDED_CHECKS = {
     "aten::_assert_async.msg": frozenset(
         {"Class values must be non-negative.", "Class values must be smaller than num_classes."}
