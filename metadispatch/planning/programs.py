@@ -33,13 +33,14 @@ from collections.abc import Callable
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 
 from ..errors import MetaDispatchError
 from ..ir.cut import step_until
 from ..mode.mode import MetaMode
 from ..tracing.marks import mark
 from .ac import apply_ac, blocks
+from .tp import tp_plan as serving_tp_plan
 
 __all__ = ["default_step", "tp_plan", "trace_programs"]
 
@@ -102,24 +103,9 @@ def vocab_of(model) -> int:
     return int(size)
 
 
-# LLaMA-style names, as the command line's ``--tp`` splits them (cli/blocks.py)
-_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-_ROWWISE = ("o_proj", "down_proj")
-
-
 def tp_plan(layer: torch.nn.Module) -> dict:
-    """Attention and MLP projections colwise then rowwise; a block with none of them is refused."""
-    plan: dict = {}
-    for name, m in layer.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if isinstance(m, torch.nn.Linear) and leaf in _COLWISE + _ROWWISE:
-            plan[name] = ColwiseParallel() if leaf in _COLWISE else RowwiseParallel()
-    if not plan:
-        raise MetaDispatchError(
-            f"plan: tp > 1 splits {', '.join(_COLWISE)} colwise and {', '.join(_ROWWISE)} rowwise; "
-            f"{type(layer).__name__} has none of them"
-        )
-    return plan
+    """Attention and MLP projections colwise then rowwise, by LLaMA's names (planning/tp.py)."""
+    return serving_tp_plan(layer, "plan")
 
 
 def default_step(model, ids) -> None:

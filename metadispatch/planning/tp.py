@@ -49,8 +49,9 @@ COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
 
 
-def tp_plan(model: nn.Module) -> dict:
-    """``parallelize_module``'s plan for ``model``: every projection by its name, colwise or rowwise."""
+def tp_plan(model: nn.Module, who: str = "serve_plan") -> dict:
+    """``parallelize_module``'s plan for ``model``: every projection by its name, colwise or rowwise
+    (``serve_plan``'s and ``md.plan``'s; ``who`` names the caller in the refusal)."""
     plan: dict = {}
     for name, m in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
@@ -58,7 +59,7 @@ def tp_plan(model: nn.Module) -> dict:
             plan[name] = ColwiseParallel() if leaf in COLWISE else RowwiseParallel()
     if not plan:
         raise MetaDispatchError(
-            f"serve_plan: tp > 1 splits {', '.join(COLWISE)} colwise and {', '.join(ROWWISE)} rowwise; "
+            f"{who}: tp > 1 splits {', '.join(COLWISE)} colwise and {', '.join(ROWWISE)} rowwise; "
             f"{type(model).__name__} has no nn.Linear by those names"
         )
     return plan
