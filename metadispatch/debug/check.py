@@ -362,4 +362,5 @@ _PLAIN = (str, int, float, bool, type(None), bytes)
 def _stop(error, mode, assumptions: list) -> Stop:
     op, where = raised_in(error)
     source = traceback_frame(error.__traceback__) or where
-    return Stop(error, op, mode.stopped_in or "", source, assumptions[-1] if assumptions else None)
+    made_up = [a for a in assumptions if a.made_up]
+    return Stop(error, op, mode.stopped_in or "", source, made_up[-1] if made_up else None)

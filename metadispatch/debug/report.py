@@ -135,8 +135,8 @@ class Report:
 
     @property
     def made_up(self) -> list:
-        """The assumptions that are made-up values (not given by ``values=``)."""
-        return [a for a in self.assumptions if not a.basis.startswith("given by")]
+        """The assumptions that are made-up values (not given by ``values=``, nor drawn for real)."""
+        return [a for a in self.assumptions if a.made_up]
 
     @property
     def ok(self) -> bool:
