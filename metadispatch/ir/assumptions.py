@@ -11,11 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Assumption", "DRAWN_FOR_REAL", "after_warmup"]
-
-# The basis of a value the trace ran for real rather than made up: a
-# DataLoader's rows (Note [A DataLoader inside a traced step] in mode/realcode.py).
-DRAWN_FOR_REAL = "drawn for real"
+__all__ = ["Assumption", "after_warmup"]
 
 
 class Assumption(NamedTuple):
@@ -27,11 +23,6 @@ class Assumption(NamedTuple):
     source: str | None
     value: str  # "3", or the outputs' types, "i64[10, 2]"
     basis: str  # "a value in [0, 5] from uniform_(0.0, 5.0)", "given by values=", "GenerateAssumptions(token_id=0)"
-
-    @property
-    def made_up(self) -> bool:
-        """Whether the value was made up: neither given by ``values=`` nor drawn for real."""
-        return not self.basis.startswith(("given by", DRAWN_FOR_REAL))
 
     def __str__(self) -> str:
         return (

@@ -66,10 +66,13 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import cuda_answers
-from ..ir.assumptions import DRAWN_FOR_REAL, Assumption
+from ..ir.assumptions import Assumption
 from ..source import user_frame
 
-__all__ = ["PATCHES", "WIRING", "FROM_BYTES", "reads_bytes", "from_bytes"]
+__all__ = ["PATCHES", "WIRING", "FROM_BYTES", "DRAWN_FOR_REAL", "reads_bytes", "from_bytes"]
+
+# How the basis of a DataLoader's rows begins: values run for real, not made up (md.check's report)
+DRAWN_FOR_REAL = "drawn for real"
 
 _TORCH: dict = {}  # torch's functions as they were when installed
 
