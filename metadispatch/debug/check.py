@@ -58,7 +58,7 @@ from ..values.assume import SCALAR_READ, checked_given, given, is_index, know_in
 from ..values.bounds import bounds_of
 from ..values.realrun import CPU, DEFAULT_LIMIT, flat, materialize, run_real, to_meta_outputs
 from .recheck import recheck
-from .report import Answer, Assumption, Report, Stop
+from .report import Answer, Assumption, Report, Stop, made_up
 
 __all__ = ["check", "checker", "guessing_mode"]
 
@@ -362,4 +362,5 @@ _PLAIN = (str, int, float, bool, type(None), bytes)
 def _stop(error, mode, assumptions: list) -> Stop:
     op, where = raised_in(error)
     source = traceback_frame(error.__traceback__) or where
-    return Stop(error, op, mode.stopped_in or "", source, assumptions[-1] if assumptions else None)
+    invented = [a for a in assumptions if made_up(a)]
+    return Stop(error, op, mode.stopped_in or "", source, invented[-1] if invented else None)

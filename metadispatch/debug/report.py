@@ -15,8 +15,14 @@ from typing import NamedTuple
 
 from ..core.registry import rule_skeleton
 from ..ir.assumptions import Assumption
+from ..mode.realcode import DRAWN_FOR_REAL
 
-__all__ = ["Report", "Answer", "OpIssue", "Assumption", "Stop"]
+__all__ = ["Report", "Answer", "OpIssue", "Assumption", "Stop", "made_up"]
+
+
+def made_up(a: Assumption) -> bool:
+    """Whether ``a`` was made up: neither given by ``values=`` nor drawn for real (a DataLoader's rows)."""
+    return not a.basis.startswith(("given by", DRAWN_FOR_REAL))
 
 
 class Answer(NamedTuple):
@@ -135,8 +141,8 @@ class Report:
 
     @property
     def made_up(self) -> list:
-        """The assumptions that are made-up values (not given by ``values=``)."""
-        return [a for a in self.assumptions if not a.basis.startswith("given by")]
+        """The assumptions that are made-up values (not given by ``values=``, nor drawn for real)."""
+        return [a for a in self.assumptions if made_up(a)]
 
     @property
     def ok(self) -> bool:

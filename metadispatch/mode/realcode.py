@@ -21,8 +21,15 @@ kept (``MetaMode.keep_generator``) and put back when the mode exits, as every
 generator a trace reads is (docs/untouched.md); inside the step the draw has advanced
 them as in eager, and the next random op records the state it finds (Note
 [States that change unseen] in core/rngstate.py), so replay draws eager's
-numbers after the loader too.  Worker processes (``num_workers > 0``) are
-not modelled: their iterator raises before starting any.
+numbers after the loader too.  The rows each batch reads are then constants
+of the trace: eager, from another generator state, reads others.  So each
+batch a sampler other than ``SequentialSampler`` drew lists one
+:class:`Assumption` in ``trace.assumptions`` (its rows, the sampler, the
+user's line); the loader's own ops -- the seed's ``empty``, ``random_`` and
+``_local_scalar_dense``, each ``randperm`` -- are not in the trace, nor their
+bytes (docs/model-conformance.md, ``nn.dataloader_epoch``).  Worker
+processes (``num_workers > 0``) are not modelled: their iterator raises
+before starting any.
 
 Note [torch.load inside a MetaMode]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -53,15 +60,19 @@ from __future__ import annotations
 import sys
 
 import torch
-from torch.utils.data import dataloader
+from torch.utils.data import SequentialSampler, dataloader
 
 from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import cuda_answers
+from ..ir.assumptions import Assumption
 from ..source import user_frame
 
-__all__ = ["PATCHES", "WIRING", "FROM_BYTES", "reads_bytes", "from_bytes"]
+__all__ = ["PATCHES", "WIRING", "FROM_BYTES", "DRAWN_FOR_REAL", "reads_bytes", "from_bytes"]
+
+# How the basis of a DataLoader's rows begins: values run for real, not made up (md.check's report)
+DRAWN_FOR_REAL = "drawn for real"
 
 _TORCH: dict = {}  # torch's functions as they were when installed
 
@@ -88,9 +99,25 @@ def _for_real(name: str):
                 mode.keep_generator(g)
         mode.keep_generator(torch.default_generator)  # a sampler without a generator seeds from it
         with _compat.no_torch_function(), _compat.no_python_dispatch():
-            return _TORCH[name](it, *args, **kwargs)
+            out = _TORCH[name](it, *args, **kwargs)
+        if name == "_next_index" and mode.record:
+            _list_rows(mode, sampler, out)
+        return out
 
     return run
+
+
+def _list_rows(mode, sampler, rows) -> None:
+    """A batch's rows, drawn for real by a sampler that is not sequential: one
+    assumption of the trace (Note [A DataLoader inside a traced step])."""
+    inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
+    if isinstance(inner, SequentialSampler):
+        return  # the dataset's own order: nothing was drawn
+    shown = list(rows) if isinstance(rows, (list, tuple)) else rows
+    value = f"rows {shown if not isinstance(shown, list) or len(shown) <= 16 else [*shown[:16], '...']}"
+    basis = f"{DRAWN_FOR_REAL} by the DataLoader's {type(inner).__name__} from its generator's state: the order read"
+    trace = mode.trace
+    trace.assumptions.append(Assumption(len(trace.calls), "DataLoader._next_index", "", user_frame(), value, basis))
 
 
 def _load(f, map_location=None, *args, **kwargs):

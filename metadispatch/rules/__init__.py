@@ -9,9 +9,10 @@ its backend choice, ``attention_math`` its math body with dropout,
 ``collectives``, ``convolution``, ``cudnn_branch`` and ``cudnn_rnn`` (RNNs
 on a logical GPU), ``data_dependent``, ``device_hinted`` (torch's meta
 functions asked for the logical device), ``embedding``, ``grouped_mm``,
-``histogram``, ``linalg``, ``normalization``, ``pinned`` (page-locked host
-memory), ``pooling``, ``random_fill``,
-``scaled_mm``.
+``histogram``, ``linalg``, ``losses`` (reduced losses on the loss's storage),
+``normalization``, ``pinned`` (page-locked host memory), ``pooling``,
+``random_fill``, ``scaled_mm``; ``storages`` is their helper for outputs on
+storages larger than their shapes.
 """
 
 from . import (  # noqa: F401
@@ -29,6 +30,7 @@ from . import (  # noqa: F401
     grouped_mm,
     histogram,
     linalg,
+    losses,
     normalization,
     pinned,
     pooling,

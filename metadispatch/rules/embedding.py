@@ -27,18 +27,12 @@ import torch
 
 from .. import _compat
 from ..core.registry import builtin_rule
+from .storages import on_storage_of
 
 aten = torch.ops.aten
 
 _SUM, _MEAN, _MAX = 0, 1, 2
 _FAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _on_storage_of(t: torch.Tensor, elements: int) -> torch.Tensor:
-    """``t``'s shape and strides on a fresh storage of ``elements`` elements."""
-    if elements <= t.numel():
-        return t
-    return t.new_empty((elements,)).as_strided(t.shape, t.stride(), 0)
 
 
 def _fast_sum(weight, per_sample_weights, output, padding_idx) -> bool:
@@ -61,12 +55,12 @@ def _cpu(out, weight, indices, offsets, args, forward_only: bool):
     if mode == _SUM and _fast_sum(weight, per_sample_weights, output, padding_idx):
         offset2bag = offsets.new_empty((0,))
     else:  # make_offset2bag_out: sized len(indices) + 1, filled, resized back
-        offset2bag = _on_storage_of(offsets.new_empty((indices.shape[0],)), indices.shape[0] + 1)
+        offset2bag = on_storage_of(offsets.new_empty((indices.shape[0],)), indices.shape[0] + 1)
     # make_bag_size_out: allocated like offsets, resized to the bags where
     # the sizes are computed (always on the grad op)
     bags = offsets.shape[0] - (1 if last else 0)
     if not forward_only or mode in (_MEAN, _MAX):
-        bag_size = _on_storage_of(offsets.new_empty((bags,)), offsets.shape[0])
+        bag_size = on_storage_of(offsets.new_empty((bags,)), offsets.shape[0])
     else:
         bag_size = offsets.new_empty(offsets.shape)
     # make_max_indices_out

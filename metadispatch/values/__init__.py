@@ -5,7 +5,8 @@
 kernel on made-up inputs, the reference), ``literals`` (``torch.tensor(data,
 device=D)`` as C++ builds it), ``initializers`` (data-dependent initialisers
 recorded as one call), ``composites`` (C++ composites that read values
-through a data pointer, in Python), ``assume`` (a declared policy's answers
+through a data pointer, in Python; ``packed_rnn``, the CPU kernel's RNN over a
+PackedSequence), ``assume`` (a declared policy's answers
 for the value reads of a generation loop: ``md.GenerateAssumptions``),
 ``routing`` (a declared MoE routing's token counts: ``md.RoutingAssumption``).  May import ``tensor`` and below.
 """

@@ -39,6 +39,7 @@ import torch
 from .. import _compat
 from ..tensor.describe import data_dependent_error
 from ..tensor.tensor import MetaTensor, read_value
+from . import packed_rnn
 
 __all__ = ["override_for", "register_override", "OVERRIDES"]
 
@@ -88,7 +89,12 @@ def _tensor_split(self, indices, dim=0):
 # reads ``batch_sizes`` through a data pointer: on a MetaTensor, "data is not
 # allocated yet".  ``batch_sizes`` comes from ``pack_padded_sequence``; when
 # its value is known (built from constants, or kept by md.check from the
-# real kernel's answer) torch's decomposition runs on that list of sizes.
+# real kernel's answer) the CPU kernel's path runs on that list of sizes
+# (Note [Packed RNNs as the CPU kernel runs them] in packed_rnn.py), torch's
+# decomposition on other devices.
+
+
+_CPU_PACKED = {"lstm": packed_rnn.lstm_data, "gru": packed_rnn.gru_data}
 
 
 def _rnn_data(name: str):
@@ -100,6 +106,8 @@ def _rnn_data(name: str):
         value = read_value(batch_sizes)  # Note [Known values]
         if value is None:
             raise data_dependent_error(f"{op} (the batch sizes of a PackedSequence)", (data, batch_sizes), {})
+        if data.device.type == "cpu":  # Note [Packed RNNs as the CPU kernel runs them]
+            return _CPU_PACKED[name](data, value.tolist(), *rest)
         return _compat.decomposition_table()[op](data, value.tolist(), *rest)
 
     return impl

@@ -248,6 +248,35 @@ def test_memory_counts_embedding_bag_storages_as_the_cpu_kernel_allocates(tmp_pa
     assert md.memory(md.Trace.load(tmp_path / "t.json"), workspaces=False).peak == live.peak
 
 
+_LOSSES = {
+    "mse": lambda y, t, reduction: torch.nn.functional.mse_loss(y, t, reduction=reduction),
+    "smooth_l1": lambda y, t, reduction: torch.nn.functional.smooth_l1_loss(y, t, reduction=reduction),
+    "bce": lambda y, t, reduction: torch.nn.functional.binary_cross_entropy(
+        y.sigmoid(), t.sigmoid(), reduction=reduction
+    ),
+    "soft_margin": lambda y, t, reduction: torch.nn.functional.soft_margin_loss(y, t.sign(), reduction=reduction),
+}
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("loss", sorted(_LOSSES))
+def test_memory_counts_a_reduced_loss_on_the_storage_the_cpu_kernel_leaves_it_on(tmp_path, loss, reduction):
+    # Note [Reduced losses keep the loss's storage]: the 0-d loss lives on a
+    # [6, 4] storage until backward frees it (92 B past its extent); the
+    # second loss is answered from the metadata cache
+    lin, inputs = torch.nn.Linear(8, 4), (torch.randn(6, 8), torch.randn(6, 4))
+
+    def step(m, x, target):
+        y = m(x)
+        (_LOSSES[loss](y, target, reduction).sum() + _LOSSES[loss](y, target, reduction).sum()).backward()
+
+    trace = md.trace(step, lin, *inputs)
+    live = _real_peak(step, lin, inputs)
+    assert md.memory(trace, workspaces=False).timeline == live.timeline
+    trace.save(tmp_path / "t.json")
+    assert md.memory(md.Trace.load(tmp_path / "t.json"), workspaces=False).peak == live.peak
+
+
 def test_memory_counts_the_whole_storage_of_a_sliced_input(tmp_path):
     # transformers' Whisper decoder ids: a [2, 4] slice of a [2, 12] tensor
     ids = torch.randn(2, 12)[:, :4]

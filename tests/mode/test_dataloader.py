@@ -74,6 +74,21 @@ def test_dataloader_epoch_traces_the_batches_eager_sees(name):
     assert result.ok, result
     assert all(torch.equal(r, e) for r, e in zip(result.output, expected, strict=True))
 
+    # each batch a sampler drew is an assumption, naming the rows eager read
+    drawn = [a for a in t.assumptions if a.op == "DataLoader._next_index"]
+    if name in ("sequential", "drop-last-collate"):
+        assert drawn == []
+    else:
+        rows = [[_row_of(ds, r) for r in batch] for batch in expected]
+        assert [a.value for a in drawn] == [f"rows {r}" for r in rows]
+        assert all("RandomSampler" in a.basis and "test_dataloader.py" in a.source for a in drawn)
+        assert [t.calls[a.index].op for a in drawn] == ["aten.select.int"] * len(rows)  # the batch's first read
+
+
+def _row_of(ds, row) -> int:
+    (i,) = [i for i in range(len(ds)) if torch.equal(ds[i][0], row)]
+    return i
+
 
 def test_dataloader_with_workers_is_refused_naming_the_option():
     loader = DataLoader(_dataset(), batch_size=3, num_workers=2)
@@ -90,3 +105,21 @@ def test_dataloader_outside_a_mode_is_torchs():
     assert all(
         torch.equal(a, b) for a, (b, _) in zip(batches, DataLoader(_dataset(), batch_size=3, shuffle=True, generator=g))
     )
+
+
+def test_dataloader_rows_drawn_for_real_are_not_made_up_values_to_md_check():
+    # md.check lists the rows (Note [A DataLoader inside a traced step]) but
+    # made up nothing: the report is ok; a value made up beside them is listed apart
+    torch.manual_seed(0)
+    model, loader = nn.Linear(4, 1), DataLoader(_dataset(), batch_size=4, shuffle=True)
+    report = md.check(_epoch(model, loader))
+    assert report.ok, report
+    assert len(report.assumptions) == 3 and not report.made_up
+
+    def reads(model, loader):
+        for x, _ in loader:
+            (x + torch.randn(4)).nonzero()  # data-dependent on unknown values: made up
+
+    read = md.check(lambda: reads(model, loader))
+    drawn = [a for a in read.assumptions if a.op == "DataLoader._next_index"]
+    assert len(drawn) == 3 and read.made_up and not set(drawn) & set(read.made_up)

@@ -45,9 +45,6 @@ def test_packed_sequence_lstm_step_traces_and_replays_as_eager(enforce_sorted):
     x = torch.randn(3, 6, 4)
     expected = step(x)
     rnn.zero_grad()
-    # The LSTM over the packed data runs torch's decomposition, not the CPU
-    # kernel's in-place cell (Note [Packed sequences] in values/composites.py),
-    # so the values are compared, not the op sequence.
     t = md.trace(step, x)
     assert [_layout(o) for o in t.output] == [_layout(o) for o in expected]
     result = md.replay(
@@ -55,6 +52,40 @@ def test_packed_sequence_lstm_step_traces_and_replays_as_eager(enforce_sorted):
     )  # scatter_ fills a permutation: Note [Uninitialised memory]
     assert result.ok, result
     assert torch.allclose(result.output[0], expected[0]) and torch.equal(result.output[1], expected[1])
+
+
+_RNNS = {
+    "lstm": lambda: nn.LSTM(4, 5, batch_first=True),
+    "gru": lambda: nn.GRU(4, 5, batch_first=True),
+    "lstm-bidirectional-2-layers-dropout": lambda: nn.LSTM(4, 5, num_layers=2, dropout=0.5, bidirectional=True),
+    "gru-bidirectional-no-bias": lambda: nn.GRU(4, 5, bias=False, bidirectional=True),
+    "lstm-projections": lambda: nn.LSTM(4, 5, proj_size=3, batch_first=True),
+}
+
+
+@pytest.mark.parametrize("enforce_sorted", [True, False])
+@pytest.mark.parametrize("name", sorted(_RNNS))
+def test_packed_sequence_rnn_step_dispatches_eagers_ops(name, enforce_sorted):
+    # Note [Packed RNNs as the CPU kernel runs them]: every call and its
+    # outputs' metadata as eager's, forward and backward
+    torch.manual_seed(0)
+    rnn = _RNNS[name]()
+    lengths = [6, 4, 4, 1] if enforce_sorted else [4, 6, 1, 4]
+
+    def step(x):
+        packed = pack_padded_sequence(x, lengths, batch_first=rnn.batch_first, enforce_sorted=enforce_sorted)
+        out, _ = rnn(packed)
+        out.data.sum().backward()
+        return out.data
+
+    x = torch.randn(4, 6, 4) if rnn.batch_first else torch.randn(6, 4, 4)
+    md.testing.assert_matches_eager(step, x)
+    rnn.zero_grad()
+    t = md.trace(step, x)
+    result = md.replay(t, (x,), module=rnn, allow_made_up=True)  # Note [Uninitialised memory]
+    assert result.ok, result
+    if "dropout" not in name:
+        assert torch.equal(result.output, step(x))  # the CPU kernel's arithmetic, bit for bit
 
 
 def test_packed_sequence_lengths_as_data_name_the_lengths_not_a_device():

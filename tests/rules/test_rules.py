@@ -253,6 +253,14 @@ SAMPLES = {
         (_x(2, 3, 4, 4).to(memory_format=_CL), [1, 2, 0, 1]),
     ],
     aten.histc.default: [(_x(10), 5, 0.0, 1.0), (_x(3, 4, dtype=torch.float64), 7)],
+    # Note [Reduced losses keep the loss's storage]: each reduction, broadcasting, promotion
+    aten.mse_loss.default: [(_x(6, 4), _x(6, 4), r) for r in (0, 1, 2)]
+    + [(_x(6, 4), _x(4), 1), (_x(1, 4), _x(6, 4, dtype=torch.float64), 2)],
+    aten.smooth_l1_loss.default: [(_x(6, 4), _x(6, 4), r, b) for r in (0, 1, 2) for b in (0.0, 1.0)],
+    aten.binary_cross_entropy.default: [
+        (_x(6, 4).sigmoid(), _x(6, 4).sigmoid(), w, r) for w in (None, _x(4).abs()) for r in (0, 1)
+    ],
+    aten.soft_margin_loss.default: [(_x(6, 4), _x(6, 4).sign(), r) for r in (0, 1, 2)],
     aten.max_unpool2d.default: [
         _unpool(2, 3, 4, 4),
         _unpool(2, 3, 4, 6, memory_format=_CL),
