@@ -14,6 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
@@ -344,6 +345,23 @@ def moe_step() -> torch.nn.Module:
     )
 
 
+def inflight_step() -> torch.nn.Module:
+    """Functional collectives whose buffers outlive the program's references (Note [A collective's
+    buffers live until its wait] in world/inflight.py): an all-gather whose input the program drops
+    at once, waited on after a temporary larger than the model, and an all-reduce never waited on;
+    then a linear layer's SGD step."""
+    group = dist.group.WORLD
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gathered = funcol.all_gather_tensor(torch.ones(1024) * 2, 0, group)
+    funcol.all_reduce(torch.ones(512) * 3, "sum", group)
+    scale = torch.randn(4096).abs().mean()  # allocated while both are in flight: the peak
+    y = model(torch.randn(4, 16)) * (gathered.sum() * scale)  # the sum waits on the all-gather
+    y.pow(2).mean().backward()
+    _optimizer_step(model, opt)
+    return model
+
+
 def hsdp_step() -> torch.nn.Module:
     """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
     model = Llama(CONFIG)
@@ -383,6 +401,7 @@ CASES = {
     "tp-mlp": lambda: tp_mlp_step(foreach=False),
     "tp-mlp-foreach": lambda: tp_mlp_step(foreach=True),
     "hsdp": hsdp_step,
+    "inflight": inflight_step,
     "gpt2-fsdp": gpt2_fsdp_step,
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),

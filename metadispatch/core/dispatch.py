@@ -154,7 +154,7 @@ def dispatch(func, args, kwargs, mode):
         if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
             note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py
     if mode is not None and mode.world is not None and not mode._depth and inflight.issues(f.name):
-        mode.world.in_flight.issue(args, kwargs, result)  # Note [A collective's buffers live until its wait]
+        mode.world.in_flight.issue(f.name, args, kwargs, result)  # Note [A collective's buffers live until its wait]
     if recording:
         try:
             mode._recorder.record(func, f, pending, result, stage, note)

@@ -17,7 +17,9 @@ the first block's attention runs -- is still allocated until the wait.
 A logical world's collective is done when issued and its output is no
 wrapper (rules/collectives.py), so nothing would wait and the input would
 die with the program's last reference.  :class:`InFlight` holds the
-storages of each such call's inputs and outputs instead, keyed by its
+storages of each such call's inputs and outputs instead (the outputs
+alone where the op runs on a clone of its input: ``all_reduce``,
+``broadcast``), keyed by its
 outputs' storages, and lets them go when an op that would wait (anything
 but a view) reads a tensor on one of those storages -- or when the world
 is left, so a collective never waited on keeps its buffers to the trace's
@@ -48,6 +50,15 @@ _NAMESPACE = "_c10d_functional."
 _NOT_COLLECTIVES = frozenset({"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"})
 # What the eager wrapper's own op does with the raw output: it makes the wrapper, waits on nothing.
 _NEVER_WAITS = frozenset({"_c10d_functional._wrap_tensor_autograd.default"})
+# These clone their input (C++, ``Functional.cpp``) and run the in-place collective on the clone:
+# the Work holds the output, not the input.
+_ON_A_CLONE = frozenset(
+    {
+        "_c10d_functional.all_reduce.default",
+        "_c10d_functional.all_reduce_coalesced.default",
+        "_c10d_functional.broadcast.default",
+    }
+)
 
 
 def issues(name: str) -> bool:
@@ -74,9 +85,9 @@ class InFlight:
     def __bool__(self) -> bool:
         return bool(self._held)
 
-    def issue(self, args, kwargs, result) -> None:
-        """A collective was issued: its inputs and outputs stay allocated until it is waited on."""
-        held = _storages((args, kwargs)) + _storages(result)
+    def issue(self, name: str, args, kwargs, result) -> None:
+        """The collective ``name`` was issued: its inputs and outputs stay allocated until it is waited on."""
+        held = _storages(result) if name in _ON_A_CLONE else _storages((args, kwargs)) + _storages(result)
         for st in _storages(result):
             self._held.setdefault(_compat.storage_id(st), []).extend(held)
 

@@ -2,8 +2,9 @@
 default mesh (none given), with a mixed-precision policy (bf16 parameters,
 fp32 reductions) and with CPU offload, tensor parallelism with AdamW ``foreach``, the
 zero-bubble pipeline schedules (interleaved, ZBV, DualPipeV), HSDP
-(a 2-D mesh, replicated x sharded), and the command line's plans on a
-transformers GPT-2 (its blocks found in ``transformer.h``).
+(a 2-D mesh, replicated x sharded), the command line's plans on a
+transformers GPT-2 (its blocks found in ``transformer.h``), and functional
+collectives whose buffers their Work holds until the wait (``inflight``).
 
 As in test_distributed.py (Note [Ranks forked from one server], Note [A
 real peak raised by timing]): each world size's cases run for real once,
@@ -39,6 +40,7 @@ RUNS = [
     ("ep-moe", 2),
     ("fsdp-bf16", 2),
     ("fsdp-offload", 2),
+    ("inflight", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
     ("pp-interleaved-zb", 4),
