@@ -127,7 +127,7 @@ def dispatch(func, args, kwargs, mode):
                 mode is not None
                 and not mode._depth
                 and mode.assume is not None
-                and (declared := mode.assume.read(f.name, device))
+                and (declared := mode.assume.read(f.name, device, args, kwargs))
             ):
                 (out, note), stage = declared, "real"  # Note [Generating under declared assumptions]
             elif mode is None or mode.fallback is None or mode._depth:
