@@ -415,6 +415,7 @@ CASES = {
     "cli-pp-zbv": lambda: cli_pipeline_step("zbv"),
     "cli-pp-hf-llama": lambda: cli_pipeline_step("1f1b", tiny_hf_llama4),
     "cli-pp-gpt2": lambda: cli_pipeline_step("gpipe", tiny_gpt2_4),
+    "cli-pp-qwen2": lambda: cli_pipeline_step("1f1b", tiny_qwen2_4),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
@@ -546,6 +547,27 @@ def tiny_hf_llama4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.LlamaForCausalLM(config), (ids, ids)
+
+
+def tiny_qwen2_4():
+    """(model, inputs): a transformers Qwen2 of four blocks, the last two sliding-window ones, for ``trace --pp``
+    (split as LLaMA is: planning/pipeline_split.py)."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        intermediate_size=CONFIG.hidden_dim,
+        num_hidden_layers=4,
+        num_attention_heads=CONFIG.n_heads,
+        num_key_value_heads=CONFIG.n_kv_heads,
+        max_position_embeddings=SEQ,
+        use_sliding_window=True,
+        sliding_window=SEQ // 2,
+        max_window_layers=2,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.Qwen2ForCausalLM(config), (ids, ids)
 
 
 def tiny_gpt2_4():
