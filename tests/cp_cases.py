@@ -131,7 +131,12 @@ def _backward_kernel(dout, q, k, v, out, lse, seed, offset, bias, cq, ck, mq, mk
     dp = dy @ v.float().transpose(-2, -1)
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     grads = (ds @ k.float() * scale, ds.transpose(-2, -1) @ q.float() * scale, p.transpose(-2, -1) @ dy)
-    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (q, k, v)]
+    # The meta kernel's outputs (``empty_like``: contiguous for q, k, v that are strided views of
+    # the qkv projection), not the inputs' strides, which reach over the whole projection.
+    args = (dout, q, k, v, out, lse, seed, offset, bias, cq, ck, mq, mk, dropout, is_causal)
+    meta = aten._scaled_dot_product_cudnn_attention_backward(
+        *(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args), scale=scale
+    )
     return _like_meta(meta, dict(enumerate(grads)))
 
 

@@ -14,6 +14,7 @@ import os
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
@@ -344,6 +345,23 @@ def moe_step() -> torch.nn.Module:
     )
 
 
+def inflight_step() -> torch.nn.Module:
+    """Functional collectives whose buffers outlive the program's references (Note [A collective's
+    buffers live until its wait] in world/inflight.py): an all-gather whose input the program drops
+    at once, waited on after a temporary larger than the model, and an all-reduce never waited on;
+    then a linear layer's SGD step."""
+    group = dist.group.WORLD
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gathered = funcol.all_gather_tensor(torch.ones(1024) * 2, 0, group)
+    funcol.all_reduce(torch.ones(512) * 3, "sum", group)
+    scale = torch.randn(4096).abs().mean()  # allocated while both are in flight: the peak
+    y = model(torch.randn(4, 16)) * (gathered.sum() * scale)  # the sum waits on the all-gather
+    y.pow(2).mean().backward()
+    _optimizer_step(model, opt)
+    return model
+
+
 def hsdp_step() -> torch.nn.Module:
     """HSDP: FSDP2 on a 2-D mesh, sharded within pairs of ranks and replicated across them."""
     model = Llama(CONFIG)
@@ -383,6 +401,7 @@ CASES = {
     "tp-mlp": lambda: tp_mlp_step(foreach=False),
     "tp-mlp-foreach": lambda: tp_mlp_step(foreach=True),
     "hsdp": hsdp_step,
+    "inflight": inflight_step,
     "gpt2-fsdp": gpt2_fsdp_step,
     "pp-gpipe": lambda: pipeline_step("gpipe"),
     "pp-1f1b": lambda: pipeline_step("1f1b"),
@@ -396,6 +415,7 @@ CASES = {
     "cli-pp-zbv": lambda: cli_pipeline_step("zbv"),
     "cli-pp-hf-llama": lambda: cli_pipeline_step("1f1b", tiny_hf_llama4),
     "cli-pp-gpt2": lambda: cli_pipeline_step("gpipe", tiny_gpt2_4),
+    "cli-pp-qwen2": lambda: cli_pipeline_step("1f1b", tiny_qwen2_4),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
@@ -527,6 +547,27 @@ def tiny_hf_llama4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.LlamaForCausalLM(config), (ids, ids)
+
+
+def tiny_qwen2_4():
+    """(model, inputs): a transformers Qwen2 of four blocks, the last two sliding-window ones, for ``trace --pp``
+    (split as LLaMA is: planning/pipeline_split.py)."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        intermediate_size=CONFIG.hidden_dim,
+        num_hidden_layers=4,
+        num_attention_heads=CONFIG.n_heads,
+        num_key_value_heads=CONFIG.n_kv_heads,
+        max_position_embeddings=SEQ,
+        use_sliding_window=True,
+        sliding_window=SEQ // 2,
+        max_window_layers=2,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.Qwen2ForCausalLM(config), (ids, ids)
 
 
 def tiny_gpt2_4():

@@ -1,8 +1,8 @@
 """A dropless expert-parallel MoE layer, as torchtitan writes it, forced to a declared routing.
 
 The layer counts the tokens routed to each expert (``histc`` of the top-k
-indices), exchanges the counts by ``all_to_all_single`` and reads them
-(``.tolist()``) as the split sizes of the tokens' all-to-all.  The real run
+indices, or ``bincount`` for ``recorded-bincount``), exchanges the counts
+by ``all_to_all_single`` and reads them (``.tolist()``) as the split sizes of the tokens' all-to-all.  The real run
 (``real_rank``, over ``gloo``) forces the routing the trace declares
 (``md.RoutingAssumption``): the router is the identity on the first
 ``experts`` features and each token's input is a one-hot there, for the
@@ -27,9 +27,9 @@ TOKENS, DIM, HIDDEN, LOCAL = 32, 16, 32, 2  # tokens a rank, model width, expert
 class DroplessMoE(torch.nn.Module):
     """Top-1 routing, no capacity: every token reaches its expert."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, counter: str = "histc") -> None:
         super().__init__()
-        self.world, self.n_experts = world, LOCAL * world
+        self.world, self.n_experts, self.counter = world, LOCAL * world, counter
         self.gate = torch.nn.Linear(DIM, self.n_experts, bias=False)
         with torch.no_grad():
             self.gate.weight.copy_(torch.eye(self.n_experts, DIM))
@@ -42,7 +42,10 @@ class DroplessMoE(torch.nn.Module):
         group, e = dist.group.WORLD, self.n_experts
         scores = self.gate(x).softmax(-1)
         weight, top = scores.topk(1, dim=-1)
-        counts = torch.histc(top.view(-1).float(), bins=e, min=0, max=e - 1)
+        if self.counter == "bincount":  # torchtitan's older token count: int64
+            counts = torch.bincount(top.view(-1), minlength=e)
+        else:
+            counts = torch.histc(top.view(-1).float(), bins=e, min=0, max=e - 1)
         received = all_to_all_single(counts, None, None, group)
         send = counts.view(self.world, -1).sum(1).long().tolist()
         recv = received.view(self.world, -1).sum(1).long().tolist()
@@ -65,6 +68,13 @@ ROUTINGS = {
         for s in range(world)
     ],
 }
+# The same recorded routing, the layer counting its tokens with bincount instead of histc.
+ROUTINGS["recorded-bincount"] = ROUTINGS["recorded"]
+
+
+def counter(name: str) -> str:
+    """How the layer of routing ``name`` counts its tokens."""
+    return "bincount" if name.endswith("-bincount") else "histc"
 
 
 def forced_input(name: str, rank: int, world: int) -> torch.Tensor:
@@ -78,7 +88,7 @@ def forced_input(name: str, rank: int, world: int) -> torch.Tensor:
 
 def moe_step(name: str, rank: int, world: int) -> torch.nn.Module:
     """Forward and backward of the layer on forced tokens."""
-    model = DroplessMoE(world)
+    model = DroplessMoE(world, counter(name))
     model(forced_input(name, rank, world)).pow(2).mean().backward()
     return model
 

@@ -175,10 +175,24 @@ def _private_torch(node) -> bool:
         return False
     if node.attr in ("_schema", "_cdata"):
         return True
+    if _private_of_compat(node):
+        return True
     chain = _chain(node)
     if not chain or chain[0] not in _TORCH_NAMES or chain[1:2] == ["ops"] or node.attr != chain[-1]:
         return False  # ops' own names (``torch.ops.aten._to_copy``) are public
     return any(a.startswith("_") and not a.startswith("__") and a not in _OPEN_PRIVATE for a in chain[1:])
+
+
+def _private_of_compat(node: ast.Attribute) -> bool:
+    """``_compat.context_parallel_module()._cp_options``: a private name of the torch module or
+    class that a ``_compat`` function hands out is read where ``_compat`` should read it."""
+    value = node.value
+    return (
+        isinstance(value, ast.Call)
+        and _chain(value.func)[:1] == ["_compat"]
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    )
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

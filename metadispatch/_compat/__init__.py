@@ -66,7 +66,9 @@ from .distributed import (
     accelerator_queries,
     allgather_base,
     clear_dtensor_caches,
+    context_parallel_class,
     context_parallel_module,
+    context_parallel_variant,
     dtensor_class,
     fake_process_group_store,
     fsdp_param_module,
@@ -86,6 +88,7 @@ from .distributed import (
     resize_storage_bytes,
     resolve_process_group,
     tensor_experimental_module,
+    waits_on_use,
     work_from_future,
 )
 from .functions import (
@@ -180,7 +183,9 @@ __all__ = [
     "call_without_function_mode",
     "call_without_torch_function",
     "clear_dtensor_caches",
+    "context_parallel_class",
     "context_parallel_module",
+    "context_parallel_variant",
     "conv_backend_memory_format",
     "conv_switches",
     "cpu_conv_switches",
@@ -280,6 +285,7 @@ __all__ = [
     "trunc_normal_body",
     "unset_infra_mode",
     "variable_functions",
+    "waits_on_use",
     "weight_norm_interface",
     "work_from_future",
 ]

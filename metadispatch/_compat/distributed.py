@@ -105,6 +105,12 @@ def functional_collectives_module():
     return _functional_collectives
 
 
+def waits_on_use(func) -> bool:
+    """Whether ``func`` on an ``AsyncCollectiveTensor`` waits for its collective: every op but a view
+    (torch's own test, ``_is_view_op``: a first argument aliased and not written, no C++ composite)."""
+    return not functional_collectives_module()._is_view_op(func)
+
+
 # torch.distributed.tensor costs ~0.5 s to import (it pulls in sympy): only a
 # logical world (world/world.py) needs it, so it is imported on first use.
 def local_shard(t):
@@ -181,3 +187,22 @@ def context_parallel_module():
     from torch.distributed.tensor.experimental._context_parallel import _attention
 
     return _attention
+
+
+def context_parallel_variant():
+    """What ``context_parallel`` is set to run now, as world/context_parallel.py reads it: its rotate
+    method's name, ``convert_to_f32``, ``enable_load_balance``, and whether the monkey-patching API
+    (not the module wrapper) dispatches it."""
+    cp = context_parallel_module()
+    options = cp._cp_options
+    return (
+        options.rotate_method.name,
+        options.convert_to_f32,
+        options.enable_load_balance,
+        cp._dispatch_mode == cp._DispatchMode.MONKEY_PATCH,
+    )
+
+
+def context_parallel_class():
+    """``context_parallel``'s ``_ContextParallel`` (its ``flex_input_fn`` is refused)."""
+    return context_parallel_module()._ContextParallel

@@ -16,6 +16,7 @@ from ..spec.schema import facts
 from ..tensor.convert import Converter
 from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 from ..values import assume, known
+from ..world import inflight
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
@@ -61,6 +62,8 @@ def dispatch(func, args, kwargs, mode):
         # (Note [Backend keys of a logical CPU]).
         return args[0].device
     f = facts(func)
+    if mode is not None and mode.world is not None and mode.world.in_flight and not mode._depth:
+        mode.world.in_flight.use(func, args, kwargs)  # Note [A collective's buffers live until its wait]
     if (
         mode is not None
         and mode._depth == 0
@@ -124,7 +127,7 @@ def dispatch(func, args, kwargs, mode):
                 mode is not None
                 and not mode._depth
                 and mode.assume is not None
-                and (declared := mode.assume.read(f.name, device))
+                and (declared := mode.assume.read(f.name, device, args, kwargs))
             ):
                 (out, note), stage = declared, "real"  # Note [Generating under declared assumptions]
             elif mode is None or mode.fallback is None or mode._depth:
@@ -150,6 +153,8 @@ def dispatch(func, args, kwargs, mode):
         hit.value_rules(func, f, args, kwargs, result, tensors, mode, note)  # bounds, known values
         if f.name == assume.FINITE_CHECK and recording and mode.fallback is not None:
             note = assume.finite_gradients(mode, args, kwargs)  # Note [GradScaler's found_inf] in values/assume.py
+    if mode is not None and mode.world is not None and not mode._depth and inflight.issues(f.name):
+        mode.world.in_flight.issue(f.name, args, kwargs, result)  # Note [A collective's buffers live until its wait]
     if recording:
         try:
             mode._recorder.record(func, f, pending, result, stage, note)

@@ -44,6 +44,7 @@ from ..ir.records import PLAIN_TYPES
 from ..source import user_frame
 from ..tensor.tensor import STATE, MetaTensor
 from ..values import assume, bounds, known
+from ..world import inflight
 from .cache import UNCACHABLE, context, view_bits
 
 __all__ = ["MISS", "eligible", "answer_hit", "value_rules"]
@@ -68,6 +69,7 @@ def eligible(f, cross_device) -> int:
         and f.name not in known.SPECIAL
         and not f.implicit_composite  # decomposed as the backend runs it (Note [Composites that reach the mode])
         and f.name != assume.FINITE_CHECK  # declares its flag (Note [GradScaler's found_inf] in values/assume.py)
+        and not inflight.issues(f.name)  # held until waited on (Note [A collective's buffers live until its wait])
     ):
         return 0
     return 2 if bounds.bounds_without_inputs(f.name) else 1

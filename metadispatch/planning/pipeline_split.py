@@ -10,7 +10,16 @@ modules: the rest of the model can be dropped.  What a model does before
 its first block and after its last is in its ``forward``, which cannot be
 cut, so each family is written out: transformers LLaMA
 (``LlamaForCausalLM``) and GPT-2 (``GPT2LMHeadModel``) here, the built-in
-LLaMA in cli/llama.py (``LlamaStage``, which cli/stages.py adds).
+LLaMA in cli/llama.py (``LlamaStage``, which cli/stages.py adds).  The
+transformers decoders built as LLaMA is (Qwen2/3, Mistral, Phi-3, Gemma,
+OLMo: ``model.embed_tokens``, ``model.layers``, ``model.rotary_emb``,
+``model.norm``, ``lm_head``) are split as LLaMA is, each block given the
+mask its layer type asks for (``config.layer_types``: sliding-window or
+causal; else ``config.sliding_window``); which are is read from the base
+model's ``forward`` itself: one that passes its embeddings straight to
+the blocks and the rotary embedding, scales nothing on the way
+(Granite's ``embedding_multiplier`` would be lost) and ends in
+``self.norm`` (:func:`_llama_shaped`).
 
 Each stage calls its blocks as the model's own ``forward`` does (no
 cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
@@ -24,6 +33,7 @@ refuses them under pipelining).
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -35,7 +45,10 @@ from ..errors import UnsupportedFeatureError
 
 __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 
-SPLITS = "transformers LLaMA (LlamaForCausalLM) and GPT-2 (GPT2LMHeadModel)"
+SPLITS = (
+    "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
+    "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head) and GPT-2 (GPT2LMHeadModel)"
+)
 
 
 class Split(NamedTuple):
@@ -52,6 +65,8 @@ class Split(NamedTuple):
 def split(model: nn.Module, blocks: str | None = None) -> Split:
     """The :class:`Split` of ``model`` (Note [Splitting a model into pipeline stages])."""
     kind = _FAMILIES.get(type(model).__name__)
+    if kind is None and _llama_shaped(model):
+        kind = ("model.layers", HFLlamaStage)
     if kind is None:
         raise UnsupportedFeatureError(f"cannot split a {type(model).__name__} into pipeline stages; {SPLITS} split")
     path, stage = kind
@@ -74,21 +89,53 @@ def _positions(h: torch.Tensor) -> torch.Tensor:
 
 def _mask_and_positions(config, h: torch.Tensor) -> tuple:
     """The causal mask the model's own forward makes (None where SDPA's is_causal does it), and the positions."""
-    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
     pos = _positions(h)
-    return masking.create_causal_mask(
-        config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos
-    ), pos
+    return _mask(config, h, pos, sliding=False), pos
+
+
+def _mask(config, h: torch.Tensor, pos: torch.Tensor, sliding: bool):
+    """The causal mask, or with ``sliding`` the sliding-window one, as the model's forward makes it."""
+    masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+    make = masking.create_sliding_window_causal_mask if sliding else masking.create_causal_mask
+    return make(config=config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos)
+
+
+def _sliding(config, i: int) -> bool:
+    """Whether block ``i`` attends within a sliding window, as the model's forward decides it."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return types[i] == "sliding_attention"
+    return getattr(config, "sliding_window", None) is not None
+
+
+def _llama_shaped(model: nn.Module) -> bool:
+    """A transformers decoder whose ``forward`` is LLaMA's (Note [Splitting a model into pipeline stages])."""
+    base = getattr(model, "model", None)
+    parts = ("embed_tokens", "layers", "rotary_emb", "norm")
+    if not isinstance(base, nn.Module) or not all(hasattr(base, a) for a in parts) or not hasattr(model, "lm_head"):
+        return False
+    try:
+        source = inspect.getsource(type(base).forward)
+    except (OSError, TypeError):
+        return False
+    needed = (
+        "hidden_states = inputs_embeds\n",
+        "self.rotary_emb(hidden_states",
+        "hidden_states = self.norm(hidden_states)",
+    )
+    return all(n in source for n in needed) and not any(w in source for w in ("multiplier", "normalizer"))
 
 
 class HFLlamaStage(nn.Module):
-    """Blocks ``[lo, hi)`` of a transformers ``LlamaForCausalLM`` (``LlamaModel.forward``, cut)."""
+    """Blocks ``[lo, hi)`` of a transformers ``LlamaForCausalLM`` (``LlamaModel.forward``, cut),
+    or of a decoder built as it is (:func:`_llama_shaped`)."""
 
     def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
         super().__init__()
         base = model.model
         self.config = model.config
         self.first, self.last = lo == 0, hi == len(base.layers)
+        self.sliding = [_sliding(model.config, i) for i in range(lo, hi)]
         self.embed_tokens = base.embed_tokens if self.first else None
         self.rotary_emb = base.rotary_emb
         self.layers = nn.ModuleList(base.layers[lo:hi])
@@ -97,10 +144,11 @@ class HFLlamaStage(nn.Module):
 
     def forward(self, x):
         h = self.embed_tokens(x) if self.embed_tokens is not None else x
-        mask, pos = _mask_and_positions(self.config, h)
+        pos = _positions(h)
+        masks = {sliding: _mask(self.config, h, pos, sliding) for sliding in sorted(set(self.sliding))}
         rope = self.rotary_emb(h, position_ids=pos)
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+        for layer, sliding in zip(self.layers, self.sliding):
+            h = layer(h, attention_mask=masks[sliding], position_embeddings=rope, position_ids=pos)
         return self.lm_head(self.norm(h)) if self.lm_head is not None and self.norm is not None else h
 
 

@@ -148,7 +148,7 @@ class Assuming:
         trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
         return f"assumed {shown}: {basis}"
 
-    def read(self, name: str, device):
+    def read(self, name: str, device, args: tuple = (), kwargs: dict | None = None):
         """The outputs ``values=`` gives a data-dependent call at this site, and its note; None if it gives none."""
         source = user_frame()
         found = given(self.policy.values, self.used, name, source)

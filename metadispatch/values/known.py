@@ -73,6 +73,10 @@ DEFAULT_LIMIT = 1 << 12  # elements: enough for position ids and padding masks, 
 
 # Ops whose outputs hold uninitialised memory: never a known value.
 _GARBAGE = ("empty", "resize", "set_")
+# Collectives: their outputs hold what other ranks send, never a value one rank knows (run for
+# real on the logical world's fake group they crashed the process); a declared routing's counts
+# are declared by its policy instead (routing.py).
+_COLLECTIVES = ("_c10d_functional.", "_c10d_functional_autograd.", "c10d.")
 # Ops whose output values depend on their input's shape, not its values.
 _SHAPE_ONLY = {
     "aten.zeros_like.default",
@@ -257,7 +261,7 @@ def _may_know(f, tensors) -> bool:
     # The common case first: an op on user data (cheap, runs for every call).
     if tensors and value_of(tensors[0]) is None and f.name not in _SHAPE_ONLY and f.name not in _LIFT:
         return False
-    return not f.random and not any(g in f.name for g in _GARBAGE)
+    return not f.random and not any(g in f.name for g in _GARBAGE) and not f.name.startswith(_COLLECTIVES)
 
 
 def _small(result, mode) -> bool:

@@ -3,8 +3,8 @@
 Note [Dispatching under a declared routing]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A dropless MoE layer (torchtitan, DeepSpeed-MoE without capacity) counts
-the tokens routed to each expert (``torch.histc`` of
-the top-k indices, as torchtitan does), sends the counts by ``all_to_all_single`` and reads
+the tokens routed to each expert (``torch.histc`` of the top-k indices, as
+torchtitan does, or ``torch.bincount(indices, minlength=experts)``), sends the counts by ``all_to_all_single`` and reads
 them back (``.tolist()``) as the split sizes of the all-to-all of the
 tokens.  The counts are data and the received ones are what other ranks
 route: one traced rank cannot know them, so a plain trace stops with
@@ -30,9 +30,12 @@ experts under the same routing, declared and listed too.  The ``.tolist()``
 and the splits then compute from known values, as eager does.  ``picks``
 is the count op's input size: a ``histc`` whose ``min``/``max`` leave out
 some inputs is counted as if it did not.  Every rank is assumed to route
-as many picks.  ``torch.bincount`` is not answered: its output's length
-depends on the indices' maximum, and the op is refused before the policy
-sees it.
+as many picks.  ``torch.bincount``'s length depends on the indices' largest
+value: under a routing every index is an expert below ``minlength``, so it
+is answered with ``minlength`` counts (without ``minlength``, or with
+``weights``, it is refused).  The count all-to-all's split sizes, where
+given, must be the routing's (``experts / world`` counts to and from each
+rank); others are refused, naming the op and the values.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
+from ..errors import UnsupportedFeatureError
 from ..ir.assumptions import Assumption, after_warmup
 from ..source import user_frame
 from ..tensor.tensor import MetaTensor
@@ -47,7 +51,8 @@ from . import known
 
 __all__ = ["RoutingAssumption"]
 
-COUNT_OPS = frozenset({"aten.histc.default"})
+BINCOUNT = "aten.bincount.default"
+COUNT_OPS = frozenset({"aten.histc.default", BINCOUNT})
 ALL_TO_ALL = frozenset({"_c10d_functional.all_to_all_single.default", "c10d.alltoall_base_.default"})
 # A functional collective's result passes through these (their input, as
 # rules/collectives.py says); run for real on a known value they would wait
@@ -150,6 +155,7 @@ class Routing:
             if experts not in self.picks or experts % n:
                 return None
             local = experts // n
+            _check_splits(name, args, local, n, self.policy)
             every = [self.policy.counts(s, n, experts, self.picks[experts]) for s in range(n)]
             value = [c for s in range(n) for c in every[s][world.rank * local : (world.rank + 1) * local]]
             result = out
@@ -176,8 +182,22 @@ class Routing:
         trace.assumptions.append(Assumption(len(trace.calls), name, _module(self.mode), user_frame(), shown, basis))
         return f"assumed {shown}: {basis}"
 
-    def read(self, name: str, device):
-        return None
+    def read(self, name: str, device, args: tuple = (), kwargs: dict | None = None):
+        """A ``bincount`` of the expert ids (data-dependent: its length is the largest id + 1):
+        ``minlength`` counts, as the declared routing has every id below it; :meth:`tokens` then
+        declares them.  None for any other call."""
+        if name != BINCOUNT:
+            return None
+        kwargs = kwargs or {}
+        weights = args[1] if len(args) > 1 else kwargs.get("weights")
+        minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+        if weights is not None or not minlength:
+            raise UnsupportedFeatureError(
+                f"{name} under {self.policy!r}: the routing answers bincount(expert_ids, minlength=<experts>) "
+                f"without weights; got minlength={minlength}{' and weights' if weights is not None else ''} "
+                "(without minlength the length is the largest id + 1, which the routing does not say)"
+            )
+        return torch.empty(minlength, dtype=torch.int64, device="meta"), None
 
     def inputs(self, args, kwargs) -> None:
         return None
@@ -188,6 +208,20 @@ class Routing:
 
     def finish(self, trace, cut: int = 0) -> None:
         return None
+
+
+def _check_splits(name: str, args: tuple, local: int, world: int, policy) -> None:
+    """The count all-to-all's split sizes must be the routing's: ``local`` counts to and from each rank."""
+    at = (3, 4) if name == "c10d.alltoall_base_.default" else (1, 2)
+    even = [local] * world
+    for label, i in zip(("output_split_sizes", "input_split_sizes"), at):
+        given = list(args[i]) if i < len(args) and args[i] else []
+        if given and given != even:
+            raise UnsupportedFeatureError(
+                f"{name}: {label}={given} for the expert counts, but {policy!r} answers with {local} "
+                f"counts from each of {world} ranks ({label}={even}): experts spread evenly over the "
+                "ranks, the count vector's length divided by the world size"
+            )
 
 
 def _module(mode) -> str:

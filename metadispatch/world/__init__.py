@@ -5,6 +5,7 @@
 ``fsdp_chunks`` (the chunks of a parameter a rank reads), ``fsdp_storage``
 (FSDP2's storage frees, made visible to dispatch), ``pipeline`` (a pipeline
 stage's warm-up vote, answered for a stage traced alone), ``context_parallel``
-(ring attention's variants checked against a real run; the rest refused).
+(ring attention's variants checked against a real run; the rest refused),
+``inflight`` (functional collectives' buffers held until they are waited on).
 May import ``gpu`` and below.
 """

@@ -37,16 +37,16 @@ from ..errors import UnsupportedFeatureError
 __all__ = ["PATCHES"]
 
 
-def _check(cp) -> None:
-    options = cp._cp_options
+def _check() -> None:
+    rotate, to_f32, balanced, monkey_patched = _compat.context_parallel_variant()
     refused = []
-    if options.rotate_method != cp._RotateMethod.ALL_GATHER:
-        refused.append(f"rotate method {options.rotate_method.name} (set_rotate_method('alltoall'))")
-    if not options.convert_to_f32:
+    if rotate != "ALL_GATHER":
+        refused.append(f"rotate method {rotate} (set_rotate_method('alltoall'))")
+    if not to_f32:
         refused.append("convert_to_f32=False")
-    if not options.enable_load_balance:
+    if not balanced:
         refused.append("no load balancing (a sequence not divisible by 2 * the CP world size)")
-    if cp._dispatch_mode != cp._DispatchMode.MONKEY_PATCH:
+    if not monkey_patched:
         refused.append("the module-wrapper API (_context_parallel_shard / _enable_context_parallel_dispatcher)")
     if refused:
         raise UnsupportedFeatureError(
@@ -58,7 +58,7 @@ def _check(cp) -> None:
 
 def _guarded(below):
     def ring(*args, **kwargs):
-        _check(_compat.context_parallel_module())
+        _check()
         return below(*args, **kwargs)
 
     return ring
@@ -69,10 +69,6 @@ def _refuse_flex(self, *args, **kwargs):
         "context parallelism with flex_attention is not traced in a logical world "
         "(Note [Ring attention on one rank] in world/context_parallel.py)"
     )
-
-
-def _cp_class():
-    return _compat.context_parallel_module()._ContextParallel
 
 
 # (owner, attribute, make, why): the ledger's rows (mode/ledger.py), with world.py's.
@@ -86,5 +82,10 @@ PATCHES = [
         )
         for name in ("_templated_ring_attention", "_templated_ring_attention_backward")
     ],
-    (_cp_class, "flex_input_fn", lambda below: _refuse_flex, "context-parallel flex attention, refused"),
+    (
+        _compat.context_parallel_class,
+        "flex_input_fn",
+        lambda below: _refuse_flex,
+        "context-parallel flex attention, refused",
+    ),
 ]

@@ -33,6 +33,7 @@ from .. import _compat
 from ..errors import MetaDispatchError
 from ..ir.records import Group
 from . import context_parallel, ddp_setup, fsdp_chunks, fsdp_storage, pipeline
+from .inflight import InFlight
 
 __all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
 
@@ -51,6 +52,8 @@ class World:
             raise MetaDispatchError(f"rank={rank!r}: an int in [0, {world_size})")
         self.world_size = world_size
         self.rank = rank
+        # functional collectives not yet waited on (Note [A collective's buffers live until its wait])
+        self.in_flight = InFlight()
 
     def install(self, steps: list, trace) -> None:
         """Note [One rank of a logical world]
@@ -70,6 +73,7 @@ class World:
         mode entry and exit] in mode.py).
         """
         trace.world = (self.world_size, self.rank)
+        steps.append(self.in_flight.clear)  # undone last: after the trace's last call
         # Note [One world at a time]
         _compat.clear_dtensor_caches()
         steps.append(_compat.clear_dtensor_caches)

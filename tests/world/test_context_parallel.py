@@ -57,12 +57,6 @@ def test_context_parallel_rank_matches_real_gloo_run(world_size, tmp_path_factor
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a logical world frees an un-waited functional collective's input and raw output when the "
-    "program drops them; gloo holds them until wait_tensor (ring attention's K/V all-gather: "
-    "24,560 B on rank 0 of 2); see docs/distributed.md",
-)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_context_parallel_rank_peak_matches_real_gloo_run(world_size, tmp_path_factory):
     real = _real(world_size, tmp_path_factory)

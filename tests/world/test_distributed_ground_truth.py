@@ -2,8 +2,9 @@
 default mesh (none given), with a mixed-precision policy (bf16 parameters,
 fp32 reductions) and with CPU offload, tensor parallelism with AdamW ``foreach``, the
 zero-bubble pipeline schedules (interleaved, ZBV, DualPipeV), HSDP
-(a 2-D mesh, replicated x sharded), and the command line's plans on a
-transformers GPT-2 (its blocks found in ``transformer.h``).
+(a 2-D mesh, replicated x sharded), the command line's plans on a
+transformers GPT-2 (its blocks found in ``transformer.h``), and functional
+collectives whose buffers their Work holds until the wait (``inflight``).
 
 As in test_distributed.py (Note [Ranks forked from one server], Note [A
 real peak raised by timing]): each world size's cases run for real once,
@@ -39,6 +40,7 @@ RUNS = [
     ("ep-moe", 2),
     ("fsdp-bf16", 2),
     ("fsdp-offload", 2),
+    ("inflight", 2),
     ("hsdp", 4),
     ("pp-1f1b", 4),
     ("pp-interleaved-zb", 4),
@@ -142,7 +144,9 @@ _PP: dict = {}
 
 def _real_pp(tmp_path_factory) -> dict:
     if not _PP:
-        _PP.update(_spawn(["cli-pp", "cli-pp-zbv", "cli-pp-hf-llama", "cli-pp-gpt2"], 2, tmp_path_factory))
+        _PP.update(
+            _spawn(["cli-pp", "cli-pp-zbv", "cli-pp-hf-llama", "cli-pp-gpt2", "cli-pp-qwen2"], 2, tmp_path_factory)
+        )
     return _PP
 
 
@@ -170,9 +174,13 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case,target", [("cli-pp-hf-llama", "tiny_hf_llama4"), ("cli-pp-gpt2", "tiny_gpt2_4")])
+@pytest.mark.parametrize(
+    "case,target",
+    [("cli-pp-hf-llama", "tiny_hf_llama4"), ("cli-pp-gpt2", "tiny_gpt2_4"), ("cli-pp-qwen2", "tiny_qwen2_4")],
+)
 def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, target, tmp_path_factory, capsys):
-    # --pp on transformers LLaMA (1F1B) and GPT-2 (GPipe): planning/pipeline_split.py cuts
+    # --pp on transformers LLaMA (1F1B), GPT-2 (GPipe) and Qwen2 (1F1B, split as LLaMA is,
+    # its sliding-window blocks given their mask): planning/pipeline_split.py cuts
     # the model's blocks into stages, the embedding on the first, norm and
     # head on the last; the real run is the same code over gloo.
     real = _real_pp(tmp_path_factory)[case]

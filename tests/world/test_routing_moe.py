@@ -5,6 +5,7 @@ collectives with the same split sizes on every rank, the peak within 1 KiB.
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -99,3 +100,41 @@ def test_routing_eager_all_to_all_single_receives_each_ranks_recorded_counts():
         mine = slice(2 * rank, 2 * rank + 2)
         assert t.output == [float(c) for row in recorded for c in row[mine]]
         assert [a.op for a in t.assumptions][-1] == "Tensor.tolist"
+
+
+def _count_exchange(splits, eager: bool):
+    import torch.distributed as dist
+    from torch.distributed._functional_collectives import all_to_all_single
+
+    def layer(top):
+        counts = torch.histc(top.float(), bins=4, min=0, max=3)
+        if eager:
+            got = torch.empty_like(counts)
+            dist.all_to_all_single(got, counts, output_split_sizes=splits, input_split_sizes=splits)
+        else:
+            got = all_to_all_single(counts, splits, splits, dist.group.WORLD)
+        return got.tolist()
+
+    policy = md.RoutingAssumption([[1, 2, 3, 4], [4, 3, 2, 1]])
+    return md.tracer(assume=policy, world_size=2, rank=0, device="cpu")(layer, torch.zeros(10, dtype=torch.long))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_routing_count_all_to_all_with_other_splits_is_refused(eager):
+    # The routing sends 2 counts to each of 2 ranks; splits of 3 and 1 would move other counts.
+    assert _count_exchange([2, 2], eager).output == [1.0, 2.0, 4.0, 3.0]
+    op = "c10d.alltoall_base_.default" if eager else "_c10d_functional.all_to_all_single.default"
+    with pytest.raises(md.UnsupportedFeatureError, match=rf"{re.escape(op)}: output_split_sizes=\[3, 1\].*\[2, 2\]"):
+        _count_exchange([3, 1], eager)
+
+
+def test_routing_bincount_needs_minlength_and_no_weights():
+    policy = md.RoutingAssumption("uniform")
+    ids = torch.zeros(8, dtype=torch.long)
+    for count in (lambda t: torch.bincount(t), lambda t: torch.bincount(t, torch.ones(8), minlength=4)):
+        with pytest.raises(md.UnsupportedFeatureError, match="bincount.*minlength"):
+            md.tracer(assume=policy, world_size=2, rank=0, device="cpu")(count, ids)
+    t = md.tracer(assume=policy, world_size=2, rank=1, device="cpu")(
+        lambda t: torch.bincount(t, minlength=4).tolist(), ids
+    )
+    assert t.output == [2, 2, 2, 2]

@@ -1,0 +1,52 @@
+"""planning/pipeline_split.py on transformers decoders built as LLaMA is: the
+stages, run one after another on a real CPU, compute the model's own
+logits (Note [Splitting a model into pipeline stages]); one whose forward
+scales its embeddings (Granite) is refused."""
+
+import pytest
+import torch
+
+from metadispatch.errors import UnsupportedFeatureError
+from metadispatch.planning.pipeline_split import split
+
+transformers = pytest.importorskip("transformers")
+
+_SIZES = dict(
+    vocab_size=70,
+    hidden_size=32,
+    intermediate_size=54,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=16,
+)
+# Sliding windows shorter than the sequence: a block given the wrong mask gives other logits.
+_FAMILIES = {
+    "Qwen2ForCausalLM": transformers.Qwen2Config(
+        **_SIZES, use_sliding_window=True, sliding_window=4, max_window_layers=2
+    ),  # two full-attention blocks, then two sliding-window ones
+    "MistralForCausalLM": transformers.MistralConfig(**_SIZES, sliding_window=4),
+    "Qwen3ForCausalLM": transformers.Qwen3Config(**_SIZES, head_dim=8),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+def test_pipeline_split_stages_compute_the_models_logits(family):
+    torch.manual_seed(0)
+    config = _FAMILIES[family]
+    config._attn_implementation = "sdpa"
+    model = getattr(transformers, family)(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 16))
+    cut = split(model)
+    assert (cut.blocks, cut.hidden, cut.vocab) == (4, 32, 70)
+    h = ids
+    with torch.no_grad():
+        for lo, hi in ((0, 1), (1, 3), (3, 4)):
+            h = cut.stage(lo, hi)(h)
+        torch.testing.assert_close(h, model(ids).logits, rtol=0, atol=1e-6)
+
+
+def test_pipeline_split_refuses_a_decoder_that_scales_its_embeddings():
+    model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**_SIZES, embedding_multiplier=12.0))
+    with pytest.raises(UnsupportedFeatureError, match="cannot split a GraniteForCausalLM"):
+        split(model)
