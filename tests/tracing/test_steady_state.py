@@ -177,3 +177,20 @@ def test_steady_state_lists_a_guessing_modes_made_up_values_for_the_warmup_and_t
     assert [a.index for a in warm] == [0] * n and all("before the cut, at call #" in a.basis for a in warm)
     assert [(a.op, a.value) for a in taken] == [(a.op, a.value) for a in one.assumptions]
     assert all(two.calls[a.index].op == a.op for a in taken)
+
+
+def test_warmup_keeps_a_guessing_modes_made_up_values_and_drops_a_declared_policys():
+    # Note [Warm-up assumptions: declared ones go, made-up ones stay] in values/assume.py:
+    # the same read, once made up by a guessing mode and once given by assume='s values=
+    def step(x):
+        return x * 2 if bool((x > 0).all()) else x
+
+    x = torch.randn(3)
+    site = "aten._local_scalar_dense.default"
+    policy = md.GenerateAssumptions(values={site: True})
+    guessed = md.tracer(warmup=1, mode_factory=guessing_mode)(step, x)
+    declared = md.tracer(warmup=1, assume=policy)(step, x)
+    assert [a.op for a in declared.assumptions] == [site]  # the step's own read; the warm-up's went
+    warm, own = guessed.assumptions
+    assert (warm.op, own.op) == (site, site) and warm.index == 0 and "before the cut, at call #" in warm.basis
+    assert declared.assumptions[0].index == own.index and "before the cut" not in declared.assumptions[0].basis
