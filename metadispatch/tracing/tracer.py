@@ -81,7 +81,7 @@ def tracer(
     mode_factory=None,
     warmup: int = 0,
     assume=None,
-) -> Callable[..., Trace]:
+) -> Tracer:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
     ``gpu`` names the profile a logical CUDA device answers as (MetaMode's
