@@ -282,7 +282,7 @@ def run_steps(mode: MetaMode, fn: Callable, calls: list, restore: str = "machine
         mode.assume.forget_warmup(tr, spans[0][0])
     first = spans[0][0] if warmup else 0
     everyone = set().union(*named_each)
-    read_in = _first_reads(tr, [s for s, _ in spans]) if more else {}
+    read_in = _reads(tr, [s for s, _ in spans]) if more else {}
     traces = []
     for i, (start, end) in enumerate(spans):
         one = tr
@@ -290,7 +290,7 @@ def run_steps(mode: MetaMode, fn: Callable, calls: list, restore: str = "machine
             one = step_until(tr, end)
             one.assumptions = [a for a in one.assumptions if a.index < first or a.index >= start]
             # the other calls' arguments, and the constants only their steps read, are no leaves of this one
-            others = everyone - named_each[i] | {k for k, j in read_in.items() if j not in (-1, i)}
+            others = everyone - named_each[i] | {k for k, steps in read_in.items() if not steps & {-1, i}}
             one.leaves = {k: v for k, v in tr.leaves.items() if k not in others}
             # nor is what is left of the earlier calls' arguments state at this one's start: they are gone
             one.deaths = dict(one.deaths or {}) | {tr.leaves[k].meta.storage: start for k in others}
@@ -306,16 +306,16 @@ def run_steps(mode: MetaMode, fn: Callable, calls: list, restore: str = "machine
     return traces
 
 
-def _first_reads(trace: Trace, starts: list) -> dict:
-    """Leaf id -> the step (an index of ``starts``; -1 the warm-up) whose calls read it first."""
+def _reads(trace: Trace, starts: list) -> dict:
+    """Leaf id -> the steps (indices of ``starts``; -1 the warm-up) whose calls read it."""
     out: dict = {}
     step = -1
     for i, call in enumerate(trace.calls):
         while step + 1 < len(starts) and i >= starts[step + 1]:
             step += 1
         for m in call.inputs:
-            if m.id in trace.leaves and m.id not in out:
-                out[m.id] = step
+            if m.id in trace.leaves:
+                out.setdefault(m.id, set()).add(step)
     return out
 
 
