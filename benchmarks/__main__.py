@@ -19,6 +19,7 @@ for script in (
     "bench_distributed.py",
     "bench_analysis.py",
     "bench_sdpa_profile.py",
+    "bench_max_batch.py",
 ):
     print(f"\n== {script}", flush=True)
     subprocess.run([sys.executable, str(HERE / script)], check=True, cwd=HERE.parent)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["OPTIMIZERS", "with_optimizer", "describe"]
+__all__ = ["OPTIMIZERS", "with_optimizer", "with_built_optimizer", "describe"]
 
 # What training scripts write, torch's defaults otherwise (foreach where torch picks it).
 OPTIMIZERS: dict[str, Callable | None] = {
@@ -45,6 +45,28 @@ def with_optimizer(step: Callable, name: str) -> Callable:
             made.append(make([p for p in model.parameters() if p.requires_grad]))
         made[0].step()
         made[0].zero_grad()
+        return out
+
+    return run
+
+
+def with_built_optimizer(step: Callable, name: str, model) -> Callable:
+    """``step(model, *inputs)`` followed by ``opt.step(); opt.zero_grad()`` with an optimizer made now.
+
+    The same step for every batch of ``model``, as ``md.max_batch`` shares a
+    warm-up between two batches of one model (Note [One warm-up for two
+    batches] in planning/batch.py): an optimizer made before the trace steps
+    on the stand-ins and is put back as it was after each trace.
+    """
+    make = OPTIMIZERS[name]
+    if make is None:
+        return step
+    opt = make([p for p in model.parameters() if p.requires_grad])
+
+    def run(model, *inputs):
+        out = step(model, *inputs)
+        opt.step()
+        opt.zero_grad()
         return out
 
     return run

@@ -19,11 +19,12 @@ import torch
 from ..analysis.fit import fits
 from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
+from ..mode.mode import MetaMode
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
 from ..timing.runtime import runtime as step_time
 from . import options, pipeline, summary, targets
 from .options import DTYPES
-from .steps import OPTIMIZERS, describe, with_optimizer
+from .steps import OPTIMIZERS, describe, with_built_optimizer, with_optimizer
 from .targets import UsageError
 from .terminal import Failure, Progress, out, stage, width
 
@@ -190,12 +191,8 @@ def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
     if torch.device(args.device).type != "cuda":
         raise UsageError(f"--max-batch: asks what fits on a GPU; --device {args.device} is not cuda")
     gpu = gpu_profile(args.gpu or DEFAULT_GPU)
-
-    def make_step(batch: int, layers: int | None = None):
-        t = build(batch, layers)
-        return with_optimizer(t.step, optimizer), (t.model, *t.inputs)
-
-    first = build(1)
+    first = build(2)  # not 1: the batch dimension is the inputs' size-2 one
+    make_step = batch_steps(build, optimizer, first, args.device)
     try:
         depth = len(blocks(first.model))
     except MetaDispatchError:  # no nn.ModuleList: nothing to build shallower
@@ -209,6 +206,32 @@ def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
     print(f"{first.name.split(' (')[0]}: {describe(optimizer, steps)}")
     out(found)
     return 0
+
+
+def batch_steps(build, optimizer: str, first, device):
+    """``make_step(batch, layers=None)`` for md.max_batch: one model a depth (``first``, built at batch 2, the full
+    one), its optimizer made once, each batch its inputs resized (Note [One warm-up for two batches])."""
+    built: dict = {}  # layers -> (target, its step)
+
+    def make_step(batch: int, layers: int | None = None):
+        if layers not in built:
+            t = first if layers is None else build(2, layers)
+            built[layers] = t, with_built_optimizer(t.step, optimizer, t.model)
+        t, step = built[layers]
+        return step, (t.model, *_resized(t.inputs, batch, device))
+
+    return make_step
+
+
+def _resized(inputs: tuple, batch: int, device) -> tuple:
+    """The built-in and ``--hf`` inputs (built at batch 2) at ``batch``: each tensor of first dimension 2, once
+    however often it is given (LLaMA's ids are its labels too), empty on the logical device."""
+    made: dict = {}
+    with MetaMode(device=device, record=False):
+        for x in inputs:
+            if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 2 and id(x) not in made:
+                made[id(x)] = x.new_empty((batch, *x.shape[1:]))
+    return tuple(made.get(id(x), x) for x in inputs)
 
 
 def _optimizer_and_steps(args) -> tuple:

@@ -32,7 +32,7 @@ class Assumption(NamedTuple):
 
 
 def after_warmup(assumptions: list, cut: int) -> list:
-    """What holds for the traced call once ``warmup=`` runs went before it
-    (the trace is cut at ``cut``): the warm-up runs' own assumptions go, the
-    arguments' (call 0, ``arg ...``) hold for every run and stay."""
+    """What a declared policy's ``warmup=`` trace (cut at ``cut``) keeps: the
+    warm-up runs' own assumptions go, the arguments' (call 0) stay (Note
+    [Warm-up assumptions: declared ones go, made-up ones stay], values/assume.py)."""
     return [a for a in assumptions if a.index >= cut or a.op.startswith("arg ")]

@@ -32,6 +32,29 @@ steps we know of up to the allocator's rounding (a batch one larger can
 land in the same 2 MiB segments).  A world is answered by its worst rank:
 a batch fits when every rank traced (``ranks``, default all) fits, and the
 guess is the smallest of the ranks' guesses.
+
+Note [One warm-up for two batches]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Each full trace is a warm-up step and the step scored, so confirming a
+guess ``g`` (``g`` fits, ``g + 1`` does not) stepped the full model four
+times.  Where ``make_step(g)`` and ``make_step(g + 1)`` step one model --
+the same ``fn``, the same objects (the model, an optimizer) where the
+arguments are not tensors -- the two are traced in one mode after one
+warm-up at ``g`` (Note [One warm-up, several steps] in tracing/tracer.py):
+three steps.  ``g``'s trace is then its direct steady-state trace, call
+for call, so an answer is never a batch that its own trace says does not
+fit; and ``g + 1``'s figure is only ever a "does not fit" (where it fits,
+``g + 1`` is traced again, with its own warm-up).  ``g + 1``'s starts from what ``g``'s step left, which is what its own
+warm-up would leave where the state a step keeps does not depend on the
+batch; its figure is used only where that is shown: the state at its
+start is, leaf for leaf (maker, shape, dtype, stride, bytes), the state at
+``g``'s start (the step kept what the warm-up left), and the small direct
+traces at batches ``2 * start`` and ``3 * start`` start from the same state
+at every depth they were traced at (what a warm-up leaves is not a line
+in the batch with a slope: an optimizer's moments, not a cache of the last
+batch's activations).  Otherwise ``g + 1`` is traced on its own.  The
+state of a first step that keeps something of its batch only from some
+batch above ``3 * start`` on would get through; we know of no such step.
 """
 
 from __future__ import annotations
@@ -39,10 +62,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from torch import nn
+from torch import Tensor, nn
 
+from .._compat import pytree
 from ..analysis.fit import Fit, fits
 from ..errors import MetaDispatchError
+from ..ir.cut import STATE
+from ..ir.records import tensor_bytes
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..tracing.tracer import tracer
 from .ac import blocks
@@ -70,6 +96,7 @@ class MaxBatch:
         self.failed = failed  # the batch ``next`` is of: batch + 1, or ``start`` when that fails
         self.next: Fit | None = figures.get(failed) if failed is not None else None
         self.tried = {b: bool(f) for b, f in sorted(figures.items())}
+        self.shared: list = []  # batches traced after another's warm-up (Note [One warm-up for two batches])
 
     def __repr__(self) -> str:
         return f"<MaxBatch {self.batch} on {self.gpu.title}>"
@@ -77,6 +104,7 @@ class MaxBatch:
     def __str__(self) -> str:
         head = f"largest batch that fits on {self.gpu.title}: {self.batch}"
         small = f" and {self.small} shallow" if self.small else ""
+        small = f", {len(self.shared)} after another's warm-up{small}" if self.shared else small
         guess = f", guessed {self.guess}" if self.guess is not None else ", no guess"
         head += f" ({len(self.tried)} full traces{small}{guess}, {self.seconds:.1f} s)"
         lines = [head]
@@ -97,6 +125,7 @@ def max_batch(
     warmup: int = 1,
     ranks=None,
     scale: tuple | None = None,
+    share: bool = True,
     **options,
 ) -> MaxBatch:
     """The largest batch whose steady-state step fits on ``gpu`` (Note [Searching for the largest batch]).
@@ -111,7 +140,8 @@ def max_batch(
     from the model built ``a`` and ``c`` blocks deep, ``make_step(batch,
     layers=k)`` (``2 <= a < c``); the full depth is counted in the model
     among the step's arguments (the children of its largest
-    ``nn.ModuleList``).
+    ``nn.ModuleList``).  ``share=False``: every batch its own warm-up
+    (Note [One warm-up for two batches]; ``.shared`` lists those that did not).
 
     >>> import torch, metadispatch as md
     >>> def make_step(batch):
@@ -131,35 +161,70 @@ def max_batch(
     world = options.get("world_size")
     chosen = list(range(world)) if world is not None and ranks is None else list(ranks or [options.get("rank", 0)])
     figures: dict = {}  # batch -> the worst rank's Fit, full depth
+    ahead: dict = {}  # batch -> the worst rank's Fit from a shared warm-up, proven (Note [One warm-up for two batches])
+    shared: set = set()  # the batches in ``figures`` that came from ``ahead``
     points: dict = {}  # (batch, layers) -> each rank's aligned live bytes (affine.py)
+    states: dict = {}  # (batch, layers) -> each rank's state at its step's start, of the small traces
     # the small traces the guess is from: not batch 1, where size-1 dimensions take other ops (a clone, a sum)
     keys = [(b, k) for k in scale or (None,) for b in (2 * start, 3 * start)]
     began = time.perf_counter()
 
-    def run(batch: int, layers: int | None = None) -> Fit:
-        worst = None
-        for rank in chosen:
-            made = make_step(batch) if layers is None else make_step(batch, layers=layers)
-            fn, args, kwargs = (*made, {}) if len(made) == 2 else made
-            rank_options = dict(options, rank=rank) if world is not None else options
-            trace = tracer(warmup=warmup, gpu=profile, **rank_options)(fn, *args, **kwargs)
-            f = fits(trace, profile, capacity)
-            if (batch, layers) in keys:
-                points.setdefault((batch, layers), []).append(aligned(trace.calls, f.memory.memory.timeline, layers))
-            if worst is None or f.reserved_peak > worst.reserved_peak:
-                worst = f
-        assert worst is not None
-        return worst
+    def made(batch: int, layers: int | None) -> tuple:
+        out = make_step(batch) if layers is None else make_step(batch, layers=layers)
+        fn, args, kwargs = (*out, {}) if len(out) == 2 else out
+        return fn, tuple(args), dict(kwargs)
 
-    def fit(batch: int) -> bool:
+    def run(batches: tuple, layers: int | None = None) -> list:
+        """The worst rank's Fit of each of ``batches`` (one, or two sharing a warm-up: None where not proven)."""
+        worst: list = [None] * len(batches)
+        for rank in chosen:
+            steps = [made(b, layers) for b in batches]
+            rank_options = dict(options, rank=rank) if world is not None else options
+            trace = tracer(warmup=warmup, gpu=profile, **rank_options)
+            if len(steps) > 1 and _shareable(*steps):
+                traces = trace.steps(steps[0][0], [(a, k) for _, a, k in steps])
+            else:  # not one model stepped at two batches: the first alone, the second not proven
+                traces = [trace(steps[0][0], *steps[0][1], **steps[0][2])]
+                worst[1:] = [False] * (len(steps) - 1)
+            for i, (batch, t) in enumerate(zip(batches, traces)):
+                f = fits(t, profile, capacity)
+                if (batch, layers) in keys:
+                    points.setdefault((batch, layers), []).append(aligned(t.calls, f.memory.memory.timeline, layers))
+                    states.setdefault((batch, layers), []).append(_state(t))
+                proven = i == 0 or (worst[i] is not False and _state(t) == _state(traces[0]) and steady(rank))
+                if not proven:
+                    worst[i] = False
+                elif worst[i] is None or f.reserved_peak > worst[i].reserved_peak:
+                    worst[i] = f
+        return [w if w is not False else None for w in worst]
+
+    def steady(r: int) -> bool:
+        """Whether the small traces' steps start from the same state at each batch (rank ``r``'s)."""
+        return all(key in states for key in keys) and all(
+            states[(2 * start, k)][r] == states[(3 * start, k)][r] for k in scale or (None,)
+        )
+
+    def fit(batch: int, pair: bool = False) -> bool:
+        if batch not in figures and batch in ahead:
+            after = ahead.pop(batch)
+            if after:  # an answer is always a direct trace's: this one again, its own warm-up, batch + 1 after it
+                pair = True
+            else:
+                figures[batch] = after
+                shared.add(batch)
         if batch not in figures:
-            figures[batch] = run(batch)
+            if pair and share and batch < limit and batch + 1 not in figures:
+                figures[batch], after = run((batch, batch + 1))
+                if after is not None and batch + 1 not in figures:
+                    ahead[batch + 1] = after
+            else:
+                figures[batch] = run((batch,))[0]
         return bool(figures[batch])
 
     depth = _depth(make_step, start) if scale is not None else None
     small = keys if scale is not None else []
     for b, k in small:
-        run(b, k)
+        run((b,), k)
     if scale is None and 3 * start <= limit and fit(2 * start):
         fit(3 * start)
 
@@ -180,9 +245,11 @@ def max_batch(
     first = guess()
     lo, hi = _search(fit, start, limit, first, figures, guess)
     batch = lo if lo >= start else 0
-    return MaxBatch(
+    found = MaxBatch(
         batch, figures, hi if hi <= limit else None, time.perf_counter() - began, profile, first, len(small)
     )
+    found.shared = sorted(shared)
+    return found
 
 
 def _search(fit: Callable, start: int, limit: int, guess: int | None, figures: dict, again: Callable) -> tuple:
@@ -193,7 +260,7 @@ def _search(fit: Callable, start: int, limit: int, guess: int | None, figures: d
     hi = min([b for b, f in figures.items() if not f], default=limit + 1)
     g = None if guess is None or hi - lo <= 1 else min(max(guess, lo, start), hi - 1)
     for _ in range(_AGAIN):  # the guess is of allocated bytes: take off what the allocator kept over it
-        if g is None or fit(g):
+        if g is None or fit(g, True):  # with g + 1 after g's warm-up where that is proven the same
             break
         hi, better = g, again(g)
         if better is None or better >= g - 1:  # no nearer guess: gallop down from here
@@ -239,3 +306,22 @@ def _depth(make_step: Callable, start: int) -> int:
             "max_batch: scale= counts the full model's blocks; pass the model among the step's args"
         )
     return len(blocks(found[0]))
+
+
+def _shareable(first: tuple, second: tuple) -> bool:
+    """Whether two ``(fn, args, kwargs)`` step one model: the same ``fn``, and the same objects where not tensors."""
+    (f1, a1, k1), (f2, a2, k2) = first, second
+    l1, spec1 = pytree.tree_flatten((a1, k1))
+    l2, spec2 = pytree.tree_flatten((a2, k2))
+    if f1 is not f2 or spec1 != spec2:
+        return False
+    return all(isinstance(x, Tensor) and isinstance(y, Tensor) or x is y for x, y in zip(l1, l2))
+
+
+def _state(trace) -> list:
+    """What the step starts from: each state leaf's maker, shape, dtype, stride and bytes (ir/cut.py)."""
+    return sorted(
+        (leaf.name, tuple(leaf.meta.shape), str(leaf.meta.dtype), tuple(leaf.meta.stride), tensor_bytes(leaf.meta))
+        for leaf in trace.leaves.values()
+        if leaf.kind == STATE
+    )

@@ -12,7 +12,7 @@ from torch import nn
 from .._compat import pytree
 from ..core.leafviews import bind_views
 from ..errors import MetaDispatchError
-from ..ir.cut import step_from
+from ..ir.cut import step_from, step_until
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
@@ -81,7 +81,7 @@ def tracer(
     mode_factory=None,
     warmup: int = 0,
     assume=None,
-) -> Callable[..., Trace]:
+) -> Tracer:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
     ``gpu`` names the profile a logical CUDA device answers as (MetaMode's
@@ -131,15 +131,27 @@ def tracer(
             "assume= with no mode_factory= (a factory gives it to the mode it makes: MetaMode(assume=...))"
         )
 
-    def run(fn: Callable, *args, **kwargs) -> Trace:
-        mode = (
-            mode_factory()
-            if mode_factory is not None
-            else MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
-        )
-        return run_traced(mode, fn, args, kwargs, restore, warmup)
+    def make_mode() -> MetaMode:
+        if mode_factory is not None:
+            return mode_factory()
+        return MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
 
-    return run
+    return Tracer(make_mode, restore, warmup)
+
+
+class Tracer:
+    """What :func:`tracer` returns: ``run(fn, *args, **kwargs)`` traces one
+    call; ``run.steps(fn, calls)`` several in one mode (:func:`run_steps`)."""
+
+    def __init__(self, make_mode: Callable[[], MetaMode], restore: str, warmup: int) -> None:
+        self.make_mode, self.restore, self.warmup = make_mode, restore, warmup
+
+    def __call__(self, fn: Callable, *args, **kwargs) -> Trace:
+        return run_traced(self.make_mode(), fn, args, kwargs, self.restore, self.warmup)
+
+    def steps(self, fn: Callable, calls: list) -> list:
+        """One trace for each ``(args, kwargs)`` in ``calls``, after one warm-up (Note [One warm-up, several steps])."""
+        return run_steps(self.make_mode(), fn, calls, self.restore, self.warmup)
 
 
 def trace(fn: Callable, *args, **kwargs) -> Trace:
@@ -183,13 +195,41 @@ def run_traced(
     reaches is saved and put back too (Note [The user's containers] in
     standins.py): a dry run that leaves nothing behind.
     """
+    return run_steps(mode, fn, [(args, kwargs)], restore, warmup)[0]
+
+
+def run_steps(mode: MetaMode, fn: Callable, calls: list, restore: str = "machinery", warmup: int = 0) -> list:
+    """``fn(*args, **kwargs)`` for each ``(args, kwargs)`` of ``calls`` in one mode, after ``warmup`` calls with the
+    first's; one trace each, as :func:`run_traced` would give it alone.
+
+    Note [One warm-up, several steps]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``md.max_batch`` confirms its answer with the steady-state steps of two
+    batches of one model; traced apart, each builds nothing but warms up
+    once more.  Here the warm-up runs once, with the first call's
+    arguments, then each call in turn, and each is cut out (``step_until``
+    its end, ``step_from`` its start): its own arguments, output, ``.grad``
+    tensors and assumptions (the warm-up's and its own), no other call's.
+    The first cut is the trace of the warm-up then that call, which is what
+    ``run_traced`` gives; a later one starts from what the calls before it
+    left alive, which is what a warm-up of its own would have left only
+    where that state does not depend on the arguments (an optimizer's
+    moments and step count do not; a cache sized by the batch does) --
+    the caller decides whether it does (Note [Searching for the largest
+    batch] in planning/batch.py).  A declared policy (``assume=``) marks
+    its steps over the whole trace, so it takes one call.
+    """
+    if len(calls) > 1 and mode.assume is not None:
+        raise MetaDispatchError("assume=: traces one call (its steps' marks span the trace); not several at once")
     standins = StandIns(mode)
     kept = _saved_kind if restore == "all" else is_machinery
     if mode.assume is not None:  # Note [Generating under declared assumptions] in values/assume.py
-        mode.assume.inputs(args, kwargs)
+        mode.assume.inputs(*calls[0])
+    spans, outs, grads, named_each, names = [], [], [], [], []
     try:
         with standins:
-            reached = find({"fn": fn, "args": args, "kwargs": kwargs}, kept, empty=True)
+            (args, kwargs), more = calls[0], calls[1:]
+            reached = find({"fn": fn, "args": args, "kwargs": kwargs, "more": more}, kept, empty=True)
             objects = [obj for obj in reached if not is_container(obj)]
             containers = [obj for obj in reached if is_container(obj)]  # none unless restore="all"
             if containers:
@@ -202,40 +242,81 @@ def run_traced(
                 standins.save(obj) if isinstance(obj, nn.Module) else standins.save_object(obj)
             if isinstance(fn, nn.Module):
                 standins.add_root(fn)
-            margs, mkwargs = _convert_args(mode, standins, args, kwargs)
-            flat = pytree.tree_flatten_with_path((args, kwargs))[0]
-            mode.trace.arg_names = [arg_name(p) for p, v in flat if isinstance(v, torch.Tensor)]
-            mode.trace.arg_constants = {
-                arg_name(p): describe_constant(v) for p, v in flat if not isinstance(v, torch.Tensor)
-            }
+            converted = [_convert_args(mode, standins, a, k) for a, k in calls]
+            for a, k in calls:
+                flat = pytree.tree_flatten_with_path((a, k))[0]
+                arg_names = [arg_name(p) for p, v in flat if isinstance(v, torch.Tensor)]
+                constants = {arg_name(p): describe_constant(v) for p, v in flat if not isinstance(v, torch.Tensor)}
+                names.append((arg_names, constants))
+            mode.trace.arg_names, mode.trace.arg_constants = names[0]
             mode._recorder.keep_known = bool(warmup)  # Note [Known state across a cut] in ir/cut.py
+            rec = mode._recorder
+            meta = lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v  # noqa: E731
             with mode:
                 for _ in range(warmup):  # what each returns dies before the next, as in ``for ...: fn(x)``
-                    fn(*margs, **mkwargs)
-                start = len(mode.trace.calls)
-                out = fn(*margs, **mkwargs)
-            rec = mode._recorder
+                    fn(*converted[0][0], **converted[0][1])
+                for margs, mkwargs in converted:
+                    start = len(mode.trace.calls)
+                    out = fn(*margs, **mkwargs)
+                    spans.append((start, len(mode.trace.calls)))
+                    if more:  # its tensors die before the next call, as the warm-up's do
+                        outs.append((None, pytree.tree_map(meta, out)))
+                        grads.append(standins.grads(rec.meta_of))
+                        del out
             tr = mode.trace
-            # Note [Real tensors the step returns]
-            out = pytree.tree_map(lambda v: mode.from_tensor(v) if type(v) is torch.Tensor else v, out)
-            tr.output = out
-            tr.output_meta = pytree.tree_map(lambda v: rec.meta_of(v) if isinstance(v, MetaTensor) else v, out)
-            tr.grads = standins.grads(rec.meta_of)
-            named = _named(standins, margs, mkwargs)
-            for t in named:  # Note [State the step never reads]
-                rec.meta_of(t)
-            bind_views(rec, named)
+            if not more:
+                # Note [Real tensors the step returns]
+                out = pytree.tree_map(lambda v: mode.from_tensor(v) if type(v) is torch.Tensor else v, out)
+                outs.append((out, pytree.tree_map(meta, out)))
+                grads.append(standins.grads(rec.meta_of))
+            for margs, mkwargs in converted:
+                named = _named(standins, margs, mkwargs)
+                for t in named:  # Note [State the step never reads]
+                    rec.meta_of(t)
+                bind_views(rec, named)
+                named_each.append({rec.meta_of(t).id for t in named})
     finally:
         mode.forget_reals()  # Note [No real tensor outlives the recording]
         mode._recorder.release_trace()  # Note [Dropping a trace frees it] in record.py
-    if warmup:
-        tr.warmup = warmup
+    if warmup and mode.assume is not None:
+        mode.assume.forget_warmup(tr, spans[0][0])
+    first = spans[0][0] if warmup else 0
+    everyone = set().union(*named_each)
+    read_in = _reads(tr, [s for s, _ in spans]) if more else {}
+    traces = []
+    for i, (start, end) in enumerate(spans):
+        one = tr
+        if more:
+            one = step_until(tr, end)
+            one.assumptions = [a for a in one.assumptions if a.index < first or a.index >= start]
+            # the other calls' arguments, and the constants only their steps read, are no leaves of this one
+            others = everyone - named_each[i] | {k for k, steps in read_in.items() if not steps & {-1, i}}
+            one.leaves = {k: v for k, v in tr.leaves.items() if k not in others}
+            # nor is what is left of the earlier calls' arguments state at this one's start: they are gone
+            one.deaths = dict(one.deaths or {}) | {tr.leaves[k].meta.storage: start for k in others}
+            one.arg_names, one.arg_constants = names[i]
+        one.output, one.output_meta = outs[i]
+        one.grads = grads[i]
+        if warmup or i:
+            one.warmup = warmup
+            one = step_from(one, start)
         if mode.assume is not None:
-            mode.assume.forget_warmup(tr, start)
-        tr = step_from(tr, start)
-    if mode.assume is not None:
-        mode.assume.finish(tr, start)  # its steps' marks
-    return tr
+            mode.assume.finish(one, start)  # its steps' marks
+        traces.append(one)
+    return traces
+
+
+def _reads(trace: Trace, starts: list) -> dict:
+    """Leaf id -> the steps (indices of ``starts``; -1 the warm-up) whose calls read it."""
+    out: dict = {}
+    step = -1
+    for i, call in enumerate(trace.calls):
+        while step + 1 < len(starts) and i >= starts[step + 1]:
+            step += 1
+        for m in call.inputs:
+            if m.id in trace.leaves:
+                out.setdefault(m.id, set()).add(step)
+    return out
 
 
 # Note [State the step never reads]

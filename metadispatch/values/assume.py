@@ -136,7 +136,22 @@ class Assuming:
     def forget_warmup(self, trace, cut: int) -> None:
         """Before ``trace`` is cut at ``cut`` (``warmup=``): what the warm-up
         runs assumed goes; the arguments' assumptions (call 0) hold for every
-        run and stay.  (``step_from`` then renumbers the rest.)"""
+        run and stay.  (``step_from`` then renumbers the rest.)
+
+        Note [Warm-up assumptions: declared ones go, made-up ones stay]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        The two rules differ on purpose.  Under ``assume=`` every value is
+        the policy's, declared by the user for every run: a warm-up's
+        ``tokens = 0`` is the same declaration as the step's, so listing it
+        again says nothing new, and a serving plan reads the step's own
+        list (one entry a token).  A guessing mode (``md.check``,
+        ``guessing_mode``; no ``assume``) makes values up that nobody
+        declared -- Adafactor's ``param.norm().item()`` -- and what the
+        warm-up made up shaped the state the step starts from (a branch
+        taken, a size chosen), so ``step_from`` keeps them at call 0,
+        marked ``before the cut, at call #N`` (Note [What the calls before
+        a cut leave alive] in ir/cut.py).  Tested side by side in
+        tests/tracing/test_steady_state.py."""
         trace.assumptions = after_warmup(trace.assumptions, cut)
 
     def follows(self, name: str, out) -> str:

@@ -147,3 +147,86 @@ def test_max_batch_from_the_command_line(capsys):
     found = int(out.split("largest batch that fits on L4 24 GB: ")[1].split(" ")[0])
     assert f"batch {found}: fits on L4 24 GB: yes" in out and f"batch {found + 1}: fits on L4 24 GB: no" in out
     assert "AdamW, step 2 of 2 (the steady state)" in out
+
+
+def _one_llama(layers_default: int = 8):
+    """make_step(batch, layers=k): one LLaMA a depth and its AdamW, the same step for every batch (shareable)."""
+    built: dict = {}
+
+    def make_step(batch, layers=None):
+        depth = layers or layers_default
+        if depth not in built:
+            config = LlamaConfig(vocab_size=512, dim=256, n_layers=depth, n_heads=4, n_kv_heads=4, hidden_dim=512)
+            with md.MetaMode(device="cuda", record=False):
+                model, _ = llama_build(config, 1, 256)
+            opt = torch.optim.AdamW(model.parameters())
+
+            def step(model, ids):
+                model(ids, ids).backward()
+                opt.step()
+                opt.zero_grad()
+
+            built[depth] = model, step
+        model, step = built[depth]
+        with md.MetaMode(device="cuda", record=False):
+            ids = torch.randint(0, 512, (batch, 256), device="cuda")
+        return step, (model, ids)
+
+    return make_step
+
+
+def test_max_batch_confirms_two_batches_of_one_model_after_one_warmup():
+    # Note [One warm-up for two batches]: batch + 1 is traced after batch's warm-up, and is
+    # what a direct trace of it says, as the search with every batch its own warm-up
+    capacity = 300 * 2**20
+    make_step = _one_llama(4)
+    found = md.max_batch(make_step, "l4", capacity=capacity, scale=(2, 3))
+    apart = md.max_batch(make_step, "l4", capacity=capacity, scale=(2, 3), share=False)
+    assert found.shared == [found.batch + 1] and apart.shared == [] and found.batch == apart.batch > 1
+    assert found.fits.reserved_peak == apart.fits.reserved_peak and found.next.reserved_peak == apart.next.reserved_peak
+    assert "1 after another's warm-up" in str(found)
+    for batch, expected in ((found.batch, True), (found.batch + 1, False)):
+        fn, args = make_step(batch)
+        alone = md.fits(md.tracer(device="cuda", gpu="l4", warmup=1)(fn, *args), "l4", capacity)
+        assert alone.fits is expected
+        assert alone.reserved_peak == (found.fits if expected else found.next).reserved_peak
+
+
+def test_max_batch_traces_apart_a_step_that_keeps_something_of_its_batch():
+    # the step keeps its last batch's activations: what a warm-up leaves grows with the batch,
+    # so batch + 1 after batch's warm-up would start from batch's, not its own
+    kept: list = []
+    lin = nn.Linear(2**10, 2**10)
+
+    def step(x):
+        kept[:] = [lin(x).detach()]
+
+    def make_step(batch):
+        with md.MetaMode(device="cuda", record=False):
+            x = torch.empty(batch, 2**10, device="cuda")
+        return step, (x,)
+
+    found = md.max_batch(make_step, "l4", capacity=200 * 2**20)
+    assert found.shared == [] and found.fits.fits and not found.next.fits
+    for batch, expected in ((found.batch, True), (found.batch + 1, False)):
+        fn, args = make_step(batch)
+        assert md.fits(md.tracer(device="cuda", gpu="l4", warmup=1)(fn, *args), "l4", 200 * 2**20).fits is expected
+
+
+def test_max_batch_on_a_world_shares_a_warmup_and_answers_as_each_its_own():
+    import torch.distributed as dist
+
+    def step(x):  # one step for every batch: rank 1 also keeps a 10 MiB buffer
+        extra = torch.empty(10 * 2**18) if dist.get_rank() == 1 else None
+        dist.all_reduce(x)
+        return extra
+
+    def make_step(batch):
+        with md.MetaMode(device="cuda", record=False):
+            x = torch.empty(batch, 2**18, device="cuda")  # 1 MiB a sample
+        return step, (x,)
+
+    found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2)
+    apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, share=False)
+    assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
+    assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)

@@ -177,3 +177,49 @@ def test_steady_state_lists_a_guessing_modes_made_up_values_for_the_warmup_and_t
     assert [a.index for a in warm] == [0] * n and all("before the cut, at call #" in a.basis for a in warm)
     assert [(a.op, a.value) for a in taken] == [(a.op, a.value) for a in one.assumptions]
     assert all(two.calls[a.index].op == a.op for a in taken)
+
+
+def test_warmup_keeps_a_guessing_modes_made_up_values_and_drops_a_declared_policys():
+    # Note [Warm-up assumptions: declared ones go, made-up ones stay] in values/assume.py:
+    # the same read, once made up by a guessing mode and once given by assume='s values=
+    def step(x):
+        return x * 2 if bool((x > 0).all()) else x
+
+    x = torch.randn(3)
+    site = "aten._local_scalar_dense.default"
+    policy = md.GenerateAssumptions(values={site: True})
+    guessed = md.tracer(warmup=1, mode_factory=guessing_mode)(step, x)
+    declared = md.tracer(warmup=1, assume=policy)(step, x)
+    assert [a.op for a in declared.assumptions] == [site]  # the step's own read; the warm-up's went
+    warm, own = guessed.assumptions
+    assert (warm.op, own.op) == (site, site) and warm.index == 0 and "before the cut, at call #" in warm.basis
+    assert declared.assumptions[0].index == own.index and "before the cut" not in declared.assumptions[0].basis
+
+
+def _resized(inputs: tuple, batch: int) -> tuple:
+    return tuple(x.repeat(batch, *[1] * (x.dim() - 1))[:batch] for x in inputs)
+
+
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_steps_after_one_warmup_are_the_direct_traces_of_each(name):
+    # Note [One warm-up, several steps]: batches 3 and 4 of one model after one warm-up at 3,
+    # each cut out, against each traced alone (a warm-up of its own): the same calls and figures
+    model, inputs = MAKERS[name]()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(*xs):
+        train_step(model, *xs)
+        opt.step()
+        opt.zero_grad()
+
+    run = md.tracer(device="cuda", gpu="l4", warmup=1)
+    batches = [_resized(inputs, b) for b in (3, 4)]
+    shared = run.steps(step, [(xs, {}) for xs in batches])
+    for one, xs in zip(shared, batches):
+        alone = run(step, *xs)
+        assert [c.op for c in one.calls] == [c.op for c in alone.calls] and one.warmup == alone.warmup == 1
+        a, b = md.memory(one), md.memory(alone)
+        assert (a.peak, a.timeline, a.by_category) == (b.peak, b.timeline, b.by_category)
+        assert md.fits(one, "l4").reserved_peak == md.fits(alone, "l4").reserved_peak
+        assert sorted(leaf.kind for leaf in one.leaves.values()) == sorted(leaf.kind for leaf in alone.leaves.values())
+    assert not opt.state  # the user's optimizer is left as it was
