@@ -70,7 +70,7 @@ from ..errors import MetaDispatchError
 from ..ir.cut import STATE
 from ..ir.records import tensor_bytes
 from ..spec.profiles import GPUProfile, gpu_profile
-from ..tracing.tracer import tracer
+from ..tracing.tracer import run_steps, run_traced, tracer
 from .ac import blocks
 from .affine import aligned, largest, peak
 
@@ -181,10 +181,11 @@ def max_batch(
             steps = [made(b, layers) for b in batches]
             rank_options = dict(options, rank=rank) if world is not None else options
             trace = tracer(warmup=warmup, gpu=profile, **rank_options)
-            if len(steps) > 1 and _shareable(*steps):
-                traces = trace.steps(steps[0][0], [(a, k) for _, a, k in steps])
+            mode = trace.make_mode()  # a declared policy (assume=) marks one call's steps: never shared
+            if len(steps) > 1 and mode.assume is None and _shareable(*steps):
+                traces = run_steps(mode, steps[0][0], [(a, k) for _, a, k in steps], trace.restore, trace.warmup)
             else:  # not one model stepped at two batches: the first alone, the second not proven
-                traces = [trace(steps[0][0], *steps[0][1], **steps[0][2])]
+                traces = [run_traced(mode, steps[0][0], steps[0][1], steps[0][2], trace.restore, trace.warmup)]
                 worst[1:] = [False] * (len(steps) - 1)
             for i, (batch, t) in enumerate(zip(batches, traces)):
                 f = fits(t, profile, capacity)

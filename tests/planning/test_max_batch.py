@@ -230,3 +230,26 @@ def test_max_batch_on_a_world_shares_a_warmup_and_answers_as_each_its_own():
     apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, share=False)
     assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
     assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)
+
+
+def test_max_batch_under_a_declared_policy_traces_each_batch_alone():
+    # assume= marks one call's steps over its trace (Note [One warm-up, several steps]): the
+    # search must not try to share a warm-up there, and answers as share=False does
+    lin = nn.Linear(2**10, 2**10)
+
+    def step(x):
+        lin(x).sum().backward()
+
+    def make_step(batch):
+        with md.MetaMode(device="cuda", record=False):
+            x = torch.empty(batch, 2**10, device="cuda")
+        return step, (x,)
+
+    def factory():
+        return md.MetaMode(device="cuda", gpu="l4", assume=md.GenerateAssumptions(token_id=0))
+
+    capacity = 200 * 2**20
+    found = md.max_batch(make_step, "l4", capacity=capacity, mode_factory=factory)
+    apart = md.max_batch(make_step, "l4", capacity=capacity, mode_factory=factory, share=False)
+    assert found.shared == [] and found.batch == apart.batch > 1
+    assert found.fits.fits and not found.next.fits
