@@ -5,6 +5,8 @@
 ``fsdp_chunks`` (the chunks of a parameter a rank reads), ``fsdp_storage``
 (FSDP2's storage frees, made visible to dispatch), ``pipeline`` (a pipeline
 stage's warm-up vote, answered for a stage traced alone), ``context_parallel``
-(ring attention's variants checked against a real run; the rest refused).
+(ring attention's variants checked against a real run; the rest refused),
+``expert_parallel`` (transformers' fused MoE experts split over EP ranks,
+dispatched by dropless all-to-all).
 May import ``gpu`` and below.
 """
