@@ -134,7 +134,7 @@ class _Planner:
         self.capacity: int | None = None  # bytes per GPU in place of the profile's memory
         self.spent: dict = {}  # what -> [count, seconds] (PlanTable.spent)
         self.optimizers: list = ["foreach"]  # the search's; the first is every mesh's twin (_other_optimizer)
-        self.opt_steps: dict = {}  # (tp, shard, optimizer) -> its scaled figures (Note [One optimizer step per mesh])
+        self.opt_steps: dict = {}  # (tp, shard, optimizer, sp, cp, ep) -> its scaled figures (Note [One optimizer step per mesh])
         self.pool: list = []  # the search's configurations, for traces shared by a mesh's micro-batches
         self.shallow: dict = {}  # (key, layers) -> _measure of a shallow trace
 
@@ -191,7 +191,7 @@ class _Planner:
             try:
                 if self.scale and not full:
                     twin = self._other_optimizer(c)
-                    mesh = (c["tp"], c["shard"], c["optimizer"])
+                    mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
                     cand.cached = twin is not None and twin is not self.opt_steps.get(mesh)
                     self.cache[key] = twin or self._scaled(c)
                 else:
@@ -246,7 +246,7 @@ class _Planner:
         first = self.optimizers[0]
         if c["optimizer"] == first:
             return None
-        mesh = (c["tp"], c["shard"], c["optimizer"])
+        mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
         if mesh not in self.opt_steps:  # this one is traced, and stands for its mesh
             self.opt_steps[mesh] = self._scaled(c)
             return self.opt_steps[mesh]

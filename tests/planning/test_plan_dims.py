@@ -164,3 +164,22 @@ def test_plan_expert_parallel_is_refused_for_a_dense_model_and_with_tp():
     assert all(c.why == "ep 2: the model has no fused MoE experts" for c in table)
     moe = md.plan(make_moe, gpus=GPUS, global_batch=BATCH, seq=SEQ, search={**BASE, "tp": [2], "ep": [2], "shard": [2]})
     assert all(c.why.startswith("ep with tp or cp > 1 is not searched") for c in moe)
+
+
+def make_deep_bf16(layers=6):
+    config = transformers.LlamaConfig(**{**make_model().config.to_dict(), "num_hidden_layers": layers})
+    return transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+
+
+def test_plan_scaled_keeps_each_cp_meshs_optimizer_step_its_own():
+    # Note [One optimizer step per mesh]: cp 2 shards the optimizer state over shard x cp, so its fused step is
+    # traced for it, not borrowed from cp 1's; scaled times and state against full traces
+    search = {**BASE, "tp": [1], "cp": [1, 2], "shard": [1], "micro_batch": [1], "optimizer": ["foreach", "fused"]}
+    full = md.plan(make_deep_bf16, gpus=GPUS, global_batch=4, seq=SEQ, search=search)
+    scaled = md.plan(make_deep_bf16, gpus=GPUS, global_batch=4, seq=SEQ, search=search, scale=(1, 2), confirm=1)
+    by_config = {str(c.config): c for c in full}
+    assert len(by_config) == 4 and all(c.step_time for c in full)
+    for c in scaled:
+        f = by_config[str(c.config)]
+        assert c.step_time == pytest.approx(f.step_time, rel=1e-9), c.config
+        assert abs(c.state - f.state) <= 1024, c.config
