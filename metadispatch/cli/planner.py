@@ -27,7 +27,7 @@ def add_parser(sub, kw: dict):
     s = sub.add_parser(
         "plan",
         **kw,
-        help="rank training configurations (FSDP2/HSDP, TP, AC, micro-batch, optimizer) on N logical GPUs",
+        help="rank training configurations (FSDP2/HSDP, TP/SP, CP, EP, AC, micro-batch, optimizer) on N logical GPUs",
         description="Trace every configuration's rank 0 on N logical GPUs and print them ranked by step time "
         "among those whose steady-state reserved peak fits.",
     )
@@ -38,8 +38,15 @@ def add_parser(sub, kw: dict):
     s.add_argument("--global-batch", type=at_least(1), required=True, help="sequences per optimizer step")
     s.add_argument("--seq", type=at_least(1), required=True, help="tokens per sequence")
     s.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="parameters' dtype (default bf16)")
-    for name, what in (("tp", "TP degrees"), ("shard", "FSDP2 shard degrees"), ("micro-batch", "micro-batches")):
+    for name, what in (
+        ("tp", "TP degrees"),
+        ("shard", "FSDP2 shard degrees"),
+        ("micro-batch", "micro-batches"),
+        ("cp", "context-parallel degrees (default 1)"),
+        ("ep", "expert-parallel degrees, MoE models (default 1)"),
+    ):
         s.add_argument(f"--{name}", type=_ints, metavar="N[,N...]", help=f"{what} to search (default: all)")
+    s.add_argument("--sp", type=_words, metavar="off,on", help="sequence parallelism with TP (default off)")
     s.add_argument("--ac", type=_words, metavar="none,block", help="activation checkpointing (default both)")
     s.add_argument("--optimizer", type=_words, metavar="foreach,fused", help="AdamW implementations (default both)")
     s.add_argument(
@@ -57,13 +64,17 @@ def run(args) -> int:
 
     targets.require_causal_lm(args.hf, config, "plan")
     targets.check_positions(config, "causal", args.seq, "--seq")
-    keys = {"tp": args.tp, "shard": args.shard, "micro_batch": args.micro_batch, "ac": args.ac}
-    search = {k: v for k, v in {**keys, "optimizer": args.optimizer}.items() if v}
+    keys = {"tp": args.tp, "shard": args.shard, "micro_batch": args.micro_batch, "ac": args.ac, "cp": args.cp}
+    search = {k: v for k, v in {**keys, "ep": args.ep, "optimizer": args.optimizer}.items() if v}
     bad = set(search.get("ac", ())) - {"none", "block"} | set(search.get("optimizer", ())) - {"foreach", "fused"}
+    bad |= set(args.sp or ()) - {"off", "on"}
     if bad:
         raise UsageError(
-            f"--ac/--optimizer: unknown {', '.join(sorted(bad))} (ac: none, block; optimizer: foreach, fused)"
+            f"--ac/--optimizer/--sp: unknown {', '.join(sorted(bad))} "
+            "(ac: none, block; optimizer: foreach, fused; sp: off, on)"
         )
+    if args.sp:
+        search["sp"] = [w == "on" for w in args.sp]
 
     if args.scale is not None and len(args.scale) != 2:
         raise UsageError(f"--scale {','.join(map(str, args.scale))}: two depths, e.g. --scale 2,4")

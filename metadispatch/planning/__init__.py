@@ -12,7 +12,9 @@ decode; ``tp``: one rank of it split over tensor-parallel GPUs), ``train`` (``md
 fits on N logical GPUs, which it returns as ``table``'s ranked
 ``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
 ``programs``; ``pipeline_split`` cuts a model into pipeline stages,
-``pipeline_candidates`` makes and scores its pipeline configurations).  The
+``pipeline_candidates`` makes and scores its pipeline configurations;
+``parallel_dims`` searches and builds sequence, context and expert
+parallelism).  The
 analyses themselves stay pure functions of a trace.  May import
 ``analysis`` and below.
 """

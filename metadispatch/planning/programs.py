@@ -31,14 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import parallelize_module
 
 from ..errors import MetaDispatchError
 from ..ir.cut import step_until
 from ..mode.mode import MetaMode
 from ..tracing.marks import mark
+from ..values.routing import RoutingAssumption
+from . import parallel_dims
 from .ac import apply_ac, blocks
 from .tp import tp_plan as serving_tp_plan
 
@@ -52,21 +51,14 @@ def trace_programs(
     the micro-batch sizes of a mesh]), the model built ``layers`` blocks deep (None: ``make_model()``)."""
     head = cs[0]
     opt_kw: dict = {"fused": True} if head["optimizer"] == "fused" else {"foreach": True}
-    with MetaMode(device="cuda", gpu=gpu, world_size=gpus, rank=0) as mode:
+    # EP's dispatch reads routing counts another rank sends: declared uniform (values/routing.py)
+    routing = RoutingAssumption("uniform") if head.get("ep", 1) > 1 else None
+    with MetaMode(device="cuda", gpu=gpu, world_size=gpus, rank=0, assume=routing) as mode:
         model = make_model() if layers is None else make_model(layers=layers)
         if head["ac"] == "block":
             apply_ac(model, blocks(model))
-        dims = {"replicate": head["replicate"], "shard": head["shard"], "tp": head["tp"]}
-        mesh = init_device_mesh("cuda", tuple(dims.values()), mesh_dim_names=tuple(dims))
         units = [model.get_submodule(name) for name in blocks(model)]
-        if head["tp"] > 1:
-            for layer in units:
-                parallelize_module(layer, mesh["tp"], tp_plan(layer))
-        if head["replicate"] * head["shard"] > 1:
-            dp = mesh["replicate", "shard"] if head["replicate"] > 1 else mesh["shard"]
-            for layer in units:
-                fully_shard(layer, mesh=dp)
-            fully_shard(model, mesh=dp)
+        meshes = parallel_dims.wrap(model, head, units, tp_plan)  # TP (SP), EP, FSDP2 on (replicate, shard x cp)
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
         tokens = vocab if vocab is not None else vocab_of(model)
         mark("built")
@@ -77,7 +69,8 @@ def trace_programs(
             for i in range(accum):
                 if i == accum - 1:
                     mark(f"micro {n}")
-                step(model, ids)
+                with parallel_dims.micro_step(c, meshes, ids):  # CP shards ids on the sequence
+                    step(model, ids)
             mark(f"opt {n}")
             opt.step()
             opt.zero_grad()

@@ -13,7 +13,7 @@ from ..ir.trace import Trace
 
 __all__ = ["Candidate", "PlanTable", "KEYS", "rank_candidates", "short"]
 
-KEYS = ("shard", "replicate", "tp", "ac", "micro_batch", "accum", "optimizer")
+KEYS = ("shard", "replicate", "tp", "ac", "micro_batch", "accum", "optimizer", "sp", "cp", "ep")
 
 
 class Candidate:
@@ -84,7 +84,9 @@ def rank_candidates(table: list) -> None:
 
 def short(c: dict) -> str:
     pp = f"pp {c['pp']} {c['pp_schedule']} " if c.get("pp", 1) > 1 else ""
+    sp = " sp" if c.get("sp") else ""
+    more = "".join(f" {k} {c[k]}" for k in ("cp", "ep") if c.get(k, 1) > 1)
     return (
-        f"{pp}shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']} ac {c['ac']} "
+        f"{pp}shard {c['shard']} x rep {c['replicate'] or '-'} tp {c['tp']}{sp}{more} ac {c['ac']} "
         f"mb {c['micro_batch']} x{c['accum']} {c['optimizer']}"
     )

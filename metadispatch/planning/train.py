@@ -43,7 +43,8 @@ from ..ir.trace import Trace
 from ..mode.mode import MetaMode
 from ..spec.profiles import gpu_profile
 from ..timing.runtime import runtime
-from . import pipeline_candidates
+from ..world.expert_parallel import expert_modules
+from . import parallel_dims, pipeline_candidates
 from .ac import blocks
 from .affine import aligned, deep_peak
 from .programs import default_step, tp_plan, trace_programs
@@ -127,12 +128,13 @@ class _Planner:
         self.step, self.vocab = step, vocab
         self.cache: dict = {}
         self.heads: dict | None = None
+        self.experts: int | None = None  # the model's fused MoE experts a block, read with the heads
         self.scale: tuple | None = None
         self.depth: int | None = None
         self.capacity: int | None = None  # bytes per GPU in place of the profile's memory
         self.spent: dict = {}  # what -> [count, seconds] (PlanTable.spent)
         self.optimizers: list = ["foreach"]  # the search's; the first is every mesh's twin (_other_optimizer)
-        self.opt_steps: dict = {}  # (tp, shard, optimizer) -> its scaled figures (Note [One optimizer step per mesh])
+        self.opt_steps: dict = {}  # (tp, shard, optimizer, sp, cp, ep) -> its scaled figures (Note [One optimizer step per mesh])
         self.pool: list = []  # the search's configurations, for traces shared by a mesh's micro-batches
         self.shallow: dict = {}  # (key, layers) -> _measure of a shallow trace
 
@@ -147,8 +149,8 @@ class _Planner:
         tps = search.get("tp", [d for d in _divisors(n) if d <= 8])
         self.optimizers = list(search.get("optimizer", ["foreach", "fused"]))
         out = []
-        for tp in tps:
-            dp = n // tp if n % tp == 0 else 0
+        for tp, (sp, cp, ep) in ((t, x) for t in tps for x in parallel_dims.expand(search, t)):
+            dp = n // (tp * cp) if n % (tp * cp) == 0 else 0  # CP ranks share a batch
             shards = search.get("shard", _divisors(dp) if dp else [1])
             mbs = search.get("micro_batch", [b for b in (1, 2, 4, 8) if dp and self.global_batch % (dp * b) == 0])
             for shard, ac, mb, opt in itertools.product(
@@ -156,22 +158,24 @@ class _Planner:
             ):
                 rep = dp // shard if dp and dp % shard == 0 else 0
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
-                out.append(dict(zip(KEYS, (shard, rep, tp, ac, mb, accum, opt))))
-        return out + pipeline_candidates.configs(n, self.global_batch, search, KEYS)  # search's "pp"
+                out.append(dict(zip(KEYS, (shard, rep, tp, ac, mb, accum, opt, sp, cp, ep))))
+        pipelines = pipeline_candidates.configs(n, self.global_batch, search, KEYS)  # search's "pp"
+        return out + [{**parallel_dims.DEFAULTS, **c} for c in pipelines]
 
     def rule(self, c: dict) -> str | None:
         """The divisibility rule ``c`` breaks, if any."""
-        n, tp = self.gpus, c["tp"]
-        if n % tp:
-            return f"tp {tp} does not divide {n} GPUs"
-        if (n // tp) % c["shard"]:
-            return f"shard {c['shard']} does not divide the {n // tp} data-parallel ranks"
-        if self.global_batch % ((n // tp) * c["micro_batch"]):
-            return f"global batch {self.global_batch} is not a multiple of {n // tp} ranks x micro-batch {c['micro_batch']}"
+        n, tp, cp = self.gpus, c["tp"], c.get("cp", 1)
+        if n % (tp * cp):
+            return f"tp {tp}{f' x cp {cp}' if cp > 1 else ''} does not divide {n} GPUs"
+        dp = n // (tp * cp)
+        if dp % c["shard"]:
+            return f"shard {c['shard']} does not divide the {dp} data-parallel ranks"
+        if self.global_batch % (dp * c["micro_batch"]):
+            return f"global batch {self.global_batch} is not a multiple of {dp} ranks x micro-batch {c['micro_batch']}"
         for name, count in self._heads().items():
             if count % tp:
                 return f"tp {tp} does not divide {name}={count}"
-        return None
+        return parallel_dims.rule(c, self.seq, self.experts)
 
     def score(self, cand: Candidate, full: bool = False) -> Candidate:
         c = cand.config
@@ -187,7 +191,7 @@ class _Planner:
             try:
                 if self.scale and not full:
                     twin = self._other_optimizer(c)
-                    mesh = (c["tp"], c["shard"], c["optimizer"])
+                    mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
                     cand.cached = twin is not None and twin is not self.opt_steps.get(mesh)
                     self.cache[key] = twin or self._scaled(c)
                 else:
@@ -242,7 +246,7 @@ class _Planner:
         first = self.optimizers[0]
         if c["optimizer"] == first:
             return None
-        mesh = (c["tp"], c["shard"], c["optimizer"])
+        mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
         if mesh not in self.opt_steps:  # this one is traced, and stands for its mesh
             self.opt_steps[mesh] = self._scaled(c)
             return self.opt_steps[mesh]
@@ -375,9 +379,12 @@ class _Planner:
         """The model's head counts TP must divide (HF config names), read once from a meta build."""
         if self.heads is None:
             with MetaMode(device="cuda"):
-                cfg = getattr(self.make_model(), "config", None)
+                model = self.make_model()
+                cfg = getattr(model, "config", None)
             names = ("num_attention_heads", "num_key_value_heads")
             self.heads = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
+            # EP's rule's (parallel_dims.rule), not TP's
+            self.experts = next((m.num_experts for m in expert_modules(model)), None)
         return self.heads
 
 

@@ -26,7 +26,9 @@ Every count op's result is declared (a known value marked assumed, Note
 [Known values] in known.py) and listed in ``trace.assumptions``; an
 ``all_to_all_single`` (functional or ``dist.``) of a declared count vector
 receives, from each rank ``s``, rank ``s``'s counts for this rank's
-experts under the same routing, declared and listed too.  The ``.tolist()``
+experts under the same routing, declared and listed too; a functional
+one over a group smaller than the world (an expert-parallel group) counts
+``s`` and the experts within the group.  The ``.tolist()``
 and the splits then compute from known values, as eager does.  ``picks``
 is the count op's input size: a ``histc`` whose ``min``/``max`` leave out
 some inputs is counted as if it did not.  Every rank is assumed to route
@@ -151,13 +153,14 @@ class Routing:
             out = args[0] if name == "c10d.alltoall_base_.default" else result
             if not isinstance(out, MetaTensor) or not isinstance(src, MetaTensor) or not known.assumed([src]):
                 return None
-            experts, n = src.shape[0], world.world_size
+            experts, members = src.shape[0], _members(name, args, world)
+            n = len(members)
             if experts not in self.picks or experts % n:
                 return None
-            local = experts // n
+            local, me = experts // n, members.index(world.rank)
             _check_splits(name, args, local, n, self.policy)
             every = [self.policy.counts(s, n, experts, self.picks[experts]) for s in range(n)]
-            value = [c for s in range(n) for c in every[s][world.rank * local : (world.rank + 1) * local]]
+            value = [c for s in range(n) for c in every[s][me * local : (me + 1) * local]]
             result = out
         with _compat.no_python_dispatch():
             known.declare(result, torch.tensor(value, dtype=result.dtype), self.mode)
@@ -222,6 +225,15 @@ def _check_splits(name: str, args: tuple, local: int, world: int, policy) -> Non
                 f"counts from each of {world} ranks ({label}={even}): experts spread evenly over the "
                 "ranks, the count vector's length divided by the world size"
             )
+
+
+def _members(name: str, args: tuple, world) -> list:
+    """The ranks of a functional all-to-all's group (an expert-parallel group smaller than the world), or
+    the world's: rank ``s`` of the group routes as rank ``s`` of ``counts``."""
+    if name.startswith("_c10d_functional.") and len(args) > 3 and isinstance(args[3], str):
+        pg = _compat.resolve_process_group(args[3])
+        return list(_compat.distributed_c10d.get_process_group_ranks(pg))
+    return list(range(world.world_size))
 
 
 def _module(mode) -> str:

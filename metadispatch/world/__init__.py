@@ -6,6 +6,8 @@
 (FSDP2's storage frees, made visible to dispatch), ``pipeline`` (a pipeline
 stage's warm-up vote, answered for a stage traced alone), ``context_parallel``
 (ring attention's variants checked against a real run; the rest refused),
-``inflight`` (functional collectives' buffers held until they are waited on).
+``inflight`` (functional collectives' buffers held until they are waited on),
+``expert_parallel`` (transformers' fused MoE experts split over EP ranks,
+dispatched by dropless all-to-all).
 May import ``gpu`` and below.
 """

@@ -38,6 +38,8 @@ def test_plan_cli_prints_md_plans_ranking(capsys):
         (["--hf", "bert"], "plan plans a decoder-only causal LM"),
         (["--micro-batch", "x"], "expected numbers like"),
         (["--ac", "some"], "unknown some"),
+        (["--sp", "maybe"], "unknown maybe"),
+        (["--cp", "0"], "expected positive numbers"),
         (["--gpu", "nope"], "nope"),
         (["--scale", "2"], "--scale 2: two depths"),
     ],
