@@ -35,6 +35,7 @@ STAGES = [
     "analysis",
     "timing",
     "planning",
+    "serving",
     "debug",
     "testing",
     "cli",

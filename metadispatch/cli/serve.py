@@ -50,7 +50,7 @@ def run(args) -> int:
     import transformers
 
     from ..mode.mode import MetaMode
-    from ..planning.serve import serve_plan
+    from ..serving.serve import serve_plan
 
     targets.require_causal_lm(args.hf, config, "serve")
     for option, tokens in (

@@ -1,14 +1,12 @@
-"""Plans that trace the step again until they find an answer: the largest batch, what to checkpoint, a serving plan.
+"""Plans that trace the step again until they find an answer: the largest batch, what to checkpoint, a training configuration.
 
 Each planner traces the user's step (``tracing``) under a candidate -- a
 batch size, a set of modules to checkpoint, a prompt length -- and reads
 the traces with ``analysis``: ``batch`` (``md.max_batch``: the largest
 batch that fits a GPU, guessed first by ``affine`` from small traces),
 ``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
-to checkpoint to fit a budget), ``kv`` (``md.kv_layout``: the KV cache a
-model's attention writes, per layer kind), ``serve`` (``md.serve_plan``:
-weights, KV cache, concurrency and latency from traced prefill and
-decode; ``tp``: one rank of it split over tensor-parallel GPUs), ``train`` (``md.plan``: the fastest training configuration that
+to checkpoint to fit a budget), ``tp`` (one rank of a model split over
+tensor-parallel GPUs, for md.plan and ``serving``), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked
 ``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
 ``programs``; ``pipeline_split`` cuts a model into pipeline stages,

@@ -12,7 +12,7 @@ import torch
 
 import metadispatch as md
 from metadispatch.errors import DataDependentError
-from metadispatch.planning.kv import cache_of
+from metadispatch.serving.kv import cache_of
 from metadispatch.testing import eager_calls, trace_calls
 
 transformers = pytest.importorskip("transformers")

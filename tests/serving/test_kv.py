@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import metadispatch as md
-from metadispatch.planning.kv import _tensors, decoded_cache
+from metadispatch.serving.kv import _tensors, decoded_cache
 
 transformers = pytest.importorskip("transformers")
 

@@ -41,12 +41,12 @@ from torch import nn
 from ..analysis.memory import memory
 from ..errors import MetaDispatchError
 from ..mode.mode import MetaMode
+from ..planning.tp import COLWISE, ROWWISE, local_tensors, shard
 from ..spec.profiles import GPUProfile, gpu_profile
 from ..timing.comms import comms
 from ..timing.runtime import runtime
 from ..tracing.tracer import tracer
 from .kv import KVLayout, cache_kwarg, cache_of, kv_layout, no_grad_for, storage_bytes
-from .tp import COLWISE, ROWWISE, local_tensors, shard
 
 __all__ = ["serve_plan", "ServePlan", "DecodeRow"]
 

@@ -1,4 +1,4 @@
-"""What one rank of a real tensor-parallel CPU run holds: spawned by tests/planning/test_serve_tp.py.
+"""What one rank of a real tensor-parallel CPU run holds: spawned by tests/serving/test_serve_tp.py.
 
 Each rank joins a ``gloo`` group, builds the transformers model from its
 config (seeded), splits it with torch's ``parallelize_module`` as vLLM splits
@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import metadispatch as md
-from metadispatch.planning.kv import _tensors, decoded_cache
+from metadispatch.serving.kv import _tensors, decoded_cache
 
 VLLM_PLAN = {
     "model.layers.*.self_attn.q_proj": ColwiseParallel,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import metadispatch as md
-from tests.planning.test_kv import _CONFIGS as KV_CONFIGS
-from tests.planning.test_kv import real_cache_bytes
+from tests.serving.test_kv import _CONFIGS as KV_CONFIGS
+from tests.serving.test_kv import real_cache_bytes
 
 transformers = pytest.importorskip("transformers")
 

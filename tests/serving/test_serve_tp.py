@@ -3,7 +3,7 @@
 Per rank, the KV bytes per token (over two lengths), the weights and the
 prefill's all-reduces of the plan -- traced on rank 0 of a logical world --
 equal what a real 2-process run of the same model split the same way
-holds and calls (tests/planning/tp_ranks.py).
+holds and calls (tests/serving/tp_ranks.py).
 """
 
 import json
@@ -13,11 +13,11 @@ import torch
 import torch.multiprocessing as mp
 
 import metadispatch as md
-from tests.planning.test_kv import _CONFIGS as KV_CONFIGS
-from tests.planning.test_kv import real_cache_bytes
+from tests.serving.test_kv import _CONFIGS as KV_CONFIGS
+from tests.serving.test_kv import real_cache_bytes
 
 transformers = pytest.importorskip("transformers")
-from tests.planning.tp_ranks import measure  # noqa: E402 (after transformers is known to be there)
+from tests.serving.tp_ranks import measure  # noqa: E402 (after transformers is known to be there)
 
 TP, LENGTHS, PREFILL = 2, (24, 40), 24
 
