@@ -73,7 +73,7 @@ class SwapReal(_compat.TorchFunctionMode):
                     mode._recorder.before_data_swap(args[0], args[1])
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
-            if func in literals.LITERALS and literals.applies(func, args, kwargs):
+            if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
                 # ``real.data = meta`` (``m.double()`` before the module's
@@ -125,6 +125,8 @@ class SwapReal(_compat.TorchFunctionMode):
                     # the user's buffers in the module, not stand-ins.
                     return real_first
                 return out
+            if func in _FACTORIES and kwargs.get("device") is not None:
+                return _with_named_device(func, args, kwargs)  # Note [A factory's named device] in dispatch.py
         if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
             # (Note [Composite overrides without a mode]).
@@ -134,6 +136,15 @@ class SwapReal(_compat.TorchFunctionMode):
 
 
 _META_ONLY = (MetaTensor,)
+_FACTORIES = _compat.device_constructors()
+
+
+def _with_named_device(func, args, kwargs):
+    # fmt: off
+    prev = STATE.named_device; STATE.named_device = True  # noqa: E702 (Note [Interrupts in mode entry and exit])
+    try: return func(*args, **kwargs)  # noqa: E701
+    finally: STATE.named_device = prev  # noqa: E701
+    # fmt: on
 
 
 # Note [Autocast on other logical devices]

@@ -50,12 +50,49 @@ def test_mode_factories_return_meta_tensors_where_asked(make, device):
         assert (t.shape, t.dtype, t.stride()) == (real.shape, real.dtype, real.stride())
 
 
-def test_mode_device_argument_overrides_factories():
+_FACTORY_CALLS = [
+    lambda: torch.ones(2),
+    lambda: torch.ones(2, device="cpu"),
+    lambda: torch.empty(3, device=torch.device("cpu")),
+    lambda: torch.zeros(2, 3, dtype=torch.int64, device="cpu"),
+    lambda: torch.arange(4, device="cpu"),
+    lambda: torch.arange(4),
+    lambda: torch.full((2,), 7.0, device="cpu"),
+    lambda: torch.randn(2, device="cpu"),
+    lambda: torch.tensor([1, 2], device="cpu"),
+    lambda: torch.tensor([1, 2]),
+    lambda: torch.as_tensor([1.0], device="cpu"),
+    lambda: torch.empty(3, device="meta"),  # as the mode's device (Note [Meta from options])
+]
+
+
+@pytest.mark.parametrize("make", _FACTORY_CALLS)
+def test_mode_device_is_the_default_device_of_factories(make):
+    # torch's own default device (torch.utils._device.DeviceContext, here on
+    # meta): a factory that names a device keeps it, one that names none
+    # takes the default.  The mode's device is the default.
+    with torch.device("meta"):
+        eager = make()
     with md.MetaMode(device="cuda:2") as mode:
-        t = torch.ones(2, device="cpu")
-        u = torch.empty(3)
-    assert t.device == u.device == torch.device("cuda:2")
-    assert "device='cuda:2'" in str(mode.trace)
+        t = make()
+    expected = torch.device("cpu") if eager.device.type == "cpu" else torch.device("cuda:2")
+    assert t.device == expected
+    assert (t.shape, t.dtype) == (eager.shape, eager.dtype)
+    assert mode.trace.calls[-1].outputs[0].device == expected
+
+
+def test_mode_device_cpu_factory_on_a_logical_gpu_is_a_host_tensor():
+    with md.MetaMode(device="cuda") as mode:
+        w = torch.ones(4, 4)
+        idx = torch.arange(4, device="cpu")
+        y = w[idx.to(w.device)]
+    assert (w.device, idx.device, y.device) == (torch.device("cuda:0"), torch.device("cpu"), torch.device("cuda:0"))
+    assert [c.op for c in mode.trace.calls] == [
+        "aten.ones.default",
+        "aten.arange.default",
+        "aten._to_copy.default",  # the host-to-device copy a GPU run dispatches
+        "aten.index.Tensor",
+    ]
 
 
 def test_mode_nested_torch_device_context():
