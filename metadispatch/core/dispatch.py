@@ -343,7 +343,7 @@ def _device(f, args, kwargs, tensors, mode):
                 # Note [Meta from options]
                 device = (_common_device(f, tensors) if tensors else None) or STATE.ambient
             if f.is_factory and mode is not None and mode.device is not None and not _named(named, mode.device):
-                device = mode.device  # Note [A factory's named device]
+                device = mode.device  # Note [A factory's named device] in mode/swap.py
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META
@@ -364,23 +364,7 @@ def _device(f, args, kwargs, tensors, mode):
 
 
 def _named(device: torch.device, default: torch.device) -> bool:
-    """Note [A factory's named device]
-    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-    A mode with a device (``MetaMode(device="cuda")``) is torch's default
-    device for the step: a factory given no device makes its tensor there.
-    One given a device keeps it: ``torch.zeros(3, device="cpu")`` is a CPU
-    tensor in a real CUDA job.  At the aten level the two look alike: torch's binding passes ``device=cpu`` for "no device
-    given" too.  So the difference is made where torch's own
-    ``torch.set_default_device`` makes it, at the torch-function level: the
-    swap (mode/swap.py) calls a factory in its ``DeviceContext``'s list
-    (``_compat.device_constructors``) that names a device with
-    ``STATE.named_device`` set, and only then is the named device kept.  Not
-    the mode's device type (a logical GPU is one device: ``"cuda:1"`` is
-    the mode's ``cuda:0``), nor meta (Note [Meta from options]).  Factories
-    below a Python function torch runs for a function mode (``F.*``'s body)
-    meet no function mode, as under ``torch.set_default_device``; here they
-    take the mode's device, as before.
-    """
+    """Whether a factory keeps the device its torch call named (Note [A factory's named device] in mode/swap.py)."""
     return STATE.named_device and device.type != default.type and device.type != "meta"
 
 

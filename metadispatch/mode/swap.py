@@ -142,6 +142,22 @@ _META_ONLY = (MetaTensor,)
 _FACTORIES = _compat.device_constructors()
 
 
+# Note [A factory's named device]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A mode with a device (``MetaMode(device="cuda")``) is torch's default
+# device for the step: a factory given no device makes its tensor there.
+# One given a device keeps it: ``torch.zeros(3, device="cpu")`` is a CPU
+# tensor in a real CUDA job.  At the aten level the two look alike: torch's
+# binding passes ``device=cpu`` for "no device given" too.  So the
+# difference is made where ``torch.set_default_device`` makes it, at the
+# torch-function level: the swap calls a factory of its ``DeviceContext``'s
+# list (``_compat.device_constructors``) that names a device with
+# ``STATE.named_device`` set, and only then does ``_device`` in
+# core/dispatch.py keep the named device.  Not the mode's device type (a
+# logical GPU is one device: ``"cuda:1"`` is the mode's ``cuda:0``), nor
+# meta (Note [Meta from options] there).  Factories below a Python function
+# torch runs for a function mode (``F.*``'s body) meet no function mode, as
+# under ``torch.set_default_device``; here they take the mode's device.
 _DATA_PTR = torch.Tensor.data_ptr
 
 
@@ -149,7 +165,7 @@ def _factory(func, args, kwargs):
     if kwargs.get("device") is None:
         out = func(*args, **kwargs)
     else:
-        # Note [A factory's named device] in dispatch.py
+        # Note [A factory's named device]
         # fmt: off
         prev = STATE.named_device; STATE.named_device = True  # noqa: E702 (Note [Interrupts in mode entry and exit])
         try: out = func(*args, **kwargs)  # noqa: E701

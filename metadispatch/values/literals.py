@@ -12,7 +12,7 @@ two at every attention layer on a logical H100 (tools/gpu_conformance.py
 against a real one).  So a literal of plain data (no tensors in it) asked
 for a device other than the CPU is built for real outside the trace, stood in
 for on ``D`` and lifted there.  The device follows the mode's rule for
-factories (Note [A factory's named device] in dispatch.py): a mode with a
+factories (Note [A factory's named device] in mode/swap.py): a mode with a
 device puts a literal there unless it names another device type (one
 named ``"cpu"`` is built here too, on the CPU, where C++ would lift it
 onto the mode's device).
@@ -58,7 +58,7 @@ def applies(mode, func, args, kwargs) -> bool:
     if device is None:  # torch's default device: the CPU's counters unless set otherwise
         return _compat.default_device_type() == "cpu" and _optimizer_counter()
     if normalize_device(device).type == "cpu":
-        # Note [A factory's named device] in dispatch.py: on the CPU whatever the mode's device
+        # Note [A factory's named device] in mode/swap.py: on the CPU whatever the mode's device
         return mode.device is not None and mode.device.type != "cpu" or _optimizer_counter()
     return True
 
