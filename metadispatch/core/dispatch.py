@@ -93,11 +93,11 @@ def dispatch(func, args, kwargs, mode):
         return out
     if mode is None:
         warn_if_lost(func, args)  # Note [Copying real values into a MetaTensor outside a mode]
-    if f.implicit_composite and _autograd_left_out(args):
-        return _decompose(func, args, kwargs, mode)
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
-        return NotImplemented  # Note [Wrapper subclasses dispatch first]
+        return NotImplemented  # Note [Wrapper subclasses dispatch first], a composite too (inference_mode)
+    if f.implicit_composite and _autograd_left_out(args):
+        return _decompose(func, args, kwargs, mode)
     args, kwargs, tensors = converted
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record

@@ -167,6 +167,29 @@ def _dtensor_device(self) -> torch.device:
     return _TENSOR_DEVICE.__get__(self)
 
 
+def _sharding_through_decomposition(below):
+    """Note [DTensor's sharding through a decomposition]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An op DTensor has no sharding rule for -- ``aten.linear`` under
+    ``torch.inference_mode()``, where the composite reaches DTensor whole
+    (Note [Composites that reach the mode] in core/dispatch.py) -- gets its
+    sharding from its decomposition, run once per candidate placement on
+    fresh ``device="meta"`` tensors under DTensor's own placement-tracking
+    mode.  That is bookkeeping on the meta device, no kernel of the step:
+    under a MetaMode it recorded every candidate's calls (4,400 for two TP
+    linears).  So it runs with the MetaMode out of torch's FAKE slot, as in
+    eager; DTensor then runs the op's decomposition on its local tensors,
+    which the mode records.
+    """
+
+    def propagate(self, *args, **kwargs):
+        if _compat.get_infra_mode(_compat.mode_key) is None:
+            return below(self, *args, **kwargs)
+        return _compat.call_without_infra_mode(below, (self, *args), kwargs)
+
+    return propagate
+
+
 # Note [Eager, not compiling]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Functional collectives take a different path when torch believes it is
@@ -275,6 +298,13 @@ PATCHES = [
         "_are_we_tracing",
         lambda below: functools.partial(_are_we_tracing, below),
         "functional collectives run eagerly (Note [Eager, not compiling])",
+    ),
+    (
+        _compat.dtensor_decomp_strategy_class,
+        "_propagate_through_decomp",
+        _sharding_through_decomposition,
+        "DTensor's sharding found through a decomposition, on meta outside the mode "
+        "(Note [DTensor's sharding through a decomposition])",
     ),
     *fsdp_storage.PATCHES,
     *fsdp_chunks.PATCHES,
