@@ -51,8 +51,15 @@ def run(args) -> int:
 
     from ..mode.mode import MetaMode
     from ..planning.serve import serve_plan
+    from ..planning.tp import split_problems
 
     targets.require_causal_lm(args.hf, config, "serve")
+    problems = split_problems(config, args.tp)
+    if problems:  # a usage error, before anything is built
+        raise targets.UsageError(
+            f"--tp {args.tp} does not split {', '.join(problems)}; tp must divide num_attention_heads and "
+            "intermediate_size"
+        )
     for option, tokens in (
         ("--max-model-len", args.max_model_len),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),
