@@ -34,11 +34,21 @@ from ..errors import MetaDispatchError
 from ..ir.records import Group
 from . import context_parallel, ddp_setup, fsdp_chunks, fsdp_storage, pipeline
 
-__all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
+__all__ = ["World", "PATCHES", "WIRING", "describe", "group_named", "WORK", "REDUCE_OP"]
 
 _ENV = ("RANK", "WORLD_SIZE")
 WORK = "<work>"
 REDUCE_OP = "<reduce op {}>"  # the op's name: "<reduce op SUM>"
+
+
+class _Wiring:
+    """What a world needs of the rules: ``collectives_defined()``, run once torch's
+    functional collectives are imported (set by rules/collectives.py)."""
+
+    collectives_defined = staticmethod(lambda: None)
+
+
+WIRING = _Wiring()
 
 
 class World:
@@ -73,6 +83,8 @@ class World:
         # Note [One world at a time]
         _compat.clear_dtensor_caches()
         steps.append(_compat.clear_dtensor_caches)
+        _compat.functional_collectives_module()  # Note [A rule for an op defined on import] in rules/collectives.py
+        WIRING.collectives_defined()
         self._make(steps)
         # Undone first: the groups are read before they are destroyed.
         steps.append(functools.partial(self.record_groups, trace.groups))

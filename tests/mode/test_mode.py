@@ -203,9 +203,33 @@ def test_mode_importing_changes_nothing_global():
         "loaded = [n for n in sys.modules if n.split('.')[:2][-1] in later and n.startswith('metadispatch.')]\n"
         "assert loaded == [], loaded\n"
         "assert metadispatch.flops is sys.modules['metadispatch.analysis.flops'].flops\n"
+        # ~20 ms of torch's, imported when a logical world is entered (Note [A rule for an op defined on import])
+        "assert 'torch.distributed._functional_collectives' not in sys.modules\n"
     )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+_FUNCTIONAL_COLLECTIVE = """
+import sys, torch, metadispatch as md
+assert "torch.distributed._functional_collectives" not in sys.modules
+def step(x):
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+trace = md.tracer(device="cpu", world_size=2)(step, torch.ones(4))
+print([c.format() for c in trace.calls if "_wrap_tensor_autograd" in c.op])
+"""
+
+
+def test_mode_functional_collectives_rule_waits_for_its_op_to_be_defined():
+    # import metadispatch no longer imports torch.distributed._functional_collectives
+    # to register the rule for the op it defines: a logical world imports it and
+    # registers the rule, and the wrapped output is its input, not a copy
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
+    run = subprocess.run([sys.executable, "-c", _FUNCTIONAL_COLLECTIVE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "['$2: f32[4] = _c10d_functional._wrap_tensor_autograd.default($2)']"
 
 
 def test_mode_defers_full_collections_only_while_entered():
