@@ -111,6 +111,16 @@ unset_infra_mode = torch._C._unset_dispatch_mode
 set_infra_mode = torch._C._set_dispatch_mode
 
 
+def call_without_infra_mode(fn, args, kwargs):
+    """``fn(*args, **kwargs)`` with the FAKE slot's mode out of it for the duration."""
+    mode = get_infra_mode(mode_key)
+    # fmt: off
+    unset_infra_mode(mode_key)
+    try: return fn(*args, **kwargs)  # noqa: E701
+    finally: set_infra_mode(mode)  # noqa: E701
+    # fmt: on
+
+
 # Note [What a mode entry changes in torch]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Entering a dispatch mode sets three flags in torch.utils._python_dispatch

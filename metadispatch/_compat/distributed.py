@@ -170,6 +170,15 @@ def pipeline_vote(stages: list, has_backward: bool) -> bool:
     return True
 
 
+def dtensor_decomp_strategy_class():
+    """DTensor's sharding propagation through an op's decomposition (None where torch has none)."""
+    try:
+        from torch.distributed.tensor._decompositions import DecompShardingStrategy
+    except ImportError:
+        return None
+    return DecompShardingStrategy
+
+
 def dtensor_class():
     from torch.distributed.tensor import DTensor
 

@@ -77,6 +77,16 @@ weight_norm_interface = torch._weight_norm_interface
 nn_functions = torch._C._nn
 
 
+def device_constructors() -> frozenset:
+    """The torch functions ``torch.set_default_device`` gives a device when
+    they are called without one (``torch.zeros``, ``torch.tensor``, ...): its
+    ``DeviceContext``'s own list (Note [A factory's named device] in
+    mode/swap.py)."""
+    from torch.utils._device import _device_constructors
+
+    return frozenset(_device_constructors())
+
+
 def push_function_mode(mode) -> None:
     torch._C._push_on_torch_function_stack(mode)
 

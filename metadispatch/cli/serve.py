@@ -50,9 +50,16 @@ def run(args) -> int:
     import transformers
 
     from ..mode.mode import MetaMode
+    from ..planning.tp import split_problems
     from ..serving.serve import serve_plan
 
     targets.require_causal_lm(args.hf, config, "serve")
+    problems = split_problems(config, args.tp)
+    if problems:  # a usage error, before anything is built
+        raise targets.UsageError(
+            f"--tp {args.tp} does not split {', '.join(problems)}; tp must divide num_attention_heads and "
+            "intermediate_size"
+        )
     for option, tokens in (
         ("--max-model-len", args.max_model_len),
         ("--max-num-batched-tokens", args.max_num_batched_tokens),

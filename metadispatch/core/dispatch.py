@@ -96,11 +96,11 @@ def dispatch(func, args, kwargs, mode):
         return out
     if mode is None:
         warn_if_lost(func, args)  # Note [Copying real values into a MetaTensor outside a mode]
-    if f.implicit_composite and _autograd_left_out(args):
-        return _decompose(func, args, kwargs, mode)
     converted = _convert(args, kwargs, _Lazy(mode))
     if converted is None:
-        return NotImplemented  # Note [Wrapper subclasses dispatch first]
+        return NotImplemented  # Note [Wrapper subclasses dispatch first], a composite too (inference_mode)
+    if f.implicit_composite and _autograd_left_out(args):
+        return _decompose(func, args, kwargs, mode)
     args, kwargs, tensors = converted
     device, args, kwargs, kargs, kkwargs = _device(f, args, kwargs, tensors, mode)
     recording = mode is not None and mode._depth == 0 and mode.record
@@ -343,12 +343,12 @@ def _device(f, args, kwargs, tensors, mode):
         pos, name = f.device_arg
         asked = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if asked is not None:
-            device = normalize_device(asked)
+            device = named = normalize_device(asked)
             if device.type == "meta" and not STATE.explicit_meta:
                 # Note [Meta from options]
                 device = (_common_device(f, tensors) if tensors else None) or STATE.ambient
-            if f.is_factory and mode is not None and mode.device is not None:
-                device = mode.device
+            if f.is_factory and mode is not None and mode.device is not None and not _named(named, mode.device):
+                device = mode.device  # Note [A factory's named device] in mode/swap.py
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META
@@ -366,6 +366,11 @@ def _device(f, args, kwargs, tensors, mode):
     if device is None:
         device = mode.device if mode is not None and mode.device is not None else torch.device("cpu")
     return device, args, kwargs, kargs, kkwargs
+
+
+def _named(device: torch.device, default: torch.device) -> bool:
+    """Whether a factory keeps the device its torch call named (Note [A factory's named device] in mode/swap.py)."""
+    return STATE.named_device and device.type != default.type and device.type != "meta"
 
 
 # Note [Meta from options]

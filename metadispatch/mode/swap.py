@@ -25,6 +25,7 @@ from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
 from ..gpu import autocast, inside
+from ..ir.records import type_str
 from ..source import user_frame
 from ..tensor.convert import with_real_tensor
 from ..tensor.tensor import STATE, MetaTensor
@@ -73,7 +74,7 @@ class SwapReal(_compat.TorchFunctionMode):
                     mode._recorder.before_data_swap(args[0], args[1])
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
-            if func in literals.LITERALS and literals.applies(func, args, kwargs):
+            if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
                 # ``real.data = meta`` (``m.double()`` before the module's
@@ -125,6 +126,10 @@ class SwapReal(_compat.TorchFunctionMode):
                     # the user's buffers in the module, not stand-ins.
                     return real_first
                 return out
+            if func in _FACTORIES and (kwargs.get("device") is not None or kwargs.get("pin_memory")):
+                return _factory(func, args, kwargs)
+            if func is _DATA_PTR and type(first) is MetaTensor and first._md.pinned_by is not None:
+                _refuse_address(first)
         if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
             # (Note [Composite overrides without a mode]).
@@ -134,6 +139,63 @@ class SwapReal(_compat.TorchFunctionMode):
 
 
 _META_ONLY = (MetaTensor,)
+_FACTORIES = _compat.device_constructors()
+
+
+# Note [A factory's named device]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A mode with a device (``MetaMode(device="cuda")``) is torch's default
+# device for the step: a factory given no device makes its tensor there.
+# One given a device keeps it: ``torch.zeros(3, device="cpu")`` is a CPU
+# tensor in a real CUDA job.  At the aten level the two look alike: torch's
+# binding passes ``device=cpu`` for "no device given" too.  So the
+# difference is made where ``torch.set_default_device`` makes it, at the
+# torch-function level: the swap calls a factory of its ``DeviceContext``'s
+# list (``_compat.device_constructors``) that names a device with
+# ``STATE.named_device`` set, and only then does ``_device`` in
+# core/dispatch.py keep the named device.  Not the mode's device type (a
+# logical GPU is one device: ``"cuda:1"`` is the mode's ``cuda:0``), nor
+# meta (Note [Meta from options] there).  Factories below a Python function
+# torch runs for a function mode (``F.*``'s body) meet no function mode, as
+# under ``torch.set_default_device``; here they take the mode's device.
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _factory(func, args, kwargs):
+    if kwargs.get("device") is None:
+        out = func(*args, **kwargs)
+    else:
+        # Note [A factory's named device]
+        # fmt: off
+        prev = STATE.named_device; STATE.named_device = True  # noqa: E702 (Note [Interrupts in mode entry and exit])
+        try: out = func(*args, **kwargs)  # noqa: E701
+        finally: STATE.named_device = prev  # noqa: E701
+        # fmt: on
+    if kwargs.get("pin_memory") and type(out) is MetaTensor:
+        out._md.pinned_by = f"torch.{func.__name__}(..., pin_memory=True)"
+    return out
+
+
+# Note [A pinned buffer's address]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A page-locked buffer made by a factory (``torch.empty(n, pin_memory=True)``)
+# is made to be filled through its address: safetensors' ``safe_open(path,
+# device="cuda")`` reads each tensor into one from Rust, through
+# ``data_ptr()``, before copying it to the GPU.  A MetaTensor holds no bytes
+# and its ``data_ptr()`` is 0 -- code that compares addresses (an RNN's
+# ``flatten_parameters``, transformers' shared-tensor check) keeps that --
+# but a write through it killed the process with a segfault.  So the
+# address of such a buffer is refused, with UnsupportedFeatureError naming
+# the factory and the user's line: the reader raises instead of writing.
+def _refuse_address(t: MetaTensor) -> None:
+    error = UnsupportedFeatureError(
+        f"Tensor.data_ptr() of a {t._md.pinned_by} MetaTensor ({type_str(t.dtype, t.shape, device=t._md.device)}): "
+        "a pinned buffer's address is where its bytes are written (safetensors' safe_open(device='cuda') does), "
+        "and a MetaTensor holds none (Note [A pinned buffer's address]). Open the file with device='cpu': its "
+        "tensors then stand in on the mode's device"
+    )
+    mark_call(error, "Tensor.data_ptr", user_frame())
+    raise error
 
 
 # Note [Autocast on other logical devices]

@@ -43,7 +43,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from ..errors import MetaDispatchError
 from ..mode.mode import MetaMode
 
-__all__ = ["COLWISE", "ROWWISE", "shard", "tp_plan", "local_tensors", "check_divides"]
+__all__ = ["COLWISE", "ROWWISE", "shard", "tp_plan", "local_tensors", "check_divides", "split_problems"]
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWWISE = ("o_proj", "down_proj")
@@ -77,6 +77,13 @@ def tp_config(config, tp: int):
 
 def check_divides(config, tp: int) -> None:
     """Refuse a ``tp`` the heads or the MLP cannot be split by."""
+    problems = split_problems(config, tp)
+    if problems:
+        raise MetaDispatchError(f"serve_plan: tp={tp} does not split {', '.join(problems)}")
+
+
+def split_problems(config, tp: int) -> list[str]:
+    """What in ``config`` a ``tp`` cannot split (``"num_attention_heads=4"``...); empty when it splits all."""
     heads = getattr(config, "num_attention_heads", None)
     kv = getattr(config, "num_key_value_heads", None) or heads
     inter = getattr(config, "intermediate_size", None)
@@ -87,8 +94,7 @@ def check_divides(config, tp: int) -> None:
         problems.append(f"intermediate_size={inter}")
     if isinstance(kv, int) and (kv % tp if kv >= tp else tp % kv):
         problems.append(f"num_key_value_heads={kv} (tp must divide it, or be a multiple of it: vLLM's rule)")
-    if problems:
-        raise MetaDispatchError(f"serve_plan: tp={tp} does not split {', '.join(problems)}")
+    return problems
 
 
 def shard(model: nn.Module, tp: int, gpu: str) -> nn.Module:

@@ -21,12 +21,18 @@ tensors, as a real one does once the collective is done.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+
 import torch
 
 from .. import _compat
 from ..core.registry import builtin_rule
 from ..errors import UnsupportedFeatureError
 from ..spec.schema import schema_of
+from ..world import world
+
+_FUNCTIONAL_COLLECTIVES = "torch.distributed._functional_collectives"
 
 __all__ = ["wait_tensor", "wrap_tensor_autograd"]
 
@@ -36,13 +42,30 @@ def wait_tensor(tensor):
     return tensor
 
 
-# _wrap_tensor_autograd is a custom op its module defines on import (~20 ms; it imports no DTensor).
-_compat.functional_collectives_module()
-
-
-@builtin_rule(torch.ops._c10d_functional._wrap_tensor_autograd.default)
 def wrap_tensor_autograd(tensor):
+    """Note [A rule for an op defined on import]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    ``_c10d_functional._wrap_tensor_autograd`` is a custom op that
+    ``torch.distributed._functional_collectives`` defines when imported
+    (~20 ms ``import metadispatch`` no longer pays).  So its rule goes in
+    when the module is there: at this import if it is already, else when a
+    logical world is entered, which imports it (world/world.py's WIRING).
+    A functional collective in a mode without a world (a real process
+    group, the module imported after metadispatch) meets torch's fake
+    kernel instead, which copies.
+    """
     return tensor
+
+
+def _register_wrap() -> None:
+    op = torch.ops._c10d_functional._wrap_tensor_autograd.default
+    with contextlib.suppress(RuntimeError):  # registered already
+        builtin_rule(op)(wrap_tensor_autograd)
+
+
+if _FUNCTIONAL_COLLECTIVES in sys.modules:
+    _register_wrap()
+world.WIRING.collectives_defined = _register_wrap
 
 
 def _done(tensors: list):

@@ -21,7 +21,10 @@ in ``__deepcopy__`` and stand-in wiring).
   values/known.py); ``bounds`` and ``drawn``: what is known of its range
   (Note [Value bounds] in values/bounds.py);
 * ``user_device``: the device of the user's tensor it stands in for, where
-  that differs from the logical one (values/composites.py).
+  that differs from the logical one (values/composites.py);
+* ``pinned_by``: the factory that made it as a page-locked buffer, to be
+  filled through its address (Note [A pinned buffer's address] in
+  mode/swap.py).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ __all__ = ["TensorState", "state_of"]
 
 
 class TensorState:
-    __slots__ = ("device", "recorder", "meta", "call", "name", "known", "bounds", "drawn", "user_device")
+    __slots__ = ("device", "recorder", "meta", "call", "name", "known", "bounds", "drawn", "user_device", "pinned_by")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -44,6 +47,7 @@ class TensorState:
         self.bounds = None
         self.drawn: tuple | None = None
         self.user_device: torch.device | None = None
+        self.pinned_by: str | None = None
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__ if getattr(self, k) is not None)

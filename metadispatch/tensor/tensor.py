@@ -62,6 +62,7 @@ class _State(threading.local):
     in_kernel = False
     ambient = torch.device("cpu")  # the device of the last op's tensors
     explicit_meta = False  # inside ``MetaTensor.to("meta")``; Note [Meta from options]
+    named_device = False  # inside ``torch.zeros(..., device=D)``; Note [A factory's named device]
 
 
 STATE = _State()

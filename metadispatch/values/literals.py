@@ -12,8 +12,10 @@ two at every attention layer on a logical H100 (tools/gpu_conformance.py
 against a real one).  So a literal of plain data (no tensors in it) asked
 for a device other than the CPU is built for real outside the trace, stood in
 for on ``D`` and lifted there.  The device follows the mode's rule for
-factories (Note [Meta from options] in dispatch.py): a mode with a device
-puts every factory there.
+factories (Note [A factory's named device] in mode/swap.py): a mode with a
+device puts a literal there unless it names another device type (one
+named ``"cpu"`` is built here too, on the CPU, where C++ would lift it
+onto the mode's device).
 
 Note [Optimizer step counters on the CPU]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -46,7 +48,7 @@ _CPU = torch.device("cpu")
 LITERALS = {torch.tensor, torch.as_tensor}
 
 
-def applies(func, args, kwargs) -> bool:
+def applies(mode, func, args, kwargs) -> bool:
     """For ``func`` in LITERALS (the mode asks only for those): whether :func:`build` makes this call."""
     if not args:
         return False
@@ -56,7 +58,8 @@ def applies(func, args, kwargs) -> bool:
     if device is None:  # torch's default device: the CPU's counters unless set otherwise
         return _compat.default_device_type() == "cpu" and _optimizer_counter()
     if normalize_device(device).type == "cpu":
-        return _optimizer_counter()
+        # Note [A factory's named device] in mode/swap.py: on the CPU whatever the mode's device
+        return mode.device is not None and mode.device.type != "cpu" or _optimizer_counter()
     return True
 
 

@@ -35,11 +35,21 @@ from ..ir.records import Group
 from . import context_parallel, ddp_setup, fsdp_chunks, fsdp_storage, pipeline
 from .inflight import InFlight
 
-__all__ = ["World", "PATCHES", "describe", "group_named", "WORK", "REDUCE_OP"]
+__all__ = ["World", "PATCHES", "WIRING", "describe", "group_named", "WORK", "REDUCE_OP"]
 
 _ENV = ("RANK", "WORLD_SIZE")
 WORK = "<work>"
 REDUCE_OP = "<reduce op {}>"  # the op's name: "<reduce op SUM>"
+
+
+class _Wiring:
+    """What a world needs of the rules: ``collectives_defined()``, run once torch's
+    functional collectives are imported (set by rules/collectives.py)."""
+
+    collectives_defined = staticmethod(lambda: None)
+
+
+WIRING = _Wiring()
 
 
 class World:
@@ -77,6 +87,8 @@ class World:
         # Note [One world at a time]
         _compat.clear_dtensor_caches()
         steps.append(_compat.clear_dtensor_caches)
+        _compat.functional_collectives_module()  # Note [A rule for an op defined on import] in rules/collectives.py
+        WIRING.collectives_defined()
         self._make(steps)
         # Undone first: the groups are read before they are destroyed.
         steps.append(functools.partial(self.record_groups, trace.groups))
@@ -169,6 +181,29 @@ def _dtensor_device(self) -> torch.device:
     if isinstance(local, torch.Tensor):
         return local.device
     return _TENSOR_DEVICE.__get__(self)
+
+
+def _sharding_through_decomposition(below):
+    """Note [DTensor's sharding through a decomposition]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    An op DTensor has no sharding rule for -- ``aten.linear`` under
+    ``torch.inference_mode()``, where the composite reaches DTensor whole
+    (Note [Composites that reach the mode] in core/dispatch.py) -- gets its
+    sharding from its decomposition, run once per candidate placement on
+    fresh ``device="meta"`` tensors under DTensor's own placement-tracking
+    mode.  That is bookkeeping on the meta device, no kernel of the step:
+    under a MetaMode it recorded every candidate's calls (4,400 for two TP
+    linears).  So it runs with the MetaMode out of torch's FAKE slot, as in
+    eager; DTensor then runs the op's decomposition on its local tensors,
+    which the mode records.
+    """
+
+    def propagate(self, *args, **kwargs):
+        if _compat.get_infra_mode(_compat.mode_key) is None:
+            return below(self, *args, **kwargs)
+        return _compat.call_without_infra_mode(below, (self, *args), kwargs)
+
+    return propagate
 
 
 # Note [Eager, not compiling]
@@ -279,6 +314,13 @@ PATCHES = [
         "_are_we_tracing",
         lambda below: functools.partial(_are_we_tracing, below),
         "functional collectives run eagerly (Note [Eager, not compiling])",
+    ),
+    (
+        _compat.dtensor_decomp_strategy_class,
+        "_propagate_through_decomp",
+        _sharding_through_decomposition,
+        "DTensor's sharding found through a decomposition, on meta outside the mode "
+        "(Note [DTensor's sharding through a decomposition])",
     ),
     *fsdp_storage.PATCHES,
     *fsdp_chunks.PATCHES,

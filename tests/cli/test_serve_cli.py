@@ -68,6 +68,12 @@ def test_serve_tp_prints_one_ranks_plan(capsys):
     assert plan.kv_per_token == 2 * 2 * 1 * 16 * 2 and "collectives    4 in a prefill" in out  # one KV head a rank
 
 
-def test_serve_tp_that_does_not_split_the_heads_is_refused(capsys):
-    assert main(["serve", "--hf", "llama", "--tp", "3", *[a for kv in SMALL for a in ("--config", kv)]]) != 0
-    assert "tp=3 does not split num_attention_heads=4" in capsys.readouterr().err
+def test_serve_tp_that_does_not_split_the_heads_is_a_usage_error(capsys):
+    # exit 2 as every other bad argument, naming the value and the rule (it was exit 3, "the model raised")
+    assert main(["serve", "--hf", "llama", "--tp", "3", *[a for kv in SMALL for a in ("--config", kv)]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "".join(err) and len(err) <= 2
+    assert err[0].startswith(
+        "metadispatch serve: error: --tp 3 does not split num_attention_heads=4, intermediate_size"
+    )
+    assert "tp must divide num_attention_heads and intermediate_size" in err[0] and "vLLM's rule" in err[0]

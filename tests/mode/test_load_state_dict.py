@@ -5,6 +5,8 @@ and Note [torch.load inside a MetaMode] (mode/realcode.py).
 """
 
 import io
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -201,3 +203,46 @@ def test_load_state_dict_safetensors_inside_the_mode_materializes_the_checkpoint
         model.load_state_dict(loaded)
     real = md.materialize(model)
     assert torch.equal(real.weight, sd["weight"].to(torch.bfloat16)) and torch.equal(real.bias, sd["bias"])
+
+
+_SAFE_OPEN_CUDA = """
+import torch, metadispatch as md
+from safetensors import safe_open
+with md.MetaMode(device="cuda"):
+    with safe_open({path!r}, framework="pt", device="cuda") as f:
+        try:
+            f.get_tensor("weight")
+        except md.UnsupportedFeatureError as e:
+            print("refused:", e)
+"""
+
+
+def test_load_state_dict_safe_open_onto_a_logical_gpu_is_refused_not_a_segfault(tmp_path):
+    # Note [A pinned buffer's address] in mode/swap.py: safetensors reads a
+    # tensor for "cuda" into a pinned torch.empty through its data_ptr(), 0
+    # for a MetaTensor; the write killed the process.  In a subprocess, so
+    # that a segfault fails this test rather than pytest.
+    st = pytest.importorskip("safetensors.torch")
+    path = tmp_path / "m.safetensors"
+    st.save_file(nn.Linear(4, 3).state_dict(), path)
+    run = subprocess.run(
+        [sys.executable, "-c", _SAFE_OPEN_CUDA.format(path=str(path))], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "refused: Tensor.data_ptr() of a torch.empty(..., pin_memory=True) MetaTensor (f32[3, 4])" in run.stdout
+    assert "safe_open(device='cuda')" in run.stdout and "device='cpu'" in run.stdout
+
+
+def test_load_state_dict_safe_open_on_the_cpu_stands_in_on_a_logical_gpu(tmp_path):
+    # what the refusal above suggests: the checkpoint's tensors, as eager reads them, on the mode's device
+    st = pytest.importorskip("safetensors.torch")
+    from safetensors import safe_open
+
+    path = tmp_path / "m.safetensors"
+    st.save_file(nn.Linear(4, 3).state_dict(), path)
+    with safe_open(path, framework="pt", device="cpu") as f:
+        eager = {k: f.get_tensor(k) for k in f.keys()}
+    with md.MetaMode(device="cuda"), safe_open(path, framework="pt", device="cpu") as f:
+        loaded = {k: f.get_tensor(k) for k in f.keys()}
+    assert {k: (v.shape, v.dtype) for k, v in loaded.items()} == {k: (v.shape, v.dtype) for k, v in eager.items()}
+    assert {v.device for v in loaded.values()} == {torch.device("cuda:0")}

@@ -50,12 +50,49 @@ def test_mode_factories_return_meta_tensors_where_asked(make, device):
         assert (t.shape, t.dtype, t.stride()) == (real.shape, real.dtype, real.stride())
 
 
-def test_mode_device_argument_overrides_factories():
+_FACTORY_CALLS = [
+    lambda: torch.ones(2),
+    lambda: torch.ones(2, device="cpu"),
+    lambda: torch.empty(3, device=torch.device("cpu")),
+    lambda: torch.zeros(2, 3, dtype=torch.int64, device="cpu"),
+    lambda: torch.arange(4, device="cpu"),
+    lambda: torch.arange(4),
+    lambda: torch.full((2,), 7.0, device="cpu"),
+    lambda: torch.randn(2, device="cpu"),
+    lambda: torch.tensor([1, 2], device="cpu"),
+    lambda: torch.tensor([1, 2]),
+    lambda: torch.as_tensor([1.0], device="cpu"),
+    lambda: torch.empty(3, device="meta"),  # as the mode's device (Note [Meta from options])
+]
+
+
+@pytest.mark.parametrize("make", _FACTORY_CALLS)
+def test_mode_device_is_the_default_device_of_factories(make):
+    # torch's own default device (torch.utils._device.DeviceContext, here on
+    # meta): a factory that names a device keeps it, one that names none
+    # takes the default.  The mode's device is the default.
+    with torch.device("meta"):
+        eager = make()
     with md.MetaMode(device="cuda:2") as mode:
-        t = torch.ones(2, device="cpu")
-        u = torch.empty(3)
-    assert t.device == u.device == torch.device("cuda:2")
-    assert "device='cuda:2'" in str(mode.trace)
+        t = make()
+    expected = torch.device("cpu") if eager.device.type == "cpu" else torch.device("cuda:2")
+    assert t.device == expected
+    assert (t.shape, t.dtype) == (eager.shape, eager.dtype)
+    assert mode.trace.calls[-1].outputs[0].device == expected
+
+
+def test_mode_device_cpu_factory_on_a_logical_gpu_is_a_host_tensor():
+    with md.MetaMode(device="cuda") as mode:
+        w = torch.ones(4, 4)
+        idx = torch.arange(4, device="cpu")
+        y = w[idx.to(w.device)]
+    assert (w.device, idx.device, y.device) == (torch.device("cuda:0"), torch.device("cpu"), torch.device("cuda:0"))
+    assert [c.op for c in mode.trace.calls] == [
+        "aten.ones.default",
+        "aten.arange.default",
+        "aten._to_copy.default",  # the host-to-device copy a GPU run dispatches
+        "aten.index.Tensor",
+    ]
 
 
 def test_mode_nested_torch_device_context():
@@ -166,9 +203,33 @@ def test_mode_importing_changes_nothing_global():
         "loaded = [n for n in sys.modules if n.split('.')[:2][-1] in later and n.startswith('metadispatch.')]\n"
         "assert loaded == [], loaded\n"
         "assert metadispatch.flops is sys.modules['metadispatch.analysis.flops'].flops\n"
+        # ~20 ms of torch's, imported when a logical world is entered (Note [A rule for an op defined on import])
+        "assert 'torch.distributed._functional_collectives' not in sys.modules\n"
     )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+_FUNCTIONAL_COLLECTIVE = """
+import sys, torch, metadispatch as md
+assert "torch.distributed._functional_collectives" not in sys.modules
+def step(x):
+    import torch.distributed as dist
+    from torch.distributed import _functional_collectives as funcol
+    return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+trace = md.tracer(device="cpu", world_size=2)(step, torch.ones(4))
+print([c.format() for c in trace.calls if "_wrap_tensor_autograd" in c.op])
+"""
+
+
+def test_mode_functional_collectives_rule_waits_for_its_op_to_be_defined():
+    # import metadispatch no longer imports torch.distributed._functional_collectives
+    # to register the rule for the op it defines: a logical world imports it and
+    # registers the rule, and the wrapped output is its input, not a copy
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
+    run = subprocess.run([sys.executable, "-c", _FUNCTIONAL_COLLECTIVE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "['$2: f32[4] = _c10d_functional._wrap_tensor_autograd.default($2)']"
 
 
 def test_mode_defers_full_collections_only_while_entered():

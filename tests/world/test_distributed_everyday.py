@@ -96,6 +96,45 @@ def test_distributed_tensor_parallel_with_adamw_traces_its_gradients_shards(fore
     assert {name: tuple(m.shape) for name, m in trace.grads.items()} == expected
 
 
+def _tp_inference(x):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    parallelize_module(model, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    with torch.inference_mode():
+        return model(x)
+
+
+def _collectives(counts) -> dict:
+    return {str(op).split(".")[-1]: n for op, n in counts.items()}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_distributed_tensor_parallel_linears_under_inference_mode_shard_as_eager(rank):
+    # Under inference_mode aten.linear reaches DTensor whole, which finds its
+    # sharding through its decomposition on meta tensors: the mode once
+    # decomposed it on the DTensors ("Cannot set version_counter for
+    # inference tensor"), then recorded every candidate's meta calls.
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    dist.init_process_group("fake", store=md._compat.fake_process_group_store(), rank=rank, world_size=2)
+    try:
+        with CommDebugMode() as comms:
+            eager = _tp_inference(torch.randn(4, 8))
+        eager_comms = _collectives(comms.get_comm_counts())
+    finally:
+        dist.destroy_process_group()
+    trace = md.tracer(device="cpu", world_size=2, rank=rank)(_tp_inference, torch.randn(4, 8))
+    out = trace.output_meta
+    assert (tuple(out.shape), out.dtype) == (tuple(eager.shape), eager.dtype)
+    traced = [c.op.split(".")[1] for c in trace.calls if c.op.split(".")[0] in ("c10d", "_c10d_functional")]
+    traced = [op for op in traced if op not in ("_wrap_tensor_autograd", "wait_tensor")]
+    assert {op: traced.count(op) for op in traced} == eager_comms  # the build's and the forward's
+    assert eager_comms["all_gather_into_tensor"] == 2
+    # the forward's matmuls on this rank's tensors; DTensor's sharding search is none of them
+    assert [c.op for c in trace.calls].count("aten.addmm.default") == 2
+    assert len(trace.calls) < 100
+
+
 def _device_answers() -> tuple:
     acc = torch.accelerator.current_accelerator(check_available=True)
     return torch.cuda.is_available(), torch.accelerator.is_available(), acc
