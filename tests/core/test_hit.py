@@ -77,7 +77,7 @@ def test_hit_path_keeps_bounds_rules(monkeypatch):
     out = md.trace(step, x).output
     b = bounds_of(out)
     assert b is not None and (b.lo, b.hi) == (0.0, 1.0)
-    assert engine._FAST[torch.ops.aten.sigmoid.default] == 2
+    assert engine._FAST[torch.ops.aten.sigmoid.default][1] == 2
 
 
 def test_hit_path_carries_bounds_through_a_cached_answer(monkeypatch):
@@ -103,4 +103,4 @@ def test_hit_path_carries_bounds_through_a_cached_answer(monkeypatch):
         b = bounds_of(md.trace(step).output)
         assert b is not None and (b.lo, b.hi) == (1.0, 2.0)
         assert hits.count(torch.ops.aten.add.Tensor) == n  # the first trace fills the cache
-    assert engine._FAST[torch.ops.aten.add.Tensor] == 1  # no bounds of its own: no rule run on a hit
+    assert engine._FAST[torch.ops.aten.add.Tensor][1] == 1  # no bounds of its own: no rule run on a hit
