@@ -3,17 +3,22 @@
 Note [The cache-hit path]
 ~~~~~~~~~~~~~~~~~~~~~~~~~
 Most recorded calls of a model are cache hits (layer 7 runs layer 0's ops on
-layer 0's shapes), and a hit needs less than the full path gives every call:
-no real tensor to convert, no device argument to resolve, no value knowledge
-or bounds to carry, no schema work.  So for an op that can be served this
-way (:func:`eligible`, decided once per op) and a call whose tensors are all
-MetaTensors, one
-pass over the arguments does what the full path spreads over four: it
-encodes each argument as the recorder would (its TensorMeta, numbering a
-leaf on its first read as ``encode`` does), builds the
-cache key from those records exactly as ``MetaCache.key_from_encoded``
-does, and finds the outputs' logical device as ``_common_device`` does.  On
-a hit the outputs are rebuilt from the recipe and the call recorded; on
+layer 0's shapes), and a hit needs less than the full path gives every call.
+For an op that can be served this way (:func:`eligible`, decided once per op
+with its facts: ``dispatch._FAST``) and a call whose tensors are all
+MetaTensors, :func:`answer_hit` makes one pass over the arguments: each
+tensor's record is the one its state already holds (``t._md.meta``; a leaf
+is numbered on its first read as ``encode`` numbers it), and from those
+records it builds the cache key exactly as ``MetaCache.key_from_encoded``
+does and finds the outputs' logical device as ``_common_device`` does -- the
+top-level tensors inline, those in lists and keyword arguments through
+:func:`_take`.  On a hit, :func:`_made` builds each output from the recipe
+and makes its record in the same step (a fresh output or a view: the
+recipe's shape, strides, offset and dtype, a new id, its storage numbered;
+the input itself, or a plain value, as the recorder's ``out`` records it),
+and ``Recorder.append`` appends the call with its module and phase.  No
+real tensor is converted, no device argument resolved, no schema read, and
+no value knowledge or bounds run unless an input has some (below).  On
 anything else -- a miss, an uncachable entry, an argument of another kind,
 two devices that would raise -- it answers :data:`MISS` and the full path
 runs from the start, having changed nothing (a tensor whose record lacked
