@@ -14,12 +14,12 @@ from ..ir.decode import is_marker
 from ..source import user_frame
 from ..spec.schema import facts
 from ..tensor.convert import Converter
+from ..tensor.lostcopy import warn_if_lost
 from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 from ..values import assume, known
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
-from .lostcopy import warn_if_lost
 from .router import route
 
 __all__ = ["dispatch"]
