@@ -214,8 +214,6 @@ def _made(recipe, inputs, device, rec, index: int) -> tuple:
             elem = _EMPTY_STRIDED(shape, stride, dtype=dtype, device=META)
             if offset:
                 elem = elem.as_strided(shape, stride, offset)
-        else:
-            return _numbered(build(recipe, inputs, device), recipe[1:6], rec, index)
     elif kind == "view":
         _, i, shape, stride, offset, dtype, where = recipe
         with _compat.no_python_dispatch():  # the base is a MetaTensor
@@ -226,22 +224,14 @@ def _made(recipe, inputs, device, rec, index: int) -> tuple:
     else:  # the input itself ("same"), or a plain value
         o = build(recipe, inputs, device)
         return o, rec.out(o)
-    d = where or device
-    t = _compat.make_subclass(MetaTensor, elem, False, d)
-    st = t._md = TensorState(d)
+    if kind == "fresh" and nbytes is not None:  # on a storage of its recorded size
+        t = build(recipe, inputs, device)
+        st = t._md
+    else:
+        t = _compat.make_subclass(MetaTensor, elem, False, where or device)
+        st = t._md = TensorState(where or device)
     storage = rec.storage_number(t)
     # made with requires_grad=False; autograd sets it later (Recorder.meta_of)
-    m = _TUPLE_NEW(TensorMeta, (rec.new_id(), shape, dtype, stride, offset, d, False, storage))
-    rec.bases.setdefault(storage, m)
-    st.recorder, st.meta, st.call = rec.token, m, index
-    return t, m
-
-
-def _numbered(t, meta: tuple, rec, index: int) -> tuple:
-    """``(t, its record)`` for a fresh output ``build`` made on a storage of its own size."""
-    shape, stride, offset, dtype, where = meta
-    st = t._md
-    storage = rec.storage_number(t)
     m = _TUPLE_NEW(TensorMeta, (rec.new_id(), shape, dtype, stride, offset, st.device, False, storage))
     rec.bases.setdefault(storage, m)
     st.recorder, st.meta, st.call = rec.token, m, index
