@@ -310,7 +310,7 @@ _STATE = {
     ("metadispatch.spec.schema", "_CACHE"): "each op's facts, computed once (Note in spec/schema.py)",
     ("metadispatch.tensor.tensor", "STATE"): "a thread's dispatch state (thread-local)",
     ("metadispatch.tensor.tensor", "_READS"): "a thread's count of value reads (thread-local)",
-    ("metadispatch.values.composites", "_BY_FUNCTION"): "composite overrides by torch function, filled by registration",
+    ("metadispatch.values.composites", "BY_FUNCTION"): "composite overrides by torch function, filled by registration",
     ("metadispatch.values.known", "_MUTATED"): "ops that write their arguments, computed once each",
     ("metadispatch.world.world", "_CURRENT"): "a thread's logical world (thread-local)",
     ("metadispatch.world.world", "_LIVE"): "the logical world entered, one per process",

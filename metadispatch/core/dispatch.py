@@ -14,13 +14,13 @@ from ..ir.decode import is_marker
 from ..source import user_frame
 from ..spec.schema import facts
 from ..tensor.convert import Converter
+from ..tensor.lostcopy import warn_if_lost
 from ..tensor.tensor import META, STATE, MetaTensor, is_wrapper_subclass, normalize_device, value_reads, wrap
 from ..values import assume, known
 from ..world import inflight
 from . import hit
 from .cache import UNCACHABLE, MetaCache, context
 from .call import Call
-from .lostcopy import warn_if_lost
 from .router import route
 
 __all__ = ["dispatch"]
@@ -46,7 +46,7 @@ _REFUSALS = (RuntimeError, NotImplementedError, ValueError, IndexError, TypeErro
 
 
 _PRIM_DEVICE = torch.ops.prim.device.default
-_FAST: dict = {}  # op -> whether its calls may take the cache-hit path (hit.eligible), decided once
+_FAST: dict = {}  # op -> (its facts, whether its calls may take the cache-hit path: hit.eligible), decided once
 
 
 def dispatch(func, args, kwargs, mode):
@@ -61,23 +61,24 @@ def dispatch(func, args, kwargs, mode):
         # C++ asking a logical-CPU MetaTensor for its device
         # (Note [Backend keys of a logical CPU]).
         return args[0].device
-    f = facts(func)
+    known_op = _FAST.get(func)  # (one OpOverload.__hash__, a Python method, for both)
+    if known_op is None:
+        f = facts(func)
+        known_op = _FAST[func] = (f, hit.eligible(f, _CROSS_DEVICE))
+    f, fast = known_op
     if mode is not None and mode.world is not None and mode.world.in_flight and not mode._depth:
         mode.world.in_flight.use(func, args, kwargs)  # Note [A collective's buffers live until its wait]
     if (
-        mode is not None
+        fast
+        and mode is not None
         and mode._depth == 0
         and mode.record
         and mode.cache is not None
         and (mode.assume is None or f.name not in mode.assume.ops)  # a token call gets its declared value below
     ):
-        fast = _FAST.get(func)
-        if fast is None:
-            fast = _FAST[func] = hit.eligible(f, _CROSS_DEVICE)
-        if fast:
-            out = hit.answer_hit(func, f, args, kwargs, mode, fast == 2)  # Note [The cache-hit path] in hit.py
-            if out is not hit.MISS:
-                return out
+        out = hit.answer_hit(func, f, args, kwargs, mode, fast == 2)  # Note [The cache-hit path] in hit.py
+        if out is not hit.MISS:
+            return out
     if f.passthrough:
         # Note [record_function ranges in a trace]
         # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -84,7 +84,7 @@ class Recorder:
         self.const_names: dict = {}  # id(real tensor) -> its attribute's name in a traced module
         self.backward_modules = BackwardModules()
         # storage number -> the first bound leaf or call output on it (Note [Views of leaves])
-        self._bases: dict = {}
+        self.bases: dict = {}
         self.rng = RngLog(trace)  # Note [RNG state as slots] in rngstate.py
 
     # -- the real tensors stood in for (Note [No real tensor outlives the recording])
@@ -213,13 +213,13 @@ class Recorder:
         self.meta_of(value)
 
     def _leaf(self, t: MetaTensor) -> TensorMeta:
-        storage = self._storage_number(t)
+        storage = self.storage_number(t)
         st = t._md
         named = st.name
-        base = self._bases.get(storage)
+        base = self.bases.get(storage)
         if base is not None and named is None:
             return self._view_of(t, base)
-        m = self._meta(t, self._new_id(), storage)
+        m = self._meta(t, self.new_id(), storage)
         st.recorder, st.meta, st.call = self.token, m, None
         kind, name = named or ("input", "")
         value = None
@@ -233,7 +233,7 @@ class Recorder:
                     value = real.detach().clone()
         self.trace.leaves[m.id] = Leaf(m, kind, name, value)
         if kind != "input":
-            self._bases.setdefault(storage, m)
+            self.bases.setdefault(storage, m)
         return m
 
     def _view_of(self, t: MetaTensor, base: TensorMeta) -> TensorMeta:
@@ -249,7 +249,7 @@ class Recorder:
         it with made-up values; it is that tensor's data, so it is recorded as
         the view it is, and replay takes the same view of the real tensor.
         """
-        m = self._meta(t, self._new_id(), base.storage)
+        m = self._meta(t, self.new_id(), base.storage)
         st = t._md
         st.recorder, st.meta, st.call = self.token, m, len(self.trace.calls)
         self.trace.calls.append(
@@ -269,11 +269,11 @@ class Recorder:
         )
         return m
 
-    def _new_id(self) -> int:
+    def new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
 
-    def _storage_number(self, t: torch.Tensor) -> int:
+    def storage_number(self, t: torch.Tensor) -> int:
         try:
             storage = t.untyped_storage()
         except NotImplementedError:
@@ -331,7 +331,12 @@ class Recorder:
         enc_kwargs = {k: encode(v) for k, v in kwargs.items()} if kwargs else None
         return enc_args, enc_kwargs
 
-    def _out(self, o):
+    def calls_now(self) -> list:
+        """The recording trace's ``calls`` (read per call without a frame through ``_recording``)."""
+        return (self._recording if self._recording is not None else self._trace()).calls
+
+    def out(self, o):
+        """The record of output ``o`` of the call about to be appended (numbering it if new)."""
         if isinstance(o, torch.Tensor):
             st = o._md
             if st.recorder is self.token:
@@ -339,15 +344,15 @@ class Recorder:
                 old = st.meta
                 m = self._meta(o, old.id, old.storage)
             else:
-                m = self._meta(o, self._new_id(), self._storage_number(o))
-                self._bases.setdefault(m.storage, m)
+                m = self._meta(o, self.new_id(), self.storage_number(o))
+                self.bases.setdefault(m.storage, m)
                 st.recorder = self.token
             st.meta, st.call = m, len(self._trace().calls)  # the index record() gives
             if self.keep_known and st.known is not None:
                 self._note_known(st, m.id, st.call + 1)
             return m
         if type(o) in (list, tuple):
-            return tuple(self._out(x) for x in o)
+            return tuple(self.out(x) for x in o)
         if isinstance(o, torch.ScriptObject):
             return world.describe(o)
         return o
@@ -355,51 +360,17 @@ class Recorder:
     def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:
         enc_args, enc_kwargs = pending
         if len(f.returns_write) == 1:
-            outputs = (self._out(result),)
+            outputs = (self.out(result),)
         elif f.returns_write:
-            outputs = tuple(self._out(o) for o in result)
+            outputs = tuple(self.out(o) for o in result)
         else:
             outputs = ()
         trace = self._recording if self._recording is not None else self._trace()
-        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, note, trace.calls)
+        return self.append(func, f, enc_args, enc_kwargs, outputs, stage, note, trace.calls)
 
-    def record_hit(self, func, f, enc_args, enc_kwargs, result, recipe, stage: str) -> OpCall:
-        """:meth:`record` for a call the cache answered (core/hit.py): the
-        records of the outputs the recipe made afresh or as views come from
-        the recipe, which holds their shape, strides, offset and dtype, and
-        not from questions to each new tensor (Note [The cache-hit path])."""
-        calls = (self._recording if self._recording is not None else self._trace()).calls
-        index = len(calls)
-        rw = f.returns_write
-        if len(rw) == 1:
-            outputs: tuple = (self._out_hit(result, recipe, index),)
-        elif rw:
-            outputs = tuple([self._out_hit(o, r, index) for o, r in zip(result, recipe[1])])
-        else:
-            outputs = ()
-        return self._append(func, f, enc_args, enc_kwargs, outputs, stage, None, calls)
-
-    def _out_hit(self, o, recipe, index: int):
-        """``_out(o)`` for an output ``recipe.build`` made from ``recipe`` (Note [Recipes] in recipe.py)."""
-        kind = recipe[0]
-        if kind == "fresh":
-            _, shape, stride, offset, dtype = recipe[:5]
-        elif kind == "view":
-            _, _, shape, stride, offset, dtype = recipe[:6]
-        elif kind == "list":
-            return tuple([self._out_hit(x, r, index) for x, r in zip(o, recipe[2])])
-        else:  # the input itself ("same"), or a plain value
-            return self._out(o)
-        st = o._md
-        storage = self._storage_number(o)
-        # build() wraps with requires_grad=False; autograd sets it later (meta_of)
-        m = _TUPLE_NEW(TensorMeta, (self._new_id(), shape, dtype, stride, offset, st.device, False, storage))
-        self._bases.setdefault(storage, m)
-        st.recorder, st.meta, st.call = self.token, m, index
-        return m
-
-    def _append(self, func, f, enc_args, enc_kwargs, outputs, stage: str, note: str | None, calls: list) -> OpCall:
-        """The call's record, with its module and phase, appended to the trace's ``calls``."""
+    def append(self, func, f, enc_args, enc_kwargs, outputs, stage: str, note: str | None, calls: list) -> OpCall:
+        """The call's record, with its module and phase, appended to the trace's ``calls``
+        (``calls``: :meth:`calls_now`)."""
         module, phase = ("", "forward")
         modules = self.modules
         if modules is not None:

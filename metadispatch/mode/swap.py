@@ -58,8 +58,38 @@ class SwapReal(_compat.TorchFunctionMode):
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        mode = _compat.get_infra_mode(_compat.mode_key)
+        mode = _GET_MODE(_MODE_KEY)
+        if (
+            func not in _SPECIAL
+            and func not in composites.BY_FUNCTION
+            and isinstance(mode, WIRING.mode_type)
+            and not _ANY_AUTOCAST()
+            and not autocast.has_cache()
+            and not _has_real(args)
+            and (not kwargs or (kwargs.get("generator") is None and not _has_real(kwargs.values())))
+        ):
+            # Note [The plain call under the swap]
+            # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+            # Most calls (every forward call of a model the mode built) have
+            # no real tensor, no generator, no autocast and no function of
+            # the ones handled below: all that is left of the walk below is
+            # the ambient device and the call, without its twenty tests.
+            first = args[0] if args else None
+            if type(first) is MetaTensor:
+                d = first._md.device
+                STATE.ambient = d  # Note [Meta from options] in dispatch.py
+                if d.type == "cuda" and type(func) is FunctionType:
+                    return self._walk(
+                        mode, func, types, args, kwargs or {}
+                    )  # Note [Seeing inside torch's Python functions]
+            if types == _META_ONLY:
+                with _compat.no_torch_function_subclass():
+                    return func(*args, **(kwargs or _NO_KWARGS))
+            return func(*args, **(kwargs or _NO_KWARGS))
+        return self._walk(mode, func, types, args, kwargs or {})
+
+    def _walk(self, mode, func, types, args, kwargs):
+        """Every case, in order (Note [Swap above autograd] in standins.py)."""
         if isinstance(mode, WIRING.mode_type) and func not in _BY_IDENTITY:
             real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
             real_first = None
@@ -198,6 +228,12 @@ def _refuse_address(t: MetaTensor) -> None:
     raise error
 
 
+_NO_KWARGS: dict = {}
+_GET_MODE = _compat.get_infra_mode
+_MODE_KEY = _compat.mode_key
+_ANY_AUTOCAST = _compat.any_autocast
+
+
 # Note [Autocast on other logical devices]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # CUDA's autocast policy is applied to a logical GPU above autograd (Note
@@ -296,5 +332,23 @@ def _has_real(values) -> bool:
             return True
     return False
 
+
+# The functions the walk treats as other than a plain call, whatever their
+# arguments (the composite overrides are asked apart: they are registered
+# later, by rule families).
+_SPECIAL = frozenset(
+    {
+        *_BY_IDENTITY,
+        _POST_ACCUMULATE,
+        _SET_DATA,
+        *realcode.FROM_BYTES,
+        *literals.LITERALS,
+        *_BACKWARD,
+        _GRAD,
+        *_STAND_IN_METHODS,
+        *_FACTORIES,  # Note [A factory's named device]
+        _DATA_PTR,  # Note [A pinned buffer's address]
+    }
+)
 
 SWAP = SwapReal()

@@ -298,7 +298,7 @@ def _packed(args, kwargs) -> bool:
 
 
 # torch function -> [(override, whether a call is the overload it replaces)], first match wins
-_BY_FUNCTION: dict = {
+BY_FUNCTION: dict = {
     _VF.tensor_split: [(OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices)],
     torch.Tensor.tensor_split: [(OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices)],
     _VF.lstm: [(OVERRIDES["lstm.data"], _packed)],
@@ -317,12 +317,12 @@ def register_override(function, impl, applies) -> None:
     override belongs with a rule family (rules/attention.py's SDPA).  It is
     asked before the overrides registered earlier for the same function
     (rules/cudnn_rnn.py's before the packed-sequence ones above)."""
-    _BY_FUNCTION.setdefault(function, []).insert(0, (impl, applies))
+    BY_FUNCTION.setdefault(function, []).insert(0, (impl, applies))
 
 
 def override_for(func, args, kwargs):
     """The override to call instead of ``func(*args, **kwargs)``, or None."""
-    entries = _BY_FUNCTION.get(func)
+    entries = BY_FUNCTION.get(func)
     # A DTensor over MetaTensor shards counts as one: its composite's C++ body
     # would read the shards' meta device as a real one would read CUDA.
     if entries is None or not any(isinstance(_compat.local_shard(a), MetaTensor) for a in args[:2]):

@@ -77,17 +77,30 @@ def test_hit_path_keeps_bounds_rules(monkeypatch):
     out = md.trace(step, x).output
     b = bounds_of(out)
     assert b is not None and (b.lo, b.hi) == (0.0, 1.0)
-    assert engine._FAST[torch.ops.aten.sigmoid.default] == 2
+    assert engine._FAST[torch.ops.aten.sigmoid.default][1] == 2
 
 
-def test_hit_path_carries_bounds_through_a_cached_answer():
+def test_hit_path_carries_bounds_through_a_cached_answer(monkeypatch):
     # rand's output has bounds [0, 1]; x + 1 on it must carry them to [1, 2]
-    # on the second trace too, where add's answer is in the cache.
+    # on the second trace too, where add's answer is in the cache and the
+    # call takes the hit path (counted: a miss would prove nothing).
     def step():
         return torch.rand(4) + 1
 
+    hits: list = []
+
+    def counted(func, *a):
+        out = real(func, *a)
+        if out is not hit.MISS:
+            hits.append(func)
+        return out
+
+    real = hit.answer_hit
+    monkeypatch.setattr(hit, "answer_hit", counted)
     engine._FAST.clear()
-    for _ in range(2):
+    cache.clear()
+    for n in range(2):
         b = bounds_of(md.trace(step).output)
         assert b is not None and (b.lo, b.hi) == (1.0, 2.0)
-    assert engine._FAST[torch.ops.aten.add.Tensor] == 1  # no bounds of its own: no rule run on a hit
+        assert hits.count(torch.ops.aten.add.Tensor) == n  # the first trace fills the cache
+    assert engine._FAST[torch.ops.aten.add.Tensor][1] == 1  # no bounds of its own: no rule run on a hit

@@ -1,6 +1,6 @@
 """Checkpoints and modules built under a MetaMode, differential against torch's meta device and eager.
 
-Note [Copying real values into a MetaTensor outside a mode] (core/lostcopy.py)
+Note [Copying real values into a MetaTensor outside a mode] (tensor/lostcopy.py)
 and Note [torch.load inside a MetaMode] (mode/realcode.py).
 """
 

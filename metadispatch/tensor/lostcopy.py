@@ -25,7 +25,7 @@ from types import FrameType
 
 import torch
 
-from ..tensor.tensor import MetaTensor
+from .tensor import MetaTensor
 
 __all__ = ["warn_if_lost"]
 
