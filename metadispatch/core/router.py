@@ -6,7 +6,7 @@ dispatcher (torch-function level, mode/swap.py and the rooms it calls):
 1. a composite that reads values or knows better than its C++ body
    (values/composites.py, gpu/gpu_composites.py, gpu/autocast.py) answers
    a torch function whole, or the real tensor is swapped in per thread
-   (Note [Other threads see the real model] in mode/standins.py).
+   (Note [Other threads see the real model] in standins/standins.py).
 
 In ``dispatch`` (dispatch.py):
 

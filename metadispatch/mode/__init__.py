@@ -4,9 +4,8 @@
 and which mode holds the thread's dispatch slot), ``swap`` (the per-thread
 torch-function swap of real tensors), ``ledger`` (every process-wide patch,
 claimed per thread) and ``patches`` (the groups of patches and which mode
-claims which), ``standins``
-(the user's module state stood in for and put back; ``snapshot``: a module
-or container as it was), ``unseen`` (torch's Python functions no mode
+claims which; the stand-ins themselves are the ``standins`` room's),
+``unseen`` (torch's Python functions no mode
 sees, guarded), ``realcode`` (torch's code run for real in a mode: a
 DataLoader's bookkeeping), ``modules`` (which module is running), ``fakecompat``
 (FakeTensorMode's options, accepted where MetaMode behaves alike).  May

@@ -29,6 +29,7 @@ from ..gpu import (
 )
 from ..ir.trace import Trace
 from ..spec.profiles import GPUProfile, gpu_profile, gpu_profiles
+from ..standins.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.tensor import STATE, WIRING, MetaTensor, normalize_device
 from ..values import composites, known
@@ -37,7 +38,6 @@ from . import patches, realcode, unseen
 from .entry import Entry, activate, deactivate
 from .fakecompat import check_from_tensor_options, check_mode_options
 from .modules import ModuleStack
-from .standins import StandIns
 from .swap import SWAP
 from .swap import WIRING as SWAP_WIRING
 

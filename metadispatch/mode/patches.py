@@ -13,9 +13,10 @@ from __future__ import annotations
 from .. import _compat
 from ..core import rngstate
 from ..gpu import cuda_answers, fastpath, logical_cuda
+from ..standins import standins
 from ..values import initializers
 from ..world import fsdp_storage, world
-from . import ledger, realcode, standins, unseen
+from . import ledger, realcode, unseen
 
 __all__ = ["claim_for", "GROUPS"]
 

@@ -1,7 +1,7 @@
 """The verbs that trace a user's function: ``md.trace``, ``md.tracer``, ``md.to_meta``.
 
 ``tracer`` runs the function under a recording MetaMode with the user's
-module state stood in for (``mode.standins``, which MetaMode itself uses), ``warmup=N`` steps first
+module state stood in for (``standins``, which MetaMode itself uses), ``warmup=N`` steps first
 for the steady state, and leaves everything the function can reach as it
 was: ``reach`` is that walk (modules, optimizers, tensors, generators, the
 closures and globals of functions), which ``md.testing.snapshot``,

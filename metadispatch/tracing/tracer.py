@@ -16,7 +16,7 @@ from ..ir.cut import step_from, step_until
 from ..ir.records import arg_name, describe_constant
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
-from ..mode.standins import StandIns
+from ..standins.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor

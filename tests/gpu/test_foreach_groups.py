@@ -1,5 +1,5 @@
 """The foreach paths' grouping on a logical GPU keys its groups as a real GPU's
-(Note [Foreach groups on a logical GPU] in mode/standins.py), checked against
+(Note [Foreach groups on a logical GPU] in standins/standins.py), checked against
 FakeTensorMode's CUDA tensors, which C++ groups by their real device."""
 
 import pytest
