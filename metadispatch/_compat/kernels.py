@@ -39,10 +39,11 @@ def mkldnn_lstm_dtype(dtype: torch.dtype) -> bool:
         return False
     if dtype == torch.float32:
         return True
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    if dtype == torch.float16:
-        return not torch.is_grad_enabled() and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    with torch._C._DisableTorchDispatch():  # the CPU's answer, not a call of the trace
+        if dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if dtype == torch.float16:
+            return not torch.is_grad_enabled() and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     return False
 
 
