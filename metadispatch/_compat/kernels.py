@@ -32,6 +32,21 @@ def cpu_conv_switches() -> tuple:
     return (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled())
 
 
+def mkldnn_lstm_dtype(dtype: torch.dtype) -> bool:
+    """Whether a CPU LSTM of ``dtype`` may run oneDNN's ``mkldnn_rnn_layer`` (RNN.cpp's ``use_mkldnn``:
+    oneDNN enabled; float32, bfloat16 where the CPU has it, float16 where it has it and grad is off)."""
+    if not torch._C._get_mkldnn_enabled():
+        return False
+    if dtype == torch.float32:
+        return True
+    with torch._C._DisableTorchDispatch():  # the CPU's answer, not a call of the trace
+        if dtype == torch.bfloat16:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        if dtype == torch.float16:
+            return not torch.is_grad_enabled() and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return False
+
+
 def set_cpu_conv_switches(switches: tuple) -> None:
     """Set what :func:`cpu_conv_switches` reads."""
     torch._C._set_mkldnn_enabled(switches[0])

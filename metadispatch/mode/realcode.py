@@ -113,11 +113,22 @@ def _list_rows(mode, sampler, rows) -> None:
     inner = getattr(sampler, "sampler", sampler)  # a BatchSampler's sampler
     if isinstance(inner, SequentialSampler):
         return  # the dataset's own order: nothing was drawn
-    shown = list(rows) if isinstance(rows, (list, tuple)) else rows
+    shown = _plain(rows)
     value = f"rows {shown if not isinstance(shown, list) or len(shown) <= 16 else [*shown[:16], '...']}"
     basis = f"{DRAWN_FOR_REAL} by the DataLoader's {type(inner).__name__} from its generator's state: the order read"
     trace = mode.trace
     trace.assumptions.append(Assumption(len(trace.calls), "DataLoader._next_index", "", user_frame(), value, basis))
+
+
+def _plain(rows):
+    """A sampler's rows as ints: a sampler may yield tensors of indices (``randperm`` slices), real
+    ones, which formatted under the mode would be shown as MetaTensors, not as the rows read."""
+    with _compat.no_torch_function(), _compat.no_python_dispatch():
+        if isinstance(rows, torch.Tensor):
+            return rows.tolist()
+        if isinstance(rows, (list, tuple)):
+            return [r.tolist() if isinstance(r, torch.Tensor) else r for r in rows]
+        return rows
 
 
 def _load(f, map_location=None, *args, **kwargs):

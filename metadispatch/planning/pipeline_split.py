@@ -19,7 +19,8 @@ causal; else ``config.sliding_window``); which are is read from the base
 model's ``forward`` itself: one that passes its embeddings straight to
 the blocks and the rotary embedding, scales nothing on the way
 (Granite's ``embedding_multiplier`` would be lost) and ends in
-``self.norm`` (:func:`_llama_shaped`).
+``self.norm``, under a head whose logits are ``lm_head``'s as they are
+(Cohere's ``logit_scale`` would be lost) (:func:`_llama_shaped`).
 
 Each stage calls its blocks as the model's own ``forward`` does (no
 cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
@@ -116,6 +117,7 @@ def _llama_shaped(model: nn.Module) -> bool:
         return False
     try:
         source = inspect.getsource(type(base).forward)
+        head = inspect.getsource(type(model).forward)
     except (OSError, TypeError):
         return False
     needed = (
@@ -123,7 +125,12 @@ def _llama_shaped(model: nn.Module) -> bool:
         "self.rotary_emb(hidden_states",
         "hidden_states = self.norm(hidden_states)",
     )
-    return all(n in source for n in needed) and not any(w in source for w in ("multiplier", "normalizer"))
+    # the head's logits taken as they are: Cohere's logit_scale, Gemma 2's softcapping, Granite's
+    # logits_scaling rewrite them after lm_head, which the last stage would leave out
+    plain_head = "logits = self.lm_head(" in head and head.count("logits = ") == 1
+    return (
+        plain_head and all(n in source for n in needed) and not any(w in source for w in ("multiplier", "normalizer"))
+    )
 
 
 class HFLlamaStage(nn.Module):

@@ -16,13 +16,20 @@ stack the final states.  Where C++ builds an LSTM's pair with
 ``std::make_tuple(f(h), f(c))`` the cell state's op runs first: the CPU
 build (GCC) evaluates the arguments right to left, which a projected LSTM's
 final ``stack``s and the slices' backward order show (tests/rules/
-test_packed_sequence.py compares every call with eager's).  Only the CPU
-path: other logical devices keep torch's decomposition.
+test_packed_sequence.py compares every call with eager's).  An LSTM whose
+batch sizes are all equal (every sequence full length, or one sequence),
+without projections, on a dtype oneDNN takes, is not packed at all to the
+kernel: it views the data as ``[steps, batch, features]`` and runs the
+padded ``lstm``'s oneDNN path (``mkldnn_rnn_layer``), which
+``aten.lstm.input`` dispatches as it does.  Only the CPU path: other
+logical devices keep torch's decomposition.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .. import _compat
 
 __all__ = ["lstm_data", "gru_data"]
 
@@ -157,7 +164,15 @@ def _layer_stack(cell, data, sizes, hiddens, params, num_layers, dropout_p, trai
 
 def lstm_data(data, sizes: list, hx, params, has_biases, num_layers, dropout_p, train, bidirectional):
     """``lstm.data``'s CPU path (``_lstm_impl<PackedLayer, PackedBidirectionalLayer>``) on known batch sizes."""
-    weights = _gather_params(params, has_biases, hx[0].shape[2] != hx[1].shape[2])
+    projections = hx[0].shape[2] != hx[1].shape[2]
+    if not projections and data.numel() and len(set(sizes)) == 1 and _compat.mkldnn_lstm_dtype(data.dtype):
+        # oneDNN's path (the module docstring): the padded LSTM on the data viewed as unpacked
+        padded = data.view(len(sizes), sizes[0], data.shape[-1])
+        out, hy, cy = aten.lstm.input(
+            padded, hx, params, has_biases, num_layers, dropout_p, train, bidirectional, False
+        )
+        return out.view(data.shape[0], out.shape[-1]), hy, cy
+    weights = _gather_params(params, has_biases, projections)
     hiddens = list(zip(hx[0].unbind(0), hx[1].unbind(0)))
     out, finals = _layer_stack(_lstm_cell, data, sizes, hiddens, weights, num_layers, dropout_p, train, bidirectional)
     cy = torch.stack([c for _, c in finals], 0)  # first: make_tuple's arguments, right to left

@@ -123,3 +123,44 @@ def test_dataloader_rows_drawn_for_real_are_not_made_up_values_to_md_check():
     read = md.check(lambda: reads(model, loader))
     drawn = [a for a in read.assumptions if a.op == "DataLoader._next_index"]
     assert len(drawn) == 3 and read.made_up and not set(drawn) & set(read.made_up)
+
+
+class _TensorBatches(torch.utils.data.Sampler):
+    """A batch sampler yielding tensors of indices: slices of one randperm."""
+
+    def __len__(self):
+        return 3
+
+    def __iter__(self):
+        order = torch.randperm(9)
+        yield from (order[3 * i : 3 * i + 3] for i in range(3))
+
+
+class _TensorRows(torch.utils.data.Sampler):
+    """A sampler yielding 0-d tensors of indices."""
+
+    def __len__(self):
+        return 9
+
+    def __iter__(self):
+        yield from torch.randperm(9)
+
+
+@pytest.mark.parametrize("kind", ["batch-sampler", "sampler"])
+def test_dataloader_rows_drawn_as_tensors_are_listed_as_the_rows_read(kind):
+    # Note [A DataLoader inside a traced step]: a sampler may yield index
+    # tensors; the assumption lists the rows eager read, as ints
+    torch.manual_seed(3)
+    model, ds = nn.Linear(4, 1), _dataset()
+
+    def loader():
+        if kind == "batch-sampler":
+            return DataLoader(ds, batch_sampler=_TensorBatches())
+        return DataLoader(ds, sampler=_TensorRows(), batch_size=3)
+
+    state = torch.get_rng_state()
+    expected = _epoch(model, loader())()
+    torch.set_rng_state(state)
+    t = md.trace(_epoch(model, loader()))
+    rows = [[_row_of(ds, r) for r in batch] for batch in expected]
+    assert [a.value for a in t.assumptions if a.op == "DataLoader._next_index"] == [f"rows {r}" for r in rows]

@@ -50,3 +50,17 @@ def test_pipeline_split_refuses_a_decoder_that_scales_its_embeddings():
     model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**_SIZES, embedding_multiplier=12.0))
     with pytest.raises(UnsupportedFeatureError, match="cannot split a GraniteForCausalLM"):
         split(model)
+
+
+@pytest.mark.parametrize(
+    "family,config",
+    [
+        ("CohereForCausalLM", lambda: transformers.CohereConfig(**_SIZES, logit_scale=0.0625)),
+    ],
+)
+def test_pipeline_split_refuses_a_decoder_whose_head_rescales_its_logits(family, config):
+    # LLaMA's base model, but the head's forward scales lm_head's logits after it
+    # (Cohere: logit_scale): a last stage ending in lm_head would compute other logits
+    model = getattr(transformers, family)(config())
+    with pytest.raises(UnsupportedFeatureError, match=f"cannot split a {family}"):
+        split(model)

@@ -88,6 +88,46 @@ def test_packed_sequence_rnn_step_dispatches_eagers_ops(name, enforce_sorted):
         assert torch.equal(result.output, step(x))  # the CPU kernel's arithmetic, bit for bit
 
 
+_EQUAL = {
+    "lstm": lambda: nn.LSTM(4, 5),
+    "lstm-bidirectional-no-bias-eval": lambda: nn.LSTM(4, 5, num_layers=2, bias=False, bidirectional=True).eval(),
+    "lstm-projections": lambda: nn.LSTM(4, 5, proj_size=3),  # no oneDNN path: PackedLayer
+    "lstm-float64": lambda: nn.LSTM(4, 5).double(),  # no oneDNN path: PackedLayer
+    "lstm-bfloat16": lambda: nn.LSTM(4, 5).bfloat16(),  # oneDNN where the CPU has bf16
+    "gru": lambda: nn.GRU(4, 5),  # no oneDNN path: PackedLayer
+}
+
+
+@pytest.mark.parametrize("lengths", [[3, 3, 3, 3], [5]])
+@pytest.mark.parametrize("name", sorted(_EQUAL))
+def test_packed_sequence_of_equal_lengths_dispatches_eagers_ops(name, lengths):
+    # Note [Packed RNNs as the CPU kernel runs them]: every sequence full
+    # length (or one sequence) makes all batch sizes equal, and the CPU LSTM
+    # then views the data as padded and runs oneDNN's mkldnn_rnn_layer
+    torch.manual_seed(0)
+    rnn = _EQUAL[name]()
+    dtype = next(rnn.parameters()).dtype
+
+    def step(x):
+        out, _ = rnn(pack_padded_sequence(x, lengths))
+        out.data.float().sum().backward()
+        return out.data
+
+    x = torch.randn(max(lengths), len(lengths), 4, dtype=dtype)
+    traced = md.testing.trace_calls(md.trace(step, x))
+    rnn.zero_grad()
+    real = md.testing.eager_calls(step, x)
+    oneDNN = "aten.mkldnn_rnn_layer.default"
+    if name != "lstm-bfloat16":  # whether the CPU has bf16: asked by the port, not recorded
+        assert (oneDNN in {c.op for c in real}) == (
+            name.startswith("lstm") and "projections" not in name and "64" not in name
+        )
+    # every output's metadata but oneDNN's workspace (docs/model-conformance.md, "Known differences")
+    assert [(c.op, c.outputs[:3] if c.op == oneDNN else c.outputs) for c in traced] == [
+        (c.op, c.outputs[:3] if c.op == oneDNN else c.outputs) for c in real
+    ]
+
+
 def test_packed_sequence_lengths_as_data_name_the_lengths_not_a_device():
     x, lengths = torch.randn(3, 6, 4), torch.tensor([6, 2, 4])
     pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)  # eager runs it
