@@ -27,6 +27,9 @@ larger share and rank 0 peaks at least as high as any other
 (Note [Ranks that trace alike] in cli/plan.py).  The wrapping is a
 script's: TP on each block, then FSDP2 on each block and the root; the
 blocks are the children of the largest ``nn.ModuleList`` (``md.plan_ac``'s).
+Programs that are not equal still share a build where only the micro-batch,
+AC or optimizer differ (Note [One build for the configurations of a mesh]
+in programs.py).
 """
 
 from __future__ import annotations
