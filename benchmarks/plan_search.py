@@ -7,12 +7,15 @@ Each case is transformers' ``LlamaConfig`` with the model's published shape,
 bf16 parameters, built under logical GPUs (no weights).  The head line says
 how many candidates, how many programs were traced (full depth and at the
 scaled depths) and the seconds spent tracing and measuring (allocator,
-timeline, roofline); wall time on a shared machine, not CPU time.
+timeline, roofline); wall time on a shared machine; the line after it, the
+process's CPU seconds and the load average (1 minute) as it began and ended.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import torch
 
@@ -51,10 +54,13 @@ def main() -> None:
     args = p.parse_args()
     shape, gpus, gpu, batch, seq, search = CASES[args.case]
     scale = tuple(int(x) for x in args.scale.split(",")) if args.scale else None
+    cpu, load = time.process_time(), os.getloadavg()[0]
     table = md.plan(
         maker(shape), gpus=gpus, gpu=gpu, global_batch=batch, seq=seq, search=search, scale=scale, confirm=args.confirm
     )
+    cpu = time.process_time() - cpu
     lines = str(table).splitlines()
+    print(f"{cpu:.1f} s of CPU; load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print("\n".join(lines[: 4 + args.top]))
     rejected = [c for c in table if c.fits is False]
     print(f"... {len(table) - args.top} more; {len(rejected)} rejected, {sum(c.fits is True for c in table)} fit")

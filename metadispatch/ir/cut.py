@@ -126,7 +126,7 @@ def step_until(trace: Trace, end: int) -> Trace:
 
     The other side of :func:`step_from`, for a trace of several steps one
     after another (``md.plan`` traces the micro-batch sizes of one mesh
-    after one warmup, Note [One build for the micro-batch sizes of a mesh]
+    after one warmup, Note [One build for the configurations of a mesh]
     in planning/programs.py): a storage that dies after ``end`` is live to the
     cut trace's end, as a trace's persistent state is live to its end;
     marks and random-state events after ``end`` go.

@@ -8,26 +8,35 @@ as the trace of its own steady-state step, marks ``built``, ``step``,
 ``micro`` (the last micro-batch) and ``opt``, as a direct trace of it
 would be.
 
-Note [One build for the micro-batch sizes of a mesh]
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Configurations that differ only in micro-batch (and so in accumulation)
-run one model, wrapped once: the same parameter shards, and after an
-optimizer step and ``zero_grad`` the same state -- parameters, AdamW's
-moments and step count, no gradients.  So they are traced in one mode: the
-model is built and wrapped once, one warmup step runs at the first's
-micro-batch, then each configuration's step in turn, and each is cut out
+Note [One build for the configurations of a mesh]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Configurations that differ only in micro-batch (and so in accumulation),
+in per-block AC and in the optimizer run one model, wrapped once: the same
+parameter shards, and after an optimizer step and ``zero_grad`` the same
+state -- parameters, the optimizer's moments and step count, no gradients.
+So they are traced in one mode: the model is built and wrapped once; for
+each optimizer, one warmup step runs at its first configuration's
+micro-batch and AC, then each configuration's step in turn (AC is switched
+on or off between steps: ``apply_ac`` sets the blocks' ``forward``, which
+FSDP2's and TP's hooks around ``__call__`` do not touch, so it wraps the
+same calls before the wrapping or after), and each is cut out
 (``step_until`` its end, then ``step_from`` its start) as the trace of its
-own steady state.  What the step of another micro-batch left alive is what
-a warmup of its own would have left, so each cut gives the peak, reserved
-peak and time of a direct trace of that configuration
-(tests/planning/test_plan.py, within 1 KiB and exactly).  A build, FSDP2's
-and TP's wrapping (``fully_shard``'s parameter setup is a quarter of a
-shallow trace) and a warmup step are paid once a mesh instead of once a
-configuration.
+own steady state.  The next optimizer starts once the last one and its
+state are freed.  What the step of another micro-batch or AC left alive
+is what a warmup of its own would have left, so each cut gives the peak,
+reserved peak and time of a direct trace of that configuration
+(tests/planning/test_plan.py against ``md.tracer`` traces written with
+torch's own APIs, AC applied before the wrapping: within 1 KiB, reserved
+exactly).  A build, FSDP2's and TP's wrapping (``fully_shard``'s parameter
+setup is a quarter of a shallow trace), a warmup step and DTensor's
+first sharding propagation of each op (half a second for each foreach op
+of AdamW over TP's 2-d shards on LLaMA-7B) are paid once a mesh instead of
+once a configuration.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import torch
@@ -47,42 +56,71 @@ __all__ = ["default_step", "tp_plan", "trace_programs"]
 def trace_programs(
     make_model: Callable, cs: list, gpus: int, gpu, seq: int, step: Callable, vocab: int | None, layers=None
 ) -> list:
-    """Rank 0's trace for each of ``cs`` (configurations of one mesh, AC and optimizer; Note [One build for
-    the micro-batch sizes of a mesh]), the model built ``layers`` blocks deep (None: ``make_model()``)."""
+    """Rank 0's trace for each of ``cs`` (configurations of one mesh; Note [One build for the configurations
+    of a mesh]), the model built ``layers`` blocks deep (None: ``make_model()``).  An entry is the exception
+    where that configuration's step raised one (RuntimeError, MetaDispatchError), and None for those after
+    it in its build (not traced: trace them in another)."""
     head = cs[0]
-    opt_kw: dict = {"fused": True} if head["optimizer"] == "fused" else {"foreach": True}
+    groups: dict = {}  # optimizer -> its configurations, in the order given
+    for c in cs:
+        groups.setdefault(c["optimizer"], []).append(c)
+    traced: dict = {}  # id of a configuration -> its step's number in the build, or what it raised
     # EP's dispatch reads routing counts another rank sends: declared uniform (values/routing.py)
     routing = RoutingAssumption("uniform") if head.get("ep", 1) > 1 else None
     with MetaMode(device="cuda", gpu=gpu, world_size=gpus, rank=0, assume=routing) as mode:
         model = make_model() if layers is None else make_model(layers=layers)
-        if head["ac"] == "block":
-            apply_ac(model, blocks(model))
-        units = [model.get_submodule(name) for name in blocks(model)]
+        names = blocks(model)
+        units = [model.get_submodule(name) for name in names]
         meshes = parallel_dims.wrap(model, head, units, tp_plan)  # TP (SP), EP, FSDP2 on (replicate, shard x cp)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
         tokens = vocab if vocab is not None else vocab_of(model)
         mark("built")
-        for n, c in [(None, head), *enumerate(cs)]:  # the warmup, then each configuration's step
-            accum = min(c["accum"], 2) if c["accum"] else 1  # Note [Tracing once per shape class] in train.py
-            ids = torch.randint(0, tokens, (c["micro_batch"], seq), device="cuda")
-            mark(f"step {n}")
-            for i in range(accum):
-                if i == accum - 1:
-                    mark(f"micro {n}")
-                with parallel_dims.micro_step(c, meshes, ids):  # CP shards ids on the sequence
-                    step(model, ids)
-            mark(f"opt {n}")
-            opt.step()
-            opt.zero_grad()
-            mark(f"end {n}")
-            del ids
-    whole = mode.trace
-    out = []
-    for n in range(len(cs)):
-        one = step_until(whole, whole.marks[f"end {n}"])
-        one.marks = {"built": whole.marks["built"]} | {k: whole.marks[f"{k} {n}"] for k in ("step", "micro", "opt")}
+        n = 0
+        for name, group in groups.items():
+            try:
+                opt_kw: dict = {"fused": True} if name == "fused" else {"foreach": True}
+                opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)
+                for c in [None, *group]:  # the warmup (at the first's micro-batch and AC), then each step
+                    at = c or group[0]
+                    _set_ac(model, names, at["ac"] == "block")
+                    accum = min(at["accum"], 2) if at["accum"] else 1  # Note [Tracing once per shape class]
+                    ids = torch.randint(0, tokens, (at["micro_batch"], seq), device="cuda")
+                    n += 1
+                    traced[id(at)] = n
+                    mark(f"step {n}")
+                    for i in range(accum):
+                        if i == accum - 1:
+                            mark(f"micro {n}")
+                        with parallel_dims.micro_step(at, meshes, ids):  # CP shards ids on the sequence
+                            step(model, ids)
+                    mark(f"opt {n}")
+                    opt.step()
+                    opt.zero_grad()
+                    mark(f"end {n}")
+                    del ids
+                del opt
+                gc.collect()  # its state dies here, before the next optimizer's warmup
+            except (RuntimeError, MetaDispatchError) as e:  # torch or metadispatch refusing this step
+                traced[id(at)] = e
+                break
+    whole, out = mode.trace, []
+    for c in cs:
+        k = traced.get(id(c))
+        if not isinstance(k, int):
+            out.append(k)
+            continue
+        one = step_until(whole, whole.marks[f"end {k}"])
+        one.marks = {"built": whole.marks["built"]} | {m: whole.marks[f"{m} {k}"] for m in ("step", "micro", "opt")}
         out.append(one)
     return out
+
+
+def _set_ac(model, names: list, on: bool) -> None:
+    """Per-block checkpointing on or off, between steps (Note [One build for the configurations of a mesh])."""
+    if on:
+        apply_ac(model, names)
+    else:
+        for name in names:
+            model.get_submodule(name).__dict__.pop("forward", None)
 
 
 def vocab_of(model) -> int:

@@ -27,6 +27,9 @@ larger share and rank 0 peaks at least as high as any other
 (Note [Ranks that trace alike] in cli/plan.py).  The wrapping is a
 script's: TP on each block, then FSDP2 on each block and the root; the
 blocks are the children of the largest ``nn.ModuleList`` (``md.plan_ac``'s).
+Programs that are not equal still share a build where only the micro-batch,
+AC or optimizer differ (Note [One build for the configurations of a mesh]
+in programs.py).
 """
 
 from __future__ import annotations
@@ -194,8 +197,8 @@ class _Planner:
                     mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
                     cand.cached = twin is not None and twin is not self.opt_steps.get(mesh)
                     self.cache[key] = twin or self._scaled(c)
-                else:
-                    self.cache[key] = self._measure(self.trace(c))
+                else:  # screening confirms one at a time; a search in full traces each mesh once
+                    self.cache[key] = self._measure(self.trace(c)) if full else self._shallow(c, None)
             except (RuntimeError, MetaDispatchError) as e:
                 # torch refusing the wrapping (fused AdamW over TP's DTensors and plain tensors when no FSDP2
                 # makes them all DTensors) or metadispatch refusing an op: a verdict on this configuration
@@ -333,26 +336,32 @@ class _Planner:
         # the reserved peak: the deeper trace's allocator rounding on top, an estimate (only a full trace says)
         return peak, peak + hi[1] - hi[0], lo[2], None, at(4), at(5), at(6), at(7)
 
-    def _shallow(self, c: dict, layers: int) -> tuple:
-        """``_measure`` of ``c`` at ``layers`` blocks, traced with the other micro-batches of its mesh
-        (Note [One build for the micro-batch sizes of a mesh])."""
-        key = (self._key(c, False), layers)
+    def _shallow(self, c: dict, layers: int | None) -> tuple:
+        """``_measure`` of ``c`` at ``layers`` blocks (None: in full), traced with the other configurations of its
+        mesh (Note [One build for the configurations of a mesh] in programs.py)."""
+        full = layers is None
+        key, first = (self._key(c, full), layers), self.optimizers[0]
         if key not in self.shallow:
-            group = [c] + [
-                d
-                for d in self.pool
-                if d is not c
-                and all(d[k] == c[k] for k in KEYS if k not in ("micro_batch", "accum"))
-                and self.rule(d) is None
-                and d.get("pp", 1) == 1  # a pipeline configuration is traced by its stages (pipeline_candidates.py)
-                and (self._key(d, False), layers) not in self.shallow
-            ]
-            seen: dict = {}
-            for d in group:  # one step a program: accumulation past 2 repeats one (Note [Tracing once per shape class])
-                seen.setdefault(self._key(d, False), d)
-            group = list(seen.values())
-            for d, t in zip(group, self.traces(group, layers)):
-                self.shallow[(self._key(d, False), layers)] = self._measure(t, layers)
+            group: dict = {}
+            for d in [c, *self.pool]:
+                if d.get("pp", 1) > 1 or _mesh(d) != _mesh(c) or self.rule(d) is not None:
+                    continue  # a pipeline configuration is traced by its stages (pipeline_candidates.py)
+                other = (d["tp"], d["shard"], d["optimizer"]) in self.opt_steps or d["optimizer"] in {
+                    e["optimizer"] for e in group.values()
+                }
+                if not full and d is not c and d["optimizer"] != first and other:
+                    continue  # Note [One optimizer step per mesh]: one configuration traced for another optimizer
+                if (self._key(d, full), layers) not in self.shallow:  # accumulation past 2 repeats one program
+                    group.setdefault((self._key(d, full), layers), d)
+            pending = list(group.items())
+            while pending:  # a step that raised ends its build; those after it are traced in another
+                done = zip(pending, self.traces([d for _, d in pending], layers))
+                for (k, _), t in done:
+                    if t is not None:
+                        self.shallow[k] = t if isinstance(t, Exception) else self._measure(t, layers)
+                pending = [(k, d) for k, d in pending if k not in self.shallow]
+        if isinstance(self.shallow[key], Exception):
+            raise self.shallow[key]
         return self.shallow[key]
 
     def _depth(self) -> int:
@@ -365,11 +374,14 @@ class _Planner:
         """Rank 0's step for ``c``: built, one warmup step, the step scored (marks ``step``, ``micro``, ``opt``)."""
         if c.get("pp", 1) > 1:
             return pipeline_candidates.trace(self, c, tp_plan)
-        return self.traces([c], layers)[0]
+        out = self.traces([c], layers)[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def traces(self, cs: list, layers: int | None = None) -> list:
-        """Rank 0's steps of ``cs`` (one mesh, AC and optimizer), one mode (Note [One build for the micro-batch
-        sizes of a mesh] in programs.py)."""
+        """Rank 0's steps of ``cs`` (one mesh), one mode (Note [One build for the configurations of a mesh] in
+        programs.py); an entry is the exception that configuration's step raised, or None: not traced."""
         began = time.perf_counter()
         out = trace_programs(self.make_model, cs, self.gpus, self.gpu, self.seq, self.step, self.vocab, layers)
         self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
@@ -396,6 +408,11 @@ def _check_scale(scale) -> tuple | None:
     ):
         raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
     return scale
+
+
+def _mesh(c: dict) -> tuple:
+    """What a build fixes: every key but those Note [One build for the configurations of a mesh] varies."""
+    return tuple((k, v) for k, v in c.items() if k not in ("ac", "micro_batch", "accum", "optimizer"))
 
 
 def _divisors(n: int) -> list:

@@ -172,11 +172,11 @@ TP_NAMES[make_deep] = TP_NAMES[make_model]
 
 def test_plan_scaled_from_two_depths_times_and_peaks_exactly_and_confirms_memory_by_full_traces():
     # Note [Scaling from two depths]: 4 and 5 layers extrapolated to 6, against 6 traced; micro-batches 1 and 2
-    # of a mesh share one trace (Note [One build for the micro-batch sizes of a mesh])
+    # and AC none and block of a mesh share one build (Note [One build for the configurations of a mesh])
     search = {**SEARCH, "tp": [1, 2], "shard": [2], "micro_batch": [1, 2]}
     full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
     scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(4, 5), confirm=2)
-    assert scaled.spent["4 layers"][0] == scaled.spent["5 layers"][0] == 4  # (tp 1, 2) x (ac none, block)
+    assert scaled.spent["4 layers"][0] == scaled.spent["5 layers"][0] == 2  # tp 1 and tp 2
     assert scaled.best.config == full.best.config and not scaled.best.scaled
     confirmed = [c for c in scaled if c.fits is not None]
     unknown = [c for c in scaled if c.fits is None]
@@ -186,8 +186,8 @@ def test_plan_scaled_from_two_depths_times_and_peaks_exactly_and_confirms_memory
     for c in scaled:
         f = by_config[str(c.config)]
         assert c.step_time == pytest.approx(f.step_time, rel=1e-9)
-        if c.fits is not None:  # confirmed: the full trace's figures
-            assert (c.peak, c.reserved_peak, c.fits) == (f.peak, f.reserved_peak, f.fits)
+        if c.fits is not None:  # confirmed: a full trace's figures (the search in full traced them in one build)
+            assert (c.reserved_peak, c.fits) == (f.reserved_peak, f.fits) and abs(c.peak - f.peak) <= 1024
         else:  # each call's line in depth, two blocks kept at each end (Note [Blocks unlike their neighbours])
             assert abs(c.peak - f.peak) <= 1024, c.config
     assert [str(c.config) for c in scaled[:2]] == [str(c.config) for c in full[:2]]
@@ -250,8 +250,8 @@ def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh()
     full = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
     # from 1 and 2 layers (the scaled test above: 2 and 4), the cheapest depths
     scaled = md.plan(make_deep, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search, scale=(1, 2), confirm=1)
-    # Note [One build for the micro-batch sizes of a mesh]: micro-batches 1 and 2 share a trace
-    assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 3  # 2 foreach (ac none, block), 1 fused
+    # Note [One build for the configurations of a mesh]: one build a depth, foreach's 4 steps and fused's 1
+    assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 1
     # of the 4 fused: one traced for the mesh, one perhaps confirmed by a full trace, the others twins
     assert sum(c.cached and c.scaled for c in scaled if c.config["optimizer"] == "fused") >= 2
     by_config = {str(c.config): c for c in full}
