@@ -177,7 +177,7 @@ def max_batch(
     def run(batches: tuple, layers: int | None = None) -> list:
         """The worst rank's Fit of each of ``batches`` (one, or two sharing a warm-up: None where not proven)."""
         worst: list = [None] * len(batches)
-        for rank in chosen:
+        for r, rank in enumerate(chosen):  # r: its place in the lists of points and states
             steps = [made(b, layers) for b in batches]
             rank_options = dict(options, rank=rank) if world is not None else options
             trace = tracer(warmup=warmup, gpu=profile, **rank_options)
@@ -192,7 +192,7 @@ def max_batch(
                 if (batch, layers) in keys:
                     points.setdefault((batch, layers), []).append(aligned(t.calls, f.memory.memory.timeline, layers))
                     states.setdefault((batch, layers), []).append(_state(t))
-                proven = i == 0 or (worst[i] is not False and _state(t) == _state(traces[0]) and steady(rank))
+                proven = i == 0 or (worst[i] is not False and _state(t) == _state(traces[0]) and steady(r))
                 if not proven:
                     worst[i] = False
                 elif worst[i] is None or f.reserved_peak > worst[i].reserved_peak:
@@ -200,7 +200,7 @@ def max_batch(
         return [w if w is not False else None for w in worst]
 
     def steady(r: int) -> bool:
-        """Whether the small traces' steps start from the same state at each batch (rank ``r``'s)."""
+        """Whether the small traces' steps start from the same state at each batch (the ``r``-th rank traced's)."""
         return all(key in states for key in keys) and all(
             states[(2 * start, k)][r] == states[(3 * start, k)][r] for k in scale or (None,)
         )

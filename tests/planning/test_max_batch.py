@@ -232,6 +232,26 @@ def test_max_batch_on_a_world_shares_a_warmup_and_answers_as_each_its_own():
     assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)
 
 
+def test_max_batch_shares_a_warmup_on_ranks_that_are_not_the_first():
+    # ranks=[1]: rank 1's states are the first (only) of each list; they were read at index 1 (IndexError)
+    import torch.distributed as dist
+
+    def step(x):
+        extra = torch.empty(10 * 2**18) if dist.get_rank() == 1 else None
+        dist.all_reduce(x)
+        return extra
+
+    def make_step(batch):
+        with md.MetaMode(device="cuda", record=False):
+            x = torch.empty(batch, 2**18, device="cuda")  # 1 MiB a sample
+        return step, (x,)
+
+    found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, ranks=[1])
+    apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, ranks=[1], share=False)
+    assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
+    assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)
+
+
 def test_max_batch_under_a_declared_policy_traces_each_batch_alone():
     # assume= marks one call's steps over its trace (Note [One warm-up, several steps]): the
     # search must not try to share a warm-up there, and answers as share=False does
