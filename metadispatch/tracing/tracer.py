@@ -292,8 +292,11 @@ def run_steps(mode: MetaMode, fn: Callable, calls: list, restore: str = "machine
             # the other calls' arguments, and the constants only their steps read, are no leaves of this one
             others = everyone - named_each[i] | {k for k, steps in read_in.items() if not steps & {-1, i}}
             one.leaves = {k: v for k, v in tr.leaves.items() if k not in others}
-            # nor is what is left of the earlier calls' arguments state at this one's start: they are gone
-            one.deaths = dict(one.deaths or {}) | {tr.leaves[k].meta.storage: start for k in others}
+            # nor is what is left of the earlier calls' arguments state at this one's start: they are gone,
+            # but for a storage one of its own leaves is on (``data[:8]`` and ``data[:9]``: one buffer)
+            kept_storages = {v.meta.storage for v in one.leaves.values()}
+            gone = {tr.leaves[k].meta.storage for k in others} - kept_storages
+            one.deaths = dict(one.deaths or {}) | dict.fromkeys(gone, start)
             one.arg_names, one.arg_constants = names[i]
         one.output, one.output_meta = outs[i]
         one.grads = grads[i]

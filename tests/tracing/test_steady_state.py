@@ -223,3 +223,19 @@ def test_steps_after_one_warmup_are_the_direct_traces_of_each(name):
         assert md.fits(one, "l4").reserved_peak == md.fits(alone, "l4").reserved_peak
         assert sorted(leaf.kind for leaf in one.leaves.values()) == sorted(leaf.kind for leaf in alone.leaves.values())
     assert not opt.state  # the user's optimizer is left as it was
+
+
+def test_steps_on_views_of_one_buffer_keep_the_buffer_each_step_reads():
+    # batches as slices of one dataset tensor (data[:8], data[:9]): the other call's argument is
+    # no leaf of a step's trace, but its storage is this step's own; it was counted dead at the
+    # step's start (2 MiB peak, not the 18 MiB a trace of the step alone holds)
+    data = torch.randn(64, 2**16)  # 16 MiB
+
+    def step(x):
+        return (x * 2).sum()
+
+    run = md.tracer(device="cuda", warmup=1)
+    shared = run.steps(step, [((data[:8],), {}), ((data[:9],), {})])
+    for one, b in zip(shared, (8, 9)):
+        a, alone = md.memory(one), md.memory(run(step, data[:b]))
+        assert (a.peak, a.timeline) == (alone.peak, alone.timeline)
