@@ -281,7 +281,7 @@ class MetaMode(_compat.TorchDispatchMode):
         foreach.__enter__()
         entry.steps.append(functools.partial(setattr, STATE, "ambient", STATE.ambient))
         STATE.ambient = self.device or _CPU
-        standins = StandIns(self)  # Note [Everything a forward can change] in snapshot.py
+        standins = StandIns(self)  # Note [Everything a forward can change] in standins/snapshot.py
         entry.steps.append(standins.__exit__)
         standins.__enter__()
         if self.world is not None:  # Note [One rank of a logical world] in world.py

@@ -3,13 +3,13 @@
 ``SwapReal`` is a torch-function mode pushed on the thread's function stack
 while a MetaMode is entered there (entry.py).  Above autograd, it hands
 torch each real tensor's stand-in (Note [Swap above autograd] in
-standins.py), builds literals as the logical device would (literals.py),
+standins/standins.py), builds literals as the logical device would (values/literals.py),
 applies CUDA's autocast policy on a logical GPU (autocast.py), calls the
 composite overrides (composites.py), sees inside torch's Python functions
 (inside.py), and runs backward under the mode (Note [Backward under the
 function mode] in _compat/autograd.py).  Only this thread's calls meet it:
 another thread sees the real tensors (Note [Other threads see the real
-model] in standins.py).
+model] in standins/standins.py).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class SwapReal(_compat.TorchFunctionMode):
         return self._walk(mode, func, types, args, kwargs or {})
 
     def _walk(self, mode, func, types, args, kwargs):
-        """Every case, in order (Note [Swap above autograd] in standins.py)."""
+        """Every case, in order (Note [Swap above autograd] in standins/standins.py)."""
         if isinstance(mode, WIRING.mode_type) and func not in _BY_IDENTITY:
             real = _has_real(args) or (kwargs and _has_real(kwargs.values()))
             real_first = None

@@ -133,11 +133,11 @@ def _uninitialised(cls, *args, **kwargs):
     ``UninitializedParameter`` and ``UninitializedBuffer`` raise
     ``UnsupportedFeatureError`` naming the module and the user's line instead.
     A lazy module built before the mode traces as its first eager forward
-    runs (Note [Lazy modules under a trace] in standins.py).
+    runs (Note [Lazy modules under a trace] in standins/standins.py).
     """
     if not WIRING.active() or not _compat.torch_function_enabled():
         # another thread's, or metadispatch's own stand-in for a lazy module built
-        # before the mode (Note [Lazy modules under a trace] in standins.py)
+        # before the mode (Note [Lazy modules under a trace] in standins/standins.py)
         return _TORCH[cls](cls, *args, **kwargs)
     module = _lazy_module_being_built()
     what = f"nn.{type(module).__name__}" if module is not None else cls.__name__

@@ -6,7 +6,7 @@ If a real parameter reached the dispatch mode and were converted there --
 below autograd -- autograd would already have recorded the *real* parameter
 as a leaf, and backward would try to accumulate a meta gradient into its
 ``.grad``.  So every real tensor is replaced by its stand-in, a MetaTensor,
-*above* autograd: the mode's torch-function mode (``_SwapReal`` in mode.py)
+*above* autograd: the mode's torch-function mode (``SwapReal`` in mode/swap.py)
 hands torch the stand-in wherever the real tensor is passed, read
 (``p.grad``, ``p.device``) or written (``p.grad = None``).  Autograd then
 only ever sees stand-ins; gradients, buffer updates (batch-norm statistics)
@@ -254,7 +254,7 @@ class StandIns:
                     # swapped in by functional_call under grad/vmap: a value
                     # of the traced program, not a parameter to stand in for;
                     # a DTensor's own dispatch reaches its local tensor
-                    # (Note [Wrapper subclasses dispatch first] in dispatch.py)
+                    # (Note [Wrapper subclasses dispatch first] in core/dispatch.py)
                     continue
                 stand = self.mode.from_tensor(t)
                 if id(t) in names and stand._md.name is None:
@@ -389,7 +389,7 @@ def _group_by_device_and_dtype(original):
     Note [Foreach groups on a logical GPU]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     C++ groups by the C++ tensor's device, and a logical GPU's MetaTensor is
-    a plain meta tensor there (Note [Logical device] in tensor.py): every
+    a plain meta tensor there (Note [Logical device] in tensor/tensor.py): every
     group came back keyed ``meta``, which has no foreach kernels, so
     ``clip_grad_norm_`` took its per-tensor path where a real GPU takes
     foreach.  In a thread under a mode each meta group is split by its
@@ -425,7 +425,7 @@ def _logical_keys(groups: dict, with_indices: bool) -> dict:
     return out
 
 
-# (owner, attribute, make, why): the ledger's rows (mode/ledger.py, claimed in patches.py).
+# (owner, attribute, make, why): the ledger's rows (mode/ledger.py, claimed in mode/patches.py).
 PATCHES = [
     (
         torch.optim.Optimizer,

@@ -22,7 +22,7 @@ its real CPU value, ``t._md.known = (value, cell)``, while it has at most
   as without a mode; tensors the user converts (``mode.from_tensor``,
   ``md.trace``'s arguments), parameters, buffers and tensors that need
   grad are data, never known (but for step counters: an optimizer's, and
-  Note [Counters in buffers] in standins.py), and neither is anything
+  Note [Counters in buffers] in standins/standins.py), and neither is anything
   computed from them -- except
   under ``md.check``, whose integer and boolean arguments (lengths, ids,
   labels) keep their values: a check reports on the run of those inputs;
