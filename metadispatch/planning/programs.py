@@ -76,6 +76,7 @@ def trace_programs(
         mark("built")
         n = 0
         for name, group in groups.items():
+            at = group[0]  # what raised: this optimizer's first configuration, until a step is begun
             try:
                 opt_kw: dict = {"fused": True} if name == "fused" else {"foreach": True}
                 opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, **opt_kw)

@@ -282,3 +282,21 @@ def test_plan_rejects_a_configuration_torch_refuses_and_says_what_it_raised():
 
     with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
         md.tracer(world_size=2, rank=0, device="cuda")(tp_only)
+
+
+def test_plan_names_the_optimizer_whose_construction_raised_not_the_configuration_before_it(monkeypatch):
+    # the second optimizer's AdamW(...) raising was recorded against the first optimizer's last configuration
+    # (its traced step replaced by the error), and in a build of its own raised UnboundLocalError
+    adamw = torch.optim.AdamW
+
+    def refusing(params, *args, fused=None, **kwargs):
+        if fused:
+            raise RuntimeError("fused refused here")
+        return adamw(params, *args, fused=fused, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", refusing)
+    search = {"tp": [1], "micro_batch": [1], "ac": ["none"], "optimizer": ["foreach", "fused"]}
+    table = md.plan(make_model, gpus=2, global_batch=2, seq=SEQ, search=search)
+    by = {c.config["optimizer"]: c for c in table}
+    assert by["fused"].fits is False and "fused refused here" in by["fused"].why
+    assert "fused refused here" not in (by["foreach"].why or "") and by["foreach"].fits
