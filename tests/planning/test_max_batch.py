@@ -213,27 +213,9 @@ def test_max_batch_traces_apart_a_step_that_keeps_something_of_its_batch():
         assert md.fits(md.tracer(device="cuda", gpu="l4", warmup=1)(fn, *args), "l4", 200 * 2**20).fits is expected
 
 
-def test_max_batch_on_a_world_shares_a_warmup_and_answers_as_each_its_own():
-    import torch.distributed as dist
-
-    def step(x):  # one step for every batch: rank 1 also keeps a 10 MiB buffer
-        extra = torch.empty(10 * 2**18) if dist.get_rank() == 1 else None
-        dist.all_reduce(x)
-        return extra
-
-    def make_step(batch):
-        with md.MetaMode(device="cuda", record=False):
-            x = torch.empty(batch, 2**18, device="cuda")  # 1 MiB a sample
-        return step, (x,)
-
-    found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2)
-    apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, share=False)
-    assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
-    assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)
-
-
-def test_max_batch_shares_a_warmup_on_ranks_that_are_not_the_first():
-    # ranks=[1]: rank 1's states are the first (only) of each list; they were read at index 1 (IndexError)
+def _world_step():
+    """make_step(batch) on a world: one all-reduced 1 MiB-a-sample batch, the same step for every batch;
+    rank 1 also keeps a 10 MiB buffer."""
     import torch.distributed as dist
 
     def step(x):
@@ -243,9 +225,23 @@ def test_max_batch_shares_a_warmup_on_ranks_that_are_not_the_first():
 
     def make_step(batch):
         with md.MetaMode(device="cuda", record=False):
-            x = torch.empty(batch, 2**18, device="cuda")  # 1 MiB a sample
+            x = torch.empty(batch, 2**18, device="cuda")
         return step, (x,)
 
+    return make_step
+
+
+def test_max_batch_on_a_world_shares_a_warmup_and_answers_as_each_its_own():
+    make_step = _world_step()
+    found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2)
+    apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, share=False)
+    assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
+    assert (found.fits.reserved_peak, found.next.reserved_peak) == (apart.fits.reserved_peak, apart.next.reserved_peak)
+
+
+def test_max_batch_shares_a_warmup_on_ranks_that_are_not_the_first():
+    # ranks=[1]: rank 1's states are the first (only) of each list; they were read at index 1 (IndexError)
+    make_step = _world_step()
     found = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, ranks=[1])
     apart = md.max_batch(make_step, "l4", capacity=100 * 2**20, world_size=2, ranks=[1], share=False)
     assert found.shared == [found.batch + 1] and found.tried == apart.tried and found.batch == apart.batch
