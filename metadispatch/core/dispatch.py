@@ -371,7 +371,7 @@ def _device(f, args, kwargs, tensors, mode):
 
 def _named(device: torch.device, default: torch.device) -> bool:
     """Whether a factory keeps the device its torch call named (Note [A factory's named device] in mode/swap.py)."""
-    return STATE.named_device and device.type != default.type and device.type != "meta"
+    return STATE.named_device and (device.type != "meta" or STATE.explicit_meta)
 
 
 # Note [Meta from options]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import types
 
-__all__ = ["see_inside", "reentered"]
+__all__ = ["see_inside", "reentered", "seeing_inside"]
 
 
 class _State(threading.local):
@@ -71,6 +71,11 @@ def reentered(func, args) -> bool:
     answered as that C method."""
     first = args[0] if args else None
     return any(f is func and a is first for f, a in _STATE.stack)
+
+
+def seeing_inside() -> bool:
+    """Whether a call comes from a torch Python function's body the swap sees inside."""
+    return bool(_STATE.stack)
 
 
 def see_inside(func: types.FunctionType, args):

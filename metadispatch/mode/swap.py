@@ -24,11 +24,11 @@ from torch import nn
 from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
-from ..gpu import autocast, inside
+from ..gpu import autocast, cuda_answers, inside
 from ..ir.records import type_str
 from ..source import user_frame
 from ..tensor.convert import with_real_tensor
-from ..tensor.tensor import STATE, MetaTensor
+from ..tensor.tensor import STATE, MetaTensor, normalize_device
 from ..values import composites, literals
 from . import realcode
 
@@ -156,8 +156,10 @@ class SwapReal(_compat.TorchFunctionMode):
                     # the user's buffers in the module, not stand-ins.
                     return real_first
                 return out
-            if func in _FACTORIES and (kwargs.get("device") is not None or kwargs.get("pin_memory")):
-                return _factory(func, args, kwargs)
+            if func in _FACTORIES and (
+                kwargs.get("device") is not None or kwargs.get("pin_memory") or inside.seeing_inside()
+            ):
+                return _factory(mode, func, args, kwargs)
             if func is _DATA_PTR and type(first) is MetaTensor and first._md.pinned_by is not None:
                 _refuse_address(first)
         if types == _META_ONLY:
@@ -183,27 +185,59 @@ _FACTORIES = _compat.device_constructors()
 # torch-function level: the swap calls a factory of its ``DeviceContext``'s
 # list (``_compat.device_constructors``) that names a device with
 # ``STATE.named_device`` set, and only then does ``_device`` in
-# core/dispatch.py keep the named device.  Not the mode's device type (a
-# logical GPU is one device: ``"cuda:1"`` is the mode's ``cuda:0``), nor
-# meta (Note [Meta from options] there).  Factories below a Python function
-# torch runs for a function mode (``F.*``'s body) meet no function mode, as
-# under ``torch.set_default_device``; here they take the mode's device.
+# core/dispatch.py keep the named device.  ``meta`` named there is meta, as
+# under ``torch.set_default_device`` (``STATE.explicit_meta``, Note [Meta
+# from options] there); another index of the mode's device type is kept if
+# the logical machine has it, and refused naming the factory if not, as a
+# real one-GPU job fails (``invalid device ordinal``).  Factories below a
+# Python function torch runs for a function mode (``F.*``'s body) meet no
+# function mode under ``torch.set_default_device``, nor in a real job that
+# moved its model with ``.cuda()``: they make CPU tensors.  The swap sees
+# inside such bodies on a logical GPU (Note [Seeing inside torch's Python
+# functions] in inside.py), so it names CPU for a factory there that names
+# no device.
 _DATA_PTR = torch.Tensor.data_ptr
 
 
-def _factory(func, args, kwargs):
-    if kwargs.get("device") is None:
+def _factory(mode, func, args, kwargs):
+    if kwargs.get("device") is None and not inside.seeing_inside():
         out = func(*args, **kwargs)
     else:
         # Note [A factory's named device]
+        if kwargs.get("device") is None:
+            kwargs = dict(kwargs, device=_CPU)
+        named = _check_index(mode, func, kwargs["device"])
+        meta = named.type == "meta"
         # fmt: off
-        prev = STATE.named_device; STATE.named_device = True  # noqa: E702 (Note [Interrupts in mode entry and exit])
+        prev = STATE.named_device, STATE.explicit_meta; STATE.named_device = True; STATE.explicit_meta = prev[1] or meta  # noqa: E702,E501 (Note [Interrupts in mode entry and exit])
         try: out = func(*args, **kwargs)  # noqa: E701
-        finally: STATE.named_device = prev  # noqa: E701
+        finally: STATE.named_device, STATE.explicit_meta = prev  # noqa: E701
         # fmt: on
     if kwargs.get("pin_memory") and type(out) is MetaTensor:
         out._md.pinned_by = f"torch.{func.__name__}(..., pin_memory=True)"
     return out
+
+
+_CPU = torch.device("cpu")
+
+
+def _check_index(mode, func, device) -> torch.device:
+    """The device a factory named, refused if the logical machine has no such one (Note [A factory's named device])."""
+    named = normalize_device(device)
+    own = mode.device
+    if own is None or named.type != own.type or named.index == own.index or named.type != "cuda":
+        return named
+    count = torch.cuda.device_count() if cuda_answers.host_has_cuda() else 1
+    if named.index is not None and named.index < count:
+        return named
+    name = f"torch.{getattr(func, '__name__', func)}"
+    error = UnsupportedFeatureError(
+        f"{name}(..., device={str(named)!r}): the logical machine of MetaMode(device={str(own)!r}) has "
+        f"{count} CUDA device(s), {str(own)!r}; a real job there fails with 'invalid device ordinal' (Note "
+        "[A factory's named device]). Name the mode's device, or trace with MetaMode() and no device"
+    )
+    mark_call(error, name, user_frame())
+    raise error
 
 
 # Note [A pinned buffer's address]

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.modules.module as nn_module
+from torch.overrides import handle_torch_function, has_torch_function_unary
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import metadispatch as md
@@ -62,7 +63,8 @@ _FACTORY_CALLS = [
     lambda: torch.tensor([1, 2], device="cpu"),
     lambda: torch.tensor([1, 2]),
     lambda: torch.as_tensor([1.0], device="cpu"),
-    lambda: torch.empty(3, device="meta"),  # as the mode's device (Note [Meta from options])
+    lambda: torch.empty(3, device="meta"),
+    lambda: torch.zeros(2, 3, device="meta"),
 ]
 
 
@@ -71,11 +73,14 @@ def test_mode_device_is_the_default_device_of_factories(make):
     # torch's own default device (torch.utils._device.DeviceContext, here on
     # meta): a factory that names a device keeps it, one that names none
     # takes the default.  The mode's device is the default.
+    # A factory is told from the other by the default changing under it.
     with torch.device("meta"):
         eager = make()
+    with torch.device("cpu"):
+        named = make().device == eager.device
     with md.MetaMode(device="cuda:2") as mode:
         t = make()
-    expected = torch.device("cpu") if eager.device.type == "cpu" else torch.device("cuda:2")
+    expected = eager.device if named else torch.device("cuda:2")
     assert t.device == expected
     assert (t.shape, t.dtype) == (eager.shape, eager.dtype)
     assert mode.trace.calls[-1].outputs[0].device == expected
@@ -353,3 +358,35 @@ def test_mode_torch_save_and_lazy_modules_in_another_thread_are_torchs(tmp_path)
         thread.start()
         thread.join()
     assert done == [True] and torch.equal(torch.load(tmp_path / "other.pt")["w"], torch.ones(2))
+
+
+def _body_factory(x):
+    # torch's protocol for a Python function (F.*): a function mode gets
+    # the call whole, and the body's factory names no device.
+    if has_torch_function_unary(x):
+        return handle_torch_function(_body_factory, (x,), x)
+    return x.sum() + torch.ones(()).sum(), torch.zeros(2), torch.arange(3, dtype=torch.float32)
+
+
+def test_mode_factories_in_a_torch_python_body_are_on_the_host_as_under_default_device():
+    # Note [A factory's named device]: under torch.set_default_device a
+    # Python function's body meets no function mode; its factories make
+    # CPU tensors.  On a logical GPU the swap sees inside such a body.
+    with torch.device("meta"):
+        eager = _body_factory(torch.ones(2, device="meta"))
+    with md.MetaMode(device="cuda") as mode:
+        x = torch.ones(2)
+        traced = _body_factory(x)
+    assert [t.device.type for t in eager] == ["meta", "cpu", "cpu"]
+    assert [t.device for t in traced] == [torch.device("cuda:0"), torch.device("cpu"), torch.device("cpu")]
+    assert [(t.shape, t.dtype) for t in traced] == [(t.shape, t.dtype) for t in eager]
+    assert "aten.zeros.default" in [c.op for c in mode.trace.calls]
+
+
+def test_mode_factory_naming_another_gpu_the_logical_machine_lacks_is_refused():
+    with md.MetaMode(device="cuda"), pytest.raises(md.UnsupportedFeatureError, match=r"torch.zeros.*cuda:1"):
+        torch.zeros(2, device="cuda:1")
+    with md.MetaMode(device="cuda"):
+        assert torch.zeros(2, device="cuda:0").device == torch.device("cuda:0")
+    with md.MetaMode():  # no logical machine: every index is a logical device
+        assert torch.zeros(2, device="cuda:1").device == torch.device("cuda:1")
