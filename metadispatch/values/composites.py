@@ -85,7 +85,7 @@ def _tensor_split(self, indices, dim=0):
 
 # Note [Packed sequences]
 # ~~~~~~~~~~~~~~~~~~~~~~~
-# ``lstm``/``gru`` on a PackedSequence call ``aten.lstm.data``, whose C++ body
+# ``lstm``/``gru``/``rnn_tanh``/``rnn_relu`` on a PackedSequence call ``aten.lstm.data`` (and so on), whose C++ body
 # reads ``batch_sizes`` through a data pointer: on a MetaTensor, "data is not
 # allocated yet".  ``batch_sizes`` comes from ``pack_padded_sequence``; when
 # its value is known (built from constants, or kept by md.check from the
@@ -94,7 +94,12 @@ def _tensor_split(self, indices, dim=0):
 # decomposition on other devices.
 
 
-_CPU_PACKED = {"lstm": packed_rnn.lstm_data, "gru": packed_rnn.gru_data}
+_CPU_PACKED = {
+    "lstm": packed_rnn.lstm_data,
+    "gru": packed_rnn.gru_data,
+    "rnn_tanh": packed_rnn.rnn_tanh_data,
+    "rnn_relu": packed_rnn.rnn_relu_data,
+}
 
 
 def _rnn_data(name: str):
@@ -284,6 +289,8 @@ OVERRIDES = {
     "tensor_split.tensor_indices_or_sections": _tensor_split,
     "lstm.data": _rnn_data("lstm"),
     "gru.data": _rnn_data("gru"),
+    "rnn_tanh.data": _rnn_data("rnn_tanh"),
+    "rnn_relu.data": _rnn_data("rnn_relu"),
 }
 _VF = _compat.variable_functions
 
@@ -303,6 +310,8 @@ BY_FUNCTION: dict = {
     torch.Tensor.tensor_split: [(OVERRIDES["tensor_split.tensor_indices_or_sections"], _tensor_indices)],
     _VF.lstm: [(OVERRIDES["lstm.data"], _packed)],
     _VF.gru: [(OVERRIDES["gru.data"], _packed)],
+    _VF.rnn_tanh: [(OVERRIDES["rnn_tanh.data"], _packed)],
+    _VF.rnn_relu: [(OVERRIDES["rnn_relu.data"], _packed)],
     _VF._pad_packed_sequence: [(OVERRIDES["_pad_packed_sequence"], lambda args, kwargs: not kwargs)],
     torch.linalg.matrix_rank: [(OVERRIDES["linalg_matrix_rank"], lambda args, kwargs: bool(args))],
     torch.cov: [(OVERRIDES["cov"], _outside_a_mode)],

@@ -1,4 +1,4 @@
-"""``lstm``/``gru`` over a PackedSequence on a logical CPU, as the CPU kernel runs them.
+"""``lstm``/``gru``/``rnn_tanh``/``rnn_relu`` over a PackedSequence on a logical CPU, as the CPU kernel runs them.
 
 Note [Packed RNNs as the CPU kernel runs them]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -9,7 +9,7 @@ kernel (``split_with_sizes``, out-of-place gates), so this is a port of the
 kernel's path in ``aten/src/ATen/native/RNN.cpp``, each piece named by its
 C++ function: ``PackedLayer`` and ``ReversedPackedLayer`` project the whole
 input once (``linear_ih``, the CPU's ``pre_compute_input``), narrow each
-step and the hidden states; ``LSTMCell``/``GRUCell`` work in place
+step and the hidden states; ``LSTMCell``/``GRUCell``/``SimpleCell`` work in place
 (``add_``, ``unsafe_chunk``, ``sigmoid_``, ``tanh_``); ``apply_layer_stack``
 drops out between layers; ``_lstm_impl`` and ``_rnn_impl_with_concat``
 stack the final states.  Where C++ builds an LSTM's pair with
@@ -31,7 +31,7 @@ import torch
 
 from .. import _compat
 
-__all__ = ["lstm_data", "gru_data"]
+__all__ = ["lstm_data", "gru_data", "rnn_tanh_data", "rnn_relu_data"]
 
 aten = torch.ops.aten
 
@@ -86,6 +86,16 @@ def _gru_cell(x, hidden, p: _Params):
     input_gate = chunked_hgates[1].add_(chunked_igates[1]).sigmoid_()
     new_gate = chunked_igates[2].add(chunked_hgates[2].mul_(reset_gate)).tanh_()
     return (hidden - new_gate).mul_(input_gate).add_(new_gate)
+
+
+def _tanh_cell(x, hidden, p: _Params):
+    """``SimpleCell<tanh_f>::operator()``, ``pre_compute_input`` true."""
+    return p.linear_hh(hidden).add_(x).tanh()
+
+
+def _relu_cell(x, hidden, p: _Params):
+    """``SimpleCell<relu_f>::operator()``, ``pre_compute_input`` true."""
+    return p.linear_hh(hidden).add_(x).relu()
 
 
 def _slice(hidden, start: int, end: int):
@@ -179,10 +189,25 @@ def lstm_data(data, sizes: list, hx, params, has_biases, num_layers, dropout_p, 
     return out, torch.stack([h for h, _ in finals], 0), cy
 
 
-def gru_data(data, sizes: list, hx, params, has_biases, num_layers, dropout_p, train, bidirectional):
-    """``gru.data``'s CPU path (``_rnn_impl_with_concat<GRUCell, PackedLayer, ...>``) on known batch sizes."""
+def _concat_impl(cell, data, sizes: list, hx, params, has_biases, num_layers, dropout_p, train, bidirectional):
+    """``_rnn_impl_with_concat<cell, PackedLayer, PackedBidirectionalLayer>`` on known batch sizes."""
     weights = _gather_params(params, has_biases, False)
     out, finals = _layer_stack(
-        _gru_cell, data, sizes, list(hx.unbind(0)), weights, num_layers, dropout_p, train, bidirectional
+        cell, data, sizes, list(hx.unbind(0)), weights, num_layers, dropout_p, train, bidirectional
     )
     return out, torch.stack(finals, 0)
+
+
+def gru_data(*args):
+    """``gru.data``'s CPU path (``GRUCell``)."""
+    return _concat_impl(_gru_cell, *args)
+
+
+def rnn_tanh_data(*args):
+    """``rnn_tanh.data``'s CPU path (``SimpleCell<tanh_f>``)."""
+    return _concat_impl(_tanh_cell, *args)
+
+
+def rnn_relu_data(*args):
+    """``rnn_relu.data``'s CPU path (``SimpleCell<relu_f>``)."""
+    return _concat_impl(_relu_cell, *args)

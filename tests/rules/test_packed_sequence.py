@@ -60,6 +60,8 @@ _RNNS = {
     "lstm-bidirectional-2-layers-dropout": lambda: nn.LSTM(4, 5, num_layers=2, dropout=0.5, bidirectional=True),
     "gru-bidirectional-no-bias": lambda: nn.GRU(4, 5, bias=False, bidirectional=True),
     "lstm-projections": lambda: nn.LSTM(4, 5, proj_size=3, batch_first=True),
+    "rnn-tanh": lambda: nn.RNN(4, 5, batch_first=True),
+    "rnn-relu-bidirectional-2-layers-no-bias": lambda: nn.RNN(4, 5, 2, "relu", bias=False, bidirectional=True),
 }
 
 
@@ -95,6 +97,7 @@ _EQUAL = {
     "lstm-float64": lambda: nn.LSTM(4, 5).double(),  # no oneDNN path: PackedLayer
     "lstm-bfloat16": lambda: nn.LSTM(4, 5).bfloat16(),  # oneDNN where the CPU has bf16
     "gru": lambda: nn.GRU(4, 5),  # no oneDNN path: PackedLayer
+    "rnn-tanh": lambda: nn.RNN(4, 5),  # no oneDNN path: PackedLayer
 }
 
 
