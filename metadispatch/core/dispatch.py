@@ -38,6 +38,7 @@ _CROSS_DEVICE = {
     "aten._index_put_impl_.default",
     "aten.lift_fresh.default",
     "aten.lift_fresh_copy.default",
+    "aten._pack_padded_sequence.default",  # lengths on the CPU, whatever the input's device
 }
 
 # What a meta kernel or fake impl raises when it refuses a call (torch._check

@@ -146,3 +146,19 @@ def test_packed_sequence_bad_lengths_get_the_cpu_kernels_error():
     with pytest.raises(RuntimeError) as traced:
         md.trace(lambda x: pack_padded_sequence(x, [2, 6, 4], batch_first=True).data, x)
     assert str(eager.value).splitlines()[0] in str(traced.value)
+
+
+@pytest.mark.parametrize("name", ["RNN", "LSTM", "GRU"])
+def test_packed_sequence_on_a_logical_gpu_keeps_its_lengths_on_the_host(name):
+    # pack_padded_sequence moves its lengths to the CPU (device="cpu", kept
+    # under MetaMode(device="cuda")), as a real CUDA job's: packing takes
+    # them there whatever the input's device, and batch_sizes stays there.
+    torch.manual_seed(0)
+    rnn = getattr(nn, name)(4, 5)
+    x = torch.randn(6, 3, 4)
+    eager_out, _ = rnn(pack_padded_sequence(x, [6, 4, 2]))
+    with md.MetaMode(device="cuda"):
+        out, _ = rnn(pack_padded_sequence(x, [6, 4, 2]))
+    assert (out.data.shape, out.data.stride(), out.data.dtype) == _layout(eager_out.data)[:3]
+    assert out.data.device == torch.device("cuda:0") and out.batch_sizes.device == torch.device("cpu")
+    assert out.batch_sizes.tolist() == eager_out.batch_sizes.tolist()
