@@ -160,8 +160,10 @@ class SwapReal(_compat.TorchFunctionMode):
                 kwargs.get("device") is not None or kwargs.get("pin_memory") or inside.seeing_inside()
             ):
                 return _factory(mode, func, args, kwargs)
-            if func is _DATA_PTR and type(first) is MetaTensor and first._md.pinned_by is not None:
-                _refuse_address(first)
+            if func is _DATA_PTR and type(first) is MetaTensor:
+                pinned = first if first._md.pinned_by is not None else first._base
+                if type(pinned) is MetaTensor and pinned._md.pinned_by is not None:
+                    _refuse_address(first, pinned)
         if types == _META_ONLY:
             # MetaTensor's own handler would only call func again: skip it
             # (Note [Composite overrides without a mode]).
@@ -251,9 +253,14 @@ def _check_index(mode, func, device) -> torch.device:
 # but a write through it killed the process with a segfault.  So the
 # address of such a buffer is refused, with UnsupportedFeatureError naming
 # the factory and the user's line: the reader raises instead of writing.
-def _refuse_address(t: MetaTensor) -> None:
+# So is a view's (``buf[off:off + n]``, torch's ``_base`` the buffer), whose
+# address C++ makes as the storage's, 0, plus its offset: a small non-null
+# number, written through as readily.
+def _refuse_address(t: MetaTensor, pinned: MetaTensor) -> None:
+    view = "" if t is pinned else f"a view at offset {t.storage_offset()} of "
     error = UnsupportedFeatureError(
-        f"Tensor.data_ptr() of a {t._md.pinned_by} MetaTensor ({type_str(t.dtype, t.shape, device=t._md.device)}): "
+        f"Tensor.data_ptr() of {view}a {pinned._md.pinned_by} MetaTensor "
+        f"({type_str(t.dtype, t.shape, device=t._md.device)}): "
         "a pinned buffer's address is where its bytes are written (safetensors' safe_open(device='cuda') does), "
         "and a MetaTensor holds none (Note [A pinned buffer's address]). Open the file with device='cpu': its "
         "tensors then stand in on the mode's device"

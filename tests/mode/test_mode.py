@@ -390,3 +390,23 @@ def test_mode_factory_naming_another_gpu_the_logical_machine_lacks_is_refused():
         assert torch.zeros(2, device="cuda:0").device == torch.device("cuda:0")
     with md.MetaMode():  # no logical machine: every index is a logical device
         assert torch.zeros(2, device="cuda:1").device == torch.device("cuda:1")
+
+
+_VIEWS = [lambda b: b[2:], lambda b: b[2:].view(2, 3), lambda b: b.narrow(0, 1, 3), lambda b: b.view(2, 4)[1]]
+
+
+def test_mode_a_pinned_buffers_views_refuse_their_address_as_the_buffer_does():
+    # Note [A pinned buffer's address]: a view's address is the buffer's
+    # plus its offset, as eager's; the buffer's is refused, so is a view's,
+    # naming the factory and the view's offset.
+    real = torch.empty(8)
+    eager = [v(real).data_ptr() - real.data_ptr() for v in _VIEWS]
+    with md.MetaMode(device="cuda"):
+        plain = torch.empty(8)
+        assert [v(plain).data_ptr() - plain.data_ptr() for v in _VIEWS] == eager
+        buf = torch.empty(8, pin_memory=True)
+        for view in [lambda b: b, *_VIEWS]:
+            v = view(buf)
+            offset = "" if v is buf else f"a view at offset {v.storage_offset()} of "
+            with pytest.raises(md.UnsupportedFeatureError, match=rf"data_ptr\(\) of {offset}a torch.empty"):
+                v.data_ptr()
