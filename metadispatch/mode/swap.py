@@ -104,6 +104,8 @@ class SwapReal(_compat.TorchFunctionMode):
                     mode._recorder.before_data_swap(args[0], args[1])
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
+            if func in literals.LITERALS and kwargs.get("device") is not None:
+                _check_index(mode, func, kwargs["device"])  # Note [A factory's named device]
             if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):

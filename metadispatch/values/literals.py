@@ -85,10 +85,12 @@ def build(mode, func, args, kwargs):
     if device is None or normalize_device(device).type == "cpu":
         # Note [Optimizer step counters on the CPU]
         device = _CPU
-    elif mode.device is not None:
-        device = mode.device
+    elif mode.device is None or normalize_device(device).type == "meta":
+        device = normalize_device(device)  # meta as named: Note [A factory's named device] in mode/swap.py
+    elif torch.device(device).type == mode.device.type and torch.device(device).index is not None:
+        device = normalize_device(device)  # an index the swap found on the logical machine
     else:
-        device = normalize_device(device)
+        device = mode.device
     with _compat.no_python_dispatch(), _compat.no_torch_function():
         real = func(*args, **kwargs)
     out = aten.lift_fresh.default(mode.constant_on(real, device))

@@ -65,6 +65,7 @@ _FACTORY_CALLS = [
     lambda: torch.as_tensor([1.0], device="cpu"),
     lambda: torch.empty(3, device="meta"),
     lambda: torch.zeros(2, 3, device="meta"),
+    lambda: torch.tensor([1.0, 2.0], device="meta"),
 ]
 
 
@@ -384,8 +385,9 @@ def test_mode_factories_in_a_torch_python_body_are_on_the_host_as_under_default_
 
 
 def test_mode_factory_naming_another_gpu_the_logical_machine_lacks_is_refused():
-    with md.MetaMode(device="cuda"), pytest.raises(md.UnsupportedFeatureError, match=r"torch.zeros.*cuda:1"):
-        torch.zeros(2, device="cuda:1")
+    for name, make in [("zeros", torch.zeros), ("tensor", torch.tensor), ("as_tensor", torch.as_tensor)]:
+        with md.MetaMode(device="cuda"), pytest.raises(md.UnsupportedFeatureError, match=rf"torch.{name}\(.*cuda:1"):
+            make([2], device="cuda:1")
     with md.MetaMode(device="cuda"):
         assert torch.zeros(2, device="cuda:0").device == torch.device("cuda:0")
     with md.MetaMode():  # no logical machine: every index is a logical device
