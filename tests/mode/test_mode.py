@@ -382,6 +382,9 @@ def test_mode_factories_in_a_torch_python_body_are_on_the_host_as_under_default_
     assert [t.device for t in traced] == [torch.device("cuda:0"), torch.device("cpu"), torch.device("cpu")]
     assert [(t.shape, t.dtype) for t in traced] == [(t.shape, t.dtype) for t in eager]
     assert "aten.zeros.default" in [c.op for c in mode.trace.calls]
+    assert [t.device for t in md.tracer(device="cuda")(_body_factory, torch.ones(2)).output] == [
+        t.device for t in traced
+    ]
 
 
 def test_mode_factory_naming_another_gpu_the_logical_machine_lacks_is_refused():
