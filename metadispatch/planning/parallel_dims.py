@@ -58,7 +58,7 @@ from torch.distributed.tensor.parallel import (
 from ..world.expert_parallel import expert_modules, expert_parallel
 from .tp import COLWISE, ROWWISE
 
-__all__ = ["DEFAULTS", "expand", "rule", "wrap", "micro_step"]
+__all__ = ["DEFAULTS", "expand", "rule", "with_pipelines", "pipeline_rule", "wrap", "micro_step"]
 
 DEFAULTS = {"sp": False, "cp": 1, "ep": 1}  # what a configuration without them is
 NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -85,9 +85,24 @@ def rule(c: dict, seq: int, experts: int | None) -> str | None:
         return f"ep {ep} does not divide num_experts={experts}"
     if c["shard"] % ep:
         return f"ep {ep} does not divide shard {c['shard']} (EP borrows FSDP2's shard ranks)"
-    if tp > 1 or cp > 1:
-        return "ep with tp or cp > 1 is not searched (the experts are not split by TP)"
+    if cp > 1:
+        return "ep with cp > 1 is not searched (EP borrows the shard ranks, not shard x cp's)"
     return None
+
+
+def with_pipelines(search: dict, pipelines: list) -> list:
+    """Each pipeline configuration with every ``(sp, cp, ep)`` of ``search`` for its ``tp``: those other than
+    the defaults are candidates :func:`pipeline_rule` refuses by name, not configurations left out."""
+    return [{**c, **dict(zip(DEFAULTS, x))} for c in pipelines for x in expand(search, c["tp"])]
+
+
+def pipeline_rule(c: dict) -> str | None:
+    """Why a pipeline configuration with sp, cp or ep is not scored: planning/pipeline_candidates.py wraps
+    each stage with TP and FSDP2 only, so its trace would not be that configuration's."""
+    dims = [d for d, on in (("sp", c.get("sp")), ("cp", c.get("cp", 1) > 1), ("ep", c.get("ep", 1) > 1)) if on]
+    if not dims:
+        return None
+    return f"{' and '.join(dims)} with pp is not searched (the pipeline's stages are wrapped with TP and FSDP2 only)"
 
 
 def wrap(model, c: dict, units: list, tp_plan) -> dict:

@@ -26,7 +26,7 @@ empty tensors) so every rank runs them (tests/world/test_expert_parallel_gloo.py
 the ``worst`` routing).
 
 Limits: no capacity, no token dropping; the experts are not split by TP
-(``md.plan`` searches EP with ``tp 1``); every rank of the EP group holds
+(under TP every TP rank routes the same whole tokens, over the EP group at its TP coordinate); every rank of the EP group holds
 as many experts.
 """
 
