@@ -1,4 +1,4 @@
-"""md.plan's expert parallelism with tensor (and sequence) parallelism (planning/parallel_dims.py) against
+"""md.plan's expert parallelism with tensor (and sequence) or context parallelism (planning/parallel_dims.py) against
 direct traces written here with torch's own APIs: TP (SP) on the attention, the experts spread over ``ep``
 shard ranks at each TP coordinate (every TP rank routes the same, whole tokens), FSDP2 on the rest."""
 
@@ -7,6 +7,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -62,17 +63,24 @@ def tp_layer(layer, mesh, sp: bool, first: bool, last: bool) -> None:
         )
 
 
-def direct(c: dict):
-    """Rank 0's second step of ``c`` in md.tracer(world_size=4), every micro-batch run."""
-    r, s, tp, ep = c["replicate"], c["shard"], c["tp"], c["ep"]
+def make_bf16():  # CP's ring handles the flash/cuDNN kernels an H100 picks for bf16 (test_plan_dims.py)
+    return make_moe().to(torch.bfloat16)
+
+
+def direct(c: dict, make=make_moe):
+    """Rank 0's second step of ``c`` in md.tracer(world_size=4), every micro-batch run; with cp, FSDP2 over
+    shard x cp and the experts over ``ep`` of those ranks (torchtitan's EP borrows from dp_shard x cp)."""
+    r, s, tp, ep, cp = c["replicate"], c["shard"], c["tp"], c["ep"], c["cp"]
 
     def run():
-        model = make_moe()
+        model = make()
         layers = model.model.layers
-        mesh = init_device_mesh("cuda", (r, s, tp), mesh_dim_names=("r", "s", "tp"))
-        for i, layer in enumerate(layers):
-            tp_layer(layer, mesh["tp"], c["sp"], i == 0, i == len(layers) - 1)
-        em = init_device_mesh("cuda", (r, s // ep, ep, tp), mesh_dim_names=("r", "s", "ep", "tp"))
+        mesh = init_device_mesh("cuda", (r, s * cp, tp), mesh_dim_names=("r", "s", "tp"))
+        cp_mesh = init_device_mesh("cuda", (r, s, cp, tp), mesh_dim_names=("r", "s", "cp", "tp"))["cp"]
+        if tp > 1:
+            for i, layer in enumerate(layers):
+                tp_layer(layer, mesh["tp"], c["sp"], i == 0, i == len(layers) - 1)
+        em = init_device_mesh("cuda", (r, s * cp // ep, ep, tp), mesh_dim_names=("r", "s", "ep", "tp"))
         for layer in layers:
             expert_parallel(layer.mlp.experts, em["ep"])
             fully_shard(layer.mlp.experts, mesh=em["r", "s"] if r > 1 else em["s"])
@@ -85,7 +93,11 @@ def direct(c: dict):
             md.mark("step")
             for _ in range(c["accum"]):
                 ids = torch.randint(0, model.config.vocab_size, (c["micro_batch"], SEQ), device="cuda")
-                model(ids, labels=ids).loss.backward()
+                if cp == 1:
+                    model(ids, labels=ids).loss.backward()
+                else:
+                    with context_parallel(cp_mesh, buffers=[ids], buffer_seq_dims=[1]):
+                        model(ids, labels=ids).loss.backward()
             opt.step()
             opt.zero_grad()
 
@@ -104,10 +116,19 @@ def test_plan_expert_parallel_with_tp_and_sp_peaks_as_a_direct_trace():
         assert ("_c10d_functional.all_to_all_single.default", (0, 2)) in groups, groups  # EP over shard, tp 0
 
 
-def test_plan_expert_parallel_with_cp_is_refused_by_name():
-    search = {**SEARCH, "tp": [1], "cp": [2], "shard": [2]}
-    table = md.plan(make_moe, gpus=GPUS, global_batch=BATCH, seq=SEQ, search=search)
-    assert table and all(c.why.startswith("ep with cp > 1 is not searched") for c in table)
+def test_plan_expert_parallel_with_cp_borrows_shard_x_cp_ranks_and_peaks_as_a_direct_trace():
+    search = {**SEARCH, "tp": [1], "cp": [2], "shard": [1, 2]}
+    table = md.plan(make_bf16, gpus=GPUS, global_batch=BATCH // 2, seq=SEQ, search=search)
+    scored = [c for c in table if c.peak is not None]
+    assert {c.config["shard"] for c in scored} == {1, 2}, [c.why for c in table]
+    for c in scored:
+        t = direct(c.config, make_bf16)
+        assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
+        assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
+    odd = md.plan(make_bf16, gpus=GPUS, global_batch=BATCH // 2, seq=SEQ, search={**search, "ep": [4], "shard": [1]})
+    assert all(c.why == "ep 4 does not divide shard 1 x cp 2 (EP borrows FSDP2's shard ranks)" for c in odd), [
+        c.why for c in odd
+    ]
 
 
 def test_plan_pipeline_with_sp_cp_or_ep_is_a_candidate_refused_by_name():
