@@ -142,9 +142,34 @@ def apply_ac(model: nn.Module, plan) -> nn.Module:
         how = {name: () for name in plan}
     for name, save in how.items():
         m = model.get_submodule(name)
-        if "forward" not in m.__dict__:  # once
-            m.forward = functools.partial(_checkpointed, m.forward, _op_names(save))
+        if not is_checkpointed(m):  # once; an instance's own forward (accelerate's hooks) is checkpointed too
+            wrapped = functools.partial(_checkpointed, m.forward, _op_names(save))
+            wrapped.own = m.__dict__.get("forward", _NONE)  # type: ignore[attr-defined]  # what remove_ac restores
+            m.forward = wrapped
     return model
+
+
+def remove_ac(model: nn.Module, names) -> nn.Module:
+    """Undo :func:`apply_ac` on the modules ``names``: each gets back exactly the forward it had -- its
+    own instance ``forward`` (accelerate's hooks set one) or none (the class's)."""
+    for name in names:
+        m = model.get_submodule(name)
+        if is_checkpointed(m):
+            own = m.__dict__["forward"].own
+            if own is _NONE:
+                del m.forward
+            else:
+                m.forward = own
+    return model
+
+
+_NONE = object()  # a module without an instance forward of its own
+
+
+def is_checkpointed(m: nn.Module) -> bool:
+    """Whether :func:`apply_ac` wrapped ``m``'s forward."""
+    f = m.__dict__.get("forward")
+    return isinstance(f, functools.partial) and f.func is _checkpointed
 
 
 def _checkpointed(forward, save: frozenset, *args, **kwargs):

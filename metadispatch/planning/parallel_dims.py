@@ -13,12 +13,13 @@ FSDP2 shards the parameters over ``shard x cp`` (torchtitan's
 ``dp_shard_cp``): the FSDP2 and TP mesh is ``(R, S * C, T)``, and the CP
 mesh the ``c`` dimension of ``(R, S, C, T)`` -- two ``init_device_mesh``
 calls over one layout, no private flattening.  The batch is split over
-``R x S`` data-parallel ranks.  EP borrows from the shard dimension
-(torchtitan's EP borrows from ``dp_shard x cp``; here ``cp`` is 1 with
-``ep``): the experts are spread over ``ep`` consecutive shard ranks --
-the ``e`` dimension of ``(R, S / E, E, T)`` -- and FSDP2 shards each
-block's experts over ``(R, S / E)``, its other parameters over the
-``(R, S)`` of the rest; a block's experts are wrapped on their own mesh
+``R x S`` data-parallel ranks.  EP borrows from FSDP2's shard dimension,
+``shard x cp`` (torchtitan's EP borrows from ``dp_shard x cp``): the
+experts are spread over ``ep`` consecutive ranks of it -- the ``e``
+dimension of ``(R, S * C / E, E, T)`` -- and FSDP2 shards each block's
+experts over ``(R, S * C / E)``, its other parameters over the
+``(R, S * C)`` of the rest (each CP rank routes its own tokens, each TP
+rank the same whole ones); a block's experts are wrapped on their own mesh
 first, so the block's ``fully_shard`` leaves them alone.
 
 Note [Sequence parallelism per block]
@@ -58,7 +59,7 @@ from torch.distributed.tensor.parallel import (
 from ..world.expert_parallel import expert_modules, expert_parallel
 from .tp import COLWISE, ROWWISE
 
-__all__ = ["DEFAULTS", "expand", "rule", "wrap", "micro_step"]
+__all__ = ["DEFAULTS", "expand", "rule", "with_pipelines", "pipeline_rule", "wrap", "micro_step"]
 
 DEFAULTS = {"sp": False, "cp": 1, "ep": 1}  # what a configuration without them is
 NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -83,11 +84,25 @@ def rule(c: dict, seq: int, experts: int | None) -> str | None:
         return f"ep {ep}: the model has no fused MoE experts"
     if experts % ep:
         return f"ep {ep} does not divide num_experts={experts}"
-    if c["shard"] % ep:
-        return f"ep {ep} does not divide shard {c['shard']} (EP borrows FSDP2's shard ranks)"
-    if tp > 1 or cp > 1:
-        return "ep with tp or cp > 1 is not searched (the experts are not split by TP)"
+    if c["shard"] * cp % ep:
+        x = f" x cp {cp}" if cp > 1 else ""
+        return f"ep {ep} does not divide shard {c['shard']}{x} (EP borrows FSDP2's shard ranks)"
     return None
+
+
+def with_pipelines(search: dict, pipelines: list) -> list:
+    """Each pipeline configuration with every ``(sp, cp, ep)`` of ``search`` for its ``tp``: those other than
+    the defaults are candidates :func:`pipeline_rule` refuses by name, not configurations left out."""
+    return [{**c, **dict(zip(DEFAULTS, x))} for c in pipelines for x in expand(search, c["tp"])]
+
+
+def pipeline_rule(c: dict) -> str | None:
+    """Why a pipeline configuration with sp, cp or ep is not scored: planning/pipeline_candidates.py wraps
+    each stage with TP and FSDP2 only, so its trace would not be that configuration's."""
+    dims = [d for d, on in (("sp", c.get("sp")), ("cp", c.get("cp", 1) > 1), ("ep", c.get("ep", 1) > 1)) if on]
+    if not dims:
+        return None
+    return f"{' and '.join(dims)} with pp is not searched (the pipeline's stages are wrapped with TP and FSDP2 only)"
 
 
 def wrap(model, c: dict, units: list, tp_plan) -> dict:
@@ -116,7 +131,7 @@ def wrap(model, c: dict, units: list, tp_plan) -> dict:
             )
     experts: list = []
     if ep > 1:
-        em = init_device_mesh("cuda", (r, s // ep, ep, tp), mesh_dim_names=("replicate", "shard", "ep", "tp"))
+        em = init_device_mesh("cuda", (r, s * cp // ep, ep, tp), mesh_dim_names=("replicate", "shard", "ep", "tp"))
         experts = [expert_parallel(m, em["ep"]) for m in expert_modules(model)]
         edp = em["replicate", "shard"] if r > 1 else em["shard"]
         for m in experts:  # on a mesh of one rank too (torchtitan's): DTensors, as the optimizer's others

@@ -47,7 +47,7 @@ from ..mode.mode import MetaMode
 from ..tracing.marks import mark
 from ..values.routing import RoutingAssumption
 from . import parallel_dims
-from .ac import apply_ac, blocks
+from .ac import apply_ac, blocks, remove_ac
 from .tp import tp_plan as serving_tp_plan
 
 __all__ = ["default_step", "tp_plan", "trace_programs"]
@@ -111,17 +111,31 @@ def trace_programs(
             continue
         one = step_until(whole, whole.marks[f"end {k}"])
         one.marks = {"built": whole.marks["built"]} | {m: whole.marks[f"{m} {k}"] for m in ("step", "micro", "opt")}
+        one.assumptions = _own_assumptions(whole, k)
         out.append(one)
     return out
 
 
+def _own_assumptions(whole, k: int) -> list:
+    """Note [Each configuration's own assumptions]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A cut ends at step ``k`` but begins at the build: the warmup and the steps
+    of the other configurations of the build ran before it, and their declared
+    values (EP's routing counts and split sizes, read at their micro-batch) are
+    not this configuration's.  So a cut lists the build's assumptions and its
+    own step's, those the scored step (``since="step"``) rests on; a warmup's
+    would be the step's own again, where it ran at this configuration at all.
+    A configuration traced alone (``.retrace()``) lists the same
+    (tests/planning/test_plan_own.py).
+    """
+    built, lo, hi = whole.marks["built"], whole.marks[f"step {k}"], whole.marks[f"end {k}"]
+    return [a for a in whole.assumptions if a.index < built or lo <= a.index < hi]
+
+
 def _set_ac(model, names: list, on: bool) -> None:
-    """Per-block checkpointing on or off, between steps (Note [One build for the configurations of a mesh])."""
-    if on:
-        apply_ac(model, names)
-    else:
-        for name in names:
-            model.get_submodule(name).__dict__.pop("forward", None)
+    """Per-block checkpointing on or off, between steps (Note [One build for the configurations of a mesh]);
+    off restores exactly the forward each block had (``remove_ac``)."""
+    (apply_ac if on else remove_ac)(model, names)
 
 
 def vocab_of(model) -> int:

@@ -163,7 +163,7 @@ class _Planner:
                 accum = self.global_batch // (dp * mb) if dp and self.global_batch % (dp * mb) == 0 else 0
                 out.append(dict(zip(KEYS, (shard, rep, tp, ac, mb, accum, opt, sp, cp, ep))))
         pipelines = pipeline_candidates.configs(n, self.global_batch, search, KEYS)  # search's "pp"
-        return out + [{**parallel_dims.DEFAULTS, **c} for c in pipelines]
+        return out + parallel_dims.with_pipelines(search, pipelines)
 
     def rule(self, c: dict) -> str | None:
         """The divisibility rule ``c`` breaks, if any."""
@@ -183,7 +183,9 @@ class _Planner:
     def score(self, cand: Candidate, full: bool = False) -> Candidate:
         c = cand.config
         if c.get("pp", 1) > 1:  # Note [Scoring a pipeline configuration] in pipeline_candidates.py
-            pipeline_candidates.score(self, cand, tp_plan, custom_step=self.step is not default_step)
+            cand.why = parallel_dims.pipeline_rule(c)
+            if not cand.why:
+                pipeline_candidates.score(self, cand, tp_plan, custom_step=self.step is not default_step)
             return cand
         cand.why = self.rule(c)
         if cand.why:

@@ -171,7 +171,7 @@ def propagate(func, f, tensors, args, kwargs, result, mode) -> None:
     reals = None
     # An op that returns nothing (``_foreach_add_`` on step counts) updates
     # its inputs: those are what must be small.
-    if _may_know(f, tensors) and _small(tensors if result is None else result, mode):
+    if (_may_know(f, tensors) or _holds_nothing(f, result)) and _small(tensors if result is None else result, mode):
         reals = _values(f, tensors, mode)
     if reals is None:
         if f.mutates:
@@ -262,6 +262,12 @@ def _may_know(f, tensors) -> bool:
     if tensors and value_of(tensors[0]) is None and f.name not in _SHAPE_ONLY and f.name not in _LIFT:
         return False
     return not f.random and not any(g in f.name for g in _GARBAGE) and not f.name.startswith(_COLLECTIVES)
+
+
+def _holds_nothing(f, result) -> bool:
+    """An ``empty`` of no elements holds no garbage: its value is known (``one_hot`` of no indices, an
+    expert-parallel rank no token is routed to, world/expert_parallel.py)."""
+    return f.name.startswith("aten.empty") and isinstance(result, MetaTensor) and result.numel() == 0
 
 
 def _small(result, mode) -> bool:

@@ -17,8 +17,16 @@ token.  The counts are data another rank routes, so a traced rank needs a
 declared routing (``md.RoutingAssumption``, Note [Dispatching under a
 declared routing] in values/routing.py); a real run reads them.
 
+A rank no token is routed to gets no rows: transformers' eager experts
+then return ``zeros_like`` of them, cut off from autograd, so without
+care this rank's backward would skip the combine's and the dispatch's
+all-to-alls the other ranks wait in (a real gloo job hangs, then dies).
+The empty output is tied to the received rows (``+ got.sum() * 0``, ops on
+empty tensors) so every rank runs them (tests/world/test_expert_parallel_gloo.py,
+the ``worst`` routing).
+
 Limits: no capacity, no token dropping; the experts are not split by TP
-(``md.plan`` searches EP with ``tp 1``); every rank of the EP group holds
+(under TP every TP rank routes the same whole tokens, over the EP group at its TP coordinate); every rank of the EP group holds
 as many experts.
 """
 
@@ -72,9 +80,14 @@ def _dispatch(local_forward, group, ep: int, local: int, hidden, top_k_index, to
     token = order // k
     got = funcol.all_to_all_single_autograd(hidden[token], recv, send, group)
     sizes = received.long().tolist()  # [source rank][local expert]
-    ids = torch.tensor([j % local for j, n in enumerate(sizes) for _ in range(n)], device=hidden.device)
+    # int64 even when this rank receives no token (an empty list would make a float tensor)
+    ids = torch.tensor(
+        [j % local for j, n in enumerate(sizes) for _ in range(n)], dtype=torch.long, device=hidden.device
+    )
     ones = torch.ones(len(ids), 1, dtype=top_k_weights.dtype, device=hidden.device)
     out = local_forward(got, ids[:, None], ones)
+    if got.requires_grad and not out.requires_grad:  # no token reached this rank's experts (Note above)
+        out = out + got.sum() * 0
     back = funcol.all_to_all_single_autograd(out, send, recv, group)
     picked = back * top_k_weights.reshape(-1)[order, None].to(back.dtype)
     return torch.zeros_like(hidden).index_add(0, token, picked.to(hidden.dtype))
