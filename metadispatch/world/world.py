@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 
 import torch
 
@@ -229,12 +230,18 @@ def _are_we_tracing(original) -> bool:
 # output is the traced tensor itself (rules/collectives.py), so it is given a
 # ``wait`` that runs ``_c10d_functional.wait_tensor`` on it -- the op the
 # real wrapper's ``wait`` runs, recorded in the trace where eager records it.
+# It refers to the output weakly: a cycle would keep it to the next
+# garbage collection, past where the real run frees it (CP's peak).
 def _maybe_wrap_tensor(original, tensor):
     out = original(tensor)
     if isinstance(_compat.get_infra_mode(_compat.mode_key), _compat.FakeTensorMode) or hasattr(out, "wait"):
         return out
-    out.wait = functools.partial(torch.ops._c10d_functional.wait_tensor.default, out)
+    out.wait = functools.partial(_wait, weakref.ref(out))  # a weak one: no cycle keeps the output past its use
     return out
+
+
+def _wait(ref):
+    return torch.ops._c10d_functional.wait_tensor.default(ref())
 
 
 # Note [One world at a time]
