@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 
 import torch
 
@@ -222,6 +223,27 @@ def _are_we_tracing(original) -> bool:
     return torch.compiler.is_compiling()  # the slot holds a MetaMode
 
 
+# Note [A wrapped collective can be waited on]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Eager, a functional collective returns an ``AsyncCollectiveTensor`` and user
+# code (torchtitan, DTensor) calls its ``.wait()``.  In a logical world the
+# output is the traced tensor itself (rules/collectives.py), so it is given a
+# ``wait`` that runs ``_c10d_functional.wait_tensor`` on it -- the op the
+# real wrapper's ``wait`` runs, recorded in the trace where eager records it.
+# It refers to the output weakly: a cycle would keep it to the next
+# garbage collection, past where the real run frees it (CP's peak).
+def _maybe_wrap_tensor(original, tensor):
+    out = original(tensor)
+    if isinstance(_compat.get_infra_mode(_compat.mode_key), _compat.FakeTensorMode) or hasattr(out, "wait"):
+        return out
+    out.wait = functools.partial(_wait, weakref.ref(out))  # a weak one: no cycle keeps the output past its use
+    return out
+
+
+def _wait(ref):
+    return torch.ops._c10d_functional.wait_tensor.default(ref())
+
+
 # Note [One world at a time]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # DTensor caches its sharding and redistribution plans keyed by specs whose
@@ -314,6 +336,12 @@ PATCHES = [
         "_are_we_tracing",
         lambda below: functools.partial(_are_we_tracing, below),
         "functional collectives run eagerly (Note [Eager, not compiling])",
+    ),
+    (
+        _compat.functional_collectives_module,
+        "_maybe_wrap_tensor",
+        lambda below: functools.partial(_maybe_wrap_tensor, below),
+        "a functional collective's output has .wait() (Note [A wrapped collective can be waited on])",
     ),
     (
         _compat.dtensor_decomp_strategy_class,
