@@ -9,6 +9,8 @@ and container before the step first touches it.
 
 from __future__ import annotations
 
+from operator import is_
+
 import torch
 from torch import nn
 
@@ -64,12 +66,17 @@ class ModuleState:
         mod = self.mod
         if type(mod) is not self.cls:
             mod.__class__ = self.cls  # a lazy module becomes its cls_to_become
-        attrs = mod.__dict__
-        for key in [k for k in attrs if k not in self.attrs]:
-            del attrs[key]
-        for key, value in self.attrs.items():
-            if attrs.get(key, _MISSING) is not value:
-                attrs[key] = value
+        attrs, saved = mod.__dict__, self.attrs
+        # Most modules come back untouched: tested with C loops first (the
+        # loops below ran ~30 opcodes per attribute of every module a trace reached).
+        if not (
+            len(attrs) == len(saved) and all(map(is_, attrs.values(), saved.values())) and all(map(is_, attrs, saved))
+        ):
+            for key in [k for k in attrs if k not in saved]:
+                del attrs[key]
+            for key, value in saved.items():
+                if attrs.get(key, _MISSING) is not value:
+                    attrs[key] = value
         for container, copy in self.containers:
             if not _same(container, copy):
                 _refill(container, copy)
@@ -151,12 +158,9 @@ def _same(c, copy) -> bool:
         return False
     if not copy:
         return True  # both empty (an empty table's copy is ())
-    if isinstance(c, dict):
-        for (k, v), (k0, v0) in zip(c.items(), copy.items()):
-            if v is not v0 or (k is not k0 and k != k0):
-                return False
-        return True
-    return all(a is b for a, b in zip(c, copy))
+    if isinstance(c, dict):  # values by identity, keys by identity or equality, in order
+        return all(map(is_, c.values(), copy.values())) and (all(map(is_, c, copy)) or list(c) == list(copy))
+    return all(map(is_, c, copy))
 
 
 def _refill(c, copy) -> None:
