@@ -56,11 +56,8 @@ class ModuleState:
         self.attrs = dict(mod.__dict__)
         self.containers: list = []
         _snapshot(self.attrs.values(), self.containers, 0)
-        self.tensors = [
-            (t, t.grad, type(t), t.data if uninitialized(t) else None, dict(t.__dict__))
-            for t in _tensors(self.containers)
-        ]
-        self.records = _foreign_records(self.containers, token)
+        reals, self.records = _foreign_records(self.containers, token)  # one pass for both
+        self.tensors = [(t, t.grad, type(t), t.data if uninitialized(t) else None, dict(t.__dict__)) for t in reals]
 
     def restore(self) -> None:
         mod = self.mod
@@ -95,7 +92,7 @@ class ModuleState:
                 t.grad = grad
 
 
-def _foreign_records(containers, token) -> list:
+def _foreign_records(containers, token) -> tuple[list, list]:
     """Note [A MetaTensor from an earlier mode keeps its record]
     ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     A module built under one MetaMode (alone, or with accelerate's
@@ -110,14 +107,19 @@ def _foreign_records(containers, token) -> list:
     tensor's ``.grad`` is; one the tracing mode numbered itself (built, then
     stepped, in one mode) keeps what the step made of it.
     """
-    records, seen = [], set()
+    reals, records, seen = [], [], set()  # the real tensors too: ModuleState saves their .grad and attributes
     for _, copy in containers:
         for v in copy.values() if isinstance(copy, dict) else copy:
-            st = v._md if isinstance(v, MetaTensor) else None
-            if st is not None and st.recorder is not token and id(v) not in seen:
-                seen.add(id(v))
+            if not isinstance(v, torch.Tensor) or id(v) in seen:
+                continue
+            seen.add(id(v))
+            if not isinstance(v, MetaTensor):
+                reals.append(v)
+                continue
+            st = v._md
+            if st is not None and st.recorder is not token:
                 records.append((v, v.grad if v.is_leaf else None, (st.recorder, st.meta, st.call, st.name)))
-    return records
+    return reals, records
 
 
 _MISSING = object()
@@ -169,12 +171,3 @@ def _refill(c, copy) -> None:
         c.extend(copy)
     else:
         c.update(copy)  # a dict from the dict copy, a set from the list
-
-
-def _tensors(containers):
-    seen = set()
-    for _, copy in containers:
-        for v in copy.values() if isinstance(copy, dict) else copy:
-            if isinstance(v, torch.Tensor) and not isinstance(v, MetaTensor) and id(v) not in seen:
-                seen.add(id(v))
-                yield v
