@@ -133,3 +133,35 @@ def test_grads_name_each_parameter_once_when_a_block_runs_on_its_own():
     assert sorted(trace.grads) == sorted(n for n, _ in net.named_parameters())
     for name, p in net.named_parameters():
         assert (trace.grads[name].shape, trace.grads[name].dtype) == (tuple(p.grad.shape), p.grad.dtype)
+
+
+def test_restore_after_exception_puts_back_attributes_keys_and_hooks():
+    """The restore's fast path (all identical) must not hide a change: an
+    attribute re-keyed by an equal new string, a hook added, a module reached
+    only through a closure, and an exception mid-step."""
+    inner = torch.nn.Linear(3, 3)
+    outer = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    keep = outer.__dict__.copy()
+    weight = inner.weight
+
+    def hidden():
+        return inner  # reached only through this closure
+
+    class Boom(Exception):
+        pass
+
+    def step(x):
+        m = hidden()
+        m.register_forward_hook(lambda *a: None)
+        del m.__dict__["training"]
+        m.__dict__["".join(["train", "ing"])] = False  # an equal key, a new str object
+        m.extra = torch.ones(1)
+        outer.flag = 1
+        outer(m(x))
+        raise Boom
+
+    with pytest.raises(Boom):
+        md.trace(step, torch.ones(2, 3))
+    assert inner.training is True and not inner._forward_hooks and "extra" not in inner.__dict__
+    assert inner.weight is weight and inner.weight.grad is None
+    assert outer.__dict__ == keep and list(outer.__dict__) == list(keep)

@@ -40,3 +40,32 @@ def test_reach_find_offers_each_object_once_and_no_atoms():
     assert found == [shared]
     assert not any(isinstance(o, (int, str)) for o in offered)
     assert len([o for o in offered if o is shared]) == 1
+
+
+_UNRELATED: list = []  # held by this module's globals, never named by the step below
+
+
+def test_walk_visits_nothing_the_step_does_not_reach():
+    """Per-trace fixed work follows what the step reaches, not what the process holds."""
+    from metadispatch.tracing import reach
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        model(x).sum().backward()
+        opt.step()
+
+    def visited():
+        return [id(o) for _, o, _ in reach.walk({"fn": step, "args": (torch.ones(2, 4),)}, named=False, empty=True)]
+
+    before = visited()
+    _UNRELATED.append([torch.randn(2) for _ in range(1000)])
+    _UNRELATED.append(torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(50)]))
+    try:
+        after = visited()
+        unrelated = {id(o) for o in _UNRELATED[0]} | {id(m) for m in _UNRELATED[1].modules()}
+        assert len(after) == len(before) and not unrelated & set(after)
+        assert id(model) in after and id(opt) in after  # it does walk what the step reaches
+    finally:
+        _UNRELATED.clear()
