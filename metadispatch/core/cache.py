@@ -120,7 +120,6 @@ __all__ = [
     "LIMIT_BYTES",
     "cached_bytes",
     "entry_weight",
-    "op_key",
 ]
 
 LIMIT = 16384  # entries in the shared cache, several hundred bytes each: ~150 per model
@@ -136,16 +135,8 @@ _HASHABLE = PLAIN_TYPES
 _TORCH = torch.__version__
 
 
-def op_key(func):
-    """The op's part of a key: an OpOverload's C++ operation handle.
-
-    Note [The op in a key]
-    ~~~~~~~~~~~~~~~~~~~~~~
-    ``OpOverload.__hash__`` is a Python method (``hash(self._op)``), and
-    hashing a key that held the overload paid it once per call, on the hit
-    path too (~12 opcodes and a frame).  The handle ``_op`` it hashes is one
-    builtin per overload, hashed and compared in C, so the key holds that.
-    """
+def _op_key(func):
+    """A key's op: the overload's C++ handle, hashed in C (``OpOverload.__hash__`` is Python, per call)."""
     return getattr(func, "_op", func)
 
 
@@ -297,7 +288,7 @@ def _weight(obj, seen: set, depth: int) -> int:
 
 def _call_key(func, args, kwargs, device, ctx, tensor_key):
     storages: list = []  # one per tensor argument, in order: for the aliasing pattern
-    parts = [op_key(func), device, ctx]
+    parts = [_op_key(func), device, ctx]
     for a in args:
         k = _value_key(a, tensor_key, storages)
         if k is UNCACHABLE:
