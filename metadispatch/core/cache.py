@@ -135,6 +135,11 @@ _HASHABLE = PLAIN_TYPES
 _TORCH = torch.__version__
 
 
+def _op_key(func):
+    """A key's op: the overload's C++ handle, hashed in C (``OpOverload.__hash__`` is Python, per call)."""
+    return getattr(func, "_op", func)
+
+
 def context(mode, f) -> tuple:
     """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
     state: tuple = (
@@ -283,7 +288,7 @@ def _weight(obj, seen: set, depth: int) -> int:
 
 def _call_key(func, args, kwargs, device, ctx, tensor_key):
     storages: list = []  # one per tensor argument, in order: for the aliasing pattern
-    parts = [func, device, ctx]
+    parts = [_op_key(func), device, ctx]
     for a in args:
         k = _value_key(a, tensor_key, storages)
         if k is UNCACHABLE:

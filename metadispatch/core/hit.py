@@ -91,7 +91,7 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
     token = rec.token
     tensors: list = []
     storages: list = []
-    parts: list = [func, None, None]
+    parts: list = [getattr(func, "_op", func), None, None]  # as cache._op_key
     enc: list = []
     # Inside lists and keyword arguments (_take): the first device, a CPU
     # scalar's, a loose meta's (_common_device); whether an input has a value
