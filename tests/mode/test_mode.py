@@ -211,6 +211,10 @@ def test_mode_importing_changes_nothing_global():
         "assert metadispatch.flops is sys.modules['metadispatch.analysis.flops'].flops\n"
         # ~20 ms of torch's, imported when a logical world is entered (Note [A rule for an op defined on import])
         "assert 'torch.distributed._functional_collectives' not in sys.modules\n"
+        # heavy modules torch itself does not import: none of them on import (issue 30)
+        "heavy = ('torch._dynamo', 'sympy', 'torch.fx.experimental.symbolic_shapes', 'torch.distributed.tensor',\n"
+        "         'torch._inductor', 'transformers')\n"
+        "assert [h for h in heavy if h in sys.modules] == [], [h for h in heavy if h in sys.modules]\n"
     )
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(md.__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
