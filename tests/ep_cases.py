@@ -13,16 +13,12 @@ pick and 4 at its second, so the top-2 are the experts the routing gives it.
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 import metadispatch as md
 from metadispatch.world.expert_parallel import expert_parallel
-from tests.distributed_cases import comparable
+from tests.moe_cases import run_routings
 
 TOKENS, DIM, EXPERTS, TOP_K = 16, 32, 4, 2
 
@@ -74,16 +70,4 @@ def traced_rank(name: str, rank: int, world: int):
 
 def real_rank(rank: int, world: int, routings: list, out_dir: str) -> None:
     """Run the block for each routing over ``gloo``; write ``out_dir/<routing>/<rank>.json``."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{os.path.join(out_dir, 'rendezvous')}", rank=rank, world_size=world
-    )
-    try:
-        for routing in routings:
-            torch.manual_seed(0)
-            with md.testing.CollectiveLog() as log, md.LiveStorages(count_untracked=False) as live:
-                moe_step(routing, rank, world)
-            os.makedirs(os.path.join(out_dir, routing), exist_ok=True)
-            with open(os.path.join(out_dir, routing, f"{rank}.json"), "w") as f:
-                json.dump({"peak": live.peak, "collectives": comparable(log.calls)}, f)
-    finally:
-        dist.destroy_process_group()
+    run_routings(moe_step, rank, world, routings, out_dir)

@@ -103,6 +103,12 @@ def traced_rank(name: str, rank: int, world: int):
 
 def real_rank(rank: int, world: int, routings: list, out_dir: str) -> None:
     """Run the layer for each routing over ``gloo``; write ``out_dir/<routing>/<rank>.json``."""
+    run_routings(moe_step, rank, world, routings, out_dir)
+
+
+def run_routings(step, rank: int, world: int, routings: list, out_dir: str) -> None:
+    """``step(routing, rank, world)`` for each routing over ``gloo``, its peak and collectives written to
+    ``out_dir/<routing>/<rank>.json`` (shared with tests/ep_cases.py)."""
     dist.init_process_group(
         "gloo", init_method=f"file://{os.path.join(out_dir, 'rendezvous')}", rank=rank, world_size=world
     )
@@ -110,7 +116,7 @@ def real_rank(rank: int, world: int, routings: list, out_dir: str) -> None:
         for routing in routings:
             torch.manual_seed(0)
             with md.testing.CollectiveLog() as log, md.LiveStorages(count_untracked=False) as live:
-                moe_step(routing, rank, world)
+                step(routing, rank, world)
             os.makedirs(os.path.join(out_dir, routing), exist_ok=True)
             with open(os.path.join(out_dir, routing, f"{rank}.json"), "w") as f:
                 json.dump({"peak": live.peak, "collectives": comparable(log.calls)}, f)
