@@ -105,7 +105,8 @@ class SwapReal(_compat.TorchFunctionMode):
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
             if func in literals.LITERALS and kwargs.get("device") is not None:
-                _check_index(mode, func, kwargs["device"])  # Note [A factory's named device]
+                named = _check_index(mode, func, kwargs["device"])  # Note [A factory's named device]
+                kwargs = dict(kwargs, device=named) if named.type == "cuda" else kwargs
             if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
@@ -211,6 +212,7 @@ def _factory(mode, func, args, kwargs):
         if kwargs.get("device") is None:
             kwargs = dict(kwargs, device=_CPU)
         named = _check_index(mode, func, kwargs["device"])
+        kwargs = dict(kwargs, device=named) if named.type == "cuda" else kwargs
         meta = named.type == "meta"
         # fmt: off
         prev = STATE.named_device, STATE.explicit_meta; STATE.named_device = True; STATE.explicit_meta = prev[1] or meta  # noqa: E702,E501 (Note [Interrupts in mode entry and exit])
@@ -231,6 +233,8 @@ def _check_index(mode, func, device) -> torch.device:
     own = mode.device
     if own is None or named.type != own.type or named.index == own.index or named.type != "cuda":
         return named
+    if mode.world is not None:  # each rank's own GPU, whichever index the job names it by (cuda:{local_rank})
+        return own
     count = torch.cuda.device_count() if cuda_answers.host_has_cuda() else 1
     if named.index is not None and named.index < count:
         return named

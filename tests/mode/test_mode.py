@@ -401,6 +401,15 @@ def test_mode_factory_naming_another_gpu_the_logical_machine_lacks_is_refused():
         assert torch.zeros(2, device="cuda:1").device == torch.device("cuda:1")
 
 
+def test_mode_a_rank_naming_its_local_gpu_gets_the_ranks_own_device():
+    """torchrun's everyday ``cuda:{local_rank}``: on a logical world each rank's GPU is the mode's one, as before
+    the one-GPU refusal above (which would refuse every rank but 0)."""
+    with md.MetaMode(device="cuda", world_size=8, rank=3):
+        made = [torch.zeros(2, device="cuda:3"), torch.tensor([1.0], device="cuda:3"), torch.arange(3, device="cuda:5")]
+        assert [t.device for t in made] == [torch.device("cuda:0")] * 3
+        assert (made[0] + made[1]).device == torch.device("cuda:0")
+
+
 _VIEWS = [lambda b: b[2:], lambda b: b[2:].view(2, 3), lambda b: b.narrow(0, 1, 3), lambda b: b.view(2, 4)[1]]
 
 
