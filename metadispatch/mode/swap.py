@@ -194,7 +194,9 @@ _FACTORIES = _compat.device_constructors()
 # under ``torch.set_default_device`` (``STATE.explicit_meta``, Note [Meta
 # from options] there); another index of the mode's device type is kept if
 # the logical machine has it, and refused naming the factory if not, as a
-# real one-GPU job fails (``invalid device ordinal``).  Factories below a
+# real one-GPU job fails (``invalid device ordinal``).  On a host without
+# CUDA that machine is the mode's GPU alone (``"cuda"`` names it, whatever
+# its index), on a logical world each rank's.  Factories below a
 # Python function torch runs for a function mode (``F.*``'s body) meet no
 # function mode under ``torch.set_default_device``, nor in a real job that
 # moved its model with ``.cuda()``: they make CPU tensors.  The swap sees
@@ -229,14 +231,13 @@ _CPU = torch.device("cpu")
 
 def _check_index(mode, func, device) -> torch.device:
     """The device a factory named, refused if the logical machine has no such one (Note [A factory's named device])."""
-    named = normalize_device(device)
-    own = mode.device
+    named, own, host = normalize_device(device), mode.device, cuda_answers.host_has_cuda()
     if own is None or named.type != own.type or named.index == own.index or named.type != "cuda":
         return named
-    if mode.world is not None:  # each rank's own GPU, whichever index the job names it by (cuda:{local_rank})
-        return own
-    count = torch.cuda.device_count() if cuda_answers.host_has_cuda() else 1
-    if named.index is not None and named.index < count:
+    if mode.world is not None or not (host or torch.device(device).index is not None):
+        return own  # each rank's own GPU, whichever index it is named by (cuda:{local_rank}); "cuda": the one GPU
+    count = torch.cuda.device_count() if host else 1  # without CUDA the logical machine is the mode's GPU alone
+    if host and named.index is not None and named.index < count:
         return named
     name = f"torch.{getattr(func, '__name__', func)}"
     error = UnsupportedFeatureError(

@@ -428,3 +428,19 @@ def test_mode_a_pinned_buffers_views_refuse_their_address_as_the_buffer_does():
             offset = "" if v is buf else f"a view at offset {v.storage_offset()} of "
             with pytest.raises(md.UnsupportedFeatureError, match=rf"data_ptr\(\) of {offset}a torch.empty"):
                 v.data_ptr()
+
+
+def test_mode_a_factory_naming_cuda_without_index_on_another_logical_gpu_is_the_modes():
+    """On a host without CUDA the logical machine of ``MetaMode(device="cuda:2")`` is that one GPU: ``"cuda"``
+    is it (as before the index checks; it was cuda:0 and ``x + torch.arange(2, device="cuda")`` raised), and
+    ``cuda:0`` is refused as ``cuda:1`` is (it was kept: a machine holding cuda:0 and cuda:2, not cuda:1)."""
+    if torch.cuda.is_available():
+        pytest.skip("the logical machine is the host's")
+    with md.MetaMode(device="cuda:2"):
+        x = torch.ones(2)
+        made = [torch.arange(2, device="cuda"), torch.tensor([1.0, 2.0], device="cuda"), torch.zeros(2, device="cuda")]
+        assert [t.device for t in made] == [torch.device("cuda:2")] * 3
+        assert (x + made[0]).device == torch.device("cuda:2")
+        for index in (0, 1):
+            with pytest.raises(md.UnsupportedFeatureError, match=rf"cuda:{index}'.*has 1 CUDA device\(s\), 'cuda:2'"):
+                torch.zeros(2, device=f"cuda:{index}")
