@@ -105,8 +105,7 @@ class SwapReal(_compat.TorchFunctionMode):
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
             if func in literals.LITERALS and kwargs.get("device") is not None:
-                named = _check_index(mode, func, kwargs["device"])  # Note [A factory's named device]
-                kwargs = dict(kwargs, device=named) if named.type == "cuda" else kwargs
+                _, kwargs = _on_checked_device(mode, func, kwargs)  # Note [A factory's named device]
             if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
@@ -213,8 +212,7 @@ def _factory(mode, func, args, kwargs):
         # Note [A factory's named device]
         if kwargs.get("device") is None:
             kwargs = dict(kwargs, device=_CPU)
-        named = _check_index(mode, func, kwargs["device"])
-        kwargs = dict(kwargs, device=named) if named.type == "cuda" else kwargs
+        named, kwargs = _on_checked_device(mode, func, kwargs)
         meta = named.type == "meta"
         # fmt: off
         prev = STATE.named_device, STATE.explicit_meta; STATE.named_device = True; STATE.explicit_meta = prev[1] or meta  # noqa: E702,E501 (Note [Interrupts in mode entry and exit])
@@ -227,6 +225,12 @@ def _factory(mode, func, args, kwargs):
 
 
 _CPU = torch.device("cpu")
+
+
+def _on_checked_device(mode, func, kwargs) -> tuple[torch.device, dict]:
+    """The device named (``_check_index``), and ``kwargs`` with the CUDA one the logical machine answers for it."""
+    named = _check_index(mode, func, kwargs["device"])
+    return named, (dict(kwargs, device=named) if named.type == "cuda" else kwargs)
 
 
 def _check_index(mode, func, device) -> torch.device:
