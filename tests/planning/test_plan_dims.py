@@ -59,8 +59,10 @@ def sp_layer(layer, mesh, first: bool, last: bool) -> None:
         )
 
 
-def direct(c: dict, make):
-    """Rank 0's second step of ``c`` in md.tracer(world_size=4), every micro-batch run."""
+def direct(c: dict, make, tp_layer=None):
+    """Rank 0's second step of ``c`` in md.tracer(world_size=4), every micro-batch run; ``tp_layer(layer,
+    tp_mesh, first, last)`` puts each block on the TP mesh where given.  With ep, the experts spread over
+    ``ep`` of the shard x cp ranks, FSDP2 over the rest (torchtitan's EP borrows from dp_shard x cp)."""
     r, s, tp, cp, ep = c["replicate"], c["shard"], c["tp"], c["cp"], c["ep"]
 
     def run():
@@ -72,11 +74,11 @@ def direct(c: dict, make):
         cp_mesh = (
             init_device_mesh("cuda", (r, s, cp, tp), mesh_dim_names=("r", "s", "cp", "tp"))["cp"] if cp > 1 else None
         )
-        if c["sp"]:
+        if tp_layer is not None:
             for i, layer in enumerate(layers):
-                sp_layer(layer, mesh["tp"], i == 0, i == len(layers) - 1)
-        if ep > 1:  # the experts spread over ep shard ranks, FSDP2 over the rest (torchtitan's dp_shard_mod_ep)
-            em = init_device_mesh("cuda", (r, s // ep, ep), mesh_dim_names=("r", "s", "ep"))
+                tp_layer(layer, mesh["tp"], i == 0, i == len(layers) - 1)
+        if ep > 1:
+            em = init_device_mesh("cuda", (r, s * cp // ep, ep, tp), mesh_dim_names=("r", "s", "ep", "tp"))
             for layer in layers:
                 expert_parallel(layer.mlp.experts, em["ep"])
                 fully_shard(layer.mlp.experts, mesh=em["r", "s"] if r > 1 else em["s"])
@@ -105,7 +107,7 @@ def check_against_direct(table, make, count: int) -> list:
     scored = [c for c in table if c.peak is not None]
     assert len(scored) == count, [c.why for c in table]
     for c in scored:
-        t = direct(c.config, make)
+        t = direct(c.config, make, sp_layer if c.config["sp"] else None)
         assert abs(c.peak - md.memory(t, since="step").peak) <= 1024, c.config
         assert c.reserved_peak == md.fits(t, since="step").reserved_peak, c.config
         assert c.fits == md.fits(t, since="step").fits, c.config

@@ -2,12 +2,11 @@
 direct traces written here with torch's own APIs: TP (SP) on the attention, the experts spread over ``ep``
 shard ranks at each TP coordinate (every TP rank routes the same, whole tokens), FSDP2 on the rest."""
 
+import functools
+
 import pytest
 import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -19,16 +18,16 @@ from torch.distributed.tensor.parallel import (
 )
 
 import metadispatch as md
-from metadispatch.world.expert_parallel import expert_parallel
 
 transformers = pytest.importorskip("transformers")
 
 from tests.planning.test_plan import BATCH, GPUS, SEQ, make_moe  # noqa: E402
+from tests.planning.test_plan_dims import direct as dims_direct  # noqa: E402
 
 SEARCH = {"micro_batch": [2], "optimizer": ["foreach"], "ac": ["none"], "tp": [2], "ep": [2], "shard": [2]}
 
 
-def tp_layer(layer, mesh, sp: bool, first: bool, last: bool) -> None:
+def tp_layer(layer, mesh, first: bool, last: bool, sp: bool) -> None:
     """torchtitan's TP (SP) plan for a Qwen3-MoE block's attention; the MoE MLP whole (gathered in and
     scattered out with SP)."""
     rows = RowwiseParallel(output_layouts=Shard(1), use_local_output=False) if sp else RowwiseParallel()
@@ -68,40 +67,8 @@ def make_bf16():  # CP's ring handles the flash/cuDNN kernels an H100 picks for 
 
 
 def direct(c: dict, make=make_moe):
-    """Rank 0's second step of ``c`` in md.tracer(world_size=4), every micro-batch run; with cp, FSDP2 over
-    shard x cp and the experts over ``ep`` of those ranks (torchtitan's EP borrows from dp_shard x cp)."""
-    r, s, tp, ep, cp = c["replicate"], c["shard"], c["tp"], c["ep"], c["cp"]
-
-    def run():
-        model = make()
-        layers = model.model.layers
-        mesh = init_device_mesh("cuda", (r, s * cp, tp), mesh_dim_names=("r", "s", "tp"))
-        cp_mesh = init_device_mesh("cuda", (r, s, cp, tp), mesh_dim_names=("r", "s", "cp", "tp"))["cp"]
-        if tp > 1:
-            for i, layer in enumerate(layers):
-                tp_layer(layer, mesh["tp"], c["sp"], i == 0, i == len(layers) - 1)
-        em = init_device_mesh("cuda", (r, s * cp // ep, ep, tp), mesh_dim_names=("r", "s", "ep", "tp"))
-        for layer in layers:
-            expert_parallel(layer.mlp.experts, em["ep"])
-            fully_shard(layer.mlp.experts, mesh=em["r", "s"] if r > 1 else em["s"])
-        dp = mesh["r", "s"] if r > 1 else mesh["s"]
-        for layer in layers:
-            fully_shard(layer, mesh=dp)
-        fully_shard(model, mesh=dp)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        for _ in range(2):
-            md.mark("step")
-            for _ in range(c["accum"]):
-                ids = torch.randint(0, model.config.vocab_size, (c["micro_batch"], SEQ), device="cuda")
-                if cp == 1:
-                    model(ids, labels=ids).loss.backward()
-                else:
-                    with context_parallel(cp_mesh, buffers=[ids], buffer_seq_dims=[1]):
-                        model(ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-
-    return md.tracer(world_size=GPUS, rank=0, device="cuda", gpu="h100", assume=md.RoutingAssumption("uniform"))(run)
+    """test_plan_dims.direct with this file's TP (SP) plan for a Qwen3-MoE block."""
+    return dims_direct(c, make, functools.partial(tp_layer, sp=c["sp"]) if c["tp"] > 1 else None)
 
 
 def test_plan_expert_parallel_with_tp_and_sp_peaks_as_a_direct_trace():
