@@ -238,7 +238,10 @@ def _check_index(mode, func, device) -> torch.device:
     named, own, host = normalize_device(device), mode.device, cuda_answers.host_has_cuda()
     if own is None or named.type != own.type or named.index == own.index or named.type != "cuda":
         return named
-    if mode.world is not None or not (host or torch.device(device).index is not None):
+    indexed = (
+        type(device) is int or torch.device(device).index is not None
+    )  # Note [An int device is the logical GPU's index] in tensor.py
+    if mode.world is not None or not (host or indexed):
         return own  # each rank's own GPU, whichever index it is named by (cuda:{local_rank}); "cuda": the one GPU
     count = torch.cuda.device_count() if host else 1  # without CUDA the logical machine is the mode's GPU alone
     if host and named.index is not None and named.index < count:

@@ -111,6 +111,15 @@ def is_wrapper_subclass(t: torch.Tensor) -> bool:
 
 
 def normalize_device(device) -> torch.device:
+    if type(device) is int and not _compat.host_cuda_available():
+        # Note [An int device is the logical GPU's index]
+        # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+        # torch reads ``device=1`` as index 1 of the host's accelerator, and
+        # raises where there is none; the machine a trace models has CUDA
+        # (``torch.cuda.is_available()`` answers True under a logical GPU),
+        # so it is ``cuda:1``, and is checked as ``"cuda:1"`` would be.
+        # ``torch.device(1)`` itself is C++'s: it still raises on such a host.
+        device = torch.device("cuda", device)
     d = torch.device(device)
     if d.index is None and d.type not in ("cpu", "meta"):
         # A real CUDA factory puts "cuda" on the current device; on a host
@@ -397,6 +406,10 @@ class MetaTensor(torch.Tensor):
             # to(other) means other's device and dtype; _parse_to would read
             # its C++ device, meta.
             args = (args[0]._md.device, args[0].dtype) + args[1:]
+        if args and type(args[0]) is int:  # Note [An int device is the logical GPU's index]
+            args = (normalize_device(args[0]), *args[1:])
+        if type(kwargs.get("device")) is int:
+            kwargs = dict(kwargs, device=normalize_device(kwargs["device"]))
         flags = [i for i, a in enumerate(args) if isinstance(a, bool)]
         if len(flags) == 2:
             copy, args = args[flags[1]], args[: flags[1]] + args[flags[1] + 1 :]
