@@ -51,6 +51,8 @@ import threading
 import torch
 
 from .. import _compat
+from ..errors import UnsupportedFeatureError, mark_call
+from ..source import user_frame
 from ..spec.profiles import GPUProfile
 from . import autocast, logical_cuda
 
@@ -100,24 +102,74 @@ WIRING = _Wiring()
 
 
 class _Answering:
-    """One mode answering: its profile, how often it is entered, its memory counters."""
+    """One mode answering: its profile, how often it is entered, its memory
+    counters, its GPU's index and whether it is a logical world's rank."""
 
-    __slots__ = ("profile", "times", "counters")
+    __slots__ = ("profile", "times", "counters", "index", "world")
 
-    def __init__(self, profile: GPUProfile, counters) -> None:
+    def __init__(self, profile: GPUProfile, counters, index: int = 0, world: bool = False) -> None:
         self.profile, self.times, self.counters = profile, 1, counters
+        self.index, self.world = index, world
+
+
+# Note [The logical GPU's index]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# On a host without CUDA the logical machine of ``MetaMode(device="cuda:1")``
+# is that one GPU (Note [A factory's named device] in mode/swap.py):
+# ``device_count()`` is 1, and the current device -- ``current_device()``,
+# ``torch.accelerator.current_device_index()``, what ``"cuda"`` and
+# ``device=None`` name -- is its index, 1, as in a real job that called
+# ``torch.cuda.set_device(1)`` (it answered 0, so
+# ``torch.device("cuda", torch.cuda.current_device())`` named a GPU the
+# machine lacks).  ``set_device``, ``with torch.cuda.device(i)`` and the
+# questions that take a device (``get_device_name(i)``, ``mem_get_info(i)``)
+# accept that index and refuse another, as a factory naming it is refused;
+# a logical world's rank accepts every index (``set_device(local_rank)``):
+# each rank's GPU is the mode's.
+def _index(a: _Answering, device, name: str) -> int:
+    """The index ``device`` names (None, "cuda": the current one), refused if not the mode's GPU."""
+    if device is None or a.world:
+        return a.index
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index is None or index == a.index or index < 0:
+        return a.index
+    error = UnsupportedFeatureError(
+        f"torch.cuda.{name}({device!r}): the logical machine of this MetaMode has 1 CUDA device, "
+        f"'cuda:{a.index}'; a real job there fails with 'invalid device ordinal' (Note [The logical GPU's "
+        "index]). Name the mode's device, or trace with MetaMode() and no device"
+    )
+    mark_call(error, f"torch.cuda.{name}", user_frame())
+    raise error
+
+
+def _on_device(name: str, answer):
+    def checked(a, device=None):
+        _index(a, device, name)
+        return answer(a)
+
+    return checked
+
+
+def _exchange(a: _Answering, device: int) -> int:
+    # torch.cuda.device's __enter__/__exit__: the previous index (one GPU: the mode's)
+    if device < 0:
+        return -1
+    _index(a, device, "device")
+    return a.index
 
 
 # name -> the answer, given the _Answering of the calling thread's mode
 _ANSWERS = {
     "is_available": lambda a: True,
     "device_count": lambda a: 1,
-    "current_device": lambda a: 0,
-    "set_device": _nothing,
-    "get_device_name": lambda a, device=None: a.profile.title,
-    "get_device_capability": lambda a, device=None: a.profile.compute_capability,
-    "get_device_properties": lambda a, device=None: _properties(a.profile),
-    "mem_get_info": lambda a, device=None: (a.profile.memory - a.counters.reserved(), a.profile.memory),
+    "current_device": lambda a: a.index,  # Note [The logical GPU's index]
+    "set_device": lambda a, device: _index(a, device, "set_device") and None,
+    "_exchange_device": _exchange,
+    "_maybe_exchange_device": _exchange,
+    "get_device_name": _on_device("get_device_name", lambda a: a.profile.title),
+    "get_device_capability": _on_device("get_device_capability", lambda a: a.profile.compute_capability),
+    "get_device_properties": _on_device("get_device_properties", lambda a: _properties(a.profile)),
+    "mem_get_info": _on_device("mem_get_info", lambda a: (a.profile.memory - a.counters.reserved(), a.profile.memory)),
     "synchronize": _nothing,
     "current_stream": lambda a, device=None: logical_cuda.DEFAULT_STREAM,
     "default_stream": lambda a, device=None: logical_cuda.DEFAULT_STREAM,
@@ -139,8 +191,8 @@ _MEMORY = {
 _ACCELERATOR = {
     "current_stream": _ANSWERS["current_stream"],
     "set_stream": _nothing,
-    "current_device_index": lambda a: 0,
-    "set_device_index": _nothing,
+    "current_device_index": lambda a: a.index,
+    "set_device_index": lambda a, device: _index(a, device, "set_device") and None,
     "device_count": _ANSWERS["device_count"],
     "synchronize": _nothing,
 }
@@ -255,12 +307,12 @@ def _clear_autocast_cache(real, _answering) -> None:
     real()
 
 
-def _add(key: int, profile: GPUProfile, trace) -> None:
+def _add(key: int, profile: GPUProfile, trace, index: int, world: bool) -> None:
     entry = _ANSWERING.get(key)
     if entry is not None:
         entry.times += 1
         return
-    _ANSWERING[key] = _Answering(profile, WIRING.counters(trace, profile))
+    _ANSWERING[key] = _Answering(profile, WIRING.counters(trace, profile), index, world)
 
 
 def _remove(key: int) -> None:
@@ -276,7 +328,9 @@ def enter(steps: list, mode, profile: GPUProfile) -> None:
     """Answer for ``mode`` in its thread until the undo steps run (the mode
     claims ``PATCHES`` through the ledger: mode/ledger.py)."""
     steps.append(functools.partial(_compat.call_locked, _LOCK, _remove, id(mode)))
-    _compat.call_locked(_LOCK, _add, id(mode), profile, mode.trace)
+    device, world = mode.device, mode.world is not None
+    index = device.index or 0 if device is not None and device.type == "cuda" and not world else 0
+    _compat.call_locked(_LOCK, _add, id(mode), profile, mode.trace, index, world)
 
 
 # (owner, attribute, make, why): the ledger's rows.
