@@ -135,8 +135,8 @@ def _index(a: _Answering, device, name: str) -> int:
         return a.index
     error = UnsupportedFeatureError(
         f"torch.cuda.{name}({device!r}): the logical machine of this MetaMode has 1 CUDA device, "
-        f"'cuda:{a.index}'; a real job there fails with 'invalid device ordinal' (Note [The logical GPU's "
-        "index]). Name the mode's device, or trace with MetaMode() and no device"
+        f"'cuda:{a.index}'; a real job there fails with 'invalid device ordinal' "
+        "(Note [The logical GPU's index]). Name the mode's device, or trace with MetaMode() and no device"
     )
     mark_call(error, f"torch.cuda.{name}", user_frame())
     raise error
