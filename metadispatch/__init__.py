@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers
     from .execution.replay import Mismatch, Replay, replay
     from .ir.trace import Leaf, OpCall, TensorMeta, Trace
     from .mode.mode import MetaMode
-    from .planning.ac import ACPlan, apply_ac, plan_ac
+    from .planning.ac import ACPlan, apply_ac, plan_ac, remove_ac
     from .planning.batch import MaxBatch, max_batch
     from .planning.train import Candidate, PlanTable, plan
     from .spec.profiles import GPUProfile, gpu_profile, register_gpu
@@ -97,6 +97,7 @@ _LAZY = {
     "max_batch": "planning.batch",
     "plan_ac": "planning.ac",
     "apply_ac": "planning.ac",
+    "remove_ac": "planning.ac",
     "ACPlan": "planning.ac",
     "MaxBatch": "planning.batch",
     "plan": "planning.train",
@@ -227,6 +228,7 @@ __all__ = [
     "Candidate",
     "plan_ac",
     "apply_ac",
+    "remove_ac",
     "ACPlan",
     "runtime",
     "Efficiency",

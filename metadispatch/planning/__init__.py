@@ -4,7 +4,7 @@ Each planner traces the user's step (``tracing``) under a candidate -- a
 batch size, a set of modules to checkpoint, a prompt length -- and reads
 the traces with ``analysis``: ``batch`` (``md.max_batch``: the largest
 batch that fits a GPU, guessed first by ``affine`` from small traces),
-``ac`` (``md.plan_ac`` and ``md.apply_ac``: what
+``ac`` (``md.plan_ac``, ``md.apply_ac``, ``md.remove_ac``: what
 to checkpoint to fit a budget), ``tp`` (one rank of a model split over
 tensor-parallel GPUs, for md.plan and ``serving``), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked

@@ -58,7 +58,7 @@ from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..tracing.tracer import tracer
 
-__all__ = ["ACPlan", "plan_ac", "apply_ac", "blocks", "SAVE_MATMULS_AND_ATTENTION", "SAVE_ATTENTION"]
+__all__ = ["ACPlan", "plan_ac", "apply_ac", "remove_ac", "blocks", "SAVE_MATMULS_AND_ATTENTION", "SAVE_ATTENTION"]
 
 # Ops whose outputs selective checkpointing keeps (packet names): the FLOPs-heavy ones
 SAVE_ATTENTION = (
@@ -149,9 +149,15 @@ def apply_ac(model: nn.Module, plan) -> nn.Module:
     return model
 
 
-def remove_ac(model: nn.Module, names) -> nn.Module:
-    """Undo :func:`apply_ac` on the modules ``names``: each gets back exactly the forward it had -- its
-    own instance ``forward`` (accelerate's hooks set one) or none (the class's)."""
+def remove_ac(model: nn.Module, plan) -> nn.Module:
+    """Undo :func:`apply_ac` in place; returns ``model``.
+
+    ``plan`` is what ``apply_ac`` was given (an :class:`ACPlan`, names, or a
+    dict keyed by names).  Each named module gets back exactly the forward
+    it had -- its own instance ``forward`` (accelerate's hooks set one) or
+    none (the class's); a module not checkpointed is left as it is.
+    """
+    names = plan.modules if isinstance(plan, ACPlan) else plan
     for name in names:
         m = model.get_submodule(name)
         if is_checkpointed(m):

@@ -124,3 +124,26 @@ def _only(trace, calls):
     out = md.Trace()
     out.calls = calls
     return out
+
+
+def test_remove_ac_is_public_and_undoes_apply_ac():
+    """md.remove_ac takes what md.apply_ac took (names, a dict, an ACPlan) and gives each module back its own
+    forward: the trace is the un-checkpointed one again, FLOPs and ops, and an instance forward survives."""
+    _, plain_step, args = llama()
+    plain = md.tracer()(plain_step, *args)
+    for how in (["layers.0", "layers.1"], {"layers.0": ["aten.mm"], "layers.1": ()}):
+        model, step, _ = llama()
+        sentinel = model.layers[1].forward
+        model.layers[1].forward = sentinel  # an instance forward, as accelerate's hooks set
+        assert md.remove_ac(md.apply_ac(model, how), how) is model
+        assert "forward" not in vars(model.layers[0]) and model.layers[1].forward is sentinel
+        again = md.tracer()(step, *args)
+        assert [c.op for c in again.calls] == [c.op for c in plain.calls]
+        assert md.flops(again).total == md.flops(plain).total
+    model, step, _ = llama()
+    plan = md.ACPlan(("layers.1",), 0, 0, {"layers.1": ("aten.mm",)}, 0, budget=0, chain=[])
+    md.apply_ac(model, plan)
+    assert "forward" in vars(model.layers[1])
+    md.remove_ac(model, plan)
+    assert "forward" not in vars(model.layers[1])
+    assert [c.op for c in md.tracer()(step, *args).calls] == [c.op for c in plain.calls]
