@@ -148,6 +148,8 @@ class SwapReal(_compat.TorchFunctionMode):
             elif func is _GRAD:
                 func, args = _compat.engine_grad, (self, *args)
             elif func in _STAND_IN_METHODS and type(first) is MetaTensor:
+                if func in _TO_GPU:
+                    args, kwargs = _move_checked(mode, func, args, kwargs)  # Note [A factory's named device]
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in (Note [A real tensor's methods
                 # on its stand-in]).
@@ -225,6 +227,24 @@ def _factory(mode, func, args, kwargs):
 
 
 _CPU = torch.device("cpu")
+_TO_GPU = (torch.Tensor.to, torch.Tensor.cuda)
+
+
+def _move_checked(mode, func, args, kwargs):
+    """``t.to(d)`` / ``t.cuda(i)`` with the CUDA device named checked as a factory's (``cuda:{local_rank}``
+    is a logical world rank's own GPU; another index the one-GPU logical machine lacks is refused)."""
+    at = "device" if "device" in kwargs else 1 if len(args) > 1 else None
+    named = kwargs.get("device") if at == "device" else args[1] if at == 1 else None
+    if func is torch.Tensor.cuda and type(named) is int:
+        named = torch.device("cuda", named)
+    if named is None or not isinstance(named, (str, int, torch.device)) or isinstance(named, bool):
+        return args, kwargs
+    if normalize_device(named).type != "cuda":
+        return args, kwargs
+    checked = _check_index(mode, func, named)
+    if at == "device":
+        return args, dict(kwargs, device=checked)
+    return (args[0], checked, *args[2:]), kwargs
 
 
 def _on_checked_device(mode, func, kwargs) -> tuple[torch.device, dict]:

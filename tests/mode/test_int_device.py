@@ -69,3 +69,25 @@ def test_int_device_in_a_traced_step_is_the_same_program_as_naming_cuda():
     traces = [md.tracer(device="cuda")(f, torch.ones(3)) for f in (by_int, by_name)]
     assert traces[0].output.device == torch.device("cuda:0")
     assert [c.op for c in traces[0].calls] == [c.op for c in traces[1].calls]
+
+
+def test_moving_to_the_local_ranks_gpu_on_a_logical_world_is_the_ranks_own():
+    """torchrun's ``model.cuda(local_rank)`` / ``x.to(f"cuda:{local_rank}")``: the rank's GPU (it made a cuda:3
+    tensor, and ``x.to("cuda:3") + x`` raised a device mismatch), as a factory naming it is."""
+    model = torch.nn.Linear(2, 2)
+    with md.MetaMode(device="cuda", world_size=4, rank=3):
+        x = torch.ones(2)
+        moved = [x.to("cuda:3"), x.cuda(3), x.to(3), x.to(device="cuda:3"), x.to("cuda:3", torch.float16)]
+        assert {t.device for t in moved} == {torch.device("cuda:0")}
+        assert (moved[0] + x).device == torch.device("cuda:0")
+        model.cuda(3)
+        assert model(x).device == torch.device("cuda:0")
+
+
+def test_moving_to_a_gpu_the_logical_machine_lacks_is_refused_as_a_factory_is():
+    with md.MetaMode(device="cuda"):
+        x = torch.ones(2)
+        for move in (lambda: x.to("cuda:1"), lambda: x.cuda(1), lambda: x.to(1), lambda: torch.ones(2).to("cuda:1")):
+            with pytest.raises(md.UnsupportedFeatureError, match="device='cuda:1'"):
+                move()
+        assert x.to("cuda:0") is x and x.to("cpu").device == torch.device("cpu")
