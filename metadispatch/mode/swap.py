@@ -266,7 +266,7 @@ def _check_index(mode, func, device) -> torch.device:
     count = torch.cuda.device_count() if host else 1  # without CUDA the logical machine is the mode's GPU alone
     if host and named.index is not None and named.index < count:
         return named
-    name = f"torch.{getattr(func, '__name__', func)}"
+    name = f"{'Tensor' if func in _TO_GPU else 'torch'}.{getattr(func, '__name__', func)}"
     error = UnsupportedFeatureError(
         f"{name}(..., device={str(named)!r}): the logical machine of MetaMode(device={str(own)!r}) has "
         f"{count} CUDA device(s), {str(own)!r}; a real job there fails with 'invalid device ordinal' (Note "
