@@ -152,12 +152,15 @@ class Recorder:
 
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
+        if (
+            _compat.torch_function_enabled()
+        ):  # md.trace's leaves and grads after the step: each getter below were a torch-function call
+            with _compat.no_torch_function_subclass():
+                return self.meta_of(t)
         st = t._md
         if st.recorder is self.token:
             m = st.meta
-            if m.requires_grad != t.requires_grad:
-                # (NamedTuple._replace is a Python loop over the fields; this
-                # runs for most outputs of a forward with grad.)
+            if m.requires_grad != t.requires_grad:  # (not NamedTuple._replace: a Python loop over the fields)
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _compat
 from .._compat import pytree
 from ..core.leafviews import bind_views
 from ..errors import MetaDispatchError
@@ -354,7 +355,8 @@ def _named(standins: StandIns, margs, mkwargs) -> list:
     """Every stand-in ``md.trace`` named: arguments, parameters, buffers, and their ``.grad``."""
     found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
     found += standins.stand_ins()
-    found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
+    with _compat.no_torch_function_subclass():  # ``.grad`` of a MetaTensor is otherwise a torch-function call
+        found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
     return [t for t in found if state_of(t) is not None and t._md.name is not None]
 
 
