@@ -56,10 +56,14 @@ from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 from ..world import world
 from .backward_modules import BackwardModules
-from .leafviews import is_leaf_named
 from .rngstate import RngLog
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "is_leaf_named"]
+
+
+def is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
+    leaf = trace.leaves.get(tid)
+    return leaf is not None and leaf.kind == kind and leaf.name == name
 
 
 class Recorder:
@@ -190,7 +194,7 @@ class Recorder:
         holding ``v``'s shape and storage: replay refused the module's own
         weight as the wrong shape or, where the shapes agree, bound the
         module's weight where eager read ``v``, and said ok.  So ``v`` gets
-        its record (a leaf of its own kind) first, and ``leafviews.bind_views``
+        its record (a leaf of its own kind) first, and ``tracing/leafviews.bind_views``
         takes no tensor whose data was swapped as the base of the leaves on
         its storage.
 

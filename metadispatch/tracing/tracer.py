@@ -11,7 +11,6 @@ from torch import nn
 
 from .. import _compat
 from .._compat import pytree
-from ..core.leafviews import bind_views
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from, step_until
 from ..ir.records import arg_name, describe_constant
@@ -21,6 +20,7 @@ from ..standins.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
+from .leafviews import bind_views
 from .reach import find, holds_state, is_container, is_machinery
 
 __all__ = ["to_meta", "trace", "tracer"]
