@@ -156,9 +156,9 @@ class Recorder:
 
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
-        if (
-            _compat.torch_function_enabled()
-        ):  # md.trace's leaves and grads after the step: each getter below were a torch-function call
+        # Outside a call (md.trace reads its leaves and grads after the step)
+        # each getter below would be a MetaTensor.__torch_function__ call.
+        if _compat.torch_function_enabled():
             with _compat.no_torch_function_subclass():
                 return self.meta_of(t)
         st = t._md
