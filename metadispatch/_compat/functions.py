@@ -32,8 +32,8 @@ def call_without_torch_function(fn, *args):
     return call_inside(guard.__enter__, lambda: guard.__exit__(None, None, None), fn, args)
 
 
-def torch_function_enabled() -> bool:
-    return torch._C._is_torch_function_enabled()
+# Whether a subclass's torch function runs now (a MetaTensor getter is then a Python call); C, no frame.
+torch_function_enabled = torch._C._is_torch_function_enabled
 
 
 def function_mode_stack() -> list:

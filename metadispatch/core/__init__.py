@@ -7,8 +7,8 @@
 decomposition), ``registry`` (the rule tables), ``cache`` (output metadata
 by call, shared by every mode; ``recipe``: how an entry rebuilds the
 outputs), ``record`` (the recorder: calls into
-``OpCall`` records; ``backward_modules``: the module of a backward call;
-``leafviews``: leaves bound as views of named tensors once a trace is done), ``rngstate`` (the random streams a run draws from).
+``OpCall`` records; ``backward_modules``: the module of a backward call),
+``rngstate`` (the random streams a run draws from).
 May import ``world``, ``gpu``, ``values``, ``tensor`` and below; nothing
 here knows the mode.
 """

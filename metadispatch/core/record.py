@@ -56,10 +56,14 @@ from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 from ..world import world
 from .backward_modules import BackwardModules
-from .leafviews import is_leaf_named
 from .rngstate import RngLog
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "is_leaf_named"]
+
+
+def is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
+    leaf = trace.leaves.get(tid)
+    return leaf is not None and leaf.kind == kind and leaf.name == name
 
 
 class Recorder:
@@ -152,12 +156,15 @@ class Recorder:
 
     def meta_of(self, t: MetaTensor) -> TensorMeta:
         """The current TensorMeta of an input, registering it as a leaf if new."""
+        # Outside a call (md.trace reads its leaves and grads after the step)
+        # each getter below would be a MetaTensor.__torch_function__ call.
+        if _compat.torch_function_enabled():
+            with _compat.no_torch_function_subclass():
+                return self.meta_of(t)
         st = t._md
         if st.recorder is self.token:
             m = st.meta
-            if m.requires_grad != t.requires_grad:
-                # (NamedTuple._replace is a Python loop over the fields; this
-                # runs for most outputs of a forward with grad.)
+            if m.requires_grad != t.requires_grad:  # (not NamedTuple._replace: a Python loop over the fields)
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
                 if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
@@ -187,7 +194,7 @@ class Recorder:
         holding ``v``'s shape and storage: replay refused the module's own
         weight as the wrong shape or, where the shapes agree, bound the
         module's weight where eager read ``v``, and said ok.  So ``v`` gets
-        its record (a leaf of its own kind) first, and ``leafviews.bind_views``
+        its record (a leaf of its own kind) first, and ``tracing/leafviews.bind_views``
         takes no tensor whose data was swapped as the base of the leaves on
         its storage.
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import _compat
 from .._compat import pytree
-from ..core.leafviews import bind_views
 from ..errors import MetaDispatchError
 from ..ir.cut import step_from, step_until
 from ..ir.records import arg_name, describe_constant
@@ -20,6 +20,7 @@ from ..standins.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
+from .leafviews import bind_views
 from .reach import find, holds_state, is_container, is_machinery
 
 __all__ = ["to_meta", "trace", "tracer"]
@@ -354,7 +355,8 @@ def _named(standins: StandIns, margs, mkwargs) -> list:
     """Every stand-in ``md.trace`` named: arguments, parameters, buffers, and their ``.grad``."""
     found = [v for v in pytree.tree_leaves((margs, mkwargs)) if isinstance(v, MetaTensor)]
     found += standins.stand_ins()
-    found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
+    with _compat.no_torch_function_subclass():  # ``.grad`` of a MetaTensor is otherwise a torch-function call
+        found += [t.grad for t in found if isinstance(t.grad, MetaTensor)]
     return [t for t in found if state_of(t) is not None and t._md.name is not None]
 
 

@@ -44,3 +44,30 @@ def test_opcall_replace_copies_and_refuses_an_unknown_field():
     assert noted.format() == call.format() + "  # <seen>"
     with pytest.raises(TypeError, match="no field colour"):
         call.replace(colour="red")
+
+
+def test_meta_of_outside_a_call_reads_the_tensor_below_its_torch_function(monkeypatch):
+    # md.trace reads its leaves and grads after the step, with torch function
+    # on: each getter was a MetaTensor.__torch_function__ call.  The record
+    # must still be what the tensor says (a leaf's first read, a
+    # requires_grad that changed since its producer).
+    from metadispatch.tensor import tensor as tensor_module
+
+    with md.MetaMode() as mode:
+        x = torch.ones(4, 3)
+        y = (x * 2).t()
+    with md.MetaMode():
+        w = torch.nn.Parameter(torch.zeros(2, 5))  # another trace's: a leaf of this one on its first read
+    rec = mode._recorder
+    y.requires_grad_(True)
+    seen = []
+    wired = tensor_module.WIRING.function
+    monkeypatch.setattr(tensor_module.WIRING, "function", lambda *a: seen.append(a[0]) or wired(*a))
+    assert torch._C._is_torch_function_enabled()
+    expected = [(tuple(t.shape), t.stride(), t.dtype, t.requires_grad) for t in (y, w)]
+    assert seen  # reading a MetaTensor here goes through its torch function
+    seen.clear()
+    metas = [rec.meta_of(t) for t in (y, w)]
+    assert seen == []  # the recorder's reads do not
+    assert [(m.shape, m.stride, m.dtype, m.requires_grad) for m in metas] == expected
+    assert metas[0].requires_grad is True and metas[1].id in mode.trace.leaves

@@ -1,17 +1,13 @@
-"""Note [Views of leaves] in record.py, second half: once a trace is done, its
+"""Note [Views of leaves] in core/record.py, second half: once a trace is done, its
 unnamed leaves on a named tensor's storage become views of that tensor."""
 
 from __future__ import annotations
 
 from .. import _compat
-from ..ir.trace import Leaf, Trace
+from ..core.record import is_leaf_named
+from ..ir.trace import Leaf
 
-__all__ = ["bind_views", "is_leaf_named"]
-
-
-def is_leaf_named(trace: Trace, tid: int, kind: str, name: str) -> bool:
-    leaf = trace.leaves.get(tid)
-    return leaf is not None and leaf.kind == kind and leaf.name == name
+__all__ = ["bind_views"]
 
 
 def bind_views(rec, named) -> None:
