@@ -13,7 +13,7 @@ no padding mask: ``create_bidirectional_mask``), a ViT's tokens, a
 ResNet's feature map -- whose shape changes at each of its stages'
 first block (strided, a downsampling shortcut), so the shapes are not
 written out but found: each stage run once, in order, on the meta device
-(the parameters swapped for meta ones: no memory, no data), as torch's
+(a copy of the stage on meta parameters: no memory, no data), as torch's
 own shape inference does.  The last stage returns what the model's
 forward does (a ResNet's or ViT's logits, an encoder's last hidden
 state, its pooler left out: the loss never reads it) and its loss is
@@ -33,6 +33,7 @@ Limits: a padding mask (``attention_mask``) is not passed between stages
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -77,15 +78,20 @@ def family(model: nn.Module) -> tuple | None:
 
 def example_io(stage_of: Callable, spans: list, x: torch.Tensor) -> list:
     """``(input, output)`` meta tensors of each stage ``[lo, hi)`` of ``spans``, run in order on ``x``."""
-    out, h = [], x.to("meta")
+    out, h = [], _meta(x)
     with torch.no_grad():
         for lo, hi in spans:
+            # a copy on meta tensors, not the stage itself: a module called under a trace is held till its end
             mod = stage_of(lo, hi)
-            state = {n: torch.empty_like(t, device="meta") for n, t in (*mod.named_parameters(), *mod.named_buffers())}
-            y = torch.func.functional_call(mod, state, (h,))
+            y = copy.deepcopy(mod, {id(t): _meta(t) for t in (*mod.parameters(), *mod.buffers())})(h)
             out.append((h, y))
             h = y
     return out
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    # torch.empty, not empty_like or .to: a logical world's mode places those on its own device
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 class _Stage(nn.Module):
@@ -174,8 +180,6 @@ class TimmViTStage(_Stage):
 
 def _without(model: nn.Module, names: list) -> nn.Module:
     """A shallow copy of ``model`` sharing its parameters, ``names`` (modules, parameters) taken out of it."""
-    import copy
-
     view = copy.copy(model)
     view._modules, view._parameters, view._buffers = dict(model._modules), dict(model._parameters), dict(model._buffers)
     for name in names:
