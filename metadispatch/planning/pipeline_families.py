@@ -18,7 +18,9 @@ own shape inference does.  The last stage returns what the model's
 forward does (a ResNet's or ViT's logits, an encoder's last hidden
 state, its pooler left out: the loss never reads it) and its loss is
 that output summed, as the command line's step takes a model's first
-output when it returns no loss.
+output when it returns no loss.  The others return theirs contiguous:
+gloo refuses to send a strided view (a torchvision ViT block's output
+keeps the transposed layout of its attention's).
 
 Refused, naming the model: an encoder-decoder (T5, BART): each decoder
 block attends to the encoder's output, so every decoder stage needs it
@@ -118,7 +120,7 @@ class EncoderStage(_Stage):
         for layer in self.layers:
             h = layer(h, mask)
             h = h[0] if isinstance(h, tuple) else h
-        return h
+        return h.contiguous()
 
 
 class ResNetStage(_Stage):
@@ -133,7 +135,7 @@ class ResNetStage(_Stage):
         x = self.stem(x) if self.stem is not None else x
         for block in self.layers:
             x = block(x)
-        return self.head(x) if self.head is not None else x
+        return self.head(x) if self.head is not None else x.contiguous()
 
 
 class TorchvisionViTStage(_Stage):
@@ -155,7 +157,7 @@ class TorchvisionViTStage(_Stage):
             x = self.dropout(torch.cat([self.class_token.expand(n, -1, -1), tokens], dim=1) + self.pos_embedding)
         for block in self.layers:
             x = block(x)
-        return self.heads(self.ln(x)[:, 0]) if self.ln is not None and self.heads is not None else x
+        return self.heads(self.ln(x)[:, 0]) if self.ln is not None and self.heads is not None else x.contiguous()
 
 
 class TimmViTStage(_Stage):
@@ -175,7 +177,7 @@ class TimmViTStage(_Stage):
             x = m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(x))))
         for block in self.layers:
             x = block(x)
-        return m.forward_head(m.norm(x)) if self.last else x
+        return m.forward_head(m.norm(x)) if self.last else x.contiguous()
 
 
 def _without(model: nn.Module, names: list) -> nn.Module:
