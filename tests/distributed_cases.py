@@ -419,6 +419,7 @@ CASES = {
     "cli-pp-bert": lambda: cli_pipeline_step("1f1b", tiny_bert4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
+    "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
@@ -626,3 +627,13 @@ def tiny_t5():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.T5ForConditionalGeneration(config), (ids, ids)
+
+
+def tiny_timm_vit():
+    """(model, inputs): a timm VisionTransformer (a register token) of four blocks on four 32x32 images."""
+    import timm
+
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=4, num_classes=10, reg_tokens=1
+    )
+    return model, (torch.randn(4, 3, 32, 32),)

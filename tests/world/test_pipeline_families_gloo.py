@@ -1,6 +1,6 @@
 """``metadispatch trace --pp 2`` on an encoder (transformers BertModel) and
 vision models (torchvision resnet18, whose stages pass feature maps of
-another shape, and a torchvision ViT) against real 2-process ``gloo`` runs of
+another shape, a torchvision ViT and a timm ViT) against real 2-process ``gloo`` runs of
 the same code (cli/pipeline.py's ``run_stages``; Note [Pipeline stages of
 encoders and vision models] in planning/pipeline_families.py): per rank the
 same parameter shards, the same sends and receives, the peak within 1 KiB;
@@ -39,6 +39,7 @@ def _real(case: str, tmp_path_factory) -> list:
         ("cli-pp-bert", "tiny_bert4", "transformers"),
         ("cli-pp-resnet18", "tiny_resnet18", "torchvision"),
         ("cli-pp-vit", "tiny_vit", "torchvision"),
+        ("cli-pp-timm-vit", "tiny_timm_vit", "timm"),
     ],
 )
 def test_pipeline_families_cli_pp_traces_what_a_real_gloo_run_takes(case, target, needs, tmp_path_factory, capsys):
