@@ -416,6 +416,10 @@ CASES = {
     "cli-pp-hf-llama": lambda: cli_pipeline_step("1f1b", tiny_hf_llama4),
     "cli-pp-gpt2": lambda: cli_pipeline_step("gpipe", tiny_gpt2_4),
     "cli-pp-qwen2": lambda: cli_pipeline_step("1f1b", tiny_qwen2_4),
+    "cli-pp-bert": lambda: cli_pipeline_step("1f1b", tiny_bert4),
+    "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
+    "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
+    "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
     "fsdp-bf16": lambda: fsdp_policy_step(MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)),
     "fsdp-offload": lambda: fsdp_policy_step(offload=CPUOffloadPolicy(pin_memory=False)),
 }
@@ -578,3 +582,58 @@ def tiny_gpt2_4():
         vocab_size=CONFIG.vocab_size, n_positions=SEQ, n_embd=32, n_layer=4, n_head=4, bos_token_id=0, eos_token_id=0
     )
     return transformers.GPT2LMHeadModel(config), (torch.randint(0, CONFIG.vocab_size, (4, SEQ)),)
+
+
+def tiny_bert4():
+    """(model, inputs): a transformers BertModel (an encoder) of four blocks and a batch of four, for ``trace --pp``."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.BertModel(config), (ids,)
+
+
+def tiny_resnet18():
+    """(model, inputs): torchvision's resnet18 (ten classes) on four 64x64 images, for ``trace --pp``:
+    its stages' feature maps differ in shape (planning/pipeline_families.py)."""
+    import torchvision
+
+    return torchvision.models.resnet18(num_classes=10), (torch.randn(4, 3, 64, 64),)
+
+
+def tiny_vit():
+    """(model, inputs): a torchvision VisionTransformer of four blocks on four 32x32 images, for ``trace --pp``."""
+    import torchvision
+
+    model = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=4, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10
+    )
+    return model, (torch.randn(4, 3, 32, 32),)
+
+
+def tiny_t5():
+    """(model, inputs): a transformers T5 (an encoder-decoder, which ``trace --pp`` refuses)."""
+    import transformers
+
+    config = transformers.T5Config(
+        vocab_size=CONFIG.vocab_size, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.T5ForConditionalGeneration(config), (ids, ids)
+
+
+def tiny_timm_vit():
+    """(model, inputs): a timm VisionTransformer (a register token) of four blocks on four 32x32 images."""
+    import timm
+
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=4, num_classes=10, reg_tokens=1
+    )
+    return model, (torch.randn(4, 3, 32, 32),)

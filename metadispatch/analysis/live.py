@@ -89,7 +89,7 @@ class LiveStorages(_compat.TorchDispatchMode):
             weakref.finalize(st, self._ignored.discard, key)
 
     def _see(self, t: torch.Tensor) -> None:
-        if _compat.is_fake(t):  # DTensor's sharding propagation: no memory
+        if _compat.is_fake(t) or t.device.type == "meta":  # DTensor's sharding propagation, shape inference
             return
         if is_wrapper_subclass(t):  # Note [A wrapper an op returns holds no storage]
             for name in t.__tensor_flatten__()[0]:  # type: ignore[attr-defined]

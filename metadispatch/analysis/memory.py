@@ -79,6 +79,12 @@ class StorageInfo:
         return allocated_bytes(self.nbytes, self.device)
 
 
+def _on_meta(m) -> bool:
+    """A tensor on the meta device: shape inference's (torch.distributed.pipelining's, a stage's
+    shapes found in planning/pipeline_families.py), holding no memory in a real process."""
+    return str(m.device).startswith("meta")
+
+
 def _storages(trace: Trace, categories: bool = True) -> dict:
     """Storage number -> StorageInfo, for every storage the trace touches."""
     out: dict = {}
@@ -89,12 +95,16 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
         for m in call.inputs:
             info = out.get(m.storage)
             if info is None:
+                if _on_meta(m):
+                    continue
                 info = out[m.storage] = _leaf_info(trace, m)
             info.nbytes = max(info.nbytes, tensor_bytes(m))
             info.last_use = i
         for m in call.output_metas:
             info = out.get(m.storage)
             if info is None:
+                if _on_meta(m):
+                    continue
                 info = out[m.storage] = StorageInfo(
                     m.storage, m.device, i, _BY_PHASE.get(call.phase, "other"), call.module
                 )

@@ -15,8 +15,10 @@ one rank of every stage traced, the stages' memory differs -- and, with
 ``--gpu``, ``md.runtime`` over those traces: the step with its bubble
 (Note [A pipeline's bubble from its stages' traces] in timing/bubble.py).
 
-Limits: only the families stages.py writes out are split (others: build
-``PipelineStage`` yourself, docs/distributed.md); blocks are split evenly,
+Limits: only the families stages.py writes out are split -- decoders,
+encoders and vision models (planning/pipeline_families.py); others, and
+encoder-decoders, are refused (build ``PipelineStage`` yourself,
+docs/distributed.md); blocks are split evenly,
 the first stages taking one more where they do not divide.
 """
 
@@ -152,6 +154,7 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     dp = plan.world_size // (pp.pp * plan.tp)
     mesh = init_device_mesh(torch.device(device).type, (pp.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
     spans = _spans(cut.blocks, pp.stages)
+    io = cut.io(spans, ids[: ids.shape[0] // pp.micro]) if cut.io is not None else None
     mods, held = [], []
     for index in pp.stages_of(mesh.get_local_rank("pp")):
         mod = cut.stage(*spans[index])
@@ -159,7 +162,7 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
             split_blocks(mod, mesh["tp"], "layers")
         if plan.fsdp:
             shard_blocks(mod, mesh["dp"], "layers")
-        held.append(_stage(pipelining, mod, cut, index, pp.stages, ids, pp.micro, device, mesh))
+        held.append(_stage(pipelining, mod, cut, index, pp.stages, ids, pp.micro, device, mesh, io))
         mods.append(mod)
     loss = cut.loss
     del model, cut  # the other stages' blocks (cut.stage holds the model): a real rank never holds them
@@ -179,12 +182,17 @@ def run_stages(plan: Plan, pp: PipelinePlan, build: Callable, device="cuda", opt
     return whole
 
 
-def _stage(pipelining, mod: nn.Module, cut: stages.Split, index: int, n: int, ids, micro: int, device, mesh):
-    """The ``PipelineStage`` of ``mod``, its activations declared (Note [A pipeline stage's vote])."""
+def _stage(pipelining, mod: nn.Module, cut: stages.Split, index: int, n: int, ids, micro: int, device, mesh, io):
+    """The ``PipelineStage`` of ``mod``, its activations declared (Note [A pipeline stage's vote]);
+    ``io``: each stage's found on the meta device (Note [Pipeline stages of encoders and vision models])."""
     b, seq = ids.shape[0] // micro, ids.shape[1]
     dtype = next(mod.parameters()).dtype
-    x = torch.empty(b, seq, dtype=torch.long) if index == 0 else torch.empty(b, seq, cut.hidden, dtype=dtype)
-    out = torch.empty(b, seq, cut.vocab if index == n - 1 else cut.hidden, dtype=dtype, requires_grad=True)
+    if io is not None:
+        x, out = (torch.empty(t.shape, dtype=t.dtype) for t in io[index])
+        out.requires_grad_(True)
+    else:
+        x = torch.empty(b, seq, dtype=torch.long) if index == 0 else torch.empty(b, seq, cut.hidden, dtype=dtype)
+        out = torch.empty(b, seq, cut.vocab if index == n - 1 else cut.hidden, dtype=dtype, requires_grad=True)
     return pipelining.PipelineStage(
         mod,
         index,

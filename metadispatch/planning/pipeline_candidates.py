@@ -163,6 +163,8 @@ def trace(planner, c: dict, tp_plan: Callable, rank: int | None = None) -> Trace
         index = mesh.get_local_rank("pp")
         model = planner.make_model()
         cut = pipeline_split.split(model)
+        if cut.io is not None:  # an encoder's or a vision model's stages: no causal-LM loss, no (b, seq, hidden)
+            raise MetaDispatchError(f"md.plan's pipelines split causal LMs, not a {type(model).__name__}")
         if cut.blocks < c["pp"]:
             raise MetaDispatchError(f"pp {c['pp']}: the model has {cut.blocks} blocks")
         size, extra = divmod(cut.blocks, c["pp"])

@@ -43,24 +43,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedFeatureError
+from . import pipeline_families
 
 __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 
 SPLITS = (
     "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
-    "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head) and GPT-2 (GPT2LMHeadModel)"
+    "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head), GPT-2 (GPT2LMHeadModel), "
+    + pipeline_families.FAMILIES
 )
 
 
 class Split(NamedTuple):
     """A model's blocks' count, its stage of blocks ``[lo, hi)``, the sizes
-    a stage sends (hidden) and the last returns (vocab), the last's loss."""
+    a stage sends (hidden) and the last returns (vocab), the last's loss;
+    or, where the activations are not ``(batch, seq, hidden)``, ``io``: each
+    stage's example input and output (:func:`pipeline_families.example_io`)."""
 
     blocks: int
     stage: Callable[[int, int], nn.Module]
     hidden: int
     vocab: int
     loss: Callable
+    io: Callable | None = None
 
 
 def split(model: nn.Module, blocks: str | None = None) -> Split:
@@ -69,13 +74,30 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
     if kind is None and _llama_shaped(model):
         kind = ("model.layers", HFLlamaStage)
     if kind is None:
-        raise UnsupportedFeatureError(f"cannot split a {type(model).__name__} into pipeline stages; {SPLITS} split")
+        return _other(model, blocks)
     path, stage = kind
     if blocks is not None and blocks != path:
         raise UnsupportedFeatureError(f"blocks {blocks}: a {type(model).__name__} is split at its blocks in {path}")
     c: Any = model.config  # a transformers config
     n = len(list(model.get_submodule(path).children()))
     return Split(n, lambda lo, hi: stage(model, lo, hi), c.hidden_size, c.vocab_size, causal_lm_loss)
+
+
+def _other(model: nn.Module, blocks: str | None) -> Split:
+    """An encoder's or a vision model's :class:`Split` (Note [Pipeline stages of encoders and vision models])."""
+    pipeline_families.refuse_encoder_decoder(model)
+    found = pipeline_families.family(model)
+    if found is None:
+        raise UnsupportedFeatureError(f"cannot split a {type(model).__name__} into pipeline stages; {SPLITS} split")
+    path, held, stage = found
+    if blocks is not None and blocks != path:
+        raise UnsupportedFeatureError(f"blocks {blocks}: a {type(model).__name__} is split at its blocks in {path}")
+
+    def cut(lo: int, hi: int) -> nn.Module:
+        return stage(model, lo, hi)
+
+    io = lambda spans, x: pipeline_families.example_io(cut, spans, x)  # noqa: E731
+    return Split(len(held), cut, 0, 0, pipeline_families.summed, io)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -335,3 +335,16 @@ def test_memory_closure_passed_to_optimizer_step_keeps_forward_and_backward_phas
             return [(c.op, c.phase) for c in trace.calls if not c.op.startswith("profiler.")]
 
         assert ops(t) == ops(reference)
+
+
+def test_memory_counts_no_meta_tensor_as_a_real_run_does():
+    # shape inference on the meta device (planning/pipeline_families.py, torch's own
+    # PipelineStage): no bytes in a real process, none in the trace
+    def program():
+        shapes = (torch.empty(1000, 1000, device="meta") * 2).shape
+        return torch.ones(shapes[0])
+
+    with md.LiveStorages(count_untracked=False) as live:
+        program()
+    assert live.peak == 4000
+    assert md.memory(md.trace(program)).peak == 4000
