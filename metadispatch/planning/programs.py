@@ -37,6 +37,7 @@ once a configuration.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -98,8 +99,8 @@ def trace_programs(
                     opt.zero_grad()
                     mark(f"end {n}")
                     del ids
+                _drop(opt)  # its state dies here, before the next optimizer's warmup
                 del opt
-                gc.collect()  # its state dies here, before the next optimizer's warmup
             except (RuntimeError, MetaDispatchError) as e:  # torch or metadispatch refusing this step
                 traced[id(at)] = e
                 break
@@ -130,6 +131,22 @@ def _own_assumptions(whole, k: int) -> list:
     """
     built, lo, hi = whole.marks["built"], whole.marks[f"step {k}"], whole.marks[f"end {k}"]
     return [a for a in whole.assumptions if a.index < built or lo <= a.index < hi]
+
+
+def _drop(opt) -> None:
+    """Free ``opt``'s state now, before the next optimizer's warmup: its tensors die with the optimizer's
+    references to them, the state dict's.
+
+    ``gc.collect()`` here took 0.45 s a call (two a build: a third of a 1-layer
+    LLaMA-7B build on 64 GPUs), walking every object the process holds.
+    AdamW holds its state in no reference cycle, so clearing the state frees
+    it at once; a collection runs only where a state tensor outlives that
+    (held in a cycle), so the state is dead before the next step either way.
+    """
+    held = [weakref.ref(t) for state in opt.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    opt.state.clear()
+    if any(r() is not None for r in held):
+        gc.collect()
 
 
 def _set_ac(model, names: list, on: bool) -> None:
