@@ -43,7 +43,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import MetaDispatchError
-from ..ir.cut import step_until
+from ..ir.cut import Scan, step_until
 from ..mode.mode import MetaMode
 from ..tracing.marks import mark
 from ..values.routing import RoutingAssumption
@@ -105,6 +105,7 @@ def trace_programs(
                 traced[id(at)] = e
                 break
     whole, out = mode.trace, []
+    scan = Scan(whole.calls)  # each cut's calls before it, scanned once for the build (ir/cut.py)
     for c in cs:
         k = traced.get(id(c))
         if not isinstance(k, int):
@@ -113,6 +114,7 @@ def trace_programs(
         one = step_until(whole, whole.marks[f"end {k}"])
         one.marks = {"built": whole.marks["built"]} | {m: whole.marks[f"{m} {k}"] for m in ("step", "micro", "opt")}
         one.assumptions = _own_assumptions(whole, k)
+        one.scan = scan  # type: ignore[attr-defined]  # step_from(one, its step's start, one.scan)
         out.append(one)
     return out
 

@@ -269,7 +269,8 @@ class _Planner:
         bytes live as the optimizer starts, the optimizer step's seconds), of the step from mark ``"step"`` on."""
         began = time.perf_counter()
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
-        step = step_from(trace, s)  # one cut, read by the allocator, the timeline and the roofline
+        # one cut, read by the allocator, the timeline and the roofline; the build's calls before it scanned once
+        step = step_from(trace, s, getattr(trace, "scan", None))
         fit = fits(step, gpu=self.gpu, capacity=self.capacity)
         first = fit.first_oom_call
         oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
@@ -358,7 +359,7 @@ class _Planner:
             pending = list(group.items())
             while pending:  # a step that raised ends its build; those after it are traced in another
                 done = zip(pending, self.traces([d for _, d in pending], layers))
-                for (k, _), t in done:
+                for (k, _), t in sorted(done, key=_in_build_order):  # each cut's scan goes on from the last
                     if t is not None:
                         self.shallow[k] = t if isinstance(t, Exception) else self._measure(t, layers)
                 pending = [(k, d) for k, d in pending if k not in self.shallow]
@@ -410,6 +411,11 @@ def _check_scale(scale) -> tuple | None:
     ):
         raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
     return scale
+
+
+def _in_build_order(done: tuple) -> int:
+    t = done[1]
+    return t.marks["step"] if isinstance(t, Trace) else -1
 
 
 def _mesh(c: dict) -> tuple:
