@@ -100,15 +100,15 @@ def step_from(trace: Trace, start: int, before: Scan | None = None) -> Trace:
 
 
 class Scan:
-    """What :func:`step_from` reads of ``calls[:at]``, kept to cut one trace at several calls (``md.plan`` cuts
-    each step of a build): ``made`` (tensor id -> (index, call) of its first maker), ``last`` (storage -> its last
-    record and its maker), ``resized`` (storage -> FSDP2's last size); :meth:`to` scans on, or again from 0."""
+    """What :func:`step_from` reads of ``calls[:at]`` (``made``: tensor id -> (index, call) of its maker; ``last``:
+    storage -> its last record and maker; ``resized``: FSDP2's last sizes), kept for several cuts of one trace."""
 
     def __init__(self, calls: list) -> None:
-        self.calls, self.at, self.made, self.last, self.resized = calls, 0, {}, {}, {}
+        self.calls, self.at, self.resized = calls, 0, dict[int, int]()
+        self.made, self.last = dict[int, tuple](), dict[int, tuple]()
 
     def to(self, start: int) -> tuple:
-        if start < self.at:
+        if start < self.at:  # a cut further back: from the first call again
             self.at, self.made, self.last, self.resized = 0, {}, {}, {}
         made, last = self.made, self.last
         for i in range(self.at, start):
