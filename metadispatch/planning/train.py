@@ -246,15 +246,18 @@ class _Planner:
         the mesh (exact: tests/planning/test_plan.py against full traces),
         its state figure is that trace's, and its peaks are the twin's
         moved by the difference in state (an estimate, as every screened
-        peak is; a full trace confirms it).
+        peak is; a full trace confirms it).  That optimizer step is traced
+        alone, in the first optimizer's build (``_optimizer_alone`` in
+        programs.py): one micro-batch's gradients, a warmup ``opt.step()``
+        making its state, and the step scored on the same gradients -- one
+        forward-backward where a warmup and a step of its own took four.
         """
         first = self.optimizers[0]
         if c["optimizer"] == first:
             return None
         mesh = (c["tp"], c["shard"], c["optimizer"], c["sp"], c["cp"], c["ep"])
-        if mesh not in self.opt_steps:  # this one is traced, and stands for its mesh
+        if mesh not in self.opt_steps:  # its optimizer step, traced alone once for the mesh
             self.opt_steps[mesh] = self._scaled(c)
-            return self.opt_steps[mesh]
         twin = {**c, "optimizer": first}
         key = self._key(twin, False)
         if key not in self.cache:
@@ -269,7 +272,8 @@ class _Planner:
         bytes live as the optimizer starts, the optimizer step's seconds), of the step from mark ``"step"`` on."""
         began = time.perf_counter()
         s, m, o = (trace.marks[k] for k in ("step", "micro", "opt"))
-        step = step_from(trace, s)  # one cut, read by the allocator, the timeline and the roofline
+        # one cut, read by the allocator, the timeline and the roofline; the build's calls before it scanned once
+        step = step_from(trace, s, getattr(trace, "scan", None))
         fit = fits(step, gpu=self.gpu, capacity=self.capacity)
         first = fit.first_oom_call
         oom = (first.index, first.op) if first is not None else None  # numbered from the step, as md.fits(since=)
@@ -357,8 +361,8 @@ class _Planner:
                     group.setdefault((self._key(d, full), layers), d)
             pending = list(group.items())
             while pending:  # a step that raised ends its build; those after it are traced in another
-                done = zip(pending, self.traces([d for _, d in pending], layers))
-                for (k, _), t in done:
+                done = zip(pending, self.traces([d for _, d in pending], layers, None if full else first))
+                for (k, _), t in sorted(done, key=_in_build_order):  # each cut's scan goes on from the last
                     if t is not None:
                         self.shallow[k] = t if isinstance(t, Exception) else self._measure(t, layers)
                 pending = [(k, d) for k, d in pending if k not in self.shallow]
@@ -381,11 +385,13 @@ class _Planner:
             raise out
         return out
 
-    def traces(self, cs: list, layers: int | None = None) -> list:
+    def traces(self, cs: list, layers: int | None = None, first: str | None = None) -> list:
         """Rank 0's steps of ``cs`` (one mesh), one mode (Note [One build for the configurations of a mesh] in
-        programs.py); an entry is the exception that configuration's step raised, or None: not traced."""
+        programs.py); an entry is the exception that configuration's step raised, or None: not traced.  ``first``:
+        the optimizer traced in full, the others' optimizer step alone (Note [One optimizer step per mesh])."""
         began = time.perf_counter()
-        out = trace_programs(self.make_model, cs, self.gpus, self.gpu, self.seq, self.step, self.vocab, layers)
+        args = (self.make_model, cs, self.gpus, self.gpu, self.seq, self.step, self.vocab, layers, first)
+        out = trace_programs(*args)
         self._spend("full" if layers is None else f"{layers} layer{'s' * (layers != 1)}", began)
         return out
 
@@ -410,6 +416,11 @@ def _check_scale(scale) -> tuple | None:
     ):
         raise MetaDispatchError(f"plan: scale={scale!r}, two depths (a, b) with 0 < a < b, e.g. (2, 4)")
     return scale
+
+
+def _in_build_order(done: tuple) -> int:
+    t = done[1]
+    return t.marks["step"] if isinstance(t, Trace) else -1
 
 
 def _mesh(c: dict) -> tuple:

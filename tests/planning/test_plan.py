@@ -254,6 +254,8 @@ def test_plan_scaled_times_a_second_optimizer_from_one_optimizer_step_per_mesh()
     assert scaled.spent["1 layer"][0] == scaled.spent["2 layers"][0] == 1
     # of the 4 fused: one traced for the mesh, one perhaps confirmed by a full trace, the others twins
     assert sum(c.cached and c.scaled for c in scaled if c.config["optimizer"] == "fused") >= 2
+    # its optimizer step traced alone in foreach's build (programs.py's _optimizer_alone): every scaled fused a twin
+    assert all(c.cached for c in scaled if c.scaled and c.config["optimizer"] == "fused")
     by_config = {str(c.config): c for c in full}
     for c in scaled:
         f = by_config[str(c.config)]
