@@ -555,7 +555,7 @@ def tiny_hf_llama4():
 
 def tiny_qwen2_4():
     """(model, inputs): a transformers Qwen2 of four blocks, the last two sliding-window ones, for ``trace --pp``
-    (split as LLaMA is: planning/pipeline_split.py)."""
+    (split as LLaMA is: pipeline/split.py)."""
     import transformers
 
     config = transformers.Qwen2Config(
@@ -602,7 +602,7 @@ def tiny_bert4():
 
 def tiny_resnet18():
     """(model, inputs): torchvision's resnet18 (ten classes) on four 64x64 images, for ``trace --pp``:
-    its stages' feature maps differ in shape (planning/pipeline_families.py)."""
+    its stages' feature maps differ in shape (pipeline/families.py)."""
     import torchvision
 
     return torchvision.models.resnet18(num_classes=10), (torch.randn(4, 3, 64, 64),)

@@ -35,6 +35,7 @@ STAGES = [
     "execution",
     "analysis",
     "timing",
+    "pipeline",
     "planning",
     "serving",
     "debug",

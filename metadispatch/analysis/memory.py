@@ -81,7 +81,7 @@ class StorageInfo:
 
 def _on_meta(m) -> bool:
     """A tensor on the meta device: shape inference's (torch.distributed.pipelining's, a stage's
-    shapes found in planning/pipeline_families.py), holding no memory in a real process."""
+    shapes found in pipeline/families.py), holding no memory in a real process."""
     return str(m.device).startswith("meta")
 
 

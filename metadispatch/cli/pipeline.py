@@ -16,7 +16,7 @@ one rank of every stage traced, the stages' memory differs -- and, with
 (Note [A pipeline's bubble from its stages' traces] in timing/bubble.py).
 
 Limits: only the families stages.py writes out are split -- decoders,
-encoders and vision models (planning/pipeline_families.py); others, and
+encoders and vision models (pipeline/families.py); others, and
 encoder-decoders, are refused (build ``PipelineStage`` yourself,
 docs/distributed.md); blocks are split evenly,
 the first stages taking one more where they do not divide.

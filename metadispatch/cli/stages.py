@@ -1,5 +1,5 @@
 """The models ``metadispatch trace --pp`` splits into stages: the built-in
-LLaMA (``llama.LlamaStage``) and those planning/pipeline_split.py writes
+LLaMA (``llama.LlamaStage``) and those pipeline/split.py writes
 out (Note [Splitting a model into pipeline stages] there)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedFeatureError
-from ..planning import pipeline_split
-from ..planning.pipeline_split import Split
+from ..pipeline import split as pipeline_split
+from ..pipeline.split import Split
 from . import llama
 from .targets import UsageError
 

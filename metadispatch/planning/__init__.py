@@ -9,9 +9,8 @@ to checkpoint to fit a budget), ``tp`` (one rank of a model split over
 tensor-parallel GPUs, for md.plan and ``serving``), ``train`` (``md.plan``: the fastest training configuration that
 fits on N logical GPUs, which it returns as ``table``'s ranked
 ``PlanTable`` of ``Candidate``, each mesh's rank programs traced by
-``programs``; ``pipeline_split`` cuts a model into pipeline stages
-(``pipeline_families``: encoders and vision models),
-``pipeline_candidates`` makes and scores its pipeline configurations;
+``programs``; ``pipeline_candidates`` makes and scores its pipeline configurations
+of the stages ``pipeline`` cuts;
 ``parallel_dims`` searches and builds sequence, context and expert
 parallelism).  The
 analyses themselves stay pure functions of a trace.  May import

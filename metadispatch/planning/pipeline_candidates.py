@@ -15,7 +15,7 @@ allocated peak.  The step time is ``md.runtime`` over the stages' traces
 run against each other (the bubble included: Note [A pipeline's bubble
 from its stages' traces] in timing/bubble.py), optimizer step and all.
 
-The model is split as planning/pipeline_split.py splits it (the blocks
+The model is split as pipeline/split.py splits it (the blocks
 evenly, the first stages taking one more); each stage is wrapped as
 train.py wraps a model -- per-block AC, TP on each block, FSDP2 on each
 block and the stage -- and stepped by the schedule over ``accum``
@@ -48,9 +48,9 @@ from ..ir.cut import step_from
 from ..ir.text import fmt_bytes
 from ..ir.trace import Trace
 from ..mode.mode import MetaMode
+from ..pipeline import split as pipeline_split
 from ..timing.runtime import runtime
 from ..tracing.marks import mark
-from . import pipeline_split
 from .ac import apply_ac
 
 __all__ = ["SCHEDULES", "configs", "rule", "score", "trace"]

@@ -338,7 +338,7 @@ def test_memory_closure_passed_to_optimizer_step_keeps_forward_and_backward_phas
 
 
 def test_memory_counts_no_meta_tensor_as_a_real_run_does():
-    # shape inference on the meta device (planning/pipeline_families.py, torch's own
+    # shape inference on the meta device (pipeline/families.py, torch's own
     # PipelineStage): no bytes in a real process, none in the trace
     def program():
         shapes = (torch.empty(1000, 1000, device="meta") * 2).shape

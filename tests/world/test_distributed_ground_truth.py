@@ -180,7 +180,7 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
 )
 def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, target, tmp_path_factory, capsys):
     # --pp on transformers LLaMA (1F1B), GPT-2 (GPipe) and Qwen2 (1F1B, split as LLaMA is,
-    # its sliding-window blocks given their mask): planning/pipeline_split.py cuts
+    # its sliding-window blocks given their mask): pipeline/split.py cuts
     # the model's blocks into stages, the embedding on the first, norm and
     # head on the last; the real run is the same code over gloo.
     real = _real_pp(tmp_path_factory)[case]

@@ -2,7 +2,7 @@
 vision models (torchvision resnet18, whose stages pass feature maps of
 another shape, a torchvision ViT and a timm ViT) against real 2-process ``gloo`` runs of
 the same code (cli/pipeline.py's ``run_stages``; Note [Pipeline stages of
-encoders and vision models] in planning/pipeline_families.py): per rank the
+encoders and vision models] in pipeline/families.py): per rank the
 same parameter shards, the same sends and receives, the peak within 1 KiB;
 and the command line prints each stage's peak.  An encoder-decoder is
 refused as a usage error, named.

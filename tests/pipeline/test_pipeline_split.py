@@ -1,4 +1,4 @@
-"""planning/pipeline_split.py on transformers decoders built as LLaMA is: the
+"""pipeline/split.py on transformers decoders built as LLaMA is: the
 stages, run one after another on a real CPU, compute the model's own
 logits (Note [Splitting a model into pipeline stages]); one whose forward
 scales its embeddings (Granite) is refused."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metadispatch.errors import UnsupportedFeatureError
-from metadispatch.planning.pipeline_split import split
+from metadispatch.pipeline.split import split
 
 transformers = pytest.importorskip("transformers")
 

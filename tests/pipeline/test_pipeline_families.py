@@ -1,4 +1,4 @@
-"""planning/pipeline_families.py: the stages of an encoder (transformers
+"""pipeline/families.py: the stages of an encoder (transformers
 BertModel), torchvision's ResNet and ViT and timm's ViT, run one after
 another on a real CPU, compute the model's own output (Note [Pipeline
 stages of encoders and vision models]); the shapes found on the meta
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from metadispatch.errors import UnsupportedFeatureError
-from metadispatch.planning.pipeline_split import split
+from metadispatch.pipeline.split import split
 
 
 def _check(model, x, spans, expected):

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedFeatureError
-from . import pipeline_families
+from . import families as pipeline_families
 
 __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 
