@@ -81,7 +81,7 @@ def device_constructors() -> frozenset:
     """The torch functions ``torch.set_default_device`` gives a device when
     they are called without one (``torch.zeros``, ``torch.tensor``, ...): its
     ``DeviceContext``'s own list (Note [A factory's named device] in
-    mode/swap.py)."""
+    mode/devices.py)."""
     from torch.utils._device import _device_constructors
 
     return frozenset(_device_constructors())

@@ -350,7 +350,7 @@ def _device(f, args, kwargs, tensors, mode):
                 # Note [Meta from options]
                 device = (_common_device(f, tensors) if tensors else None) or STATE.ambient
             if f.is_factory and mode is not None and mode.device is not None and not _named(named, mode.device):
-                device = mode.device  # Note [A factory's named device] in mode/swap.py
+                device = mode.device  # Note [A factory's named device] in mode/devices.py
             if name in kwargs:
                 kkwargs = dict(kwargs)
                 kkwargs[name] = META
@@ -371,7 +371,7 @@ def _device(f, args, kwargs, tensors, mode):
 
 
 def _named(device: torch.device, default: torch.device) -> bool:
-    """Whether a factory keeps the device its torch call named (Note [A factory's named device] in mode/swap.py)."""
+    """Whether a factory keeps the device its torch call named (Note [A factory's named device] in mode/devices.py)."""
     return STATE.named_device and (device.type != "meta" or STATE.explicit_meta)
 
 

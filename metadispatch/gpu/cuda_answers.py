@@ -115,7 +115,7 @@ class _Answering:
 # Note [The logical GPU's index]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # On a host without CUDA the logical machine of ``MetaMode(device="cuda:1")``
-# is that one GPU (Note [A factory's named device] in mode/swap.py):
+# is that one GPU (Note [A factory's named device] in mode/devices.py):
 # ``device_count()`` is 1, and the current device -- ``current_device()``,
 # ``torch.accelerator.current_device_index()``, what ``"cuda"`` and
 # ``device=None`` name -- is its index, 1, as in a real job that called

@@ -2,7 +2,8 @@
 
 ``mode`` (MetaMode, the dispatch mode), ``entry`` (one entry's undo steps
 and which mode holds the thread's dispatch slot), ``swap`` (the per-thread
-torch-function swap of real tensors), ``ledger`` (every process-wide patch,
+torch-function swap of real tensors), ``devices`` (the device a
+factory or a move names, checked against the logical machine), ``ledger`` (every process-wide patch,
 claimed per thread) and ``patches`` (the groups of patches and which mode
 claims which; the stand-ins themselves are the ``standins`` room's),
 ``unseen`` (torch's Python functions no mode

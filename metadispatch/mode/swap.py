@@ -5,7 +5,8 @@ while a MetaMode is entered there (entry.py).  Above autograd, it hands
 torch each real tensor's stand-in (Note [Swap above autograd] in
 standins/standins.py), builds literals as the logical device would (values/literals.py),
 applies CUDA's autocast policy on a logical GPU (autocast.py), calls the
-composite overrides (composites.py), sees inside torch's Python functions
+composite overrides (composites.py), checks the devices factories and moves name (devices.py),
+sees inside torch's Python functions
 (inside.py), and runs backward under the mode (Note [Backward under the
 function mode] in _compat/autograd.py).  Only this thread's calls meet it:
 another thread sees the real tensors (Note [Other threads see the real
@@ -24,13 +25,13 @@ from torch import nn
 from .. import _compat
 from .._compat import pytree
 from ..errors import UnsupportedFeatureError, mark_call
-from ..gpu import autocast, cuda_answers, inside
+from ..gpu import autocast, inside
 from ..ir.records import type_str
 from ..source import user_frame
 from ..tensor.convert import with_real_tensor
 from ..tensor.tensor import STATE, MetaTensor, normalize_device
 from ..values import composites, literals
-from . import realcode
+from . import devices, realcode
 
 __all__ = ["SwapReal", "SWAP", "WIRING"]
 
@@ -104,8 +105,10 @@ class SwapReal(_compat.TorchFunctionMode):
                     mode._recorder.before_data_swap(args[0], args[1])
             if func in realcode.FROM_BYTES and realcode.reads_bytes(func, args):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
+            if func is devices.NEW_TENSOR and type(args[0]) is MetaTensor:
+                func, args, kwargs = literals.as_tensor_call(args, kwargs)  # Note [new_tensor is a literal]
             if func in literals.LITERALS and kwargs.get("device") is not None:
-                _, kwargs = _on_checked_device(mode, func, kwargs)  # Note [A factory's named device]
+                _, kwargs = devices.on_checked_device(mode, func, kwargs)  # Note [A factory's named device]
             if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
                 return literals.build(mode, func, args, kwargs)  # Note [A literal made on a device]
             if real and func == _SET_DATA and isinstance(args[0], MetaTensor):
@@ -148,8 +151,8 @@ class SwapReal(_compat.TorchFunctionMode):
             elif func is _GRAD:
                 func, args = _compat.engine_grad, (self, *args)
             elif func in _STAND_IN_METHODS and type(first) is MetaTensor:
-                if func in _TO_GPU:
-                    args, kwargs = _move_checked(mode, func, args, kwargs)  # Note [A factory's named device]
+                if func in devices.TO_GPU:
+                    args, kwargs = devices.move_checked(mode, func, args, kwargs)  # Note [A factory's named device]
                 # A real tensor's method (a MetaTensor's own never comes
                 # here), now on its stand-in (Note [A real tensor's methods
                 # on its stand-in]).
@@ -160,10 +163,16 @@ class SwapReal(_compat.TorchFunctionMode):
                     # the user's buffers in the module, not stand-ins.
                     return real_first
                 return out
-            if func in _FACTORIES and (
+            if func in devices.FACTORIES and (
                 kwargs.get("device") is not None or kwargs.get("pin_memory") or inside.seeing_inside()
             ):
-                return _factory(mode, func, args, kwargs)
+                return devices.factory(mode, func, args, kwargs)
+            if (
+                func in devices.LIKE
+                and kwargs.get("device") is not None
+                and normalize_device(kwargs["device"]).type == "meta"
+            ):
+                return devices.explicitly_meta(func, args, kwargs)  # Note [Meta from options] in core/dispatch.py
             if func is _DATA_PTR and type(first) is MetaTensor:
                 pinned = first if first._md.pinned_by is not None else first._base
                 if type(pinned) is MetaTensor and pinned._md.pinned_by is not None:
@@ -177,103 +186,7 @@ class SwapReal(_compat.TorchFunctionMode):
 
 
 _META_ONLY = (MetaTensor,)
-_FACTORIES = _compat.device_constructors()
-
-
-# Note [A factory's named device]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A mode with a device (``MetaMode(device="cuda")``) is torch's default
-# device for the step: a factory given no device makes its tensor there.
-# One given a device keeps it: ``torch.zeros(3, device="cpu")`` is a CPU
-# tensor in a real CUDA job.  At the aten level the two look alike: torch's
-# binding passes ``device=cpu`` for "no device given" too.  So the
-# difference is made where ``torch.set_default_device`` makes it, at the
-# torch-function level: the swap calls a factory of its ``DeviceContext``'s
-# list (``_compat.device_constructors``) that names a device with
-# ``STATE.named_device`` set, and only then does ``_device`` in
-# core/dispatch.py keep the named device.  ``meta`` named there is meta, as
-# under ``torch.set_default_device`` (``STATE.explicit_meta``, Note [Meta
-# from options] there); another index of the mode's device type is kept if
-# the logical machine has it, and refused naming the factory if not, as a
-# real one-GPU job fails (``invalid device ordinal``).  On a host without
-# CUDA that machine is the mode's GPU alone (``"cuda"`` names it, whatever
-# its index), on a logical world each rank's.  Factories below a
-# Python function torch runs for a function mode (``F.*``'s body) meet no
-# function mode under ``torch.set_default_device``, nor in a real job that
-# moved its model with ``.cuda()``: they make CPU tensors.  The swap sees
-# inside such bodies on a logical GPU (Note [Seeing inside torch's Python
-# functions] in inside.py), so it names CPU for a factory there that names
-# no device.
 _DATA_PTR = torch.Tensor.data_ptr
-
-
-def _factory(mode, func, args, kwargs):
-    if kwargs.get("device") is None and not inside.seeing_inside():
-        out = func(*args, **kwargs)
-    else:
-        # Note [A factory's named device]
-        if kwargs.get("device") is None:
-            kwargs = dict(kwargs, device=_CPU)
-        named, kwargs = _on_checked_device(mode, func, kwargs)
-        meta = named.type == "meta"
-        # fmt: off
-        prev = STATE.named_device, STATE.explicit_meta; STATE.named_device = True; STATE.explicit_meta = prev[1] or meta  # noqa: E702,E501 (Note [Interrupts in mode entry and exit])
-        try: out = func(*args, **kwargs)  # noqa: E701
-        finally: STATE.named_device, STATE.explicit_meta = prev  # noqa: E701
-        # fmt: on
-    if kwargs.get("pin_memory") and type(out) is MetaTensor:
-        out._md.pinned_by = f"torch.{func.__name__}(..., pin_memory=True)"
-    return out
-
-
-_CPU = torch.device("cpu")
-_TO_GPU = (torch.Tensor.to, torch.Tensor.cuda)
-
-
-def _move_checked(mode, func, args, kwargs):
-    """``t.to(d)`` / ``t.cuda(i)`` with the CUDA device named checked as a factory's (``cuda:{local_rank}``
-    is a logical world rank's own GPU; another index the one-GPU logical machine lacks is refused)."""
-    at = "device" if "device" in kwargs else 1 if len(args) > 1 else None
-    named = kwargs.get("device") if at == "device" else args[1] if at == 1 else None
-    if func is torch.Tensor.cuda and type(named) is int:
-        named = torch.device("cuda", named)
-    if named is None or not isinstance(named, (str, int, torch.device)) or isinstance(named, bool):
-        return args, kwargs
-    if normalize_device(named).type != "cuda":
-        return args, kwargs
-    checked = _check_index(mode, func, named)
-    if at == "device":
-        return args, dict(kwargs, device=checked)
-    return (args[0], checked, *args[2:]), kwargs
-
-
-def _on_checked_device(mode, func, kwargs) -> tuple[torch.device, dict]:
-    """The device named (``_check_index``), and ``kwargs`` with the CUDA one the logical machine answers for it."""
-    named = _check_index(mode, func, kwargs["device"])
-    return named, (dict(kwargs, device=named) if named.type == "cuda" else kwargs)
-
-
-def _check_index(mode, func, device) -> torch.device:
-    """The device a factory named, refused if the logical machine has no such one (Note [A factory's named device])."""
-    named, own, host = normalize_device(device), mode.device, cuda_answers.host_has_cuda()
-    if own is None or named.type != own.type or named.index == own.index or named.type != "cuda":
-        return named
-    indexed = (
-        type(device) is int or torch.device(device).index is not None
-    )  # Note [An int device is the logical GPU's index] in tensor.py
-    if mode.world is not None or not (host or indexed):
-        return own  # each rank's own GPU, whichever index it is named by (cuda:{local_rank}); "cuda": the one GPU
-    count = torch.cuda.device_count() if host else 1  # without CUDA the logical machine is the mode's GPU alone
-    if host and named.index is not None and named.index < count:
-        return named
-    name = f"{'Tensor' if func in _TO_GPU else 'torch'}.{getattr(func, '__name__', func)}"
-    error = UnsupportedFeatureError(
-        f"{name}(..., device={str(named)!r}): the logical machine of MetaMode(device={str(own)!r}) has "
-        f"{count} CUDA device(s), {str(own)!r}; a real job there fails with 'invalid device ordinal' (Note "
-        "[A factory's named device]). Name the mode's device, or trace with MetaMode() and no device"
-    )
-    mark_call(error, name, user_frame())
-    raise error
 
 
 # Note [A pinned buffer's address]
@@ -421,7 +334,9 @@ _SPECIAL = frozenset(
         *_BACKWARD,
         _GRAD,
         *_STAND_IN_METHODS,
-        *_FACTORIES,  # Note [A factory's named device]
+        *devices.FACTORIES,  # Note [A factory's named device]
+        *devices.LIKE,  # their device named meta
+        devices.NEW_TENSOR,  # Note [new_tensor is a literal]
         _DATA_PTR,  # Note [A pinned buffer's address]
     }
 )

@@ -12,7 +12,7 @@ two at every attention layer on a logical H100 (tools/gpu_conformance.py
 against a real one).  So a literal of plain data (no tensors in it) asked
 for a device other than the CPU is built for real outside the trace, stood in
 for on ``D`` and lifted there.  The device follows the mode's rule for
-factories (Note [A factory's named device] in mode/swap.py): a mode with a
+factories (Note [A factory's named device] in mode/devices.py): a mode with a
 device puts a literal there unless it names another device type (one
 named ``"cpu"`` is built here too, on the CPU, where C++ would lift it
 onto the mode's device).
@@ -48,6 +48,14 @@ _CPU = torch.device("cpu")
 LITERALS = {torch.tensor, torch.as_tensor}
 
 
+def as_tensor_call(args, kwargs) -> tuple:
+    """``x.new_tensor(data, ...)`` as the ``torch.tensor`` call it is: ``x``'s dtype and device unless named
+    (Note [new_tensor is a literal] in mode/devices.py)."""
+    x, data = args[0], args[1] if len(args) > 1 else kwargs.get("data")
+    named = {k: v for k, v in kwargs.items() if v is not None and k != "data"}
+    return torch.tensor, (data,), {"dtype": x.dtype, "device": x.device, **named}
+
+
 def applies(mode, func, args, kwargs) -> bool:
     """For ``func`` in LITERALS (the mode asks only for those): whether :func:`build` makes this call."""
     if not args:
@@ -58,7 +66,7 @@ def applies(mode, func, args, kwargs) -> bool:
     if device is None:  # torch's default device: the CPU's counters unless set otherwise
         return _compat.default_device_type() == "cpu" and _optimizer_counter()
     if normalize_device(device).type == "cpu":
-        # Note [A factory's named device] in mode/swap.py: on the CPU whatever the mode's device
+        # Note [A factory's named device] in mode/devices.py: on the CPU whatever the mode's device
         return mode.device is not None and mode.device.type != "cpu" or _optimizer_counter()
     return True
 
@@ -86,7 +94,7 @@ def build(mode, func, args, kwargs):
         # Note [Optimizer step counters on the CPU]
         device = _CPU
     elif mode.device is None or normalize_device(device).type == "meta":
-        device = normalize_device(device)  # meta as named: Note [A factory's named device] in mode/swap.py
+        device = normalize_device(device)  # meta as named: Note [A factory's named device] in mode/devices.py
     elif torch.device(device).type == mode.device.type and torch.device(device).index is not None:
         device = normalize_device(device)  # an index the swap found on the logical machine
     else:

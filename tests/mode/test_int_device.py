@@ -3,7 +3,7 @@
 Note [An int device is the logical GPU's index] in tensor/tensor.py: torch
 reads an int as an index of the host's accelerator and raises on a host
 without one; a trace models a CUDA machine, so the int is ``cuda:N``, checked
-as ``"cuda:N"`` is (Note [A factory's named device] in mode/swap.py).
+as ``"cuda:N"`` is (Note [A factory's named device] in mode/devices.py).
 """
 
 import pytest

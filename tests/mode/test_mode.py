@@ -444,3 +444,40 @@ def test_mode_a_factory_naming_cuda_without_index_on_another_logical_gpu_is_the_
         for index in (0, 1):
             with pytest.raises(md.UnsupportedFeatureError, match=rf"cuda:{index}'.*has 1 CUDA device\(s\), 'cuda:2'"):
                 torch.zeros(2, device=f"cuda:{index}")
+
+
+_LIKE_CALLS = [
+    lambda x, d: torch.empty_like(x, device=d),
+    lambda x, d: torch.zeros_like(x, device=d),
+    lambda x, d: torch.ones_like(x, device=d),
+    lambda x, d: torch.full_like(x, 7.0, device=d),
+    lambda x, d: torch.rand_like(x, device=d),
+    lambda x, d: torch.randn_like(x, device=d),
+    lambda x, d: torch.randint_like(x, 5, device=d),
+    lambda x, d: x.new_empty((2, 3), device=d),
+    lambda x, d: x.new_zeros(4, device=d),
+    lambda x, d: x.new_ones(4, device=d),
+    lambda x, d: x.new_full((2,), 1.5, device=d),
+    lambda x, d: x.new_tensor([1.0, 2.0], device=d),
+    lambda x, d: x.new_empty_strided((2, 3), (1, 2), device=d),
+]
+
+
+@pytest.mark.parametrize("make", _LIKE_CALLS)
+@pytest.mark.parametrize("named", ["meta", torch.device("meta"), "cpu", None])
+def test_mode_like_and_new_factories_keep_the_device_they_name(make, named):
+    # torch.empty_like(t, device="meta") named from Python is a meta tensor
+    # in eager; under the mode it came out on the mode's GPU (the core reads a
+    # meta-optioned op with tensor inputs as C++'s own options).  And
+    # x.new_tensor(data) is torch.tensor(data) with x's dtype and device.
+    eager = make(torch.ones(2, 3), named)
+    with md.MetaMode(device="cuda") as mode:
+        x = torch.ones(2, 3)
+        t = make(x, named)
+        after = torch.zeros_like(x)  # the next call without a device is on the GPU again
+    expected = torch.device("cuda:0") if named is None else eager.device
+    assert type(t) is type(x)  # x.new_tensor(data) was a plain meta tensor no trace recorded
+    assert t.device == expected
+    assert (t.shape, t.dtype, t.stride()) == (eager.shape, eager.dtype, eager.stride())
+    assert mode.trace.calls[-2].outputs[0].device == expected
+    assert after.device == torch.device("cuda:0")
