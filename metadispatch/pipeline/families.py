@@ -3,7 +3,7 @@
 Note [Pipeline stages of encoders and vision models]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 As a torch.distributed.pipelining user splits one (Note [Splitting a model
-into pipeline stages] in pipeline_split.py): the first stage is the stem
+into pipeline stages] in split.py): the first stage is the stem
 (embeddings, a ResNet's conv/bn/pool, a ViT's patch embedding, class
 token and position embedding) and the first blocks, the middle ones only
 blocks, the last the last blocks and the head.  What flows between two

@@ -43,14 +43,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedFeatureError
-from . import families as pipeline_families
+from . import families
 
 __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 
 SPLITS = (
     "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
     "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head), GPT-2 (GPT2LMHeadModel), "
-    + pipeline_families.FAMILIES
+    + families.FAMILIES
 )
 
 
@@ -58,7 +58,7 @@ class Split(NamedTuple):
     """A model's blocks' count, its stage of blocks ``[lo, hi)``, the sizes
     a stage sends (hidden) and the last returns (vocab), the last's loss;
     or, where the activations are not ``(batch, seq, hidden)``, ``io``: each
-    stage's example input and output (:func:`pipeline_families.example_io`)."""
+    stage's example input and output (:func:`families.example_io`)."""
 
     blocks: int
     stage: Callable[[int, int], nn.Module]
@@ -85,8 +85,8 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
 
 def _other(model: nn.Module, blocks: str | None) -> Split:
     """An encoder's or a vision model's :class:`Split` (Note [Pipeline stages of encoders and vision models])."""
-    pipeline_families.refuse_encoder_decoder(model)
-    found = pipeline_families.family(model)
+    families.refuse_encoder_decoder(model)
+    found = families.family(model)
     if found is None:
         raise UnsupportedFeatureError(f"cannot split a {type(model).__name__} into pipeline stages; {SPLITS} split")
     path, held, stage = found
@@ -96,8 +96,8 @@ def _other(model: nn.Module, blocks: str | None) -> Split:
     def cut(lo: int, hi: int) -> nn.Module:
         return stage(model, lo, hi)
 
-    io = lambda spans, x: pipeline_families.example_io(cut, spans, x)  # noqa: E731
-    return Split(len(held), cut, 0, 0, pipeline_families.summed, io)
+    io = lambda spans, x: families.example_io(cut, spans, x)  # noqa: E731
+    return Split(len(held), cut, 0, 0, families.summed, io)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ traced; the second is scored.
 Limits: single-stage schedules only (GPipe, 1F1B; the interleaved and
 zero-bubble ones put two stages on a rank); never scaled from shallower
 traces (each stage is traced in full); the default step only (the last
-stage's loss is the model's causal-LM loss); models pipeline_split.py
+stage's loss is the model's causal-LM loss); models pipeline/split.py
 splits.
 """
 
