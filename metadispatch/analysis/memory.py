@@ -114,8 +114,6 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
         m = leaf.meta
         info = out.get(m.storage)
         if info is None:
-            if _on_meta(m):  # a meta argument or parameter: no bytes, as a meta tensor a call makes
-                continue
             info = out[m.storage] = _leaf_info(trace, m)
             info.nbytes = tensor_bytes(m)
     for number, nbytes in trace.storage_bytes.items():  # Note [Storages larger than their tensors] in record.py
