@@ -136,6 +136,10 @@ def wrap(model, c: dict, units: list, tp_plan) -> dict:
         edp = em["replicate", "shard"] if r > 1 else em["shard"]
         for m in experts:  # on a mesh of one rank too (torchtitan's): DTensors, as the optimizer's others
             fully_shard(m, mesh=edp)
+            # Each expert's gradient already sums the tokens of its ep ranks (the all-to-all's
+            # backward): averaged over edp alone it is ep times a dense one's; torchtitan divides
+            # by the whole data-parallel size, as here.
+            m.set_gradient_divide_factor(float(r * s * cp))
     if r * s * cp > 1:
         dp = mesh["replicate", "shard"] if r > 1 else mesh["shard"]
         for layer in units:  # a block's experts, wrapped on their mesh above, are left to it

@@ -82,6 +82,7 @@ def direct(c: dict, make, tp_layer=None):
             for layer in layers:
                 expert_parallel(layer.mlp.experts, em["ep"])
                 fully_shard(layer.mlp.experts, mesh=em["r", "s"] if r > 1 else em["s"])
+                layer.mlp.experts.set_gradient_divide_factor(float(r * s * cp))  # torchtitan's: over all dp
         dp = mesh["r", "s"] if r > 1 else mesh["s"]
         for layer in layers:
             fully_shard(layer, mesh=dp)
@@ -157,6 +158,16 @@ def test_plan_expert_parallel_candidates_peak_as_a_direct_trace_under_a_uniform_
     assert tolist and all("RoutingAssumption('uniform')" in a.basis for a in tolist)
     experts = next(call for call in t.calls if "grouped_mm" in call.op)
     assert experts.module.endswith("mlp.experts")
+    for c in scored:  # the experts' gradients are divided by all 4 dp ranks, as torchtitan sets it, not by edp
+        calls = [call for call in c.retrace().calls if call.phase == "backward" and call.module.endswith("mlp.experts")]
+        edp = c.config["shard"] // c.config["ep"]
+        if edp == 1:  # FSDP2 on one rank divides the reduce's input itself
+            assert {call.args[1] for call in calls if call.op == "aten.div.Tensor"} == {4.0}, c.config
+        else:  # 1/4 before the sum over edp (FSDP2's default would be AVG over edp: ep times too large)
+            ops = {
+                a for call in calls if "reduce_scatter" in call.op for a in call.args if str(a).startswith("<reduce")
+            }
+            assert ops == {"<reduce op PREMUL_SUM>"}, (c.config, ops)
 
 
 def test_plan_expert_parallel_is_refused_for_a_dense_model():
