@@ -29,9 +29,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from ..analysis.memory import memory, step_text
 from ..debug.check import guessing_mode
@@ -92,6 +89,8 @@ def plan_step(
     the report is of the last, with what the others left (the steady
     state), and leaves out the build: marks ``"built"`` and ``"step"``.
     """
+    from torch.distributed.device_mesh import init_device_mesh  # here: FSDP's import is 0.4 s a plain trace skips
+
     make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/trace_cmd.py: Adafactor reads .item())
     with make(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
         model, inputs = build()
@@ -173,6 +172,8 @@ def step_peak(trace: Trace, start: int) -> int:
 
 def shard_blocks(model: nn.Module, mesh, blocks: str | None) -> None:
     """``--fsdp``: ``fully_shard`` each block over ``mesh``, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
     for _, block in find_blocks(model, blocks):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -180,6 +181,8 @@ def shard_blocks(model: nn.Module, mesh, blocks: str | None) -> None:
 
 def split_blocks(model: nn.Module, mesh, blocks: str | None) -> None:
     """``--tp``: each block's attention and MLP colwise then rowwise over ``mesh``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
     tp = mesh.size()
     found = find_blocks(model, blocks)
     if not any(tp_layers(block) for _, block in found):
