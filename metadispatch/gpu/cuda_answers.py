@@ -128,7 +128,13 @@ class _Answering:
 # each rank's GPU is the mode's.
 def _index(a: _Answering, device, name: str) -> int:
     """The index ``device`` names (None, "cuda": the current one), refused if not the mode's GPU."""
-    if device is None or a.world:
+    if isinstance(device, torch.cuda.device):  # as eager's _get_device_index
+        device = device.idx
+    if device is None:
+        return a.index
+    if not isinstance(device, int) and torch.device(device).type != "cuda":  # eager's ValueError
+        raise ValueError(f"torch.cuda.{name}({device!r}): expected a cuda device, but got: {torch.device(device)}")
+    if a.world:
         return a.index
     index = torch.device(device).index if not isinstance(device, int) else device
     if index is None or index == a.index or index < 0:
@@ -140,6 +146,10 @@ def _index(a: _Answering, device, name: str) -> int:
     )
     mark_call(error, f"torch.cuda.{name}", user_frame())
     raise error
+
+
+def _set_device(a: _Answering, device) -> None:
+    _index(a, device, "set_device")  # eager returns nothing
 
 
 def _on_device(name: str, answer):
@@ -163,7 +173,7 @@ _ANSWERS = {
     "is_available": lambda a: True,
     "device_count": lambda a: 1,
     "current_device": lambda a: a.index,  # Note [The logical GPU's index]
-    "set_device": lambda a, device: _index(a, device, "set_device") and None,
+    "set_device": _set_device,
     "_exchange_device": _exchange,
     "_maybe_exchange_device": _exchange,
     "get_device_name": _on_device("get_device_name", lambda a: a.profile.title),
@@ -192,7 +202,7 @@ _ACCELERATOR = {
     "current_stream": _ANSWERS["current_stream"],
     "set_stream": _nothing,
     "current_device_index": lambda a: a.index,
-    "set_device_index": lambda a, device: _index(a, device, "set_device") and None,
+    "set_device_index": _set_device,
     "device_count": _ANSWERS["device_count"],
     "synchronize": _nothing,
 }

@@ -6,6 +6,8 @@ Note [The logical GPU's index] in gpu/cuda_answers.py.  Without it
 machine lacks, and ``with torch.cuda.device(1)`` raised "compiled without CUDA".
 """
 
+import re
+
 import pytest
 import torch
 
@@ -86,3 +88,22 @@ def test_answers_are_restored_on_exit_and_on_an_exception():
     assert _outside() == before
     with md.MetaMode(device="cuda"):  # a later mode answers its own index, not the last one's
         assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.parametrize("world", [None, 2])
+def test_set_device_returns_none_and_refuses_a_non_cuda_device_as_eager(world):
+    # eager: set_device returns None (it answered 0 for index 0, the index itself `and None`), and a
+    # cpu or meta device is a ValueError before any index is read -- in a logical world too
+    kinds = ["cpu", torch.device("cpu"), "meta"]
+    eager = []
+    for d in kinds:
+        with pytest.raises(ValueError, match="Expected a cuda device") as e:
+            torch.cuda.set_device(d)
+        eager.append(type(e.value))
+    with md.MetaMode(device="cuda", world_size=world):
+        assert torch.cuda.set_device(0) is None and torch.accelerator.set_device_index(0) is None
+        assert torch.cuda.set_device(torch.cuda.device(0)) is None
+        for d, kind in zip(kinds, eager, strict=True):
+            for f in (torch.cuda.set_device, torch.cuda.get_device_name, torch.cuda.mem_get_info):
+                with pytest.raises(kind, match=rf"torch.cuda.\w+\({re.escape(repr(d))}\).*expected a cuda device"):
+                    f(d)
