@@ -248,9 +248,10 @@ class _Planner:
         moved by the difference in state (an estimate, as every screened
         peak is; a full trace confirms it).  That optimizer step is traced
         alone, in the first optimizer's build (``_optimizer_alone`` in
-        programs.py): one micro-batch's gradients, a warmup ``opt.step()``
-        making its state, and the step scored on the same gradients -- one
-        forward-backward where a warmup and a step of its own took four.
+        programs.py): one micro-batch's forward-backward and a warmup
+        ``opt.step()`` making its state, then one more micro-batch and the
+        scored step -- two forward-backwards of one micro-batch each, where
+        a warmup and a step of its own run every micro-batch of both.
         """
         first = self.optimizers[0]
         if c["optimizer"] == first:
