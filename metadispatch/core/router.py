@@ -45,6 +45,7 @@ from .. import _compat
 from ..errors import DataDependentError, UnsupportedOpError
 from ..tensor.describe import data_dependent_message, describe_inputs
 from ..tensor.tensor import STATE, WIRING, MetaTensor, in_kernel, wrap
+from ..values import known
 from . import registry
 from .call import Call
 
@@ -68,7 +69,8 @@ def route(call: Call):
             return run_nested(mode, rule, args, dict(kwargs, fallback=fallback)), stage
         return run_nested(mode, rule, args, kwargs), stage
     if f.data_dependent:
-        raise DataDependentError(data_dependent_message(f.name, args, kwargs), op=f.name)
+        hint = known.limit_hint(call.tensors, call.mode)  # the error path only: one pass over the trace
+        raise DataDependentError(data_dependent_message(f.name, args, kwargs) + hint, op=f.name)
     return _native_or_decomp(call)
 
 

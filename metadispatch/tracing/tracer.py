@@ -20,6 +20,7 @@ from ..standins.standins import StandIns
 from ..tensor.convert import Converter
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
+from ..values import known
 from .leafviews import bind_views
 from .reach import find, holds_state, is_container, is_machinery
 
@@ -82,6 +83,7 @@ def tracer(
     mode_factory=None,
     warmup: int = 0,
     assume=None,
+    known_limit: int | None = None,
 ) -> Tracer:
     """``md.trace`` with options: ``md.tracer(device="cuda", gpu="a100-80gb", stack=True)(fn, x)``.
 
@@ -101,6 +103,9 @@ def tracer(
     (optimizer state, kept gradients, caches) live from its start (Note
     [What the calls before a cut leave alive] in ir/cut.py); the
     trace's ``warmup`` says so.
+
+    ``known_limit``: the most elements a tensor computed from constants keeps
+    its values with (MetaMode's option; Note [Known values] in values/known.py).
 
     ``assume`` declares what the trace cannot compute: with
     ``md.GenerateAssumptions(token_id=0)``, ``model.generate(ids,
@@ -127,6 +132,8 @@ def tracer(
     check_restore(restore)
     if type(warmup) is not int or warmup < 0:
         raise MetaDispatchError(f"warmup={warmup!r}: a number of steps, 0 or more")
+    if known_limit is not None and mode_factory is not None:
+        raise MetaDispatchError("known_limit= with no mode_factory= (a factory gives it to the mode it makes)")
     if assume is not None and mode_factory is not None:
         raise MetaDispatchError(
             "assume= with no mode_factory= (a factory gives it to the mode it makes: MetaMode(assume=...))"
@@ -135,7 +142,10 @@ def tracer(
     def make_mode() -> MetaMode:
         if mode_factory is not None:
             return mode_factory()
-        return MetaMode(device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume)
+        limit = known.DEFAULT_LIMIT if known_limit is None else known_limit
+        return MetaMode(
+            device=device, stack=stack, gpu=gpu, world_size=world_size, rank=rank, assume=assume, known_limit=limit
+        )
 
     return Tracer(make_mode, restore, warmup)
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from .. import _compat
-from ..spec.schema import schema_of
+from ..spec.schema import facts, schema_of
 from ..tensor.tensor import MetaTensor, note_value_read, value_of
 from .realrun import flat, map_args, materialize, run_real, to_meta_outputs
 
@@ -340,3 +340,50 @@ def _invalidate(func, args, kwargs) -> None:
             kv = t._md.known if isinstance(t, MetaTensor) else None
             if kv is not None:
                 kv[1].valid = False
+
+
+def limit_hint(tensors, mode) -> str:
+    """What a data-dependent error adds where a larger ``known_limit`` would answer the read."""
+    n = constant_over_limit(tensors, mode)
+    if n is None:
+        return ""
+    return (
+        f" Its values follow from constants alone, but a tensor they are computed from has {n:,} elements, "
+        f"over known_limit={_limit(mode):,} (Note [Known values] in values/known.py): MetaMode(known_limit=N) "
+        f"or md.tracer(known_limit=N) with N >= {n:,} keeps them."
+    )
+
+
+def constant_over_limit(tensors, mode) -> int | None:
+    """For a data-dependent error: the most elements of a tensor that the
+    values of ``tensors`` were computed from, where they follow from
+    constants alone (non-random factories, through ops whose inputs are all
+    such) and only the known-value limit lost them -- else None.
+
+    Run on the error path only: one pass over the trace.  A tensor the trace
+    holds as a leaf (an argument, parameter, buffer or a real tensor from the
+    user's scope) counts as data, so the answer never asks for a larger
+    limit where none would help.
+    """
+    trace = getattr(mode, "trace", None)
+    if trace is None:
+        return None
+    producer = {m.id: call for call in trace.calls for m in call.output_metas}
+    todo = [t._md.meta.id for t in tensors if isinstance(t, MetaTensor) and t._md.meta is not None]
+    seen: set = set()
+    largest = 0
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        call = producer.get(i)
+        if call is None or i in trace.leaves:
+            return None  # data, or made outside this trace
+        op = call.op
+        f = facts(call.func) if not isinstance(call.func, str) else None
+        if f is None or f.random or any(g in op for g in _GARBAGE) or op.startswith(_COLLECTIVES) or op in _LIFT:
+            return None
+        largest = max([largest, *(m.numel for m in call.output_metas)])
+        todo.extend(m.id for m in call.inputs)
+    return largest if largest > _limit(mode) else None

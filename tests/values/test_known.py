@@ -305,3 +305,63 @@ def test_known_a_decided_operand_written_in_place_is_not_known():
         done = torch.ones(3, dtype=torch.bool)
         done |= x > 0  # in place: today's invalidation, never a guess
     assert value_of(done) is None
+
+
+# -- a value lost to the limit: the error says so, known_limit= keeps it
+
+
+def _cumsum_check(x):
+    m = torch.ones(2, 64, 64)  # a constant of 8,192 elements, over the default limit
+    if m.cumsum(1)[0, -1, 0].item() != 64:
+        raise AssertionError
+    return x * 2
+
+
+def test_a_constant_over_the_limit_names_the_limit_and_known_limit_keeps_it():
+    with pytest.raises(md.DataDependentError, match=r"8,192 elements, over known_limit=4,096.*known_limit=N"):
+        md.trace(_cumsum_check, torch.ones(3))
+    t = md.tracer(known_limit=8192)(_cumsum_check, torch.ones(3))
+    assert [c.op for c in t.calls if c.op == "aten._local_scalar_dense.default"] == ["aten._local_scalar_dense.default"]
+    with pytest.raises(md.DataDependentError, match="4,096"):
+        md.tracer(known_limit=4096)(_cumsum_check, torch.ones(3))
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        lambda x: (x > 0).sum().item(),  # the argument's values: data whatever the limit
+        lambda x: (torch.rand(2, 64, 64) > 2).any().item(),  # random: data too
+        lambda x: torch.empty(2, 64, 64).sum().item(),  # garbage
+    ],
+)
+def test_a_read_of_data_asks_for_no_larger_limit(program):
+    with pytest.raises(md.DataDependentError) as e:
+        md.trace(program, torch.ones(10_000))
+    assert "known_limit" not in str(e.value)
+
+
+def test_known_limit_needs_no_mode_factory():
+    with pytest.raises(md.MetaDispatchError, match="known_limit= with no mode_factory="):
+        md.tracer(known_limit=10, mode_factory=md.MetaMode)
+
+
+def test_detr_masks_trace_with_a_larger_known_limit_as_eager_runs_them():
+    # transformers' DETR builds its pixel mask from torch.ones(batch, h, w) and checks it: 2 x 64 x 64 is over
+    # the default limit, and the error named no way out; with the limit raised the forward is eager's, op for op
+    transformers = pytest.importorskip("transformers")
+    from tests.eager_ops import EagerOps
+
+    backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1])
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, d_model=32,
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=10,
+    )  # fmt: skip
+    model = transformers.DetrForObjectDetection(config).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with pytest.raises(md.DataDependentError, match=r"8,192 elements, over known_limit=4,096"):
+        md.trace(lambda m, x: m(pixel_values=x), model, x)
+    t = md.tracer(known_limit=8192)(lambda m, x: m(pixel_values=x), model, x)
+    with EagerOps() as log:
+        model(pixel_values=x)
+    assert [c.op for c in t.calls] == log.ops
