@@ -25,4 +25,5 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
     try:
         return pipeline_split.split(model, blocks)
     except UnsupportedFeatureError as e:
-        raise UsageError(f"--pp: {e}; --pp splits the built-in LLaMA and {pipeline_split.SPLITS}") from None
+        said = str(e) if pipeline_split.SPLITS in str(e) else f"{e}; {pipeline_split.SPLITS} split"  # once
+        raise UsageError(f"--pp: {said}, and the built-in LLaMA") from None

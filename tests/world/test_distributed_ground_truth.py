@@ -199,6 +199,8 @@ def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, targe
 def test_distributed_cli_pp_refuses_a_model_it_cannot_split():
     from metadispatch.cli.stages import split
     from metadispatch.cli.targets import UsageError
+    from metadispatch.pipeline.split import SPLITS
 
-    with pytest.raises(UsageError, match="cannot split a Sequential into pipeline stages"):
+    with pytest.raises(UsageError, match="cannot split a Sequential into pipeline stages") as e:
         split(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)))
+    assert str(e.value).count(SPLITS) == 1 and str(e.value).endswith("and the built-in LLaMA")  # the list once
