@@ -360,30 +360,43 @@ def constant_over_limit(tensors, mode) -> int | None:
     constants alone (non-random factories, through ops whose inputs are all
     such) and only the known-value limit lost them -- else None.
 
-    Run on the error path only: one pass over the trace.  A tensor the trace
-    holds as a leaf (an argument, parameter, buffer or a real tensor from the
-    user's scope) counts as data, so the answer never asks for a larger
-    limit where none would help.
+    Run on the error path only (``md.check`` meets it at every read it
+    answers): a walk back from the tensors' own calls, stopping at the first
+    leaf -- an argument, parameter, buffer or a real tensor from the user's
+    scope is data, so the answer never asks for a larger limit where none
+    would help -- and after ``_WALK`` calls, a few milliseconds.
     """
     trace = getattr(mode, "trace", None)
     if trace is None:
         return None
-    producer = {m.id: call for call in trace.calls for m in call.output_metas}
-    todo = [t._md.meta.id for t in tensors if isinstance(t, MetaTensor) and t._md.meta is not None]
-    seen: set = set()
-    largest = 0
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        call = producer.get(i)
-        if call is None or i in trace.leaves:
-            return None  # data, or made outside this trace
-        op = call.op
-        f = facts(call.func) if not isinstance(call.func, str) else None
-        if f is None or f.random or any(g in op for g in _GARBAGE) or op.startswith(_COLLECTIVES) or op in _LIFT:
+    calls, leaves = trace.calls, trace.leaves
+    need: set = set()
+    start = -1
+    for t in tensors:
+        st = t._md if isinstance(t, MetaTensor) else None
+        if st is None or st.meta is None or st.call is None or st.meta.id in leaves:
             return None
-        largest = max([largest, *(m.numel for m in call.output_metas)])
-        todo.extend(m.id for m in call.inputs)
-    return largest if largest > _limit(mode) else None
+        need.add(st.meta.id)
+        start = max(start, st.call)
+    largest = 0
+    for i in range(min(start, len(calls) - 1), max(-1, start - _WALK), -1):
+        call = calls[i]
+        outs = call.output_metas
+        if not any(m.id in need for m in outs):
+            continue
+        f = facts(call.func) if not isinstance(call.func, str) else None
+        if f is None or f.random or any(g in call.op for g in _GARBAGE) or call.op.startswith(_COLLECTIVES):
+            return None
+        for m in outs:
+            need.discard(m.id)
+            largest = max(largest, m.numel)
+        for m in call.inputs:
+            if m.id in leaves:
+                return None
+            need.add(m.id)
+        if not need:
+            return largest if largest > _limit(mode) else None
+    return None  # made before the trace, or further back than the walk goes
+
+
+_WALK = 20_000
