@@ -417,6 +417,7 @@ CASES = {
     "cli-pp-gpt2": lambda: cli_pipeline_step("gpipe", tiny_gpt2_4),
     "cli-pp-qwen2": lambda: cli_pipeline_step("1f1b", tiny_qwen2_4),
     "cli-pp-bert": lambda: cli_pipeline_step("1f1b", tiny_bert4),
+    "cli-pp-bert-lm": lambda: cli_pipeline_step("gpipe", tiny_bert_lm4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -598,6 +599,23 @@ def tiny_bert4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.BertModel(config), (ids,)
+
+
+def tiny_bert_lm4():
+    """(model, inputs): what ``--hf bert`` builds, a transformers BertLMHeadModel (the encoder under an LM head,
+    its decoder tied to the word embeddings) of four blocks, and token ids that are their own labels."""
+    import transformers
+
+    config = transformers.BertConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.BertLMHeadModel(config), (ids, ids)
 
 
 def tiny_resnet18():

@@ -28,9 +28,17 @@ beside its own hidden states -- two tensors from two places, which a
 stage-to-next-stage pipeline does not pass on; and models none of these
 families covers.
 
+An encoder under an LM head (``BertLMHeadModel``, ``BertForMaskedLM`` and
+RoBERTa's: ``LM_HEADS``) is its base model's stages with the head on the
+last, whose loss is the model's (a causal LM's shifted by one, a masked
+LM's not); a decoder config (``is_decoder``) masks causally, as the base
+model's forward does.
+
 Limits: a padding mask (``attention_mask``) is not passed between stages
-(each stage attends to every token); a wrapper with a task head
-(``BertForMaskedLM``) is not split -- its base model is.
+(each stage attends to every token); other task heads (classification,
+``BertForPreTraining``'s two) are not split -- their base model is; an LM
+head's decoder weight, tied to the word embeddings, is two unsynchronised
+copies where the end stages are on two ranks (as GPT-2's, split.py).
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ from ..errors import UnsupportedFeatureError
 __all__ = ["FAMILIES", "family", "refuse_encoder_decoder", "example_io", "summed"]
 
 FAMILIES = (
-    "transformers encoders (BertModel, RobertaModel, ...: embeddings, encoder.layer), torchvision ResNet "
+    "transformers encoders (BertModel, RobertaModel, ...: embeddings, encoder.layer; with an LM head: "
+    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM), torchvision ResNet "
     "and VisionTransformer, timm VisionTransformer"
 )
 
@@ -74,7 +83,7 @@ def family(model: nn.Module) -> tuple | None:
     """``(blocks path, its blocks, stage class)`` of ``model``'s family, or None."""
     for match, path, blocks, stage in _STAGES:
         if match(model):
-            return path, blocks(model), stage
+            return path(model) if callable(path) else path, blocks(model), stage
     return None
 
 
@@ -116,11 +125,43 @@ class EncoderStage(_Stage):
     def forward(self, x):
         h = self.embeddings(input_ids=x) if self.embeddings is not None else x
         masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
-        mask = masking.create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=None)
+        if getattr(self.config, "is_decoder", False):  # BertModel._create_attention_masks: causal as a decoder
+            mask = masking.create_causal_mask(
+                config=self.config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=None
+            )
+        else:
+            mask = masking.create_bidirectional_mask(config=self.config, inputs_embeds=h, attention_mask=None)
         for layer in self.layers:
             h = layer(h, mask)
             h = h[0] if isinstance(h, tuple) else h
         return h.contiguous()
+
+
+# An LM head on a transformers encoder: the head's attribute and the model's loss (its forward: the head on the
+# base model's last hidden state; a causal LM's loss shifts the labels by one, a masked LM's does not).
+LM_HEADS = {
+    "BertLMHeadModel": ("cls", "causal"),
+    "BertForMaskedLM": ("cls", "masked"),
+    "RobertaForCausalLM": ("lm_head", "causal"),
+    "RobertaForMaskedLM": ("lm_head", "masked"),
+}
+
+
+class EncoderLMStage(EncoderStage):
+    """Blocks ``[lo, hi)`` of the encoder under an LM head (:data:`LM_HEADS`), the head on the last stage."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:
+        super().__init__(model.base_model, lo, hi)
+        self.head = getattr(model, LM_HEADS[type(model).__name__][0]) if self.last else None
+
+    def forward(self, x):
+        h = super().forward(x)
+        return self.head(h) if self.head is not None else h
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``BertForMaskedLM``'s loss: every position predicts its own label (-100: none)."""
+    return nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
 class ResNetStage(_Stage):
@@ -205,9 +246,19 @@ def _encoder(m) -> bool:
     return hasattr(m, "embeddings") and isinstance(getattr(enc, "layer", None), nn.ModuleList)
 
 
+def _lm_head(m) -> bool:
+    return type(m).__name__ in LM_HEADS and type(m).__module__.startswith("transformers") and _encoder(m.base_model)
+
+
 # (which models, where their blocks are, their stage): Note [Pipeline stages of encoders and vision models]
 _STAGES: list = [
     (_encoder, "encoder.layer", lambda m: list(m.encoder.layer), EncoderStage),
+    (
+        _lm_head,
+        lambda m: f"{m.base_model_prefix}.encoder.layer",
+        lambda m: list(m.base_model.encoder.layer),
+        EncoderLMStage,
+    ),
     (_is("torchvision.models", "ResNet"), "layer1..layer4", _resnet_blocks, ResNetStage),
     (
         _is("torchvision.models", "VisionTransformer"),

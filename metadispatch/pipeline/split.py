@@ -97,7 +97,9 @@ def _other(model: nn.Module, blocks: str | None) -> Split:
         return stage(model, lo, hi)
 
     io = lambda spans, x: families.example_io(cut, spans, x)  # noqa: E731
-    return Split(len(held), cut, 0, 0, families.summed, io)
+    head = families.LM_HEADS.get(type(model).__name__) if stage is families.EncoderLMStage else None
+    loss = families.summed if head is None else causal_lm_loss if head[1] == "causal" else families.masked_lm_loss
+    return Split(len(held), cut, 0, 0, loss, io)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
