@@ -41,7 +41,7 @@ from collections import Counter
 import torch
 
 from .._compat import pytree
-from ..ir.cut import state_phase, step_from
+from ..ir.cut import STATE, state_phase, step_from
 from ..ir.records import tensor_bytes
 from ..ir.text import fmt_bytes, render
 from ..ir.trace import TensorMeta, Trace
@@ -114,6 +114,11 @@ def _storages(trace: Trace, categories: bool = True) -> dict:
         m = leaf.meta
         info = out.get(m.storage)
         if info is None:
+            if leaf.kind == STATE and _on_meta(m):
+                # A meta tensor a call before a cut made (a pipeline stage's shape inference): no bytes, as
+                # the full trace counted none.  A meta argument or parameter is counted: it stands for the
+                # tensor it will be loaded as (docs/integrations.md, accelerate's init_empty_weights).
+                continue
             info = out[m.storage] = _leaf_info(trace, m)
             info.nbytes = tensor_bytes(m)
     for number, nbytes in trace.storage_bytes.items():  # Note [Storages larger than their tensors] in record.py
