@@ -585,11 +585,10 @@ def tiny_gpt2_4():
     return transformers.GPT2LMHeadModel(config), (torch.randint(0, CONFIG.vocab_size, (4, SEQ)),)
 
 
-def tiny_bert4():
-    """(model, inputs): a transformers BertModel (an encoder) of four blocks and a batch of four, for ``trace --pp``."""
+def _bert4_config():
     import transformers
 
-    config = transformers.BertConfig(
+    return transformers.BertConfig(
         vocab_size=CONFIG.vocab_size,
         hidden_size=32,
         num_hidden_layers=4,
@@ -597,8 +596,14 @@ def tiny_bert4():
         intermediate_size=64,
         max_position_embeddings=SEQ,
     )
+
+
+def tiny_bert4():
+    """(model, inputs): a transformers BertModel (an encoder) of four blocks and a batch of four, for ``trace --pp``."""
+    import transformers
+
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
-    return transformers.BertModel(config), (ids,)
+    return transformers.BertModel(_bert4_config()), (ids,)
 
 
 def tiny_bert_lm4():
@@ -606,16 +611,8 @@ def tiny_bert_lm4():
     its decoder tied to the word embeddings) of four blocks, and token ids that are their own labels."""
     import transformers
 
-    config = transformers.BertConfig(
-        vocab_size=CONFIG.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=SEQ,
-    )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
-    return transformers.BertLMHeadModel(config), (ids, ids)
+    return transformers.BertLMHeadModel(_bert4_config()), (ids, ids)
 
 
 def tiny_resnet18():
