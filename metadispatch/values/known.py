@@ -366,16 +366,16 @@ def constant_over_limit(tensors, mode) -> int | None:
     scope is data, so the answer never asks for a larger limit where none
     would help -- and after ``_WALK`` calls, a few milliseconds.
     """
-    trace = getattr(mode, "trace", None)
-    if trace is None:
+    trace, recorder = getattr(mode, "trace", None), getattr(mode, "_recorder", None)
+    if trace is None or recorder is None:
         return None
-    calls, leaves = trace.calls, trace.leaves
+    calls, leaves, token = trace.calls, trace.leaves, recorder.token
     need: set = set()
     start = -1
     for t in tensors:
         st = t._md if isinstance(t, MetaTensor) else None
-        if st is None or st.meta is None or st.call is None or st.meta.id in leaves:
-            return None
+        if st is None or st.recorder is not token or st.meta is None or st.call is None or st.meta.id in leaves:
+            return None  # data, or recorded by another mode (its call numbers are another trace's)
         need.add(st.meta.id)
         start = max(start, st.call)
     largest = 0
