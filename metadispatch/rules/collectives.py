@@ -121,7 +121,20 @@ for _name in (
 def point_to_point(tensors, process_group, peer, tag):
     """A send reads its tensors, a receive writes into its buffers (declared
     by the receiver: their shapes are its own); a finished Work, as for the
-    collectives (Note [A pipeline stage's vote] in world/pipeline.py)."""
+    collectives (Note [A pipeline stage's vote] in world/pipeline.py).
+
+    gloo, a CPU tensor's backend, refuses a send or receive of a tensor that
+    is not contiguous ("input tensor has to be contiguous"; a transposed view,
+    a slice across rows); NCCL only warns.  So a logical CPU world refuses
+    it as the real job would fail (tests/world/test_distributed.py).
+    """
+    for t in tensors:
+        if t.device.type == "cpu" and not t.is_contiguous():
+            raise UnsupportedFeatureError(
+                f"torch.distributed send/recv of a non-contiguous tensor (shape {tuple(t.shape)}, stride "
+                f"{t.stride()}) on the CPU: gloo refuses it ('input tensor has to be contiguous'), so the real "
+                "job fails here; send t.contiguous(), receive into a contiguous buffer"
+            )
     return _done(list(tensors))
 
 

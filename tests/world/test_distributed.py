@@ -447,3 +447,33 @@ def test_distributed_allow_ops_by_namespace_allows_that_namespace_only(tmp_path)
     assert md.Trace.load(tmp_path / "t.json", allow_ops=["c10d::*"])[-1].op == "c10d.allreduce_.default"
     with pytest.raises(md.TraceFormatError, match="replay will not run c10d.allreduce_"):
         md.Trace.load(tmp_path / "t.json", allow_ops=["fsdp::*", "aten::*"])
+
+
+def _p2p_transposed(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+    try:
+        x = torch.ones(4, 6).t()
+        dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+        result = "ok"
+    except RuntimeError as e:
+        result = str(e)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"{rank}.txt"), "w") as f:
+        f.write(result)
+
+
+def test_distributed_non_contiguous_send_and_recv_fail_on_a_cpu_world_as_gloo_fails_them(tmp_path):
+    mp.start_processes(
+        _p2p_transposed, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    real = [(tmp_path / f"{r}.txt").read_text() for r in range(2)]
+    assert all("has to be contiguous" in r for r in real), real
+    for rank in range(2):
+        with md.MetaMode(device="cpu", world_size=2, rank=rank):
+            x = torch.ones(4, 6).t()
+            with pytest.raises(md.UnsupportedFeatureError, match=r"non-contiguous.*\(6, 4\).*gloo refuses it"):
+                dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+            (dist.send(x.contiguous(), 1) if rank == 0 else dist.recv(x.contiguous(), 0))
+    with md.MetaMode(device="cuda", world_size=2, rank=0):  # NCCL warns, sends
+        dist.send(torch.ones(4, 6, device="cuda").t(), 1)
