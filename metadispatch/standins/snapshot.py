@@ -14,6 +14,7 @@ from operator import is_
 import torch
 from torch import nn
 
+from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor
 
 __all__ = ["ModuleState", "Contents", "uninitialized"]
@@ -171,3 +172,25 @@ def _refill(c, copy) -> None:
         c.extend(copy)
     else:
         c.update(copy)  # a dict from the dict copy, a set from the list
+
+
+def made_in(root, token) -> bool:
+    """Note [A module the step makes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    A module built inside the step (a head made per call, a copy the step
+    discards) has nothing to put back: it did not exist before.  Holding it
+    -- as a root, or in a ModuleState -- kept its tensors alive to the
+    trace's end, and ``md.memory`` counted a weight eager had freed when the
+    step dropped the module (4 MB over eager's peak for a ``Linear(1000,
+    1000)`` made, called and deleted under ``no_grad``).  Such a module is
+    held weakly, and its gradients are the trace's if it is alive at the end
+    (tests/standins/test_made_in_step.py).  It is one whose every parameter
+    and buffer (it has one) a call of the trace ``token`` records made.
+    """
+    found = False
+    for t in (*root.parameters(), *root.buffers()):
+        st = state_of(t)
+        if st is None or st.recorder is not token or st.call is None:
+            return False
+        found = True
+    return found

@@ -43,7 +43,7 @@ from ..ir.records import attribute_tensors
 from ..tensor.state import state_of
 from ..tensor.tensor import MetaTensor, is_wrapper_subclass
 from ..values import known
-from .snapshot import Contents, ModuleState, uninitialized
+from .snapshot import Contents, ModuleState, made_in, uninitialized
 
 __all__ = ["StandIns", "PATCHES"]
 
@@ -61,6 +61,7 @@ class StandIns:
     def __init__(self, mode) -> None:
         self.mode = mode
         self.roots: list[nn.Module] = []
+        self._made_roots: list = []  # weak: Note [A module the step makes]
         self._swapped: set = set()  # ids of modules already handled
         self._states: list = []  # a ModuleState per module touched, restored on exit
         self._depth = 0
@@ -214,7 +215,12 @@ class StandIns:
             self._depth = max(0, self._depth - 1)
 
     def add_root(self, root: nn.Module) -> None:
-        """A module that runs: its gradients are the trace's; see :meth:`save`."""
+        """A module that runs: its gradients are the trace's; see :meth:`save`.  One the step made is held
+        weakly (Note [A module the step makes] in snapshot.py)."""
+        if made_in(root, self.mode._recorder.token):
+            if all(r() is not root for r in self._made_roots):
+                self._made_roots.append(weakref.ref(root))
+            return
         if all(r is not root for r in self.roots):
             self.roots.append(root)
         self.save(root)
@@ -317,7 +323,8 @@ class StandIns:
         """
         out: dict = {}
         seen: set = set()
-        for root in self.roots:
+        made = [m for m in (r() for r in self._made_roots) if m is not None]
+        for root in (*self.roots, *made):
             for name, p in root.named_parameters():
                 if id(p) in seen:
                     continue
