@@ -28,8 +28,8 @@ beside its own hidden states -- two tensors from two places, which a
 stage-to-next-stage pipeline does not pass on; and models none of these
 families covers.
 
-An encoder under an LM head (``BertLMHeadModel``, ``BertForMaskedLM`` and
-RoBERTa's: ``LM_HEADS``) is its base model's stages with the head on the
+An encoder under an LM head (``BertLMHeadModel``, ``BertForMaskedLM``,
+RoBERTa's and XLM-RoBERTa's: ``LM_HEADS``) is its base model's stages with the head on the
 last, whose loss is the model's (a causal LM's shifted by one, a masked
 LM's not); a decoder config (``is_decoder``) masks causally, as the base
 model's forward does.
@@ -57,7 +57,7 @@ __all__ = ["FAMILIES", "family", "refuse_encoder_decoder", "example_io", "summed
 
 FAMILIES = (
     "transformers encoders (BertModel, RobertaModel, ...: embeddings, encoder.layer; with an LM head: "
-    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM), torchvision ResNet "
+    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM and XLM-RoBERTa's), torchvision ResNet "
     "and VisionTransformer, timm VisionTransformer"
 )
 
@@ -144,6 +144,8 @@ LM_HEADS = {
     "BertForMaskedLM": ("cls", "masked"),
     "RobertaForCausalLM": ("lm_head", "causal"),
     "RobertaForMaskedLM": ("lm_head", "masked"),
+    "XLMRobertaForCausalLM": ("lm_head", "causal"),
+    "XLMRobertaForMaskedLM": ("lm_head", "masked"),
 }
 
 

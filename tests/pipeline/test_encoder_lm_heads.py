@@ -14,11 +14,21 @@ SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_h
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])  # eager attention reads the mask the stage builds
 @pytest.mark.parametrize("decoder", [False, True])
-@pytest.mark.parametrize("name", ["BertLMHeadModel", "BertForMaskedLM", "RobertaForCausalLM", "RobertaForMaskedLM"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "BertLMHeadModel",
+        "BertForMaskedLM",
+        "RobertaForCausalLM",
+        "RobertaForMaskedLM",
+        "XLMRobertaForCausalLM",
+        "XLMRobertaForMaskedLM",
+    ],
+)
 def test_stages_in_order_compute_the_models_logits_and_loss(name, decoder, attention):
     if decoder and "Masked" in name:
         pytest.skip("a masked LM is no decoder (transformers warns)")
-    config_class = transformers.BertConfig if name.startswith("Bert") else transformers.RobertaConfig
+    config_class = getattr(transformers, name.replace("LMHeadModel", "ForCausalLM").split("For")[0] + "Config")
     config = config_class(**SMALL, is_decoder=decoder, max_position_embeddings=40, attn_implementation=attention)
     torch.manual_seed(0)
     model = getattr(transformers, name)(config).eval()
