@@ -132,11 +132,12 @@ def _index(a: _Answering, device, name: str) -> int:
         device = device.idx
     if device is None:
         return a.index
-    if not isinstance(device, int) and torch.device(device).type != "cuda":  # eager's ValueError
-        raise ValueError(f"torch.cuda.{name}({device!r}): expected a cuda device, but got: {torch.device(device)}")
+    named = device if isinstance(device, int) else torch.device(device)
+    if isinstance(named, torch.device) and named.type != "cuda":  # eager's ValueError
+        raise ValueError(f"torch.cuda.{name}({device!r}): expected a cuda device, but got: {named}")
     if a.world:
         return a.index
-    index = torch.device(device).index if not isinstance(device, int) else device
+    index = named if isinstance(named, int) else named.index
     if index is None or index == a.index or index < 0:
         return a.index
     error = UnsupportedFeatureError(

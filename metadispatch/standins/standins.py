@@ -217,9 +217,10 @@ class StandIns:
     def add_root(self, root: nn.Module) -> None:
         """A module that runs: its gradients are the trace's; see :meth:`save`.  One the step made is held
         weakly (Note [A module the step makes] in snapshot.py)."""
-        if made_in(root, self.mode._recorder.token):
-            if all(r() is not root for r in self._made_roots):
-                self._made_roots.append(weakref.ref(root))
+        if any(r() is root for r in self._made_roots):
+            return
+        if id(root) not in self._swapped and made_in(root, self.mode._recorder.token):  # a saved root: not made
+            self._made_roots.append(weakref.ref(root))
             return
         if all(r is not root for r in self.roots):
             self.roots.append(root)

@@ -261,6 +261,11 @@ def _may_know(f, tensors) -> bool:
     # The common case first: an op on user data (cheap, runs for every call).
     if tensors and value_of(tensors[0]) is None and f.name not in _SHAPE_ONLY and f.name not in _LIFT:
         return False
+    return _makes_values(f)
+
+
+def _makes_values(f) -> bool:
+    """Whether ``f``'s outputs follow from its inputs: not random, not garbage (``empty``), not a collective."""
     return not f.random and not any(g in f.name for g in _GARBAGE) and not f.name.startswith(_COLLECTIVES)
 
 
@@ -384,8 +389,7 @@ def constant_over_limit(tensors, mode) -> int | None:
         outs = call.output_metas
         if not any(m.id in need for m in outs):
             continue
-        f = facts(call.func) if not isinstance(call.func, str) else None
-        if f is None or f.random or any(g in call.op for g in _GARBAGE) or call.op.startswith(_COLLECTIVES):
+        if isinstance(call.func, str) or not _makes_values(facts(call.func)):
             return None
         for m in outs:
             need.discard(m.id)
