@@ -418,6 +418,7 @@ CASES = {
     "cli-pp-qwen2": lambda: cli_pipeline_step("1f1b", tiny_qwen2_4),
     "cli-pp-bert": lambda: cli_pipeline_step("1f1b", tiny_bert4),
     "cli-pp-bert-lm": lambda: cli_pipeline_step("gpipe", tiny_bert_lm4),
+    "cli-pp-falcon": lambda: cli_pipeline_step("1f1b", tiny_falcon4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -604,6 +605,22 @@ def tiny_bert4():
 
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.BertModel(_bert4_config()), (ids,)
+
+
+def tiny_falcon4():
+    """(model, inputs): a transformers Falcon of four blocks (rotary, its head tied to the word embeddings, blocks
+    that return tuples), for ``trace --pp`` (pipeline/decoders.py), and token ids that are their own labels."""
+    import transformers
+
+    config = transformers.FalconConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        num_hidden_layers=4,
+        num_attention_heads=CONFIG.n_heads,
+        max_position_embeddings=SEQ,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.FalconForCausalLM(config), (ids, ids)
 
 
 def tiny_bert_lm4():

@@ -13,7 +13,9 @@ cut, so each family is written out: transformers LLaMA
 LLaMA in cli/llama.py (``LlamaStage``, which cli/stages.py adds).  The
 transformers decoders built as LLaMA is (Qwen2/3, Mistral, Phi-3, Gemma,
 OLMo: ``model.embed_tokens``, ``model.layers``, ``model.rotary_emb``,
-``model.norm``, ``lm_head``) are split as LLaMA is, each block given the
+``model.norm``, ``lm_head``) are split as LLaMA is (and Phi, GPT-NeoX,
+GPT-J and Falcon, the same forward under other names: Note [Rotary
+decoders named otherwise] in decoders.py), each block given the
 mask its layer type asks for (``config.layer_types``: sliding-window or
 causal; else ``config.sliding_window``); which are is read from the base
 model's ``forward`` itself: one that passes its embeddings straight to
@@ -43,14 +45,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedFeatureError
-from . import families
+from . import decoders, families
 
 __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 
 SPLITS = (
     "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
     "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head), GPT-2 (GPT2LMHeadModel), "
-    + families.FAMILIES
+    "Phi, GPT-NeoX, GPT-J, Falcon without ALiBi (their ForCausalLM), " + families.FAMILIES
 )
 
 
@@ -71,6 +73,9 @@ class Split(NamedTuple):
 def split(model: nn.Module, blocks: str | None = None) -> Split:
     """The :class:`Split` of ``model`` (Note [Splitting a model into pipeline stages])."""
     kind = _FAMILIES.get(type(model).__name__)
+    row = decoders.decoder(model) if kind is None else None
+    if row is not None:
+        kind = (f"{row.base}.{row.layers}", decoders.RotaryDecoderStage)
     if kind is None and _llama_shaped(model):
         kind = ("model.layers", HFLlamaStage)
     if kind is None:

@@ -1,0 +1,124 @@
+"""transformers decoders built as LLaMA is but named otherwise, split into pipeline stages.
+
+Note [Rotary decoders named otherwise]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Phi, GPT-NeoX, GPT-J and Falcon (without ALiBi) run LLaMA's forward
+(split.py's ``HFLlamaStage``): token embedding, a dropout, the rotary
+embedding of the positions, every block given the causal mask, the
+positions and the rotary embedding, a final norm and the head.  They
+differ in names (``gpt_neox.embed_in`` ... ``final_layer_norm``) and in two
+details, which each family's row says: Falcon makes its mask with no
+shortcut to SDPA's ``is_causal`` (``allow_is_causal_skip=False``: the same
+logits only with the same mask), and its blocks return a tuple.
+
+Which is which is told by class name, and each row is checked against
+the installed transformers: the lines of the base model's ``forward`` the
+stage rests on must be there, so a release that changes the forward is
+refused, naming the line, not split into stages that compute something
+else.  A Falcon with ALiBi (``config.alibi``) is refused: its bias is
+folded into the mask from the whole model's attention mask.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedFeatureError
+
+__all__ = ["DECODERS", "RotaryDecoderStage", "decoder"]
+
+
+class Decoder(NamedTuple):
+    """Where a family's parts are: base model, embedding, dropout (or None), blocks, final norm, head."""
+
+    base: str
+    embed: str
+    drop: str | None
+    layers: str
+    norm: str
+    head: str
+    mask: dict  # create_causal_mask's extra arguments, as the base model's forward passes them
+    tuple_out: bool  # whether a block returns a tuple whose first item is the hidden states
+
+
+_PHI = Decoder("model", "embed_tokens", "embed_dropout", "layers", "final_layernorm", "lm_head", {}, False)
+_NEOX = Decoder("gpt_neox", "embed_in", "emb_dropout", "layers", "final_layer_norm", "lm_head", {}, False)
+_GPTJ = Decoder("transformer", "wte", "drop", "h", "ln_f", "lm_head", {}, False)
+_FALCON = Decoder("transformer", "word_embeddings", None, "h", "ln_f", "lm_head", {"allow_is_causal_skip": False}, True)
+
+# A causal LM's class name -> its row (Note [Rotary decoders named otherwise]).
+DECODERS = {
+    "PhiForCausalLM": _PHI,
+    "GPTNeoXForCausalLM": _NEOX,
+    "GPTJForCausalLM": _GPTJ,
+    "FalconForCausalLM": _FALCON,
+}
+
+
+def decoder(model: nn.Module) -> Decoder | None:
+    """``model``'s row, checked against its forward; None for a model no row names."""
+    row = DECODERS.get(type(model).__name__)
+    if row is None or not type(model).__module__.startswith("transformers"):
+        return None
+    name = type(model).__name__
+    if getattr(model.config, "alibi", False):
+        raise UnsupportedFeatureError(
+            f"cannot split a {name} with alibi=True into pipeline stages: its ALiBi bias is folded into the "
+            "attention mask from the whole model's inputs (Note [Rotary decoders named otherwise])"
+        )
+    base = getattr(model, row.base)
+    needed = [
+        f"self.{row.embed}(input_ids)",
+        "self.rotary_emb(hidden_states, position_ids=position_ids)",
+        f"self.{row.norm}(hidden_states)",
+    ] + ([f"self.{row.drop}("] if row.drop else [])
+    source = inspect.getsource(type(base).forward)
+    missing = [line for line in needed if line not in source]
+    head = inspect.getsource(type(model).forward)
+    # the head's logits taken as they are (one assignment): a rescaling after it would be left out
+    if f"logits = self.{row.head}(hidden_states)" not in head or len(re.findall(r"^ *\w*logits = ", head, re.M)) != 1:
+        missing.append(f"logits = self.{row.head}(hidden_states) in {name}.forward, once")
+    if missing:
+        raise UnsupportedFeatureError(
+            f"cannot split this transformers release's {name} into pipeline stages: its forward no longer has "
+            f"{missing[0]!r}, which the stages rest on (Note [Rotary decoders named otherwise])"
+        )
+    return row
+
+
+class RotaryDecoderStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a decoder :data:`DECODERS` names (its base model's ``forward``, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
+        super().__init__()
+        row = DECODERS[type(model).__name__]
+        base = getattr(model, row.base)
+        blocks = getattr(base, row.layers)
+        self.config, self.row = model.config, row
+        self.first, self.last = lo == 0, hi == len(blocks)
+        self.embed = getattr(base, row.embed) if self.first else None
+        self.drop = getattr(base, row.drop) if self.first and row.drop else None
+        self.rotary_emb = base.rotary_emb
+        self.layers = nn.ModuleList(blocks[lo:hi])
+        self.norm = getattr(base, row.norm) if self.last else None
+        self.head = getattr(model, row.head) if self.last else None
+
+    def forward(self, x):
+        h = self.embed(x) if self.embed is not None else x
+        pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+        mask = masking.create_causal_mask(
+            config=self.config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=pos, **self.row.mask
+        )
+        h = self.drop(h) if self.drop is not None else h
+        rope = self.rotary_emb(h, position_ids=pos)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=rope)
+            h = h[0] if self.row.tuple_out else h
+        return self.head(self.norm(h)) if self.head is not None and self.norm is not None else h
