@@ -284,6 +284,10 @@ def hf_target(
         check_positions(config, kind, seq)
     for key in [k for k in config.to_dict() if k.endswith("layerdrop") and k not in overrides]:
         setattr(config, key, 0.0)  # a layer skipped at random makes no one step to trace
+    if getattr(config, "architectures", None) is None:
+        # the Auto class picks among a type's classes (DeiT: with or without a distillation head) by this
+        # list, iterating it; a default config leaves it None, and from_config raised TypeError: the first
+        config.architectures = []
     if kind == "seq2seq" and getattr(config, "decoder_start_token_id", None) is None:
         # T5's configs leave it unset (its checkpoints start decoding at the pad token).
         config.decoder_start_token_id = config.pad_token_id or 0

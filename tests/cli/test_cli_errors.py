@@ -539,3 +539,13 @@ def test_cli_amp_traces_mixed_precision(tmp_path, capsys):
     assert {c.output_metas[0].dtype for c in forward if c.op == "aten.mm.default"} == {torch.bfloat16}
     assert any(c.op == "aten._scaled_dot_product_flash_attention.default" for c in forward)
     assert {g.dtype for g in trace.grads.values()} == {torch.float32}
+
+
+def test_cli_hf_builds_a_type_with_several_image_classifiers(capsys):
+    # DeiT maps to two classes (with and without a distillation head); a default config's architectures is None,
+    # which transformers' Auto class iterated: TypeError before
+    pytest.importorskip("transformers")
+    small = "image_size=32 patch_size=8 hidden_size=32 intermediate_size=64 num_hidden_layers=1 num_attention_heads=2"
+    config = [a for pair in small.split() for a in ("--config", pair)]
+    code, err = _run(["trace", "--hf", "deit", "--forward-only", *config], capsys)
+    assert code == 0, err
