@@ -419,6 +419,7 @@ CASES = {
     "cli-pp-bert": lambda: cli_pipeline_step("1f1b", tiny_bert4),
     "cli-pp-bert-lm": lambda: cli_pipeline_step("gpipe", tiny_bert_lm4),
     "cli-pp-falcon": lambda: cli_pipeline_step("1f1b", tiny_falcon4),
+    "cli-pp-hf-vit": lambda: cli_pipeline_step("gpipe", tiny_hf_vit4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -621,6 +622,17 @@ def tiny_falcon4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.FalconForCausalLM(config), (ids, ids)
+
+
+def tiny_hf_vit4():
+    """(model, inputs): a transformers ViTForImageClassification of four blocks on four 32x32 images and their
+    labels, for ``trace --pp`` (pipeline/families.py: its loss the model's own)."""
+    import transformers
+
+    config = transformers.ViTConfig(
+        image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4
+    )
+    return transformers.ViTForImageClassification(config), (torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 1, 0]))
 
 
 def tiny_bert_lm4():

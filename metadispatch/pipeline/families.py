@@ -34,9 +34,16 @@ last, whose loss is the model's (a causal LM's shifted by one, a masked
 LM's not); a decoder config (``is_decoder``) masks causally, as the base
 model's forward does.
 
+A transformers ViT or DeiT image classifier (``IMAGE_TRANSFORMERS``) is
+its base model's stages, the final norm and the classifier on the class
+token on the last, whose loss is the model's own (transformers'
+``ForSequenceClassificationLoss`` on its config); the lines of the two
+forwards the stage copies are checked in the installed release.
+
 Limits: a padding mask (``attention_mask``) is not passed between stages
-(each stage attends to every token); other task heads (classification,
-``BertForPreTraining``'s two) are not split -- their base model is; an LM
+(each stage attends to every token); other task heads (text
+classification, ``BertForPreTraining``'s two) are not split -- their base
+model is; an LM
 head's decoder weight, tied to the word embeddings, is two unsynchronised
 copies where the end stages are on two ranks (as GPT-2's, split.py).
 """
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +65,8 @@ __all__ = ["FAMILIES", "family", "refuse_encoder_decoder", "example_io", "summed
 
 FAMILIES = (
     "transformers encoders (BertModel, RobertaModel, ...: embeddings, encoder.layer; with an LM head: "
-    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM and XLM-RoBERTa's), torchvision ResNet "
+    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM and XLM-RoBERTa's), transformers "
+    "ViTForImageClassification and DeiTForImageClassification, torchvision ResNet "
     "and VisionTransformer, timm VisionTransformer"
 )
 
@@ -166,6 +175,49 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
+# A transformers ViT-style image classifier: the head on the class token, the loss transformers' own.
+IMAGE_TRANSFORMERS = ("ViTForImageClassification", "DeiTForImageClassification")
+
+
+class ImageTransformerStage(_Stage):
+    """Blocks ``[lo, hi)`` of a transformers ViT or DeiT image classifier (its and its base model's forward, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:
+        base = model.base_model
+        super().__init__(list(base.layers), lo, hi)
+        self.config = model.config
+        self.embeddings = base.embeddings if self.first else None
+        self.layernorm = base.layernorm if self.last else None
+        self.classifier = model.classifier if self.last else None
+
+    def forward(self, x):
+        if self.embeddings is not None:
+            x = self.embeddings(x.to(self.embeddings.patch_embeddings.projection.weight.dtype))
+        masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+        mask = masking.create_bidirectional_mask(config=self.config, inputs_embeds=x, attention_mask=None)
+        for layer in self.layers:
+            x = layer(x, mask)
+        if self.layernorm is None or self.classifier is None:
+            return x.contiguous()
+        return self.classifier(self.layernorm(x)[:, 0, :])
+
+
+def image_classification_loss(config, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The model's own loss (``loss_function(labels, logits, config)``): cross-entropy for one label an image."""
+    loss_utils = importlib.import_module("transformers.loss.loss_utils")
+    return loss_utils.ForSequenceClassificationLoss(labels, logits, config)
+
+
+def _image_transformer(m) -> bool:
+    if type(m).__name__ not in IMAGE_TRANSFORMERS or not type(m).__module__.startswith("transformers"):
+        return False
+    base, head = inspect.getsource(type(m.base_model).forward), inspect.getsource(type(m).forward)
+    # the lines the stage copies: a release that changes them is refused, not split into something else
+    return "hidden_states = layer(hidden_states, attention_mask" in base and (
+        "pooled_output = sequence_output[:, 0, :]\n        logits = self.classifier(pooled_output)" in head
+    )
+
+
 class ResNetStage(_Stage):
     """Blocks ``[lo, hi)`` of a torchvision ResNet, its four stages' blocks in one list (``ResNet._forward_impl``, cut)."""
 
@@ -260,6 +312,12 @@ _STAGES: list = [
         lambda m: f"{m.base_model_prefix}.encoder.layer",
         lambda m: list(m.base_model.encoder.layer),
         EncoderLMStage,
+    ),
+    (
+        _image_transformer,
+        lambda m: f"{m.base_model_prefix}.layers",
+        lambda m: list(m.base_model.layers),
+        ImageTransformerStage,
     ),
     (_is("torchvision.models", "ResNet"), "layer1..layer4", _resnet_blocks, ResNetStage),
     (

@@ -35,6 +35,7 @@ refuses them under pipelining).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Callable
@@ -104,6 +105,8 @@ def _other(model: nn.Module, blocks: str | None) -> Split:
     io = lambda spans, x: families.example_io(cut, spans, x)  # noqa: E731
     head = families.LM_HEADS.get(type(model).__name__) if stage is families.EncoderLMStage else None
     loss = families.summed if head is None else causal_lm_loss if head[1] == "causal" else families.masked_lm_loss
+    if stage is families.ImageTransformerStage:
+        loss = functools.partial(families.image_classification_loss, model.config)  # the config only: no model
     return Split(len(held), cut, 0, 0, loss, io)
 
 
