@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import metadispatch as md
 from metadispatch.cli.llama import Llama, LlamaConfig
+from tests.eager_ops import EagerOps
 
 BATCH, SEQ = 2, 16
 
@@ -452,6 +453,13 @@ def local_shapes(model: torch.nn.Module) -> list:
     return [list(p.to_local().shape if hasattr(p, "to_local") else p.shape) for p in model.parameters()]
 
 
+def step_ops_as_real(trace, real: dict) -> bool:
+    """Whether the traced step's calls are, op for op, the last ops of the real run's TorchDispatchMode log
+    (``real["ops"]``): a pipeline case ends with its one step (:func:`cli_pipeline_step`)."""
+    step = [c.op for c in trace.calls][trace.marks["step"] :]
+    return len(step) > 0 and real["ops"][-len(step) :] == step
+
+
 def comparable(calls) -> list:
     """What must agree between a real run and a trace, per collective."""
     return [(c.op, c.kind, c.tensors, c.bytes, c.sent, c.group.rank, list(c.group.ranks)) for c in calls]
@@ -476,10 +484,12 @@ def real_rank(rank: int, world_size: int, cases: list, out_dir: str) -> None:
             with (
                 md.testing.CollectiveLog() as log,
                 md.LiveStorages(count_untracked=False) as live,
+                EagerOps() as ops,
             ):  # Note [Storages made out of sight]
                 model = CASES[case]()
             PROBES.clear()
             result = {
+                "ops": ops.ops,
                 "peak": live.peak,
                 "collectives": comparable(log.calls),
                 "shards": local_shapes(model),

@@ -139,8 +139,12 @@ def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
     A copy, made for real (not by the mode): in-place ops update a known
     value where it lives.
     """
+    if isinstance(real, MetaTensor):  # a value is a real tensor; copying a traced one below would crash torch
+        raise TypeError(f"a known value must be a real tensor, not a traced {real!r}")
     if real.numel() <= _limit(mode) and not real.is_meta:  # a meta tensor has no value to know
-        with _compat.no_python_dispatch():
+        # no torch-function mode either: called from Python (a patched pipeline stage), MetaMode's swap
+        # would turn the copy into a traced tensor
+        with _compat.no_torch_function(), _compat.no_python_dispatch():
             # Kept on the CPU whatever the real tensor's device: values are
             # computed with CPU kernels (run_real), which a GPU tensor among
             # their arguments would refuse; the copy is small.

@@ -17,8 +17,12 @@ product back) and every rank reads the product (``.item()``) to choose
 between declared and inferred metadata.  The traced rank cannot read what
 another rank sent; the world's assumption, named here and in
 docs/distributed.md, is that every stage is declared as this one is: its
-sends and receives are traced as the real run issues them, and the result
-it reads is its own vote.  A stage without declared metadata would infer it
+sends and receives are traced as the real run issues them, and the tensor
+it reads the result from (the one the real run received) is declared to
+hold 1, which the trace lists among its assumptions ("pipeline vote").
+No tensor of the world's own is made for it: the step's calls are the
+real run's, op for op (tests/world/test_pipeline_families_gloo.py,
+against a TorchDispatchMode log of a real 2-process gloo run).  A stage without declared metadata would infer it
 by sending Python objects between ranks (``send_object_list``), whose
 contents one rank cannot know: it is refused, naming what to declare.
 
@@ -38,19 +42,33 @@ import torch
 
 from .. import _compat
 from ..errors import UnsupportedFeatureError
+from ..ir.assumptions import Assumption
+from ..source import user_frame
+from ..tensor.tensor import MetaTensor
+from ..values import known
 
 __all__ = ["PATCHES"]
 
 
 def _backward_result(below, stage, received_result=None):
-    below(stage, received_result)  # the sends and receives, as the real run issues them
+    result = below(stage, received_result)  # the sends and receives, as the real run issues them
     if _compat.pipeline_needs_dynamic(stage, stage.has_backward):  # its own vote: 0
         raise UnsupportedFeatureError(
             f"pipeline stage {stage.stage_index}: its shapes are inferred by exchanging Python objects "
             "between ranks, which one traced rank cannot read; declare them: "
             "PipelineStage(..., input_args=..., output_args=...) (Note [A pipeline stage's vote])"
         )
-    # Every stage declared as this one: the product of the votes is 1.
+    # Every stage declared as this one: the product of the votes is 1, declared on the tensor the real run
+    # returns (no tensor of our own: the trace's calls are the real run's), and its read listed as assumed.
+    mode = _compat.get_infra_mode(_compat.mode_key)
+    if isinstance(result, MetaTensor) and mode is not None:
+        with _compat.no_torch_function(), _compat.no_python_dispatch():  # a real tensor: the mode's own value
+            one = torch.ones(1, dtype=torch.int32)
+        known.declare(result, one, mode)
+        basis = "every stage's metadata declared as this one's (Note [A pipeline stage's vote])"
+        entry = Assumption(len(mode.trace.calls), "pipeline vote", "", user_frame(), "1", basis)
+        mode.trace.assumptions.append(entry)
+        return result
     return torch.ones(1, dtype=torch.int32, device=stage.device)
 
 

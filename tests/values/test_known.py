@@ -365,3 +365,17 @@ def test_detr_masks_trace_with_a_larger_known_limit_as_eager_runs_them():
     with EagerOps() as log:
         model(pixel_values=x)
     assert [c.op for c in t.calls] == log.ops
+
+
+def test_a_value_declared_from_python_under_the_mode_is_read_back():
+    # world/pipeline.py declares the pipeline vote from a patched Python method, where MetaMode's
+    # torch-function swap is active: copying the value turned it into a traced tensor (a segfault)
+    from metadispatch.values import known
+
+    one = torch.ones(1, dtype=torch.int32)
+    with md.MetaMode() as mode:
+        t = torch.zeros(1, dtype=torch.int32)
+        known.declare(t, one, mode)
+        assert t.item() == 1
+        with pytest.raises(TypeError, match="a known value must be a real tensor"):
+            known.know(t, torch.zeros(1), mode)

@@ -21,7 +21,7 @@ import torch
 
 import metadispatch as md
 from metadispatch.cli.main import main
-from tests.distributed_cases import comparable, traced_categories, traced_rank
+from tests.distributed_cases import comparable, step_ops_as_real, traced_categories, traced_rank
 from tests.world.test_distributed import _spawn
 
 pytest.importorskip("transformers")
@@ -162,6 +162,7 @@ def test_distributed_cli_pp_traces_the_pipeline_a_real_run_takes(schedule, tmp_p
         trace, shards = traced_rank(rank, 2, case, device="cpu")
         assert shards == real[rank]["shards"]
         assert json.loads(json.dumps(comparable(md.comms(trace).calls))) == real[rank]["collectives"]
+        assert step_ops_as_real(trace, real[rank]), f"rank {rank}: the step's ops are not the real run's"
         assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
     argv = ["trace", "tests.distributed_cases:tiny_llama4", "--device", "cpu", "--world-size", "2", "--pp", "2"]
     assert main([*argv, "--pp-schedule", schedule, "--steps", "1", "--gpu", "h100"]) == 0
@@ -188,6 +189,7 @@ def test_distributed_cli_pp_splits_transformers_models_as_a_real_run(case, targe
         trace, shards = traced_rank(rank, 2, case, device="cpu")
         assert shards == real[rank]["shards"]
         assert json.loads(json.dumps(comparable(md.comms(trace).calls))) == real[rank]["collectives"]
+        assert step_ops_as_real(trace, real[rank]), f"rank {rank}: the step's ops are not the real run's"
         assert abs(md.memory(trace).peak - real[rank]["peak"]) <= 1024, f"rank {rank}"
     argv = ["trace", f"tests.distributed_cases:{target}", "--device", "cpu", "--world-size", "2", "--pp", "2"]
     assert main([*argv, "--steps", "1"]) == 0

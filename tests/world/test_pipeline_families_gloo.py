@@ -18,7 +18,7 @@ import pytest
 
 import metadispatch as md
 from metadispatch.cli.main import main
-from tests.distributed_cases import comparable, traced_rank
+from tests.distributed_cases import comparable, step_ops_as_real, traced_rank
 from tests.world.test_distributed import _spawn
 
 pytest.importorskip("transformers")
@@ -57,6 +57,7 @@ def test_pipeline_families_cli_pp_traces_what_a_real_gloo_run_takes(case, target
         assert collectives and {c[0] for c in collectives} <= {"c10d.send.default", "c10d.recv_.default"}, (
             f"rank {rank}"
         )
+        assert step_ops_as_real(trace, real[rank]), f"rank {rank}: the step's ops are not the real run's"
         peak = md.memory(trace).peak
         assert abs(peak - real[rank]["peak"]) <= 1024, f"rank {rank}: traced {peak:,} B, real {real[rank]['peak']:,} B"
         peaks.append(peak)
