@@ -86,11 +86,29 @@ def _register(name: str) -> None:
     returns = len(schema_of(packet.default).returns)
 
     def rule(*args, **kwargs):
+        _refuse_what_gloo_refuses(name, args)
         work = _done(_tensors(args[0]))
         return (args[0], work) if returns == 2 else work
 
     rule.__name__ = name
     builtin_rule(packet.default)(rule)
+
+
+def _refuse_what_gloo_refuses(name: str, args) -> None:
+    """gloo, a CPU tensor's backend, has no ``ReduceOp.PREMUL_SUM`` (FSDP2 reduces with it when a gradient
+    divide factor is set: ``set_gradient_divide_factor``); NCCL has.  So a logical CPU world refuses it as the
+    real job fails, with gloo's words (a real 2-process run is the test's reference)."""
+    tensors = _tensors(args[0])
+    if not tensors or tensors[0].device.type != "cpu":
+        return
+    for a in args:
+        if isinstance(a, torch.ScriptObject) and world.describe(a) == world.REDUCE_OP.format("PREMUL_SUM"):
+            raise UnsupportedFeatureError(
+                f"c10d.{name} with ReduceOp.PREMUL_SUM on the CPU: gloo refuses it ('Cannot use "
+                "ReduceOp.PREMUL_SUM with Gloo'), so the real job fails here (FSDP2 reduces with it when "
+                "set_gradient_divide_factor is given a factor other than the shard group's size); trace on a "
+                "logical GPU (device='cuda': NCCL has it)"
+            )
 
 
 # The c10d ops that return a Work (``monitored_barrier_`` returns nothing).

@@ -477,3 +477,40 @@ def test_distributed_non_contiguous_send_and_recv_fail_on_a_cpu_world_as_gloo_fa
             (dist.send(x.contiguous(), 1) if rank == 0 else dist.recv(x.contiguous(), 0))
     with md.MetaMode(device="cuda", world_size=2, rank=0):  # NCCL warns, sends
         dist.send(torch.ones(4, 6, device="cuda").t(), 1)
+
+
+def _fsdp_divided_step() -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard(model)
+    model.set_gradient_divide_factor(4.0)  # not the shard group's size: FSDP2 reduces with PREMUL_SUM
+    model(torch.randn(2, 8)).sum().backward()
+
+
+def _premul_rank(rank: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
+    try:
+        _fsdp_divided_step()
+        result = "ok"
+    except RuntimeError as e:
+        result = str(e)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"{rank}.txt"), "w") as f:
+        f.write(result)
+
+
+def test_distributed_premul_sum_fails_on_a_cpu_world_as_gloo_fails_it(tmp_path):
+    mp.start_processes(
+        _premul_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    real = [(tmp_path / f"{r}.txt").read_text() for r in range(2)]
+    assert all("Cannot use ReduceOp.PREMUL_SUM with Gloo" in r for r in real), real
+    for rank in range(2):
+        with md.MetaMode(device="cpu", world_size=2, rank=rank):
+            with pytest.raises(md.UnsupportedFeatureError, match=r"PREMUL_SUM on the CPU: gloo refuses it"):
+                _fsdp_divided_step()
+    with md.MetaMode(device="cuda", world_size=2, rank=0) as mode:  # NCCL has it
+        _fsdp_divided_step()
+    assert any("PREMUL_SUM" in str(c) for c in mode.trace.calls if "reduce_scatter" in c.op)
