@@ -161,7 +161,15 @@ def run(args) -> int:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
-    run = tracer(mode_factory=lambda: modes.append(make(device=device, gpu=gpu)) or modes[-1], warmup=steps - 1)
+    tokens = batch * (args.seq or 128) if args.hf else 0  # Note [The command line's token ids are data]
+
+    def fresh():
+        mode = make(device=device, gpu=gpu)
+        mode.known_limit = max(mode.known_limit, tokens)  # the ids' all-ones masks known as the ids are
+        modes.append(mode)
+        return mode
+
+    run = tracer(mode_factory=fresh, warmup=steps - 1)
     start = time.perf_counter()
     with Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), stage("the model raised while tracing"):
         trace = run(with_optimizer(t.step, optimizer), t.model, *t.inputs)

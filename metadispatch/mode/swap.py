@@ -60,6 +60,9 @@ class SwapReal(_compat.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         mode = _GET_MODE(_MODE_KEY)
+        if func is literals.GETITEM and type(args[0]) is MetaTensor and literals.has_int_list(args[1]):
+            if isinstance(mode, WIRING.mode_type):
+                args = (args[0], literals.index_lists(mode, args[0], args[1]))  # Note [A list as an index]
         if (
             func not in _SPECIAL
             and func not in composites.BY_FUNCTION

@@ -133,7 +133,7 @@ def assumed(tensors) -> bool:
     return any(isinstance(t, MetaTensor) and t._md.known is not None and t._md.known[1].assumed for t in tensors)
 
 
-def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
+def know(t: MetaTensor, real: torch.Tensor, mode, limit: int | None = None) -> None:
     """Give ``t`` a copy of ``real`` as its value, if small enough for ``mode``.
 
     A copy, made for real (not by the mode): in-place ops update a known
@@ -141,7 +141,7 @@ def know(t: MetaTensor, real: torch.Tensor, mode) -> None:
     """
     if isinstance(real, MetaTensor):  # a value is a real tensor; copying a traced one below would crash torch
         raise TypeError(f"a known value must be a real tensor, not a traced {real!r}")
-    if real.numel() <= _limit(mode) and not real.is_meta:  # a meta tensor has no value to know
+    if real.numel() <= (_limit(mode) if limit is None else limit) and not real.is_meta:  # meta: no value to know
         # no torch-function mode either: called from Python (a patched pipeline stage), MetaMode's swap
         # would turn the copy into a traced tensor
         with _compat.no_torch_function(), _compat.no_python_dispatch():

@@ -103,3 +103,58 @@ def build(mode, func, args, kwargs):
         real = func(*args, **kwargs)
     out = aten.lift_fresh.default(mode.constant_on(real, device))
     return out.requires_grad_() if requires_grad else out
+
+
+# Note [A list as an index]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``x[:, [-1, 0]]``: C++ turns the list into an index tensor with ``x``'s
+# options (``sequenceToVariable``), below the dispatcher -- on the meta
+# device for a MetaTensor, so the index reached the trace with no value
+# and nothing read through it could be known (transformers' padding
+# warning, ``pad in ids[:, [-1, 0]]``, on ids the trace knows).  So a list
+# of ints among the indices is made that tensor here, for real, and stood
+# in for on ``x``'s device, known, and lifted: the calls of a real run, one
+# ``lift_fresh`` and the ``index.Tensor`` (a TorchDispatchMode's log of an
+# eager run; the trace had the index alone before).  A list of bools
+# is a mask, made a bool tensor as C++ makes it (its count of True is then
+# known too).  Other lists (mixed, nested; holding tensors, slices or
+# None) are left to C++.
+GETITEM = torch.Tensor.__getitem__
+
+
+def has_int_list(index) -> bool:
+    """Whether ``index`` (a ``__getitem__`` argument) is, or holds at its top level, a list of ints or bools
+    that only full slices, ``...`` and such lists come before (C++ dispatches nothing for those: the index
+    tensors made here are lifted where a real run lifts them)."""
+    if type(index) is list:
+        return _ints(index)
+    if type(index) is not tuple:
+        return False
+    found = False
+    for n, i in enumerate(index):
+        if type(i) is list and _ints(i):
+            found = True
+        elif not (i is Ellipsis or (type(i) is slice and i == _FULL)):
+            return found and not any(type(j) is list and _ints(j) for j in index[n:])
+    return found
+
+
+_FULL = slice(None)
+
+
+def index_lists(mode, x, index):
+    """``index`` with each list of ints or bools a known index tensor on ``x``'s device (Note [A list as an index])."""
+    if type(index) is list:
+        return _known_index(mode, x, index)
+    return tuple(_known_index(mode, x, i) if type(i) is list and _ints(i) else i for i in index)
+
+
+def _ints(items: list) -> bool:
+    kind = type(items[0]) if items else None
+    return kind in (int, bool) and all(type(i) is kind for i in items)
+
+
+def _known_index(mode, x, items: list):
+    with _compat.no_python_dispatch(), _compat.no_torch_function():
+        real = torch.tensor(items, dtype=torch.bool if type(items[0]) is bool else torch.long)
+    return aten.lift_fresh.default(mode.constant_on(real, x._md.device))

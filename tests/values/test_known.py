@@ -379,3 +379,47 @@ def test_a_value_declared_from_python_under_the_mode_is_read_back():
         assert t.item() == 1
         with pytest.raises(TypeError, match="a known value must be a real tensor"):
             known.know(t, torch.zeros(1), mode)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        (slice(None), [-1, 0]),  # transformers' padding warning: pad in ids[:, [-1, 0]]
+        [1, 0, 1],
+        (Ellipsis, [3, 2]),
+        ([1, 0], [2, 3]),
+        ([1, 0], 2),  # the select after the lists' lift
+        ([1, 0], torch.tensor([0, 1])),  # a tensor after a list
+    ],
+)
+def test_a_list_index_of_a_known_tensor_is_known_and_dispatches_as_eager(index):
+    # C++ makes the list an index tensor on the MetaTensor's own device, meta: its value was lost
+    from tests.eager_ops import EagerOps
+
+    real = torch.arange(24).reshape(2, 12) * 3
+    with EagerOps() as log:
+        want = real[index]
+    with md.MetaMode(device="cuda") as mode:
+        ids = torch.tensor(real.tolist(), device="cuda")
+        first, before = int(want.flatten()[0]), len(mode.trace.calls)
+        got = ids[index]
+        indexing = [c.op for c in mode.trace.calls[before:]]
+        read = bool((got == first).any())  # read back, as the warning reads it
+    assert read and value_of(got) is not None and torch.equal(value_of(got), want)
+    assert indexing == log.ops
+
+
+def test_a_list_after_an_int_index_is_left_to_torch():
+    # C++ selects first, then makes the index: made here, it would be lifted before the select
+    with md.MetaMode(device="cuda") as mode:
+        x = torch.ones(3, 4, device="cuda")
+        assert x[0, [3, 2]].shape == (2,)
+    assert [c.op for c in mode.trace.calls][-2:] == ["aten.select.int", "aten.index.Tensor"]
+
+
+def test_a_bool_list_index_is_a_known_mask():
+    # a mask's count of True is the output's size: data-dependent while the mask's values were lost
+    with md.MetaMode(device="cuda"):
+        x = torch.ones(3, 2, device="cuda")
+        assert x[[True, False, True]].shape == (2, 2)
+        assert x[:, [False, True]].shape == (3, 1)
