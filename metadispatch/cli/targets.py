@@ -219,6 +219,9 @@ SUPPORTED_HF = (
 AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech encoder
 
 
+_WHISPER_FEATURES = ("num_mel_bins", "max_source_positions")
+
+
 def hf_config(arch: str, overrides: dict):
     """``arch``'s default transformers config with ``overrides``; a UsageError names what is wrong."""
     try:
@@ -276,6 +279,13 @@ def hf_target(
         kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
+    if kind == "speech" and not all(hasattr(config, k) for k in _WHISPER_FEATURES):
+        # the mel features fed are Whisper's: 2 x max_source_positions frames of num_mel_bins
+        raise UsageError(
+            f"--hf {arch}: no inputs known for this speech model ({type(config).__name__} has no "
+            f"{' or '.join(k for k in _WHISPER_FEATURES if not hasattr(config, k))}: --hf feeds speech "
+            f"encoder-decoders Whisper's mel features); --hf supports {SUPPORTED_HF}"
+        )
     if kind in ("image", "ctc") and seq is not None:
         takes = "images" if kind == "image" else "raw audio"
         raise UsageError(f"--seq {seq}: --hf {arch} takes {takes}, not tokens")
@@ -345,7 +355,8 @@ def check_positions(config, kind: str, seq: int, option: str = "--seq") -> None:
         return
     for key in ("max_target_positions",) if kind == "speech" else ("n_positions", "max_position_embeddings"):
         limit = getattr(config, key, None)
-        if isinstance(limit, int) and not isinstance(limit, bool) and seq > limit:
+        # XLNet's -1: relative positions, no end
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < seq:
             raise UsageError(
                 f"{option} {seq}: longer than {type(config).__name__}'s {key} ({limit}), the length its "
                 f"learned position embeddings cover; lower {option} or raise it with --config {key}=N"

@@ -359,7 +359,7 @@ def limit_hint(tensors, mode) -> str:
     return (
         f" Its values follow from constants alone, but a tensor they are computed from has {n:,} elements, "
         f"over known_limit={_limit(mode):,} (Note [Known values] in values/known.py): MetaMode(known_limit=N) "
-        f"or md.tracer(known_limit=N) with N >= {n:,} keeps them."
+        f"or md.tracer(known_limit=N) (metadispatch trace --known-limit N) with N >= {n:,} keeps them."
     )
 
 

@@ -53,6 +53,12 @@ def _assert_one_line(err: str, message: str):
         (["trace", "m:f", "--batch", "2", "--seq", "8"], "--batch, --seq: for the built-in model and --hf only"),
         (["trace", "--hf", "vit", "--seq", "8"], "--seq 8: --hf vit takes images, not tokens"),
         (["trace", "--hf", "hubert", "--seq", "8"], "--seq 8: --hf hubert takes raw audio, not tokens"),
+        (  # a speech encoder-decoder without Whisper's features: an AttributeError while "building the model" before
+            ["trace", "--hf", "voxtral"],
+            "--hf voxtral: no inputs known for this speech model (VoxtralConfig has no num_mel_bins or "
+            "max_source_positions",
+        ),
+        (["trace", "--known-limit", "0"], "argument --known-limit: must be at least 1, got 0"),
         (["trace", "--world-size", "0"], "argument --world-size: must be at least 1, got 0"),
         (["trace", "--world-size", "2", "--rank", "-1"], "argument --rank: must be at least 0, got -1"),
         (["trace", "--world-size", "2", "--tp", "0"], "argument --tp: must be at least 1, got 0"),
@@ -563,3 +569,26 @@ def test_cli_hf_traces_a_model_that_reads_its_token_ids(arch, capsys):
     code, err = _run(["trace", "--hf", arch, "--batch", "16", "--seq", "512", *config], capsys)  # past known_limit
     assert code == 0, err
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_cli_hf_xlnet_has_no_end_of_positions(capsys):
+    # XLNet's max_position_embeddings is -1 (relative positions): --seq 128 was refused as longer than -1
+    pytest.importorskip("transformers")
+    small = "d_model=32 n_layer=1 n_head=2 d_inner=64"
+    code, err = _run(
+        ["trace", "--hf", "xlnet", "--forward-only", *[a for p in small.split() for a in ("--config", p)]], capsys
+    )
+    assert code == 0, err
+
+
+def test_cli_known_limit_keeps_a_larger_constant_for_the_step_to_read(capsys):
+    # LED pads to its attention window and reads a 4-d mask made of the ids' all-ones mask: 2 x 64 x 64 elements
+    pytest.importorskip("transformers")
+    small = "d_model=32 encoder_layers=1 decoder_layers=1 encoder_attention_heads=2 decoder_attention_heads=2"
+    small += " encoder_ffn_dim=64 decoder_ffn_dim=64 attention_window=64"
+    argv = ["trace", "--hf", "led", "--forward-only", "--batch", "2", "--seq", "64"]
+    argv += [a for p in small.split() for a in ("--config", p)]
+    code, err = _run(argv, capsys)
+    assert code == FAILURE and "--known-limit N) with N >= 8,192 keeps them" in err, err
+    code, err = _run([*argv, "--known-limit", "8192"], capsys)
+    assert code == 0, err
