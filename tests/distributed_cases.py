@@ -421,6 +421,7 @@ CASES = {
     "cli-pp-bert-lm": lambda: cli_pipeline_step("gpipe", tiny_bert_lm4),
     "cli-pp-falcon": lambda: cli_pipeline_step("1f1b", tiny_falcon4),
     "cli-pp-hf-vit": lambda: cli_pipeline_step("gpipe", tiny_hf_vit4),
+    "cli-pp-opt": lambda: cli_pipeline_step("1f1b", tiny_opt4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -643,6 +644,25 @@ def tiny_hf_vit4():
         image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4
     )
     return transformers.ViTForImageClassification(config), (torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 1, 0]))
+
+
+def tiny_opt4():
+    """(model, inputs): a transformers OPT of four blocks shaped as OPT-350m (projected embeddings, no final
+    norm), for ``trace --pp`` (pipeline/decoders.py), and token ids that are their own labels."""
+    import transformers
+
+    config = transformers.OPTConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        ffn_dim=CONFIG.hidden_dim,
+        num_hidden_layers=4,
+        num_attention_heads=CONFIG.n_heads,
+        max_position_embeddings=SEQ,
+        word_embed_proj_dim=CONFIG.dim // 2,
+        do_layer_norm_before=False,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.OPTForCausalLM(config), (ids, ids)
 
 
 def tiny_bert_lm4():

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import MetaDispatchError
 from ..mode.mode import MetaMode
+from ..values import fed
 from . import llama
 
 __all__ = [
@@ -376,36 +377,8 @@ def _hf_inputs(kind: str, config, batch: int, seq: int, dtype) -> dict:
         # No labels: CTC's loss selects the labels a mask keeps (masked_select), a
         # size only data gives; backward runs from the logits instead.
         return {"input_values": torch.randn(batch, AUDIO_SAMPLES, dtype=dtype)}
-    ids = _token_ids(vocab, (batch, seq))
+    ids = fed.random_ids(vocab, (batch, seq))  # Note [The command line's token ids are data]
     if kind == "speech":
         frames = 2 * config.max_source_positions  # the encoder's two strided convolutions halve it
         return {"input_features": torch.randn(batch, config.num_mel_bins, frames, dtype=dtype), "labels": ids}
     return {"input_ids": ids, "labels": ids}
-
-
-# Note [The command line's token ids are data]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A model may read its token ids: 64 transformers models warn when a pad
-# token is among them and no attention mask is given
-# (``warn_if_padding_and_no_attention_mask``: ``pad in ids[:, [-1, 0]]``),
-# which FakeTensorMode skips by name and a trace of ids drawn on the meta
-# device cannot answer (BigBird, RemBERT, Megatron-BERT failed with a
-# DataDependentError).  A training script feeds real ids, so the command
-# line does: drawn for real from a generator of its own (seed 0: the same
-# every run, the process's RNG untouched) and known to the trace whatever
-# their number, as a user's batch would be; the trace's known_limit covers
-# a tensor of their size, so that what the model makes of them and of
-# constants alone (an all-ones attention mask) is known too (trace_cmd.py).
-def _token_ids(vocab: int, shape: tuple) -> torch.Tensor:
-    from .. import _compat
-    from ..values import known
-
-    with _compat.no_torch_function(), _compat.no_python_dispatch():
-        real = torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(0))
-    mode = _compat.get_infra_mode(_compat.mode_key)
-    if not isinstance(mode, MetaMode):
-        return real
-    ids = mode.constant_on(real, mode.device or torch.device("cpu"))
-    if ids._md.known is None:  # more than the mode keeps: known all the same (Note above)
-        known.know(ids, real, mode, limit=real.numel())
-    return ids

@@ -54,13 +54,8 @@ def add_parser(sub, kw: dict):
     t.add_argument("--batch", type=at_least(1), help="batch size (built-in and --hf; default 1)")
     t.add_argument("--seq", type=at_least(1), help="sequence length (default 2048 built-in, 128 --hf)")
     t.add_argument("--forward-only", action="store_true", help="trace forward only")
-    t.add_argument(
-        "--known-limit",
-        type=at_least(1),
-        metavar="N",
-        help="the most elements a tensor computed from constants keeps its values for the step to read "
-        "(md.tracer(known_limit=); default 4096, or the token ids' count with --hf)",
-    )
+    limit_help = "most elements a tensor made of constants keeps its values in (default 4096; --hf: the token count)"
+    t.add_argument("--known-limit", type=at_least(1), metavar="N", help=limit_help)
     t.add_argument(
         "--max-batch",
         action="store_true",
@@ -169,14 +164,11 @@ def run(args) -> int:
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
     tokens = batch * (args.seq or 128) if args.hf else 0  # Note [The command line's token ids are data]
-    limit = args.known_limit if args.known_limit is not None else tokens
 
     def fresh():
-        mode = make(device=device, gpu=gpu)
-        # the ids' all-ones masks known as the ids are; --known-limit as asked
-        mode.known_limit = limit if args.known_limit is not None else max(mode.known_limit, limit)
-        modes.append(mode)
-        return mode
+        modes.append(make(device=device, gpu=gpu))
+        modes[-1].known_limit = args.known_limit or max(modes[-1].known_limit, tokens)
+        return modes[-1]
 
     run = tracer(mode_factory=fresh, warmup=steps - 1)
     start = time.perf_counter()

@@ -17,6 +17,14 @@ stage rests on must be there, so a release that changes the forward is
 refused, naming the line, not split into stages that compute something
 else.  A Falcon with ALiBi (``config.alibi``) is refused: its bias is
 folded into the mask from the whole model's attention mask.
+
+OPT (``OPTForCausalLM``) learns its positions instead: its first stage
+adds them to the (projected: ``project_in``) token embeddings, computed
+as its decoder's ``forward`` computes them from an all-ones mask
+(``cumsum(mask) * mask - 1``, the embedding's offset of 2 inside it); the
+last applies its final norm where the config has one
+(``do_layer_norm_before``), ``project_out`` and the head.  Its blocks get
+the causal mask and those positions.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from torch import nn
 
 from ..errors import UnsupportedFeatureError
 
-__all__ = ["DECODERS", "RotaryDecoderStage", "decoder"]
+__all__ = ["DECODERS", "RotaryDecoderStage", "OPTStage", "decoder", "opt"]
 
 
 class Decoder(NamedTuple):
@@ -122,3 +130,62 @@ class RotaryDecoderStage(nn.Module):
             h = layer(h, attention_mask=mask, position_ids=pos, position_embeddings=rope)
             h = h[0] if self.row.tuple_out else h
         return self.head(self.norm(h)) if self.head is not None and self.norm is not None else h
+
+
+_OPT_LINES = (
+    "position_ids = torch.cumsum(position_attention_mask, dim=1)",
+    "position_ids = (position_ids * position_attention_mask - 1).long()",
+    "hidden_states = inputs_embeds + pos_embeds.to(inputs_embeds.device)",
+    "hidden_states = self.final_layer_norm(hidden_states)",
+    "hidden_states = self.project_out(hidden_states)",
+)
+
+
+def opt(model: Any) -> bool:
+    """Whether ``model`` is transformers' ``OPTForCausalLM`` whose forward the :class:`OPTStage` copies."""
+    if type(model).__name__ != "OPTForCausalLM" or not type(model).__module__.startswith("transformers"):
+        return False
+    source = inspect.getsource(type(model.model.decoder).forward)
+    missing = [line for line in _OPT_LINES if line not in source]
+    if "logits = self.lm_head(hidden_states).contiguous()" not in inspect.getsource(type(model).forward):
+        missing.append("logits = self.lm_head(hidden_states).contiguous() in OPTForCausalLM.forward")
+    if missing:
+        raise UnsupportedFeatureError(
+            f"cannot split this transformers release's OPTForCausalLM into pipeline stages: its forward no longer "
+            f"has {missing[0]!r}, which the stages rest on (Note [Rotary decoders named otherwise])"
+        )
+    return True
+
+
+class OPTStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a transformers ``OPTForCausalLM`` (``OPTDecoder.forward``, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
+        super().__init__()
+        d = model.model.decoder
+        self.config = model.config
+        self.first, self.last = lo == 0, hi == len(d.layers)
+        self.embed_tokens = d.embed_tokens if self.first else None
+        self.embed_positions = d.embed_positions if self.first else None
+        self.project_in = d.project_in if self.first else None
+        self.layers = nn.ModuleList(d.layers[lo:hi])
+        self.final_layer_norm = d.final_layer_norm if self.last else None
+        self.project_out = d.project_out if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x):
+        h = self.embed_tokens(x) if self.embed_tokens is not None else x
+        ones = torch.ones(h.shape[0], h.shape[1], device=h.device)
+        pos = (torch.cumsum(ones, dim=1) * ones - 1).long()
+        masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+        mask = masking.create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None)
+        if self.embed_positions is not None:
+            h = self.project_in(h) if self.project_in is not None else h
+            h = h + self.embed_positions(ones, 0, position_ids=pos).to(h.device)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=pos)
+        if self.lm_head is None:
+            return h
+        h = self.final_layer_norm(h) if self.final_layer_norm is not None else h
+        h = self.project_out(h) if self.project_out is not None else h
+        return self.lm_head(h).contiguous()

@@ -8,5 +8,6 @@ recorded as one call), ``composites`` (C++ composites that read values
 through a data pointer, in Python; ``packed_rnn``, the CPU kernel's RNN over a
 PackedSequence), ``assume`` (a declared policy's answers
 for the value reads of a generation loop: ``md.GenerateAssumptions``),
-``routing`` (a declared MoE routing's token counts: ``md.RoutingAssumption``).  May import ``tensor`` and below.
+``routing`` (a declared MoE routing's token counts: ``md.RoutingAssumption``), ``fed`` (data a step is
+fed, known whatever its size: the command line's token ids).  May import ``tensor`` and below.
 """
