@@ -422,6 +422,7 @@ CASES = {
     "cli-pp-falcon": lambda: cli_pipeline_step("1f1b", tiny_falcon4),
     "cli-pp-hf-vit": lambda: cli_pipeline_step("gpipe", tiny_hf_vit4),
     "cli-pp-opt": lambda: cli_pipeline_step("1f1b", tiny_opt4),
+    "cli-pp-bloom": lambda: cli_pipeline_step("gpipe", tiny_bloom4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -663,6 +664,18 @@ def tiny_opt4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.OPTForCausalLM(config), (ids, ids)
+
+
+def tiny_bloom4():
+    """(model, inputs): a transformers BLOOM of four blocks (ALiBi, tied embeddings), for ``trace --pp``
+    (pipeline/decoders.py), and token ids that are their own labels."""
+    import transformers
+
+    config = transformers.BloomConfig(
+        vocab_size=CONFIG.vocab_size, hidden_size=CONFIG.dim, n_layer=4, n_head=CONFIG.n_heads
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.BloomForCausalLM(config), (ids, ids)
 
 
 def tiny_bert_lm4():

@@ -25,6 +25,13 @@ as its decoder's ``forward`` computes them from an all-ones mask
 last applies its final norm where the config has one
 (``do_layer_norm_before``), ``project_out`` and the head.  Its blocks get
 the causal mask and those positions.
+
+BLOOM (``BloomForCausalLM``) biases attention by ALiBi: every stage builds
+the bias as its model's ``forward`` does without a padding mask (the
+heads' slopes times the key positions), the first stage embeds and
+norms the embeddings (``word_embeddings_layernorm``), the last applies
+``ln_f`` and the head (tied to the embeddings: two copies where the end
+stages are on two ranks, as GPT-2's).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -39,7 +47,7 @@ from torch import nn
 
 from ..errors import UnsupportedFeatureError
 
-__all__ = ["DECODERS", "RotaryDecoderStage", "OPTStage", "decoder", "opt"]
+__all__ = ["DECODERS", "RotaryDecoderStage", "OPTStage", "BloomStage", "decoder", "opt", "bloom"]
 
 
 class Decoder(NamedTuple):
@@ -143,15 +151,23 @@ _OPT_LINES = (
 
 def opt(model: Any) -> bool:
     """Whether ``model`` is transformers' ``OPTForCausalLM`` whose forward the :class:`OPTStage` copies."""
-    if type(model).__name__ != "OPTForCausalLM" or not type(model).__module__.startswith("transformers"):
+    return _checked(
+        model, "OPTForCausalLM", "model.decoder", _OPT_LINES, "logits = self.lm_head(hidden_states).contiguous()"
+    )
+
+
+def _checked(model: Any, name: str, base: str, lines: tuple, head: str) -> bool:
+    """Whether ``model`` is transformers' ``name``; refused, naming the line, if its base model's forward or
+    its own lack a line the stage copies (Note [Rotary decoders named otherwise])."""
+    if type(model).__name__ != name or not type(model).__module__.startswith("transformers"):
         return False
-    source = inspect.getsource(type(model.model.decoder).forward)
-    missing = [line for line in _OPT_LINES if line not in source]
-    if "logits = self.lm_head(hidden_states).contiguous()" not in inspect.getsource(type(model).forward):
-        missing.append("logits = self.lm_head(hidden_states).contiguous() in OPTForCausalLM.forward")
+    source = inspect.getsource(type(model.get_submodule(base)).forward)
+    missing = [line for line in lines if line not in source]
+    if head not in inspect.getsource(type(model).forward):
+        missing.append(f"{head} in {name}.forward")
     if missing:
         raise UnsupportedFeatureError(
-            f"cannot split this transformers release's OPTForCausalLM into pipeline stages: its forward no longer "
+            f"cannot split this transformers release's {name} into pipeline stages: its forward no longer "
             f"has {missing[0]!r}, which the stages rest on (Note [Rotary decoders named otherwise])"
         )
     return True
@@ -189,3 +205,45 @@ class OPTStage(nn.Module):
         h = self.final_layer_norm(h) if self.final_layer_norm is not None else h
         h = self.project_out(h) if self.project_out is not None else h
         return self.lm_head(h).contiguous()
+
+
+_BLOOM_LINES = (
+    "hidden_states = self.word_embeddings_layernorm(inputs_embeds)",
+    "slopes = _get_alibi_slopes(self.num_heads, hidden_states.device)",
+    "alibi = slopes[:, None, None] * torch.arange(kv_length, device=hidden_states.device)",
+    "alibi = alibi.repeat(batch_size, 1, 1).to(hidden_states.dtype)",
+    "hidden_states = self.ln_f(hidden_states)",
+)
+
+
+def bloom(model: Any) -> bool:
+    """Whether ``model`` is transformers' ``BloomForCausalLM`` whose forward the :class:`BloomStage` copies."""
+    return _checked(model, "BloomForCausalLM", "transformer", _BLOOM_LINES, "logits = self.lm_head(hidden_states)")
+
+
+class BloomStage(nn.Module):
+    """Blocks ``[lo, hi)`` of a transformers ``BloomForCausalLM`` (``BloomModel.forward``, cut)."""
+
+    def __init__(self, model: Any, lo: int, hi: int) -> None:  # a transformers model: untyped
+        super().__init__()
+        base = model.transformer
+        self.config, self.heads = model.config, base.num_heads
+        self.slopes = sys.modules[type(base).__module__]._get_alibi_slopes  # the model's own
+        self.first, self.last = lo == 0, hi == len(base.h)
+        self.word_embeddings = base.word_embeddings if self.first else None
+        self.word_embeddings_layernorm = base.word_embeddings_layernorm if self.first else None
+        self.layers = nn.ModuleList(base.h[lo:hi])
+        self.ln_f = base.ln_f if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x):
+        embedded = self.word_embeddings(x) if self.word_embeddings is not None else x
+        n, seq = embedded.shape[:2]
+        h = self.word_embeddings_layernorm(embedded) if self.word_embeddings_layernorm is not None else embedded
+        alibi = self.slopes(self.heads, h.device)[:, None, None] * torch.arange(seq, device=h.device)
+        alibi = alibi.repeat(n, 1, 1).to(h.dtype)
+        masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
+        mask = masking.create_causal_mask(config=self.config, inputs_embeds=embedded, attention_mask=None, cache=None)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, alibi=alibi)[0]
+        return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h

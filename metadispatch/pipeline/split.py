@@ -53,7 +53,7 @@ __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 SPLITS = (
     "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
     "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head), GPT-2 (GPT2LMHeadModel), "
-    "Phi, GPT-NeoX, GPT-J, Falcon without ALiBi, OPT (their ForCausalLM), " + families.FAMILIES
+    "Phi, GPT-NeoX, GPT-J, Falcon without ALiBi, OPT, BLOOM (their ForCausalLM), " + families.FAMILIES
 )
 
 
@@ -79,6 +79,8 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
         kind = (f"{row.base}.{row.layers}", decoders.RotaryDecoderStage)
     if kind is None and decoders.opt(model):
         kind = ("model.decoder.layers", decoders.OPTStage)
+    if kind is None and decoders.bloom(model):
+        kind = ("transformer.h", decoders.BloomStage)
     if kind is None and _llama_shaped(model):
         kind = ("model.layers", HFLlamaStage)
     if kind is None:
