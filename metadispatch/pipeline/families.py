@@ -29,7 +29,7 @@ stage-to-next-stage pipeline does not pass on; and models none of these
 families covers.
 
 An encoder under an LM head (``BertLMHeadModel``, ``BertForMaskedLM``,
-RoBERTa's and XLM-RoBERTa's: ``LM_HEADS``) is its base model's stages with the head on the
+RoBERTa's, XLM-RoBERTa's and ELECTRA's generator heads: ``LM_HEADS``) is its base model's stages with the head on the
 last, whose loss is the model's (a causal LM's shifted by one, a masked
 LM's not); a decoder config (``is_decoder``) masks causally, as the base
 model's forward does.
@@ -65,7 +65,7 @@ __all__ = ["FAMILIES", "family", "refuse_encoder_decoder", "example_io", "summed
 
 FAMILIES = (
     "transformers encoders (BertModel, RobertaModel, ...: embeddings, encoder.layer; with an LM head: "
-    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM and XLM-RoBERTa's), transformers "
+    "BertLMHeadModel, BertForMaskedLM, RobertaForCausalLM, RobertaForMaskedLM, XLM-RoBERTa's and ELECTRA's), transformers "
     "ViTForImageClassification and DeiTForImageClassification, torchvision ResNet "
     "and VisionTransformer, timm VisionTransformer"
 )
@@ -130,9 +130,12 @@ class EncoderStage(_Stage):
         super().__init__(list(model.encoder.layer), lo, hi)
         self.config = model.config
         self.embeddings = model.embeddings if self.first else None
+        # ELECTRA's, where its embeddings are narrower than its blocks (ElectraModel.forward)
+        self.embeddings_project = getattr(model, "embeddings_project", None) if self.first else None
 
     def forward(self, x):
         h = self.embeddings(input_ids=x) if self.embeddings is not None else x
+        h = self.embeddings_project(h) if self.embeddings_project is not None else h
         masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
         if getattr(self.config, "is_decoder", False):  # BertModel._create_attention_masks: causal as a decoder
             mask = masking.create_causal_mask(
@@ -155,6 +158,8 @@ LM_HEADS = {
     "RobertaForMaskedLM": ("lm_head", "masked"),
     "XLMRobertaForCausalLM": ("lm_head", "causal"),
     "XLMRobertaForMaskedLM": ("lm_head", "masked"),
+    "ElectraForCausalLM": (("generator_predictions", "generator_lm_head"), "causal"),  # applied in this order
+    "ElectraForMaskedLM": (("generator_predictions", "generator_lm_head"), "masked"),
 }
 
 
@@ -163,7 +168,9 @@ class EncoderLMStage(EncoderStage):
 
     def __init__(self, model: Any, lo: int, hi: int) -> None:
         super().__init__(model.base_model, lo, hi)
-        self.head = getattr(model, LM_HEADS[type(model).__name__][0]) if self.last else None
+        names = LM_HEADS[type(model).__name__][0]
+        parts = [getattr(model, n) for n in ((names,) if isinstance(names, str) else names)]
+        self.head = (parts[0] if len(parts) == 1 else nn.Sequential(*parts)) if self.last else None
 
     def forward(self, x):
         h = super().forward(x)

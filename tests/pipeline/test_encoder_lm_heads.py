@@ -24,13 +24,18 @@ SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_h
         "RobertaForMaskedLM",
         "XLMRobertaForCausalLM",
         "XLMRobertaForMaskedLM",
+        "ElectraForCausalLM",  # its embeddings narrower than its blocks: embeddings_project
+        "ElectraForMaskedLM",
     ],
 )
 def test_stages_in_order_compute_the_models_logits_and_loss(name, decoder, attention):
     if decoder and "Masked" in name:
         pytest.skip("a masked LM is no decoder (transformers warns)")
     config_class = getattr(transformers, name.replace("LMHeadModel", "ForCausalLM").split("For")[0] + "Config")
-    config = config_class(**SMALL, is_decoder=decoder, max_position_embeddings=40, attn_implementation=attention)
+    narrow = {"embedding_size": 16} if name.startswith("Electra") else {}
+    config = config_class(
+        **SMALL, **narrow, is_decoder=decoder, max_position_embeddings=40, attn_implementation=attention
+    )
     torch.manual_seed(0)
     model = getattr(transformers, name)(config).eval()
     ids = torch.randint(3, 97, (2, 16))
