@@ -63,6 +63,8 @@ class Decoder(NamedTuple):
     tuple_out: bool  # whether a block returns a tuple whose first item is the hidden states
 
 
+ASSIGNS_LOGITS = re.compile(r"^ *(lm_)?logits = ", re.M)  # a statement that sets the logits (Falcon's lm_logits)
+
 _PHI = Decoder("model", "embed_tokens", "embed_dropout", "layers", "final_layernorm", "lm_head", {}, False)
 _NEOX = Decoder("gpt_neox", "embed_in", "emb_dropout", "layers", "final_layer_norm", "lm_head", {}, False)
 _GPTJ = Decoder("transformer", "wte", "drop", "h", "ln_f", "lm_head", {}, False)
@@ -98,7 +100,7 @@ def decoder(model: nn.Module) -> Decoder | None:
     missing = [line for line in needed if line not in source]
     head = inspect.getsource(type(model).forward)
     # the head's logits taken as they are (one assignment): a rescaling after it would be left out
-    if f"logits = self.{row.head}(hidden_states)" not in head or len(re.findall(r"^ *\w*logits = ", head, re.M)) != 1:
+    if f"logits = self.{row.head}(hidden_states)" not in head or len(ASSIGNS_LOGITS.findall(head)) != 1:
         missing.append(f"logits = self.{row.head}(hidden_states) in {name}.forward, once")
     if missing:
         raise UnsupportedFeatureError(

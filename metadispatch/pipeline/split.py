@@ -22,7 +22,11 @@ model's ``forward`` itself: one that passes its embeddings straight to
 the blocks and the rotary embedding, scales nothing on the way
 (Granite's ``embedding_multiplier`` would be lost) and ends in
 ``self.norm``, under a head whose logits are ``lm_head``'s as they are
-(Cohere's ``logit_scale`` would be lost) (:func:`_llama_shaped`).
+(Cohere's ``logit_scale`` would be lost) (:func:`_llama_shaped`).  Their
+MoE kin (Mixtral, Qwen2/3-MoE, OLMoE: experts inside the blocks) split
+the same way, unless ``output_router_logits`` adds the routers'
+load-balancing loss to the model's, which the last stage's loss would
+leave out: refused.
 
 Each stage calls its blocks as the model's own ``forward`` does (no
 cache); the last stage's loss is the model's (``ForCausalLMLoss``, labels
@@ -163,9 +167,15 @@ def _llama_shaped(model: nn.Module) -> bool:
     )
     # the head's logits taken as they are: Cohere's logit_scale, Gemma 2's softcapping, Granite's
     # logits_scaling rewrite them after lm_head, which the last stage would leave out
-    plain_head = "logits = self.lm_head(" in head and head.count("logits = ") == 1
+    # (the one assignment to ``logits``: an MoE's ``output_router_logits = ...`` is none; nor is its router's
+    # auxiliary loss, which the model's loss adds only with output_router_logits, left out here: refused)
+    plain_head = "logits = self.lm_head(" in head and len(decoders.ASSIGNS_LOGITS.findall(head)) == 1
+    aux = getattr(getattr(model, "config", None), "output_router_logits", False)
     return (
-        plain_head and all(n in source for n in needed) and not any(w in source for w in ("multiplier", "normalizer"))
+        plain_head
+        and not aux
+        and all(n in source for n in needed)
+        and not any(w in source for w in ("multiplier", "normalizer"))
     )
 
 

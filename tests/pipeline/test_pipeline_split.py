@@ -27,6 +27,13 @@ _FAMILIES = {
     ),  # two full-attention blocks, then two sliding-window ones
     "MistralForCausalLM": transformers.MistralConfig(**_SIZES, sliding_window=4),
     "Qwen3ForCausalLM": transformers.Qwen3Config(**_SIZES, head_dim=8),
+    # MoE blocks: refused before, their heads' output_router_logits read as a second assignment to logits
+    "MixtralForCausalLM": transformers.MixtralConfig(  # grouped_mm: rows of a multiple of 16 bytes
+        **{**_SIZES, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2
+    ),
+    "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig(
+        **_SIZES, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16
+    ),
 }
 
 
@@ -64,3 +71,11 @@ def test_pipeline_split_refuses_a_decoder_whose_head_rescales_its_logits(family,
     model = getattr(transformers, family)(config())
     with pytest.raises(UnsupportedFeatureError, match=f"cannot split a {family}"):
         split(model)
+
+
+def test_pipeline_split_refuses_a_moe_whose_loss_adds_its_routers_auxiliary_loss():
+    # output_router_logits: the model's loss adds the load-balancing loss of every block's router, which a
+    # last stage's causal-LM loss would leave out
+    config = transformers.MixtralConfig(**_SIZES, num_local_experts=4, output_router_logits=True)
+    with pytest.raises(UnsupportedFeatureError, match="cannot split a MixtralForCausalLM"):
+        split(transformers.MixtralForCausalLM(config))
