@@ -133,6 +133,7 @@ def stage_step(
     from torch.distributed import pipelining  # noqa: F401 -- before the mode: Note [A pipeline stage's vote]
 
     with MetaMode(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
+        mode.known_limit = plan.known_limit or mode.known_limit
         run_stages(plan, pp, build, device, optimizer, steps)
     return mode.trace, mode.trace.marks["step"]
 

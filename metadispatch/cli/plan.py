@@ -66,6 +66,7 @@ class Plan(NamedTuple):
     tp: int = 1
     dp: bool = False
     blocks: str | None = None  # --blocks: the container of the blocks, else found
+    known_limit: int | None = None  # the trace's known_limit (trace_cmd.py), else the mode's
 
 
 def check_plan(plan: Plan) -> None:
@@ -93,6 +94,7 @@ def plan_step(
 
     make = guessing_mode if optimizer == "adafactor" else MetaMode  # (cli/trace_cmd.py: Adafactor reads .item())
     with make(device=device, world_size=plan.world_size, rank=plan.rank) as mode:
+        mode.known_limit = plan.known_limit or mode.known_limit
         model, inputs = build()
         dp = plan.world_size // plan.tp
         mesh = init_device_mesh(torch.device(device).type, (dp, plan.tp), mesh_dim_names=("dp", "tp"))

@@ -220,9 +220,6 @@ SUPPORTED_HF = (
 AUDIO_SAMPLES = 16000  # one second at 16 kHz: what --hf feeds a CTC speech encoder
 
 
-_WHISPER_FEATURES = ("num_mel_bins", "max_source_positions")
-
-
 def hf_config(arch: str, overrides: dict):
     """``arch``'s default transformers config with ``overrides``; a UsageError names what is wrong."""
     try:
@@ -280,12 +277,11 @@ def hf_target(
         kind, auto_class = "ctc", transformers.AutoModelForCTC
     else:
         raise UsageError(f"--hf {arch}: no inputs known for this kind of model; --hf supports {SUPPORTED_HF}")
-    if kind == "speech" and not all(hasattr(config, k) for k in _WHISPER_FEATURES):
-        # the mel features fed are Whisper's: 2 x max_source_positions frames of num_mel_bins
+    missing = [k for k in ("num_mel_bins", "max_source_positions") if not hasattr(config, k)]  # Whisper's features
+    if kind == "speech" and missing:
         raise UsageError(
-            f"--hf {arch}: no inputs known for this speech model ({type(config).__name__} has no "
-            f"{' or '.join(k for k in _WHISPER_FEATURES if not hasattr(config, k))}: --hf feeds speech "
-            f"encoder-decoders Whisper's mel features); --hf supports {SUPPORTED_HF}"
+            f"--hf {arch}: no inputs known for this speech model ({type(config).__name__} has no {' or '.join(missing)}: "
+            f"--hf feeds speech encoder-decoders Whisper's mel features); --hf supports {SUPPORTED_HF}"
         )
     if kind in ("image", "ctc") and seq is not None:
         takes = "images" if kind == "image" else "raw audio"

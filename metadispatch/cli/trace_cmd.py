@@ -21,7 +21,10 @@ from ..errors import MetaDispatchError
 from ..ir.text import fmt_bytes
 from ..mode.mode import MetaMode
 from ..spec.profiles import DEFAULT_GPU, gpu_profile
+from ..tensor.tensor import value_of
 from ..timing.runtime import runtime as step_time
+from ..values import fed
+from ..values.known import DEFAULT_LIMIT
 from . import options, pipeline, summary, targets
 from .options import DTYPES
 from .steps import OPTIMIZERS, describe, with_built_optimizer, with_optimizer
@@ -152,7 +155,13 @@ def run(args) -> int:
 
     optimizer, steps = _optimizer_and_steps(args)
     # Adafactor scales its update by param.norm().item(): a value no shape follows, guessed
-    make = guessing_mode if optimizer == "adafactor" else MetaMode
+    kind = guessing_mode if optimizer == "adafactor" else MetaMode
+
+    def make(**options):  # the known_limit of the command's (Note [The command line's token ids are data])
+        mode = kind(**options)
+        mode.known_limit = _known_limit(args, batch)
+        return mode
+
     if args.max_batch:
         return _max_batch(args, build, make, optimizer, steps)
     with Progress("building the model"), stage("building the model"):
@@ -163,14 +172,8 @@ def run(args) -> int:
         return _trace_rank(t, plan, args)
     modes: list = []  # the mode, so that the progress line can count its calls
     gpu = args.gpu if torch.device(device).type == "cuda" else None  # the profile logical cuda answers as
-    tokens = batch * (args.seq or 128) if args.hf else 0  # Note [The command line's token ids are data]
 
-    def fresh():
-        modes.append(make(device=device, gpu=gpu))
-        modes[-1].known_limit = args.known_limit or max(modes[-1].known_limit, tokens)
-        return modes[-1]
-
-    run = tracer(mode_factory=fresh, warmup=steps - 1)
+    run = tracer(mode_factory=lambda: modes.append(make(device=device, gpu=gpu)) or modes[-1], warmup=steps - 1)
     start = time.perf_counter()
     with Progress("tracing", lambda: len(modes[-1].trace) if modes else 0), stage("the model raised while tracing"):
         trace = run(with_optimizer(t.step, optimizer), t.model, *t.inputs)
@@ -210,7 +213,11 @@ def _max_batch(args, build, make, optimizer: str, steps: int) -> int:
     scale = (2, 4) if depth > 4 else None
     with Progress("searching"), stage("the model raised while tracing"):
         found = max_batch(
-            make_step, gpu, warmup=steps - 1, scale=scale, mode_factory=lambda: make(device=args.device, gpu=gpu)
+            make_step,
+            gpu,
+            warmup=steps - 1,
+            scale=scale,
+            mode_factory=lambda: make(device=args.device, gpu=gpu),
         )
     print(f"{first.name.split(' (')[0]}: {describe(optimizer, steps)}")
     out(found)
@@ -233,14 +240,20 @@ def batch_steps(build, optimizer: str, first, device):
 
 
 def _resized(inputs: tuple, batch: int, device) -> tuple:
-    """The built-in and ``--hf`` inputs (built at batch 2) at ``batch``: each tensor of first dimension 2, once
-    however often it is given (LLaMA's ids are its labels too), empty on the logical device."""
+    """The built-in and ``--hf`` inputs (built at batch 2) at ``batch``: each tensor of first dimension 2, once however
+    often given (LLaMA's ids are its labels too), empty on the logical device, known ids drawn again (fed.py)."""
     made: dict = {}
     with MetaMode(device=device, record=False):
         for x in inputs:
             if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == 2 and id(x) not in made:
-                made[id(x)] = x.new_empty((batch, *x.shape[1:]))
+                ids, new = value_of(x) if x.dtype == torch.long else None, (batch, *x.shape[1:])
+                made[id(x)] = x.new_empty(new) if ids is None else fed.random_ids(int(ids.max()) + 1, new)
     return tuple(made.get(id(x), x) for x in inputs)
+
+
+def _known_limit(args, batch: int) -> int:
+    """The trace's known_limit: ``--known-limit``, else one covering the --hf token ids (values/fed.py)."""
+    return args.known_limit or max(DEFAULT_LIMIT, batch * (args.seq or 128) if args.hf else 0)
 
 
 def _optimizer_and_steps(args) -> tuple:
@@ -289,7 +302,9 @@ def _ranks(ranks: list) -> str:
 def _plan(args):
     from .plan import Plan, check_plan
 
-    plan = Plan(args.world_size, args.rank, args.fsdp, args.tp, args.dp, args.blocks)
+    plan = Plan(
+        args.world_size, args.rank, args.fsdp, args.tp, args.dp, args.blocks, _known_limit(args, args.batch or 1)
+    )
     if args.pp > 1:
         pipeline.check(plan, _pipeline_plan(args), args)
     else:

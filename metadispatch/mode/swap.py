@@ -60,9 +60,9 @@ class SwapReal(_compat.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         mode = _GET_MODE(_MODE_KEY)
-        if func is _GETITEM and type(args[0]) is MetaTensor and literals.has_int_list(args[1]):
-            if isinstance(mode, WIRING.mode_type):
-                args = (args[0], literals.index_lists(mode, args[0], args[1]))  # Note [A list as an index]
+        if (func is _GETITEM or func is _SETITEM) and type(args[0]) is MetaTensor and literals.has_int_list(args[1]):
+            if isinstance(mode, WIRING.mode_type):  # Note [A list as an index]
+                args = (args[0], literals.index_lists(mode, args[0], args[1]), *args[2:])
         if (
             func not in _SPECIAL
             and func not in composites.BY_FUNCTION
@@ -221,7 +221,7 @@ def _refuse_address(t: MetaTensor, pinned: MetaTensor) -> None:
 
 _NO_KWARGS: dict = {}
 _GET_MODE = _compat.get_infra_mode
-_GETITEM = literals.GETITEM
+_GETITEM, _SETITEM = literals.GETITEM, torch.Tensor.__setitem__
 _MODE_KEY = _compat.mode_key
 _ANY_AUTOCAST = _compat.any_autocast
 

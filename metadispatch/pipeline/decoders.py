@@ -197,9 +197,10 @@ class OPTStage(nn.Module):
         pos = (torch.cumsum(ones, dim=1) * ones - 1).long()
         masking = importlib.import_module("transformers.masking_utils")  # transformers is optional
         mask = masking.create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None)
-        if self.embed_positions is not None:
+        if self.embed_positions is not None:  # positions, then project_in, then the sum: OPTDecoder.forward's order
+            positions = self.embed_positions(ones, 0, position_ids=pos)
             h = self.project_in(h) if self.project_in is not None else h
-            h = h + self.embed_positions(ones, 0, position_ids=pos).to(h.device)
+            h = h + positions.to(h.device)
         for layer in self.layers:
             h = layer(h, attention_mask=mask, position_ids=pos)
         if self.lm_head is None:

@@ -96,7 +96,7 @@ def _register(name: str) -> None:
 
 def _refuse_what_gloo_refuses(name: str, args) -> None:
     """gloo, a CPU tensor's backend, has no ``ReduceOp.PREMUL_SUM`` (FSDP2 reduces with it when a gradient
-    divide factor is set: ``set_gradient_divide_factor``); NCCL has.  So a logical CPU world refuses it as the
+    divide factor other than its shard group's size is set: ``set_gradient_divide_factor``); NCCL has.  So a logical CPU world refuses it as the
     real job fails, with gloo's words (a real 2-process run is the test's reference)."""
     tensors = _tensors(args[0])
     if not tensors or tensors[0].device.type != "cpu":
@@ -106,8 +106,9 @@ def _refuse_what_gloo_refuses(name: str, args) -> None:
             raise UnsupportedFeatureError(
                 f"c10d.{name} with ReduceOp.PREMUL_SUM on the CPU: gloo refuses it ('Cannot use "
                 "ReduceOp.PREMUL_SUM with Gloo'), so the real job fails here (FSDP2 reduces with it when "
-                "set_gradient_divide_factor is given a factor other than the shard group's size); trace on a "
-                "logical GPU (device='cuda': NCCL has it)"
+                "set_gradient_divide_factor is given a factor other than its shard group's size; "
+                "set_force_sum_reduction_for_comms(True) divides apart); trace on a logical GPU (device='cuda': "
+                "NCCL has it)"
             )
 
 

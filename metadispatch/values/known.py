@@ -121,9 +121,9 @@ class _Cell:
         self.assumed = False
 
 
-def declare(t: MetaTensor, real: torch.Tensor, mode) -> None:
+def declare(t: MetaTensor, real: torch.Tensor, mode, limit: int | None = None) -> None:
     """Give ``t`` the declared value ``real``, marked as an assumption (:func:`assumed`)."""
-    know(t, real, mode)
+    know(t, real, mode, limit)
     if t._md.known is not None:
         t._md.known[1].assumed = True
 

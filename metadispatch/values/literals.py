@@ -107,7 +107,7 @@ def build(mode, func, args, kwargs):
 
 # Note [A list as an index]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~
-# ``x[:, [-1, 0]]``: C++ turns the list into an index tensor with ``x``'s
+# ``x[:, [-1, 0]]`` (and ``x[:, [0, 1]] = v``): C++ turns the list into an index tensor with ``x``'s
 # options (``sequenceToVariable``), below the dispatcher -- on the meta
 # device for a MetaTensor, so the index reached the trace with no value
 # and nothing read through it could be known (transformers' padding

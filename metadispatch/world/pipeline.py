@@ -64,7 +64,7 @@ def _backward_result(below, stage, received_result=None):
     if isinstance(result, MetaTensor) and mode is not None:
         with _compat.no_torch_function(), _compat.no_python_dispatch():  # a real tensor: the mode's own value
             one = torch.ones(1, dtype=torch.int32)
-        known.declare(result, one, mode)
+        known.declare(result, one, mode, limit=1)  # whatever the mode's known_limit
         basis = "every stage's metadata declared as this one's (Note [A pipeline stage's vote])"
         entry = Assumption(len(mode.trace.calls), "pipeline vote", "", user_frame(), "1", basis)
         mode.trace.assumptions.append(entry)

@@ -409,6 +409,26 @@ def test_a_list_index_of_a_known_tensor_is_known_and_dispatches_as_eager(index):
     assert indexing == log.ops
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_list_index_written_through_keeps_the_value_known_and_dispatches_as_eager(device):
+    from tests.eager_ops import EagerOps
+
+    def write(m):
+        m[:, [0, 1]] = 5
+        m[[0, 1]] += 1
+        return m
+
+    with EagerOps() as log:
+        want = write(torch.zeros(2, 12, dtype=torch.long))
+    with md.MetaMode(device=device) as mode:
+        m = torch.zeros(2, 12, dtype=torch.long)
+        before = len(mode.trace.calls)
+        got = write(m)
+        total = got.sum().item()  # read back: a DataDependentError on a logical GPU before
+    assert total == int(want.sum()) and torch.equal(value_of(got).cpu(), want)
+    assert [c.op for c in mode.trace.calls[before : before + len(log.ops) - 1]] == log.ops[1:]  # after the zeros
+
+
 def test_a_list_after_an_int_index_is_left_to_torch():
     # C++ selects first, then makes the index: made here, it would be lifted before the select
     with md.MetaMode(device="cuda") as mode:

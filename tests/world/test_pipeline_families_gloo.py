@@ -60,6 +60,7 @@ def test_pipeline_families_cli_pp_traces_what_a_real_gloo_run_takes(case, target
             f"rank {rank}"
         )
         assert step_ops_as_real(trace, real[rank]), f"rank {rank}: the step's ops are not the real run's"
+        assert [a.op for a in trace.assumptions] == ["pipeline vote"], rank  # the world's one assumption, named
         peak = md.memory(trace).peak
         assert abs(peak - real[rank]["peak"]) <= 1024, f"rank {rank}: traced {peak:,} B, real {real[rank]['peak']:,} B"
         peaks.append(peak)
