@@ -60,9 +60,15 @@ class SwapReal(_compat.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         mode = _GET_MODE(_MODE_KEY)
-        if (func is _GETITEM or func is _SETITEM) and type(args[0]) is MetaTensor and literals.has_int_list(args[1]):
-            if isinstance(mode, WIRING.mode_type):  # Note [A list as an index]
+        if (
+            (func is _GETITEM or func is _SETITEM)
+            and type(args[0]) is MetaTensor
+            and isinstance(mode, WIRING.mode_type)
+        ):
+            if literals.has_int_list(args[1]):  # Note [A list as an index]
                 args = (args[0], literals.index_lists(mode, args[0], args[1]), *args[2:])
+            elif func is _GETITEM and (at := literals.basic_prefix(args[1])) is not None and not _has_real(args):
+                return literals.index_after(mode, func, args, at)
         if (
             func not in _SPECIAL
             and func not in composites.BY_FUNCTION

@@ -117,8 +117,13 @@ def build(mode, func, args, kwargs):
 # ``lift_fresh`` and the ``index.Tensor`` (a TorchDispatchMode's log of an
 # eager run; the trace had the index alone before).  A list of bools
 # is a mask, made a bool tensor as C++ makes it (its count of True is then
-# known too).  Other lists (mixed, nested; holding tensors, slices or
-# None) are left to C++.
+# known too).  Where ints, slices or None come before the first list
+# (``x[0, [3, 2]]``), C++ applies them first (a select, ...) and then makes
+# the index: so those are applied first here too (``x[0, ...]``), and the
+# list then indexes what they leave, in the same order of calls -- when
+# reading; a write (``x[0, [3, 2]] = v``) makes its value a tensor before
+# any of them, so it is left to C++ there.  Other lists (mixed, nested;
+# after a tensor or ``...``) are left to C++.
 GETITEM = torch.Tensor.__getitem__
 
 
@@ -134,12 +139,40 @@ def has_int_list(index) -> bool:
     for n, i in enumerate(index):
         if type(i) is list and _ints(i):
             found = True
-        elif not (i is Ellipsis or (type(i) is slice and i == _FULL)):
+        elif not (i is Ellipsis or _full(i)):
             return found and not any(type(j) is list and _ints(j) for j in index[n:])
     return found
 
 
 _FULL = slice(None)
+
+
+def _full(i) -> bool:
+    """A slice C++ skips (the whole dimension, step 1): it dispatches nothing."""
+    return type(i) is slice and i.start in (None, 0) and i.stop is None and i.step in (None, 1)
+
+
+def basic_prefix(index) -> int | None:
+    """Where ``index``'s first list of ints or bools is, if only ints, slices and None come before it, one
+    of them not a full slice (those :func:`has_int_list` covers)."""
+    if type(index) is not tuple:
+        return None
+    for n, i in enumerate(index):
+        if type(i) is list:
+            return n if _ints(i) and not all(_full(j) for j in index[:n]) else None
+        if not (type(i) is int or type(i) is slice or i is None):
+            return None
+    return None
+
+
+def index_after(mode, func, args, at: int):
+    """``func(x, index, ...)`` as C++ runs it: ``index[:at]`` applied first, then the rest with its lists
+    made known index tensors (Note [A list as an index])."""
+    x, index = args[0], args[1]
+    kept = sum(1 for i in index[:at] if type(i) is slice or i is None)  # the dims the prefix leaves before the list
+    y = GETITEM(x, (*index[:at], Ellipsis))
+    rest = (*(_FULL,) * kept, *index[at:])
+    return func(y, index_lists(mode, y, rest) if has_int_list(rest) else rest, *args[2:])
 
 
 def index_lists(mode, x, index):

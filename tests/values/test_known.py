@@ -429,12 +429,44 @@ def test_a_list_index_written_through_keeps_the_value_known_and_dispatches_as_ea
     assert [c.op for c in mode.trace.calls[before : before + len(log.ops) - 1]] == log.ops[1:]  # after the zeros
 
 
-def test_a_list_after_an_int_index_is_left_to_torch():
-    # C++ selects first, then makes the index: made here, it would be lifted before the select
-    with md.MetaMode(device="cuda") as mode:
-        x = torch.ones(3, 4, device="cuda")
-        assert x[0, [3, 2]].shape == (2,)
-    assert [c.op for c in mode.trace.calls][-2:] == ["aten.select.int", "aten.index.Tensor"]
+_T, _F = True, False
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize(
+    "index,shape",
+    [
+        ((0, [3, 2]), (3, 4)),  # C++ selects, then makes the index: the same order here
+        ((None, [_T, _F, _T]), (3, 4)),
+        ((slice(0, 2), [1, 0]), (3, 4)),
+        ((slice(None, None, 1), [_T, _F, _T, _F]), (3, 4)),  # a step-1 full slice dispatches nothing
+        ((0, [1, 2], slice(1, 3)), (2, 3, 4)),
+        ((0, slice(None), [1, 0]), (2, 3, 4)),
+        ((-1, [0, 0, 2]), (3, 4)),
+        ((1, [1, 0], Ellipsis), (2, 3, 4)),
+        ((0, None, [2]), (3, 4)),
+    ],
+)
+def test_a_list_after_basic_indices_is_known_and_dispatches_as_eager(index, shape, device):
+    from tests.eager_ops import EagerOps
+
+    real = torch.arange(torch.Size(shape).numel()).reshape(shape)
+    with EagerOps() as log:
+        want = real[index]
+    with md.MetaMode(device=device) as mode:
+        x = torch.tensor(real.tolist(), device=device)
+        before = len(mode.trace.calls)
+        got = x[index]
+    assert [c.op for c in mode.trace.calls[before:]] == log.ops
+    assert value_of(got) is not None and torch.equal(value_of(got).cpu(), want)
+
+
+def test_a_write_through_a_list_after_an_int_is_left_to_torch():
+    # the write makes its value a tensor before C++ selects: converting the list first would reorder the calls
+    with md.MetaMode(device="cuda"):
+        m = torch.zeros(3, 4, device="cuda")
+        m[0, [3, 2]] = 7
+        assert m.shape == (3, 4)
 
 
 def test_a_bool_list_index_is_a_known_mask():
