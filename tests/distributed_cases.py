@@ -423,6 +423,7 @@ CASES = {
     "cli-pp-hf-vit": lambda: cli_pipeline_step("gpipe", tiny_hf_vit4),
     "cli-pp-opt": lambda: cli_pipeline_step("1f1b", tiny_opt4),
     "cli-pp-bloom": lambda: cli_pipeline_step("gpipe", tiny_bloom4),
+    "cli-pp-gpt-neo": lambda: cli_pipeline_step("1f1b", tiny_gpt_neo4),
     "cli-pp-resnet18": lambda: cli_pipeline_step("gpipe", tiny_resnet18),
     "cli-pp-vit": lambda: cli_pipeline_step("1f1b", tiny_vit),
     "cli-pp-timm-vit": lambda: cli_pipeline_step("1f1b", tiny_timm_vit),
@@ -676,6 +677,24 @@ def tiny_bloom4():
     )
     ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
     return transformers.BloomForCausalLM(config), (ids, ids)
+
+
+def tiny_gpt_neo4():
+    """(model, inputs): a transformers GPT-Neo of four blocks, global and local ones (a window shorter than the
+    sequence), for ``trace --pp`` (pipeline/decoders.py), and token ids that are their own labels."""
+    import transformers
+
+    config = transformers.GPTNeoConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=CONFIG.dim,
+        num_layers=4,
+        num_heads=CONFIG.n_heads,
+        attention_types=[[["global", "local"], 2]],
+        window_size=SEQ // 2,
+        max_position_embeddings=SEQ,
+    )
+    ids = torch.randint(0, CONFIG.vocab_size, (4, SEQ))
+    return transformers.GPTNeoForCausalLM(config), (ids, ids)
 
 
 def tiny_bert_lm4():

@@ -32,6 +32,11 @@ heads' slopes times the key positions), the first stage embeds and
 norms the embeddings (``word_embeddings_layernorm``), the last applies
 ``ln_f`` and the head (tied to the embeddings: two copies where the end
 stages are on two ranks, as GPT-2's).
+
+GPT-Neo (``GPTNeoForCausalLM``) is GPT-2's forward (split.py's
+``GPTNeoStage``): learned positions added on the first stage, one causal
+mask for every block (a local block's window is its attention's own
+buffer), ``ln_f`` and the head on the last.
 """
 
 from __future__ import annotations
@@ -47,7 +52,16 @@ from torch import nn
 
 from ..errors import UnsupportedFeatureError
 
-__all__ = ["DECODERS", "RotaryDecoderStage", "OPTStage", "BloomStage", "decoder", "opt", "bloom"]
+__all__ = [
+    "DECODERS",
+    "RotaryDecoderStage",
+    "OPTStage",
+    "BloomStage",
+    "decoder",
+    "opt",
+    "bloom",
+    "gpt_neo",
+]
 
 
 class Decoder(NamedTuple):
@@ -250,3 +264,16 @@ class BloomStage(nn.Module):
         for layer in self.layers:
             h = layer(h, attention_mask=mask, alibi=alibi)[0]
         return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
+
+
+_GPT_NEO_LINES = (
+    "position_embeds = self.wpe(position_ids)",
+    "hidden_states = inputs_embeds + position_embeds",
+    "hidden_states = self.drop(hidden_states)",
+    "hidden_states = self.ln_f(hidden_states)",
+)
+
+
+def gpt_neo(model: Any) -> bool:
+    """Whether ``model`` is transformers' ``GPTNeoForCausalLM`` whose forward the :class:`GPTNeoStage` copies."""
+    return _checked(model, "GPTNeoForCausalLM", "transformer", _GPT_NEO_LINES, "logits = self.lm_head(hidden_states)")

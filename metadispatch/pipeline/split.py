@@ -57,7 +57,7 @@ __all__ = ["Split", "split", "SPLITS", "causal_lm_loss"]
 SPLITS = (
     "transformers LLaMA (LlamaForCausalLM), decoders built as it is (Qwen2, Mistral, ...: "
     "model.embed_tokens, model.layers, model.rotary_emb, model.norm, lm_head), GPT-2 (GPT2LMHeadModel), "
-    "Phi, GPT-NeoX, GPT-J, Falcon without ALiBi, OPT, BLOOM (their ForCausalLM), " + families.FAMILIES
+    "Phi, GPT-NeoX, GPT-J, Falcon without ALiBi, OPT, BLOOM, GPT-Neo (their ForCausalLM), " + families.FAMILIES
 )
 
 
@@ -85,6 +85,8 @@ def split(model: nn.Module, blocks: str | None = None) -> Split:
         kind = ("model.decoder.layers", decoders.OPTStage)
     if kind is None and decoders.bloom(model):
         kind = ("transformer.h", decoders.BloomStage)
+    if kind is None and decoders.gpt_neo(model):
+        kind = ("transformer.h", GPTNeoStage)
     if kind is None and _llama_shaped(model):
         kind = ("model.layers", HFLlamaStage)
     if kind is None:
@@ -227,6 +229,20 @@ class GPT2Stage(nn.Module):
         mask, pos = _mask_and_positions(self.config, h)
         for block in self.layers:
             h = block(h, None, mask, None, position_ids=pos)
+        return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
+
+
+class GPTNeoStage(GPT2Stage):
+    """Blocks ``[lo, hi)`` of a transformers ``GPTNeoForCausalLM``: GPT-2's parts, called as ``GPTNeoModel.forward``
+    calls them (Note [Rotary decoders named otherwise] in decoders.py)."""
+
+    def forward(self, x):
+        h = self.wte(x) if self.wte is not None else x
+        mask, pos = _mask_and_positions(self.config, h)
+        if self.wpe is not None and self.drop is not None:
+            h = self.drop(h + self.wpe(pos))
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask)[0]
         return self.lm_head(self.ln_f(h)) if self.lm_head is not None and self.ln_f is not None else h
 
 

@@ -1,4 +1,4 @@
-"""Phi, GPT-NeoX, GPT-J, Falcon, OPT and BLOOM split into pipeline stages (pipeline/decoders.py): the stages run in order on
+"""Phi, GPT-NeoX, GPT-J, Falcon, OPT, BLOOM and GPT-Neo split into pipeline stages (pipeline/decoders.py): the stages run in order on
 real data compute the model's own logits and loss bit for bit, under SDPA and eager attention (eager reads the
 mask the stage builds); a Falcon with ALiBi and a forward the stage does not rest on are refused."""
 
@@ -25,6 +25,16 @@ def _configs():
         "FalconForCausalLM": t.FalconConfig(**_SMALL),
         "FalconForCausalLM-new": t.FalconConfig(**_SMALL, num_kv_heads=2, new_decoder_architecture=True),
         "BloomForCausalLM": t.BloomConfig(vocab_size=97, hidden_size=32, n_layer=4, n_head=4),
+        # global and local blocks, the local window shorter than the sequence
+        "GPTNeoForCausalLM": t.GPTNeoConfig(
+            vocab_size=97,
+            hidden_size=32,
+            num_layers=4,
+            num_heads=4,
+            attention_types=[[["global", "local"], 2]],
+            window_size=4,
+            max_position_embeddings=32,
+        ),
         "OPTForCausalLM": t.OPTConfig(**_SMALL, ffn_dim=64, word_embed_proj_dim=32),
         # OPT-350m's shape: projected embeddings, the norm after each block and no final one
         "OPTForCausalLM-350m": t.OPTConfig(**_SMALL, ffn_dim=64, word_embed_proj_dim=16, do_layer_norm_before=False),
@@ -34,8 +44,8 @@ def _configs():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", sorted(_configs()))
 def test_stages_in_order_compute_the_models_logits_and_loss(name, attention):
-    if name.startswith("Bloom") and attention == "sdpa":
-        pytest.skip("transformers' BLOOM has eager attention only")
+    if name.startswith(("Bloom", "GPTNeo")) and attention == "sdpa":
+        pytest.skip("transformers' BLOOM and GPT-Neo have eager attention only")
     config = _configs()[name]
     config._attn_implementation = attention
     torch.manual_seed(0)

@@ -42,6 +42,7 @@ def _real(case: str, tmp_path_factory) -> list:
         ("cli-pp-hf-vit", "tiny_hf_vit4", "transformers"),  # an image classifier, its loss the model's
         ("cli-pp-opt", "tiny_opt4", "transformers"),  # learned positions, projected embeddings
         ("cli-pp-bloom", "tiny_bloom4", "transformers"),  # ALiBi, rebuilt on every stage
+        ("cli-pp-gpt-neo", "tiny_gpt_neo4", "transformers"),  # learned positions, local blocks
         ("cli-pp-resnet18", "tiny_resnet18", "torchvision"),
         ("cli-pp-vit", "tiny_vit", "torchvision"),
         ("cli-pp-timm-vit", "tiny_timm_vit", "timm"),
