@@ -449,11 +449,11 @@ def test_distributed_allow_ops_by_namespace_allows_that_namespace_only(tmp_path)
         md.Trace.load(tmp_path / "t.json", allow_ops=["fsdp::*", "aten::*"])
 
 
-def _p2p_transposed(rank: int, store: str, out: str) -> None:
+def _gloo_says(rank: int, step, store: str, out: str) -> None:
+    """``step(rank)`` over a real 2-process gloo group; ``out/<rank>.txt`` holds "ok" or its RuntimeError."""
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
     try:
-        x = torch.ones(4, 6).t()
-        dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+        step(rank)
         result = "ok"
     except RuntimeError as e:
         result = str(e)
@@ -463,11 +463,20 @@ def _p2p_transposed(rank: int, store: str, out: str) -> None:
         f.write(result)
 
 
+def _real_errors(step, tmp_path) -> list:
+    """What each rank of a real 2-process gloo run of ``step`` says (:func:`_gloo_says`)."""
+    args = (step, f"file://{tmp_path / 'store'}", str(tmp_path))
+    mp.start_processes(_gloo_says, args=args, nprocs=2, start_method="spawn")
+    return [(tmp_path / f"{r}.txt").read_text() for r in range(2)]
+
+
+def _p2p_transposed(rank: int) -> None:
+    x = torch.ones(4, 6).t()
+    dist.send(x, 1) if rank == 0 else dist.recv(x, 0)
+
+
 def test_distributed_non_contiguous_send_and_recv_fail_on_a_cpu_world_as_gloo_fails_them(tmp_path):
-    mp.start_processes(
-        _p2p_transposed, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, start_method="spawn"
-    )
-    real = [(tmp_path / f"{r}.txt").read_text() for r in range(2)]
+    real = _real_errors(_p2p_transposed, tmp_path)
     assert all("has to be contiguous" in r for r in real), real
     for rank in range(2):
         with md.MetaMode(device="cpu", world_size=2, rank=rank):
@@ -479,7 +488,7 @@ def test_distributed_non_contiguous_send_and_recv_fail_on_a_cpu_world_as_gloo_fa
         dist.send(torch.ones(4, 6, device="cuda").t(), 1)
 
 
-def _fsdp_divided_step() -> None:
+def _fsdp_divided_step(rank: int = 0) -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
@@ -488,24 +497,8 @@ def _fsdp_divided_step() -> None:
     model(torch.randn(2, 8)).sum().backward()
 
 
-def _premul_rank(rank: int, store: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=2)
-    try:
-        _fsdp_divided_step()
-        result = "ok"
-    except RuntimeError as e:
-        result = str(e)
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out, f"{rank}.txt"), "w") as f:
-        f.write(result)
-
-
 def test_distributed_premul_sum_fails_on_a_cpu_world_as_gloo_fails_it(tmp_path):
-    mp.start_processes(
-        _premul_rank, args=(f"file://{tmp_path / 'store'}", str(tmp_path)), nprocs=2, start_method="spawn"
-    )
-    real = [(tmp_path / f"{r}.txt").read_text() for r in range(2)]
+    real = _real_errors(_fsdp_divided_step, tmp_path)
     assert all("Cannot use ReduceOp.PREMUL_SUM with Gloo" in r for r in real), real
     for rank in range(2):
         with md.MetaMode(device="cpu", world_size=2, rank=rank):
