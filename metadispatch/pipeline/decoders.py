@@ -104,23 +104,12 @@ def decoder(model: nn.Module) -> Decoder | None:
             f"cannot split a {name} with alibi=True into pipeline stages: its ALiBi bias is folded into the "
             "attention mask from the whole model's inputs (Note [Rotary decoders named otherwise])"
         )
-    base = getattr(model, row.base)
-    needed = [
+    needed = (
         f"self.{row.embed}(input_ids)",
         "self.rotary_emb(hidden_states, position_ids=position_ids)",
         f"self.{row.norm}(hidden_states)",
-    ] + ([f"self.{row.drop}("] if row.drop else [])
-    source = inspect.getsource(type(base).forward)
-    missing = [line for line in needed if line not in source]
-    head = inspect.getsource(type(model).forward)
-    # the head's logits taken as they are (one assignment): a rescaling after it would be left out
-    if f"logits = self.{row.head}(hidden_states)" not in head or len(ASSIGNS_LOGITS.findall(head)) != 1:
-        missing.append(f"logits = self.{row.head}(hidden_states) in {name}.forward, once")
-    if missing:
-        raise UnsupportedFeatureError(
-            f"cannot split this transformers release's {name} into pipeline stages: its forward no longer has "
-            f"{missing[0]!r}, which the stages rest on (Note [Rotary decoders named otherwise])"
-        )
+    ) + ((f"self.{row.drop}(",) if row.drop else ())
+    _checked(model, name, row.base, needed, f"logits = self.{row.head}(hidden_states)")
     return row
 
 
@@ -179,8 +168,10 @@ def _checked(model: Any, name: str, base: str, lines: tuple, head: str) -> bool:
         return False
     source = inspect.getsource(type(model.get_submodule(base)).forward)
     missing = [line for line in lines if line not in source]
-    if head not in inspect.getsource(type(model).forward):
-        missing.append(f"{head} in {name}.forward")
+    forward = inspect.getsource(type(model).forward)
+    # the head's logits taken as they are (one assignment): a rescaling after it would be left out
+    if head not in forward or len(ASSIGNS_LOGITS.findall(forward)) != 1:
+        missing.append(f"{head} in {name}.forward, once")
     if missing:
         raise UnsupportedFeatureError(
             f"cannot split this transformers release's {name} into pipeline stages: its forward no longer "
