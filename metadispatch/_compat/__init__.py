@@ -148,7 +148,6 @@ from .reference import (
 )
 from .tensors import (
     copy_math_bits,
-    has_grad_fn,
     is_fake,
     is_functorch_wrapped,
     legacy_tensor_type,
@@ -234,7 +233,6 @@ __all__ = [
     "library",
     "local_shard",
     "make_subclass",
-    "has_grad_fn",
     "mkldnn_lstm_dtype",
     "meta_in_tls_dispatch_include",
     "mode_key",

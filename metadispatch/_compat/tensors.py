@@ -43,14 +43,6 @@ def make_subclass(cls, elem: torch.Tensor, requires_grad: bool, device: torch.de
     return _make_subclass(cls, elem, requires_grad)
 
 
-def has_grad_fn(t: torch.Tensor) -> bool:
-    """``t.grad_fn is not None``, read below the torch-function layer: on a
-    MetaTensor the property is a torch-function call (~10 us), asked of most
-    forward outputs (core/record.py)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return t.grad_fn is not None
-
-
 def shallow_copy_compatible(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``a.data = b`` is allowed by C++ (``set_data``): the same kind of
     TensorImpl -- a logical CPU's (CPU keys) and another device's (meta keys) are not."""

@@ -167,7 +167,8 @@ class Recorder:
             if m.requires_grad != t.requires_grad:  # (not NamedTuple._replace: a Python loop over the fields)
                 old, m = m, _TUPLE_NEW(TensorMeta, (*m[:6], t.requires_grad, m[7]))
                 st.meta = m
-                if st.call is not None and _compat.has_grad_fn(t):  # set by autograd, not the user
+                # set by autograd, not the user (``grad_fn`` read directly: torch function is off here, above)
+                if st.call is not None and t.grad_fn is not None:
                     calls = self._trace().calls  # a new record in its place (OpCall is immutable)
                     calls[st.call] = calls[st.call].with_outputs(_swap(calls[st.call].outputs, old, m))
             if self.keep_known and st.known is not None:  # read by the call about to be recorded
