@@ -145,6 +145,7 @@ from .process import (
 from .reference import (
     functions_behind_dynamo_wrappers,
     skip_dynamo_in_reference_kernels,
+    steps_without_graph_breaks,
 )
 from .tensors import (
     copy_math_bits,
@@ -281,6 +282,7 @@ __all__ = [
     "copy_math_bits",
     "shallow_copy_compatible",
     "skip_dynamo_in_reference_kernels",
+    "steps_without_graph_breaks",
     "storage_id",
     "storage_key",
     "suggest_memory_format",

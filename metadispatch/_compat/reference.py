@@ -5,8 +5,11 @@ Part of ``metadispatch._compat`` (its docstring says why private torch APIs live
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
+
+import torch
 
 # Note [Reference kernels without dynamo in the command line]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -22,9 +25,19 @@ import types
 # ``__wrapped__`` and closure (a reference's outer ``functools.wraps`` points
 # ``__wrapped__`` at the prim, not at the wrapper).  One that the walk misses
 # just imports dynamo as before.  The library never does this: it would
-# change torch for the rest of the user's process.  An optimizer's ``step``
-# imports dynamo itself (``_use_grad_for_differentiable``), so a trace that
-# steps one (the command line's default, cli/steps.py) pays it anyway.
+# change torch for the rest of the user's process.
+#
+# An optimizer's ``step`` imports dynamo itself (``_use_grad_for_differentiable``
+# in torch/optim/optimizer.py) to call ``torch._dynamo.graph_break()``, whose
+# body is empty: it matters only to dynamo compiling the step.  Imported by
+# the command line's default step (AdamW, cli/steps.py), that was 0.9-1.2 s
+# of ``metadispatch trace``'s ~3.2 s.  So the command line's process also
+# steps torch's optimizers through the same wrapper without the two graph
+# breaks (:func:`steps_without_graph_breaks`): it sets grad mode from
+# ``defaults["differentiable"]`` and restores it, as torch's does, and the
+# ``Optimizer.step`` hooks and profiler range torch puts around it are
+# untouched.  Only where torch's wrapper is the one read here (the names its
+# code uses, checked): another torch's wrapper is left as it is.
 _REFERENCE_MODULES = ("torch._refs", "torch._prims", "torch._decomp", "torch._meta_registrations", "torch.optim")
 
 
@@ -74,3 +87,57 @@ def _filled_cell(c) -> bool:
     except ValueError:
         return False
     return True
+
+
+# What torch 2.13's and 2.14's ``_use_grad`` refers to: anything else is a wrapper this module has not read.
+_USE_GRAD_NAMES = (
+    "torch._dynamo",
+    "cast",
+    "Optimizer",
+    "is_grad_enabled",
+    "set_grad_enabled",
+    "defaults",
+    "_dynamo",
+    "graph_break",
+)
+
+
+def steps_without_graph_breaks() -> int:
+    """For the command line's process only: torch's optimizers step without
+    importing dynamo (Note [Reference kernels without dynamo in the command
+    line]); returns how many ``step`` functions were rewrapped."""
+    if "torch._dynamo" in sys.modules:
+        return 0
+    from torch.optim import optimizer
+
+    code = optimizer._use_grad_for_differentiable(lambda *a, **k: None).__code__
+    if code.co_names != _USE_GRAD_NAMES or code.co_freevars != ("func",):
+        return 0
+    done = 0
+    for m in list(sys.modules.values()):
+        if not getattr(m, "__name__", "").startswith("torch.optim"):
+            continue
+        for cls in list(vars(m).values()):
+            step = cls.__dict__.get("step") if isinstance(cls, type) and issubclass(cls, optimizer.Optimizer) else None
+            # (an optimizer made before has its class's step hooked: another code, left alone)
+            if isinstance(step, types.FunctionType) and step.__code__ is code and step.__closure__:
+                cls.step = _use_grad(step.__closure__[0].cell_contents)
+                done += 1
+    return done
+
+
+def _use_grad(func):
+    """torch's ``_use_grad_for_differentiable`` wrapper less its ``torch._dynamo.graph_break()`` calls."""
+
+    def _use_grad(*args, **kwargs):
+        self = args[0]
+        prev_grad = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            ret = func(*args, **kwargs)
+        finally:
+            torch.set_grad_enabled(prev_grad)
+        return ret
+
+    functools.update_wrapper(_use_grad, func)
+    return _use_grad

@@ -62,10 +62,11 @@ def console() -> int:
     """The ``metadispatch`` program: :func:`main` in a process of its own.
 
     Only here, never in :func:`main` (which tests and users call in their
-    own process), torch's reference kernels skip their dynamo import: Note
-    [Reference kernels without dynamo in the command line].
+    own process), torch's reference kernels and optimizer steps skip their
+    dynamo import: Note [Reference kernels without dynamo in the command line].
     """
     _compat.skip_dynamo_in_reference_kernels()
+    _compat.steps_without_graph_breaks()
     # Note [A command line that owns its heap]
     # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
     # What torch built at import (about a million objects) lives until the process ends, so the cyclic

@@ -71,6 +71,37 @@ def test_cli_trace_without_an_optimizer_never_imports_dynamo():
     assert "| torch._dynamo\n" not in out.stderr
 
 
+def test_cli_default_step_never_imports_dynamo_and_traces_what_torchs_step_does(tmp_path):
+    # The default command steps AdamW twice.  Its process steps torch's
+    # optimizers without the dynamo import of their graph breaks (Note
+    # [Reference kernels without dynamo in the command line]); main() in
+    # this process steps them through torch's own wrapper.  Same trace.
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    mine = tmp_path / "console.json"
+    argv = ["-X", "importtime", "-m", "metadispatch", "trace", "--seq", "8", "--out", str(mine)]
+    out = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "AdamW, step 2 of 2 (the steady state)" in out.stdout
+    assert "| torch._dynamo\n" not in out.stderr
+    theirs = tmp_path / "main.json"
+    assert main(["trace", "--seq", "8", "--out", str(theirs)]) == 0
+    a, b = md.Trace.load(mine), md.Trace.load(theirs)
+    assert a.lines() == b.lines()
+    assert sum(c.phase == "optimizer" for c in a.calls) > 100  # the optimizer's calls are there, named as such
+
+
+def test_cli_steps_without_graph_breaks_is_the_console_s_alone():
+    # main() in the caller's process leaves torch's optimizers as they are.
+    from torch.optim import optimizer
+
+    code = optimizer._use_grad_for_differentiable(lambda *a, **k: None).__code__
+    assert main(["trace", "tests.distributed_cases:tiny_llama", "--device", "cpu", "--optimizer", "sgd"]) == 0
+    step = torch.optim.SGD.__dict__["step"]
+    if getattr(step, "hooked", False):  # Optimizer.__init__ wrapped it in its hooks (functools.wraps)
+        step = step.__wrapped__
+    assert step.__code__ is code
+
+
 def test_cli_main_in_the_callers_process_leaves_torch_reference_kernels_alone():
     # Only the console entry fills dynamo's wrapper caches; main() runs in
     # the user's (or pytest's) process, where torch must stay as it was.
