@@ -343,14 +343,19 @@ class Recorder:
         """The recording trace's ``calls`` (read per call without a frame through ``_recording``)."""
         return (self._recording if self._recording is not None else self._trace()).calls
 
-    def out(self, o):
-        """The record of output ``o`` of the call about to be appended (numbering it if new)."""
+    def out(self, o, moved: bool = False):
+        """The record of output ``o`` of the call about to be appended (numbering
+        it if new); ``moved``: the call may have put ``o`` on another storage."""
         if isinstance(o, torch.Tensor):
             st = o._md
             if st.recorder is self.token:
                 # In-place or out=: same object, same id, maybe new metadata.
                 old = st.meta
-                m = self._meta(o, old.id, old.storage)
+                if moved:  # (asked only then: in-place calls keep their storage)
+                    m = self._meta(o, old.id, self.storage_number(o))
+                    self.bases.setdefault(m.storage, m)
+                else:
+                    m = self._meta(o, old.id, old.storage)
             else:
                 m = self._meta(o, self.new_id(), self.storage_number(o))
                 self.bases.setdefault(m.storage, m)
@@ -368,7 +373,7 @@ class Recorder:
     def record(self, func, f, pending, result, stage: str, note: str | None = None) -> OpCall:
         enc_args, enc_kwargs = pending
         if len(f.returns_write) == 1:
-            outputs = (self.out(result),)
+            outputs = (self.out(result, f.name in _MOVES_STORAGE),)
         elif f.returns_write:
             outputs = tuple(self.out(o) for o in result)
         else:
@@ -412,6 +417,19 @@ class Recorder:
 _AS_STRIDED = torch.ops.aten.as_strided.default
 _GRAPH_TASK_ID = _compat.graph_task_id
 _OUTSIDE_THE_ENGINE = _compat.OUTSIDE_THE_ENGINE
+# In-place ops that may put their tensor on another storage: ``a.set_(b)``
+# (FSDP1's flat parameter, nn.utils.parametrize).  Their record names the
+# storage the tensor is on after the call, as a view of it does.
+_MOVES_STORAGE = frozenset(
+    f"aten.set_.{overload}"
+    for overload in (
+        "source_Storage",
+        "source_Storage_storage_offset",
+        "source_Tensor",
+        "source_Tensor_storage_offset",
+        "default",
+    )
+)
 _KNOWN_KEPT = 64  # elements: step counters, small flags; larger known values are not state a cut carries
 _TUPLE_NEW = tuple.__new__
 # Argument types encode() passes through untouched.

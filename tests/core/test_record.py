@@ -71,3 +71,31 @@ def test_meta_of_outside_a_call_reads_the_tensor_below_its_torch_function(monkey
     assert seen == []  # the recorder's reads do not
     assert [(m.shape, m.stride, m.dtype, m.requires_grad) for m in metas] == expected
     assert metas[0].requires_grad is True and metas[1].id in mode.trace.leaves
+
+
+@pytest.mark.parametrize("how", ["storage", "tensor"])
+def test_set_moves_the_record_to_the_storage_it_now_uses(how):
+    # ``a.set_(...)`` puts ``a`` on another storage (FSDP1's flat parameter,
+    # torch.nn.utils.parametrize).  Its record kept the old storage while a
+    # view of it was numbered on the new one: the trace said two storages
+    # where eager has one.
+    def step(a, b):
+        if how == "storage":
+            a.set_(b.untyped_storage(), 0, (4,), (1,))
+        else:
+            a.set_(b)
+        return a.view(2, -1).add(1), a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+    a, b = torch.zeros(4), torch.zeros(8)
+    eager_same = step(a.clone(), b.clone())[1]
+    assert eager_same
+    for _ in range(2):  # the second with the cache warm
+        trace = md.trace(step, torch.zeros(4), torch.zeros(8))
+        set_call = next(c for c in trace.calls if c.op.startswith("aten.set_"))
+        view = next(c for c in trace.calls if c.op == "aten.view.default")
+        (after,) = set_call.output_metas
+        assert view.inputs[0] == after
+        assert view.output_metas[0].storage == after.storage
+        assert trace.storage_bytes[after.storage] == 32  # b's storage, eight floats
+        if how == "tensor":
+            assert after.storage == set_call.inputs[1].storage
