@@ -5,6 +5,8 @@ Part of ``metadispatch._compat`` (its docstring says why private torch APIs live
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.utils.checkpoint
 from torch._subclasses.fake_tensor import FakeTensor
@@ -39,8 +41,13 @@ def make_subclass(cls, elem: torch.Tensor, requires_grad: bool, device: torch.de
     it stays a plain meta tensor (Note [Logical device]).
     """
     if device.type == "cpu":
-        return _make_subclass(cls, elem, requires_grad, dispatch_device=True, device_for_backend_keys=_CPU)
+        return make_cpu_subclass(cls, elem, requires_grad)
     return _make_subclass(cls, elem, requires_grad)
+
+
+# ``make_subclass``'s two cases without its Python frame, for the cache-hit path (core/hit.py).
+make_cpu_subclass = functools.partial(_make_subclass, dispatch_device=True, device_for_backend_keys=_CPU)
+make_meta_subclass = _make_subclass
 
 
 def shallow_copy_compatible(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -144,7 +144,7 @@ def context(mode, f) -> tuple:
     """What, besides the call's arguments, can change its answer (Note [What the key must hold])."""
     state: tuple = (
         _TORCH,
-        registry.version(),
+        registry._version[0],  # (registry.version() without its frame: read per call)
         mode.device,
         mode.device_profile,
         mode.known_limit,

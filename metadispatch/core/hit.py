@@ -62,6 +62,9 @@ _CPU_TYPE = "cpu"
 _EMPTY_STRIDED = torch.empty_strided
 _AS_STRIDED = torch.as_strided
 _TUPLE_NEW = tuple.__new__
+_MAKE_CPU = _compat.make_cpu_subclass
+_MAKE_META = _compat.make_meta_subclass
+_INT = frozenset({int})
 
 
 def eligible(f, cross_device) -> int:
@@ -127,6 +130,11 @@ def answer_hit(func, f, args, kwargs, mode, with_bounds: bool):
             parts.append(m[1:7])
             enc.append(m)
         elif t is list or t is tuple:
+            if _INT.issuperset(map(type, a)):  # sizes and dims: _take's int case for each, in C
+                ints = tuple(a)
+                parts.append((tuple, ints))
+                enc.append(ints)
+                continue
             sub_key: list = []
             sub_enc: list = []
             bits = True  # view_bits asks each tensor
@@ -230,8 +238,10 @@ def _made(recipe, inputs, device, rec, index: int) -> tuple:
         t = build(recipe, inputs, device)
         st = t._md
     else:
-        t = _compat.make_subclass(MetaTensor, elem, False, where or device)
-        st = t._md = TensorState(where or device)
+        d = where or device
+        # _compat.make_subclass's two cases, inline (Note [Backend keys of a logical CPU])
+        t = (_MAKE_CPU if d.type == _CPU_TYPE else _MAKE_META)(MetaTensor, elem, False)
+        st = t._md = TensorState(d)
     storage = rec.storage_number(t)
     # made with requires_grad=False; autograd sets it later (Recorder.meta_of)
     m = _TUPLE_NEW(TensorMeta, (rec.new_id(), shape, dtype, stride, offset, st.device, False, storage))
