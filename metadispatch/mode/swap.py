@@ -116,6 +116,8 @@ class SwapReal(_compat.TorchFunctionMode):
                 return realcode.from_bytes(mode, func, args, kwargs)  # Note [Tensors made from bytes inside a MetaMode]
             if func is devices.NEW_TENSOR and type(args[0]) is MetaTensor:
                 func, args, kwargs = literals.as_tensor_call(args, kwargs)  # Note [new_tensor is a literal]
+            if func in literals.LITERALS:
+                args = literals.with_values(func, args)  # Note [Tensors inside a literal]
             if func in literals.LITERALS and kwargs.get("device") is not None:
                 _, kwargs = devices.on_checked_device(mode, func, kwargs)  # Note [A factory's named device]
             if func in literals.LITERALS and literals.applies(mode, func, args, kwargs):
@@ -175,6 +177,12 @@ class SwapReal(_compat.TorchFunctionMode):
             if func in devices.FACTORIES and (
                 kwargs.get("device") is not None or kwargs.get("pin_memory") or inside.seeing_inside()
             ):
+                if not types or types == _META_ONLY:
+                    # As below: no handler but MetaTensor's could be asked, and the
+                    # call's bookkeeping (the record of ``torch.tensor([], device=d)``'s
+                    # lift_fresh: shape, strides, dim) then reads its getters without one.
+                    with _compat.no_torch_function_subclass():
+                        return devices.factory(mode, func, args, kwargs)
                 return devices.factory(mode, func, args, kwargs)
             if (
                 func in devices.LIKE
