@@ -41,7 +41,10 @@ import torch
 
 from .. import _compat
 from .._compat import pytree
-from ..tensor.tensor import normalize_device
+from ..errors import DataDependentError, mark_call
+from ..source import user_frame
+from ..tensor.describe import data_dependent_message
+from ..tensor.tensor import MetaTensor, normalize_device, read_value
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -54,6 +57,37 @@ def as_tensor_call(args, kwargs) -> tuple:
     x, data = args[0], args[1] if len(args) > 1 else kwargs.get("data")
     named = {k: v for k, v in kwargs.items() if v is not None and k != "data"}
     return torch.tensor, (data,), {"dtype": x.dtype, "device": x.device, **named}
+
+
+# Note [Tensors inside a literal]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``torch.tensor([x.sum(), 3.0])``: C++ (``recursive_store``) reads each
+# tensor of the list through its data pointer, below the dispatcher -- an
+# eager run dispatches the one ``lift_fresh`` (a TorchDispatchMode's log of
+# it).  A MetaTensor has no data there: torch raised from inside C++ ("data is
+# not allocated yet"), as it does under FakeTensorMode.  So C++ is handed each
+# MetaTensor of the list as its known value, a real tensor of its dtype (which
+# C++'s dtype inference reads); one whose value is not known is a
+# DataDependentError naming ``torch.tensor``.  ``torch.tensor(t)`` of one
+# tensor is dispatched (detach, _to_copy) and needs nothing here.
+def with_values(func, args: tuple) -> tuple:
+    """``args`` of ``torch.tensor``/``as_tensor`` with the MetaTensors in a list of data replaced by their values."""
+    data = args[0] if args else None
+    if type(data) not in (list, tuple) or not any(type(x) is MetaTensor for x in pytree.tree_leaves(data)):
+        return args
+
+    def value(x):
+        if type(x) is not MetaTensor:
+            return x
+        v = read_value(x)
+        if v is None:
+            name = f"torch.{func.__name__}"
+            e = DataDependentError(data_dependent_message(name, (data,), {}), op=name)
+            mark_call(e, name, user_frame())
+            raise e
+        return v
+
+    return (pytree.tree_map(value, data), *args[1:])
 
 
 def applies(mode, func, args, kwargs) -> bool:
