@@ -73,7 +73,7 @@ def as_tensor_call(args, kwargs) -> tuple:
 def with_values(func, args: tuple) -> tuple:
     """``args`` of ``torch.tensor``/``as_tensor`` with the MetaTensors in a list of data replaced by their values."""
     data = args[0] if args else None
-    if type(data) not in (list, tuple) or not any(type(x) is MetaTensor for x in pytree.tree_leaves(data)):
+    if type(data) not in (list, tuple) or not _has_meta(data):
         return args
 
     def value(x):
@@ -88,6 +88,14 @@ def with_values(func, args: tuple) -> tuple:
         return v
 
     return (pytree.tree_map(value, data), *args[1:])
+
+
+def _has_meta(data) -> bool:
+    """Whether a MetaTensor is in the nested lists ``data`` (a list's element types taken in C: a literal may be long)."""
+    kinds = set(map(type, data))
+    if MetaTensor in kinds:
+        return True
+    return (list in kinds or tuple in kinds) and any(_has_meta(x) for x in data if type(x) in (list, tuple))
 
 
 def applies(mode, func, args, kwargs) -> bool:
